@@ -1,0 +1,1 @@
+"""sparsejax: LSH-sampled sparse training of huge output layers in JAX."""
