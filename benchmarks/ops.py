@@ -1,0 +1,171 @@
+"""Times the sparse ops against a dense training step of the same output layer.
+
+For each N: LSH query (hash + lookup), sparse_logits forward+backward, the
+row-sparse Adam step, a whole sparse step (query + forward + backward + Adam,
+one jit, state donated) and the dense step (full logits, jnp + optax.adam).
+Table builds are timed separately and excluded from the step.
+
+  python benchmarks/ops.py [--sizes 100000,1000000,2000000] [--json PATH]
+"""
+
+import argparse
+import json
+import os
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from sparsejax import lsh, ops, optim, tables
+
+
+def timeit(fn, *args, repeats=10, warmup=2):
+  """Median wall time of fn(*args) in seconds (outputs blocked on)."""
+  for _ in range(warmup):
+    jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+def softmax_ce_first(logits):
+  """Cross-entropy with the (single) label in column 0 of the active set."""
+  return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - logits[:, 0])
+
+
+def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats):
+  rng = np.random.default_rng(0)
+  W = jnp.asarray(rng.normal(size=(N, d)).astype(np.float32) / np.sqrt(d))
+  b = jnp.zeros((N,), jnp.float32)
+  h = jnp.asarray(np.maximum(rng.normal(size=(B, d)), 0).astype(np.float32))
+  labels = jnp.asarray(rng.integers(0, N, size=(B, 1)), jnp.int32)
+  params = lsh.init_lsh(jax.random.key(0), lsh_cfg, d)
+  t = tables.init_tables(lsh_cfg, bucket_size)
+  build = jax.jit(tables.build_tables, donate_argnums=0)
+  t0 = time.perf_counter()
+  t = jax.block_until_ready(build(t, params, W))
+  build_s = time.perf_counter() - t0
+  res = {"N": N, "table_build_s": build_s, "table_bytes": t.nbytes}
+
+  query = jax.jit(lambda t, h, y, s: tables.lsh_query(t, params, h, k=k, num_rows=N, labels=y, seed=s))
+  res["query_s"] = timeit(query, t, h, labels, jnp.uint32(1), repeats=repeats)
+  ids, from_tables = query(t, h, labels, jnp.uint32(1))
+  res["mean_from_tables"] = float(jnp.mean(from_tables))
+
+  def loss_fn(h, tap, W, b, ids):
+    return softmax_ce_first(ops.sparse_logits(h, W, b, ids) + tap)
+
+  fwd_bwd = jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1)))
+  res["sparse_logits_fwd_bwd_s"] = timeit(fwd_bwd, h, jnp.zeros((B, k)), W, b, ids, repeats=repeats)
+
+  opt = optim.row_sparse_adam(1e-3)
+  opt_w, opt_b = opt.init(W), opt.init(b)
+  g = jnp.asarray(rng.normal(size=(B, k)).astype(np.float32))
+  adam = jax.jit(lambda W, s, ids, g, h: opt.update(ops.RowSparseGrad(ids, g, h), s, W), donate_argnums=(0, 1))
+  for _ in range(2):
+    W, opt_w = adam(W, opt_w, ids, g, h)
+  ts = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    W, opt_w = jax.block_until_ready(adam(W, opt_w, ids, g, h))
+    ts.append(time.perf_counter() - t0)
+  res["row_sparse_adam_s"] = float(np.median(ts))
+
+  def sparse_step(state, h, y, seed):
+    W, b, sw, sb = state
+    ids, _ = tables.lsh_query(t, params, h, k=k, num_rows=N, labels=y, seed=seed)
+    (loss, (dh, g)) = jax.value_and_grad(loss_fn, argnums=(0, 1))(h, jnp.zeros((B, k)), W, b, ids)
+    W, sw = opt.update(ops.RowSparseGrad(ids, g, h), sw, W, after=dh)
+    b, sb = opt.update(ops.RowSparseGrad(ids, g, jnp.ones((B, 1))), sb, b)
+    return (W, b, sw, sb), loss, dh
+
+  step = jax.jit(sparse_step, donate_argnums=0)
+  state = (W, b, opt_w, opt_b)
+  for i in range(2):
+    state, loss, dh = jax.block_until_ready(step(state, h, labels, jnp.uint32(i)))
+  ts = []
+  for i in range(repeats):
+    t0 = time.perf_counter()
+    state, loss, dh = jax.block_until_ready(step(state, h, labels, jnp.uint32(100 + i)))
+    ts.append(time.perf_counter() - t0)
+  res["sparse_step_s"] = float(np.median(ts))
+  W, b = state[0], state[1]
+  del state, opt_w, opt_b, t
+
+  dense_opt = optax.adam(1e-3)
+
+  def dense_step(state, h, y):
+    (W, b), s = state
+
+    def loss(W, b, h):
+      logits = h @ W.T + b
+      return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, y, axis=1)[:, 0])
+
+    l, (gW, gb, dh) = jax.value_and_grad(loss, argnums=(0, 1, 2))(W, b, h)
+    updates, s = dense_opt.update((gW, gb), s, (W, b))
+    return (optax.apply_updates((W, b), updates), s), l, dh
+
+  dstep = jax.jit(dense_step, donate_argnums=0)
+  dstate = ((W, b), dense_opt.init((W, b)))
+  dense_repeats = max(3, repeats // 3)
+  for _ in range(1):
+    dstate, l, dh = jax.block_until_ready(dstep(dstate, h, labels))
+  ts = []
+  for _ in range(dense_repeats):
+    t0 = time.perf_counter()
+    dstate, l, dh = jax.block_until_ready(dstep(dstate, h, labels))
+    ts.append(time.perf_counter() - t0)
+  res["dense_step_s"] = float(np.median(ts))
+  res["step_speedup_vs_dense"] = res["dense_step_s"] / res["sparse_step_s"]
+  return res
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--sizes", default="100000,1000000,2000000")
+  parser.add_argument("--d", type=int, default=128)
+  parser.add_argument("--batch", type=int, default=128)
+  parser.add_argument("--k", type=int, default=1024)
+  parser.add_argument("--family", default="simhash")
+  parser.add_argument("--num_tables", type=int, default=32)
+  parser.add_argument("--repeats", type=int, default=10)
+  parser.add_argument("--json", default=None, help="write results here")
+  args = parser.parse_args()
+  sizes = [int(float(s)) for s in args.sizes.split(",")]
+  results = []
+  for N in sizes:
+    cfg = tables.default_lsh_config(N, args.family, args.num_tables)
+    r = bench_size(N, args.d, args.batch, args.k, cfg, tables.default_bucket_size(), args.repeats)
+    r["lsh"] = cfg._asdict()
+    results.append(r)
+    print(f"N={N:>9,}  query {r['query_s']*1e3:7.2f} ms  fwd+bwd {r['sparse_logits_fwd_bwd_s']*1e3:7.2f} ms  "
+          f"adam {r['row_sparse_adam_s']*1e3:7.2f} ms  sparse step {r['sparse_step_s']*1e3:7.2f} ms  "
+          f"dense step {r['dense_step_s']*1e3:8.1f} ms  speedup {r['step_speedup_vs_dense']:6.1f}x  "
+          f"(build {r['table_build_s']:.1f} s, tables {r['table_bytes']/2**20:.0f} MiB, "
+          f"{r['mean_from_tables']:.0f} ids/query from tables)", flush=True)
+  by_n = {r["N"]: r for r in results}
+  summary = {
+      "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "jax": jax.__version__},
+      "config": vars(args),
+      "results": results,
+  }
+  if 1_000_000 in by_n:
+    summary["step_speedup_vs_dense_at_1e6"] = by_n[1_000_000]["step_speedup_vs_dense"]
+  if 100_000 in by_n and 2_000_000 in by_n:
+    summary["sparse_step_growth_1e5_to_2e6"] = by_n[2_000_000]["sparse_step_s"] / by_n[100_000]["sparse_step_s"]
+  for key in ("step_speedup_vs_dense_at_1e6", "sparse_step_growth_1e5_to_2e6"):
+    if key in summary:
+      print(f"{key}: {summary[key]:.2f}")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(summary, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()

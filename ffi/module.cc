@@ -1,0 +1,40 @@
+// Python module exposing the FFI handlers as PyCapsules for
+// jax.ffi.register_ffi_target (registered lazily by sparsejax._ffi).
+#include <nanobind/nanobind.h>
+
+#include "xla/ffi/api/c_api.h"
+
+namespace nb = nanobind;
+
+namespace sparsejax {
+extern "C" {
+XLA_FFI_Error* GatherDot(XLA_FFI_CallFrame*);
+XLA_FFI_Error* GatherCombine(XLA_FFI_CallFrame*);
+XLA_FFI_Error* RowSparseAdam(XLA_FFI_CallFrame*);
+XLA_FFI_Error* SimHash(XLA_FFI_CallFrame*);
+XLA_FFI_Error* Dwta(XLA_FFI_CallFrame*);
+XLA_FFI_Error* LshTablesInsert(XLA_FFI_CallFrame*);
+XLA_FFI_Error* LshQuery(XLA_FFI_CallFrame*);
+}
+}  // namespace sparsejax
+
+namespace {
+template <typename T>
+nb::capsule Capsule(T* fn) {
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+}  // namespace
+
+NB_MODULE(_sparsejax, m) {
+  m.def("registrations", []() {
+    nb::dict d;
+    d["sparsejax_gather_dot"] = Capsule(sparsejax::GatherDot);
+    d["sparsejax_gather_combine"] = Capsule(sparsejax::GatherCombine);
+    d["sparsejax_row_sparse_adam"] = Capsule(sparsejax::RowSparseAdam);
+    d["sparsejax_simhash"] = Capsule(sparsejax::SimHash);
+    d["sparsejax_dwta"] = Capsule(sparsejax::Dwta);
+    d["sparsejax_lsh_tables_insert"] = Capsule(sparsejax::LshTablesInsert);
+    d["sparsejax_lsh_query"] = Capsule(sparsejax::LshQuery);
+    return d;
+  });
+}

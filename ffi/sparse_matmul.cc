@@ -1,0 +1,101 @@
+// The two products between a batch and a few gathered rows of a weight
+// matrix that make up every sparse layer, forward and backward:
+//
+//   gather_dot:     out[b, j] = <x[b], W[ids[b, j]]>          [B, d] -> [B, k]
+//   gather_combine: out[b]    = sum_j g[b, j] * W[ids[b, j]]  [B, k] -> [B, d]
+//
+// sparse_logits is gather_dot (+ bias) and its input gradient gather_combine;
+// the embedding bag is gather_combine and its value gradient gather_dot.
+// Cost is O(B * k * d) whatever N is. Id -1 is padding (contributes 0).
+#include "common.h"
+
+namespace sparsejax {
+namespace {
+
+struct GatherArgs {
+  int64_t B, k, d, N;
+};
+
+ffi::Error CheckGatherArgs(const ArgChecker& c, const ffi::AnyBuffer& dense,
+                           const char* dense_name, const char* dense_shape,
+                           bool dense_is_x, const ffi::AnyBuffer& weight,
+                           const ffi::AnyBuffer& ids, GatherArgs* a) {
+  SJ_RETURN_IF_ERROR(c.Dtype(dense, ffi::F32, dense_name));
+  SJ_RETURN_IF_ERROR(c.Dtype(weight, ffi::F32, "weight"));
+  SJ_RETURN_IF_ERROR(c.Dtype(ids, ffi::S32, "ids"));
+  SJ_RETURN_IF_ERROR(c.Shape(weight, {-1, -1}, "weight", "[N, d]"));
+  a->N = weight.dimensions()[0];
+  a->d = weight.dimensions()[1];
+  SJ_RETURN_IF_ERROR(c.Shape(ids, {-1, -1}, "ids", "[B, k]"));
+  a->B = ids.dimensions()[0];
+  a->k = ids.dimensions()[1];
+  SJ_RETURN_IF_ERROR(c.Shape(dense, {a->B, dense_is_x ? a->d : a->k},
+                             dense_name, dense_shape));
+  return CheckIds(c, ids.typed_data<int32_t>(), a->B * a->k, a->N, "ids", "N",
+                  /*allow_pad=*/true, a->k);
+}
+
+ffi::Error GatherDotImpl(ffi::ThreadPool pool, ffi::AnyBuffer x,
+                         ffi::AnyBuffer weight, ffi::AnyBuffer ids,
+                         ffi::Result<ffi::AnyBuffer> out) {
+  ArgChecker c("gather_dot");
+  GatherArgs a;
+  SJ_RETURN_IF_ERROR(CheckGatherArgs(c, x, "x", "[B, d]", true, weight, ids, &a));
+  const float* xp = x.typed_data<float>();
+  const float* wp = weight.typed_data<float>();
+  const int32_t* ip = ids.typed_data<int32_t>();
+  float* op = out->typed_data<float>();
+  ParallelFor(pool, a.B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* xb = xp + b * a.d;
+      for (int64_t j = 0; j < a.k; ++j) {
+        int32_t id = ip[b * a.k + j];
+        op[b * a.k + j] = id == kPadId ? 0.0f : Dot(xb, wp + id * a.d, a.d);
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+ffi::Error GatherCombineImpl(ffi::ThreadPool pool, ffi::AnyBuffer g,
+                             ffi::AnyBuffer weight, ffi::AnyBuffer ids,
+                             ffi::Result<ffi::AnyBuffer> out) {
+  ArgChecker c("gather_combine");
+  GatherArgs a;
+  SJ_RETURN_IF_ERROR(CheckGatherArgs(c, g, "g", "[B, k]", false, weight, ids, &a));
+  const float* gp = g.typed_data<float>();
+  const float* wp = weight.typed_data<float>();
+  const int32_t* ip = ids.typed_data<int32_t>();
+  float* op = out->typed_data<float>();
+  ParallelFor(pool, a.B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      float* ob = op + b * a.d;
+      std::fill(ob, ob + a.d, 0.0f);
+      for (int64_t j = 0; j < a.k; ++j) {
+        int32_t id = ip[b * a.k + j];
+        if (id != kPadId) Axpy(gp[b * a.k + j], wp + id * a.d, ob, a.d);
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherDot, GatherDotImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherCombine, GatherCombineImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+}  // namespace sparsejax

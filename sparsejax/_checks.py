@@ -1,0 +1,51 @@
+"""Trace-time argument checks whose errors name the op, the argument and the
+expected shape. The C++ handlers check again at run time (for callers that
+bypass these wrappers)."""
+
+from typing import Any, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+
+class Dims(dict):
+  """Symbolic dimension sizes bound while checking one op's arguments."""
+
+  def __init__(self, op: str):
+    super().__init__()
+    self.op = op
+    self.source: dict[str, str] = {}
+
+
+def check_array(dims: Dims, name: str, x: Any, dtype, shape: Sequence[str | int]):
+  """Checks ``x``'s dtype and shape, binding symbolic dims in ``dims``.
+
+  Args:
+    dims: the op's symbolic dims; names seen first bind, later ones must match.
+    name: the argument's name, used in the error.
+    x: the array (or tracer).
+    dtype: required dtype.
+    shape: one entry per axis: an int, or a symbol such as ``"B"``.
+
+  Raises:
+    TypeError: wrong dtype. ValueError: wrong rank or size.
+  """
+  spec = "[" + ", ".join(str(s) for s in shape) + "]"
+  if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+    raise TypeError(f"{dims.op}: argument '{name}' must be an array of shape {spec}, got {type(x).__name__}")
+  if jnp.dtype(x.dtype) != jnp.dtype(dtype):
+    raise TypeError(f"{dims.op}: argument '{name}' must have dtype {jnp.dtype(dtype).name}, got {jnp.dtype(x.dtype).name}")
+  if len(x.shape) != len(shape):
+    raise ValueError(f"{dims.op}: argument '{name}' must have shape {spec} (rank {len(shape)}), got {tuple(x.shape)}")
+  for axis, (want, got) in enumerate(zip(shape, x.shape)):
+    if isinstance(want, (int, np.integer)):
+      if got != want:
+        raise ValueError(f"{dims.op}: argument '{name}' must have shape {spec} with axis {axis} = {want}, got {tuple(x.shape)}")
+    elif want in dims:
+      if got != dims[want]:
+        raise ValueError(
+            f"{dims.op}: argument '{name}' must have shape {spec} with {want} = {dims[want]} "
+            f"(from '{dims.source[want]}'), got {tuple(x.shape)}")
+    else:
+      dims[want] = got
+      dims.source[want] = name

@@ -1,0 +1,152 @@
+"""Locality-sensitive hash functions, stored as arrays and made from a seed.
+
+Two families (as in SLIDE):
+
+* ``"simhash"``: signed random projections; each of the ``K`` bits of a
+  table's code is the sign of a sparse +-1 projection over a random third of
+  the input dims.
+* ``"dwta"``: densified winner-take-all; each hash is the argmax position in a
+  bin of ``bin_size`` (8) random dims, i.e. 3 bits, packed with shifts of
+  exactly 3 bits so that all ``2^K`` codes are reachable; empty (all-zero)
+  bins borrow another bin's value (densification).
+
+``lsh_hash(params, x)`` maps ``x [B, d]`` to codes ``[B, L]`` int32 in
+``[0, 2^K)``, one per table.
+"""
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from sparsejax import _ffi
+from sparsejax._checks import Dims, check_array
+
+
+class LSHConfig(NamedTuple):
+  """Hash family and sizes (hashable: usable as a static jit argument).
+
+  Attributes:
+    family: ``"simhash"`` or ``"dwta"``.
+    num_tables: L, the number of tables (codes per vector).
+    num_bits: K, bits per code; for DWTA a multiple of ``log2(bin_size)``.
+    bin_size: DWTA bin width (a power of two).
+    projection_fraction: SimHash: fraction of dims in each projection.
+  """
+  family: str = "simhash"
+  num_tables: int = 32
+  num_bits: int = 12
+  bin_size: int = 8
+  projection_fraction: float = 1.0 / 3.0
+
+  def validate(self) -> None:
+    if self.family not in ("simhash", "dwta"):
+      raise ValueError(f"LSHConfig.family must be 'simhash' or 'dwta', got {self.family!r}")
+    if self.num_tables < 1:
+      raise ValueError(f"LSHConfig.num_tables must be >= 1, got {self.num_tables}")
+    if not 1 <= self.num_bits <= 30:
+      raise ValueError(f"LSHConfig.num_bits must be in [1, 30], got {self.num_bits}")
+    if self.family == "dwta":
+      bits = int(math.log2(self.bin_size))
+      if self.bin_size < 2 or 2**bits != self.bin_size:
+        raise ValueError(f"LSHConfig.bin_size must be a power of two >= 2, got {self.bin_size}")
+      if self.num_bits % bits:
+        raise ValueError(f"DWTA codes pack {bits}-bit bins: num_bits must be a multiple of {bits}, got {self.num_bits}")
+
+
+class SimHashParams(NamedTuple):
+  """Sparse signed projections.
+
+  Attributes:
+    proj_idx: ``[L, K, m]`` int32 input dims of each projection.
+    proj_sign: ``[L, K, m]`` float32 signs (+-1).
+  """
+  proj_idx: jax.Array
+  proj_sign: jax.Array
+
+
+class DWTAParams(NamedTuple):
+  """Winner-take-all bins.
+
+  Attributes:
+    bin_idx: ``[L, K / log2(bin_size), bin_size]`` int32 input dims per bin.
+    seed: ``[]`` uint32 seed of the densification probes.
+  """
+  bin_idx: jax.Array
+  seed: jax.Array
+
+
+LSHParams = SimHashParams | DWTAParams
+
+
+def init_lsh(key: jax.Array, config: LSHConfig, dim: int) -> LSHParams:
+  """Draws hash functions for ``dim``-dimensional inputs.
+
+  Args:
+    key: a PRNG key (new functions: a new key).
+    config: the family and sizes.
+    dim: input dimension d.
+
+  Returns:
+    :class:`SimHashParams` or :class:`DWTAParams`.
+  """
+  config.validate()
+  L, K = config.num_tables, config.num_bits
+  if config.family == "simhash":
+    m = max(1, min(dim, round(dim * config.projection_fraction)))
+    k_idx, k_sign = jax.random.split(key)
+    keys = jax.random.split(k_idx, L * K)
+    idx = jax.vmap(lambda k: jax.random.permutation(k, dim)[:m])(keys).astype(jnp.int32)
+    sign = jnp.where(jax.random.bernoulli(k_sign, 0.5, (L * K, m)), 1.0, -1.0).astype(jnp.float32)
+    return SimHashParams(idx.reshape(L, K, m), sign.reshape(L, K, m))
+  bins = K // int(math.log2(config.bin_size))
+  total = L * bins * config.bin_size
+  # Concatenated permutations: every dim is used about equally often.
+  n_perm = -(-total // dim)
+  k_perm, k_seed = jax.random.split(key)
+  perms = jax.vmap(lambda k: jax.random.permutation(k, dim))(jax.random.split(k_perm, n_perm))
+  idx = perms.reshape(-1)[:total].astype(jnp.int32).reshape(L, bins, config.bin_size)
+  seed = jax.random.bits(k_seed, (), jnp.uint32)
+  return DWTAParams(idx, seed)
+
+
+def lsh_hash(params: LSHParams, x: jax.Array) -> jax.Array:
+  """Hashes each row of ``x`` into one code per table.
+
+  Args:
+    params: from :func:`init_lsh`.
+    x: ``[B, d]`` float32.
+
+  Returns:
+    ``[B, L]`` int32 codes in ``[0, 2^K)``.
+  """
+  dims = Dims("lsh_hash")
+  check_array(dims, "x", x, jnp.float32, ("B", "d"))
+  if isinstance(params, SimHashParams):
+    check_array(dims, "proj_idx", params.proj_idx, jnp.int32, ("L", "K", "m"))
+    check_array(dims, "proj_sign", params.proj_sign, jnp.float32, ("L", "K", "m"))
+    L, K, m = params.proj_idx.shape
+    out = jax.ShapeDtypeStruct((dims["B"], L), jnp.int32)
+    return _ffi.ffi_call("simhash", out, vmap_method="sequential")(
+        x, params.proj_idx.reshape(L * K, m), params.proj_sign.reshape(L * K, m))
+  if isinstance(params, DWTAParams):
+    check_array(dims, "bin_idx", params.bin_idx, jnp.int32, ("L", "bins", "bin_size"))
+    check_array(dims, "seed", params.seed, jnp.uint32, ())
+    L, bins, size = params.bin_idx.shape
+    out = jax.ShapeDtypeStruct((dims["B"], L), jnp.int32)
+    return _ffi.ffi_call("dwta", out, vmap_method="sequential")(
+        x, params.bin_idx.reshape(L * bins, size), params.seed)
+  raise TypeError(f"lsh_hash: params must be SimHashParams or DWTAParams, got {type(params).__name__}")
+
+
+def num_bits(params: LSHParams) -> int:
+  """K, the bits per code of these hash functions."""
+  if isinstance(params, SimHashParams):
+    return params.proj_idx.shape[1]
+  return params.bin_idx.shape[1] * int(math.log2(params.bin_idx.shape[2]))
+
+
+def num_tables(params: LSHParams) -> int:
+  """L, the number of codes per vector."""
+  return (params.proj_idx if isinstance(params, SimHashParams) else params.bin_idx).shape[0]

@@ -1,0 +1,187 @@
+"""Sparse layers as JAX ops backed by C++ FFI kernels, with custom VJPs.
+
+Both sparse layers reduce to two kernels over gathered weight rows:
+
+* ``gather_dot(x, W, ids)[b, j] = <x[b], W[ids[b, j]]>``
+* ``gather_combine(g, W, ids)[b] = sum_j g[b, j] * W[ids[b, j]]``
+
+Their weight gradients are row-sparse and are kept as factors
+(:class:`RowSparseGrad`): ``dW[ids[b, j]] += g[b, j] * x[b]``. Training code
+obtains ``g`` and ``x`` without ever forming a dense ``[N, d]`` array (see
+``sparsejax.model``), and :func:`sparsejax.optim.row_sparse_adam` consumes the
+factors directly. Id ``-1`` is padding everywhere: it contributes nothing.
+
+The VJPs below also return the mathematically complete dense cotangents for
+the weights, so ``jax.grad`` with respect to a weight is correct (and
+checkable against a dense reference). Under ``jax.jit`` they are dead code and
+removed whenever that cotangent is not requested, as in a training step.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from sparsejax import _ffi
+from sparsejax._checks import Dims, check_array
+
+PAD_ID = -1
+
+
+class RowSparseGrad(NamedTuple):
+  """Gradient of a weight ``W [N, d]`` as factors.
+
+  ``dW = sum_{b, j} g[b, j] * outer(e_{ids[b, j]}, x[b])``; entries with id
+  ``-1`` are padding. Duplicate ids are allowed (their rows add up).
+
+  Attributes:
+    ids: ``[B, k]`` int32 row ids.
+    g: ``[B, k]`` float32 scale of each (b, j) contribution.
+    x: ``[B, d]`` float32 row direction shared by sample b.
+  """
+  ids: jax.Array
+  g: jax.Array
+  x: jax.Array
+
+  def to_dense(self, num_rows: int) -> jax.Array:
+    """The dense ``[num_rows, d]`` gradient (O(N d): for tests and debugging)."""
+    rows = self.g[..., None] * self.x[:, None, :]
+    safe = jnp.where(self.ids == PAD_ID, num_rows, self.ids)  # dropped, not wrapped
+    return jnp.zeros((num_rows, self.x.shape[-1]), self.x.dtype).at[safe].add(rows, mode="drop")
+
+
+def _check_gather(op, dense, dense_name, dense_shape, weight, ids):
+  dims = Dims(op)
+  check_array(dims, "ids", ids, jnp.int32, ("B", "k"))
+  check_array(dims, "weight", weight, jnp.float32, ("N", "d"))
+  check_array(dims, dense_name, dense, jnp.float32, dense_shape)
+  return dims
+
+
+def gather_dot(x: jax.Array, weight: jax.Array, ids: jax.Array) -> jax.Array:
+  """``out[b, j] = <x[b], weight[ids[b, j]]>`` (0 where ``ids`` is -1).
+
+  Args:
+    x: ``[B, d]`` float32.
+    weight: ``[N, d]`` float32.
+    ids: ``[B, k]`` int32 in ``[0, N)`` or -1.
+
+  Returns:
+    ``[B, k]`` float32.
+  """
+  dims = _check_gather("gather_dot", x, "x", ("B", "d"), weight, ids)
+  out = jax.ShapeDtypeStruct((dims["B"], dims["k"]), jnp.float32)
+  return _ffi.ffi_call("gather_dot", out, vmap_method="sequential")(x, weight, ids)
+
+
+def gather_combine(g: jax.Array, weight: jax.Array, ids: jax.Array) -> jax.Array:
+  """``out[b] = sum_j g[b, j] * weight[ids[b, j]]`` (skipping ``ids == -1``).
+
+  Args:
+    g: ``[B, k]`` float32.
+    weight: ``[N, d]`` float32.
+    ids: ``[B, k]`` int32 in ``[0, N)`` or -1.
+
+  Returns:
+    ``[B, d]`` float32.
+  """
+  dims = _check_gather("gather_combine", g, "g", ("B", "k"), weight, ids)
+  out = jax.ShapeDtypeStruct((dims["B"], dims["d"]), jnp.float32)
+  return _ffi.ffi_call("gather_combine", out, vmap_method="sequential")(g, weight, ids)
+
+
+def _gather_bias(bias, ids):
+  # take() would wrap -1 to the last row: mask padding explicitly.
+  vals = jnp.take(bias, jnp.maximum(ids, 0), axis=0)
+  return jnp.where(ids == PAD_ID, 0.0, vals)
+
+
+def _scatter_bias(g, ids, n):
+  safe = jnp.where(ids == PAD_ID, n, ids)
+  return jnp.zeros((n,), g.dtype).at[safe].add(g, mode="drop")
+
+
+# --- Sparse output layer ------------------------------------------------------
+
+@jax.custom_vjp
+def _sparse_logits(h, weight, bias, ids):
+  return gather_dot(h, weight, ids) + _gather_bias(bias, ids)
+
+
+def _sparse_logits_fwd(h, weight, bias, ids):
+  return _sparse_logits(h, weight, bias, ids), (h, weight, bias, ids)
+
+
+def _sparse_logits_bwd(res, g):
+  h, weight, bias, ids = res
+  g = jnp.where(ids == PAD_ID, 0.0, g)
+  dh = gather_combine(g, weight, ids)
+  dweight = RowSparseGrad(ids, g, h).to_dense(weight.shape[0])  # DCE'd unless asked for
+  dbias = _scatter_bias(g, ids, bias.shape[0])
+  return dh, dweight, dbias, None
+
+
+_sparse_logits.defvjp(_sparse_logits_fwd, _sparse_logits_bwd)
+
+
+def sparse_logits(h: jax.Array, weight: jax.Array, bias: jax.Array, ids: jax.Array) -> jax.Array:
+  """Logits of a few output neurons per sample: ``h[b] . W[ids[b, j]] + b[ids[b, j]]``.
+
+  Args:
+    h: ``[B, d]`` float32 inputs (hidden activations).
+    weight: ``[N, d]`` float32 output-layer weights.
+    bias: ``[N]`` float32 output-layer biases.
+    ids: ``[B, k]`` int32 active neuron ids per sample, in ``[0, N)`` or -1
+      (padding, whose logit is 0 and gets no gradient).
+
+  Returns:
+    ``[B, k]`` float32 logits. Differentiable in ``h`` (an O(B k d) kernel),
+    ``weight`` and ``bias``; the weight gradient for training is
+    ``RowSparseGrad(ids, dlogits, h)``.
+  """
+  dims = _check_gather("sparse_logits", h, "h", ("B", "d"), weight, ids)
+  check_array(dims, "bias", bias, jnp.float32, ("N",))
+  return _sparse_logits(h, weight, bias, ids)
+
+
+# --- Sparse input layer (embedding bag) ----------------------------------------
+
+@jax.custom_vjp
+def _embedding_bag(feat_ids, feat_vals, weight, bias):
+  return gather_combine(feat_vals, weight, feat_ids) + bias
+
+
+def _embedding_bag_fwd(feat_ids, feat_vals, weight, bias):
+  return _embedding_bag(feat_ids, feat_vals, weight, bias), (feat_ids, feat_vals, weight)
+
+
+def _embedding_bag_bwd(res, dout):
+  feat_ids, feat_vals, weight = res
+  dvals = gather_dot(dout, weight, feat_ids)
+  dweight = RowSparseGrad(feat_ids, feat_vals, dout).to_dense(weight.shape[0])  # DCE'd unless asked for
+  return None, dvals, dweight, dout.sum(axis=0)
+
+
+_embedding_bag.defvjp(_embedding_bag_fwd, _embedding_bag_bwd)
+
+
+def embedding_bag(feat_ids: jax.Array, feat_vals: jax.Array, weight: jax.Array,
+                  bias: jax.Array) -> jax.Array:
+  """Sparse feature vectors times a weight matrix: ``sum_f v[b, f] W[i[b, f]] + bias``.
+
+  Args:
+    feat_ids: ``[B, F]`` int32 feature ids in ``[0, num_features)``, -1 padding.
+    feat_vals: ``[B, F]`` float32 feature values (ignored where padded).
+    weight: ``[num_features, d]`` float32.
+    bias: ``[d]`` float32.
+
+  Returns:
+    ``[B, d]`` float32. The weight gradient for training is
+    ``RowSparseGrad(feat_ids, feat_vals, dout)``.
+  """
+  dims = Dims("embedding_bag")
+  check_array(dims, "feat_ids", feat_ids, jnp.int32, ("B", "F"))
+  check_array(dims, "feat_vals", feat_vals, jnp.float32, ("B", "F"))
+  check_array(dims, "weight", weight, jnp.float32, ("num_features", "d"))
+  check_array(dims, "bias", bias, jnp.float32, ("d",))
+  return _embedding_bag(feat_ids, feat_vals, weight, bias)
