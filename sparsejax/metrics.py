@@ -131,8 +131,8 @@ def label_frequencies(labels: np.ndarray, num_labels: int) -> np.ndarray:
     labels = np.asarray(labels)
     if labels.ndim != 2:
         raise ValueError(f"labels must be 2-D, got shape {labels.shape}")
-    keys, _ = _unique_label_keys(labels, num_labels)
-    return np.bincount(keys % num_labels, minlength=num_labels).astype(np.int64)
+    srt, unique = _row_unique(labels, num_labels)
+    return np.bincount(srt[unique], minlength=num_labels).astype(np.int64)
 
 
 # ---------------------------------------------------------------------------
@@ -140,15 +140,18 @@ def label_frequencies(labels: np.ndarray, num_labels: int) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-def _unique_label_keys(labels: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique ``row * stride + label`` keys of the valid labels."""
-    n, m = labels.shape
-    rows = np.broadcast_to(np.arange(n, dtype=np.int64)[:, None], (n, m))
-    valid = labels >= 0
-    if valid.any() and labels[valid].max() >= stride:
-        raise ValueError(f"label id {labels[valid].max()} out of range (< {stride} required)")
-    keys = np.unique(rows[valid] * stride + labels[valid].astype(np.int64))
-    return keys, keys // stride
+def _row_unique(labels: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row-sorted labels and a mask of their first occurrences (padding excluded).
+
+    Returns ``(sorted_labels [n, m], unique [n, m] bool)``; raises if any label
+    id is ``>= stride``.
+    """
+    srt = np.sort(labels, axis=1)
+    if srt.size and srt[:, -1].max() >= stride:
+        raise ValueError(f"label id {srt[:, -1].max()} out of range (< {stride} required)")
+    unique = srt >= 0
+    unique[:, 1:] &= srt[:, 1:] != srt[:, :-1]
+    return srt, unique
 
 
 def _check_inputs(topk_ids, labels, ks):
@@ -210,9 +213,11 @@ def ranking_metrics(
         stride = int(max(labels.max(initial=-1), preds.max(initial=-1))) + 1
     stride = max(stride, 1)
 
-    # Relevance via one global sorted key array: key = row * stride + label.
-    keys, key_rows = _unique_label_keys(labels, stride)
-    num_true = np.bincount(key_rows, minlength=n)
+    # Relevance via one globally sorted key array, key = row * stride + label:
+    # rows ascend and labels ascend within a row, so no global sort is needed.
+    srt, unique = _row_unique(labels, stride)
+    num_true = unique.sum(axis=1)
+    keys = (np.arange(n, dtype=np.int64)[:, None] * stride + srt)[unique]
     pred_ok = (preds >= 0) & (preds < stride)
     pred_keys = np.arange(n, dtype=np.int64)[:, None] * stride + np.where(pred_ok, preds, 0)
     if keys.size:
@@ -238,14 +243,12 @@ def ranking_metrics(
     if weights is not None:
         gained = np.cumsum(rel_f * weights[np.where(pred_ok, preds, 0)], axis=1)
         # Best achievable: each sample's kmax largest weights among its labels.
-        key_w = weights[keys % stride]
-        order = np.lexsort((-key_w, key_rows))  # by row, then weight descending
-        row_start = np.concatenate([[0], np.cumsum(num_true)[:-1]])
-        rank_in_row = np.arange(keys.size) - row_start[key_rows[order]]
-        keep = rank_in_row < kmax
-        ideal = np.zeros((n, kmax))
-        ideal[key_rows[order][keep], rank_in_row[keep]] = key_w[order][keep]
-        ideal = np.cumsum(ideal, axis=1)
+        label_w = np.where(unique, weights[np.maximum(srt, 0)], 0.0)
+        if label_w.shape[1] > kmax:
+            label_w = -np.partition(-label_w, kmax - 1, axis=1)[:, :kmax]
+        elif label_w.shape[1] < kmax:
+            label_w = np.pad(label_w, ((0, 0), (0, kmax - label_w.shape[1])))
+        ideal = np.cumsum(-np.sort(-label_w, axis=1), axis=1)
         for k in ks:
             out[f"psp_raw@{k}"] = gained[:, k - 1] / k
         for k in ks:
@@ -276,7 +279,9 @@ def evaluate_topk(
       labels, which still count in the mean).
     * ``"none"``: ``mean_i(psp_raw_i)``, the un-normalised Jain et al. PSP.
 
-    All three give 1.0 for a perfect predictor (except ``"none"``).
+    A perfect predictor scores 1.0 under ``"dataset"`` and ``"sample"``. The
+    two differ when per-sample ideal scores vary: ``"dataset"`` weights each
+    sample by its ideal score, ``"sample"`` weights samples equally.
 
     Args:
         topk_ids: ``[n, k]`` int predictions sorted by descending score.

@@ -115,7 +115,10 @@ def row_sparse_adam(
 
   Returns:
     A :class:`RowSparseOptimizer`. Jit the caller with the parameter and state
-    donated to update them in place.
+    donated to update them in place; the caller must return them in the order
+    it takes them (``step(W, state, ...) -> (W, state, ...)``), because jit
+    pairs donated inputs with same-shaped outputs in order, and a mismatch
+    costs an O(N d) copy.
   """
 
   def init(weight: jax.Array) -> RowSparseAdamState:

@@ -93,66 +93,81 @@ def _parse_header(line: bytes, path) -> tuple[int, int, int]:
 def _parse_chunk_fast(chunk: bytes, num_features: int, num_labels: int) -> _Rows | None:
     """Vectorised parse of whole lines (``chunk`` ends with ``\\n``).
 
+    Works on token boundaries (maximal runs of non-separator bytes) and their
+    neighbouring separator classes, so most arrays are per token, not per byte.
     Returns None if anything is off; the caller then runs the line parser,
     which gives the precise error (or the parse, if this path was too strict).
     """
     cls = np.frombuffer(chunk.translate(_CLASS_TABLE), dtype=np.uint8)
     tok = cls == _TOK
+    # Token starts and ends alternate (the chunk ends with '\n', a non-token).
+    edges = np.flatnonzero(np.diff(tok.view(np.int8), prepend=np.int8(0)))
+    starts, ends = edges[0::2], edges[1::2]
+    num_tok = len(starts)
     nl = np.flatnonzero(cls == _NL)
     num_lines = len(nl)
-    line_start = np.empty(num_lines, dtype=np.int64)
-    line_start[0] = 0
-    line_start[1:] = nl[:-1] + 1
+    line_start = np.concatenate(([0], nl[:-1] + 1))
+    first_tok = np.searchsorted(starts, line_start)  # [lines]
+    tok_per_line = np.diff(first_tok, append=num_tok)
+    num_commas = np.count_nonzero(cls == _COMMA)
+    num_colons = np.count_nonzero(cls == _COLON)
+    if num_tok == 0:
+        return _empty_rows(num_lines) if num_commas + num_colons == 0 else None
+    tok_line = np.repeat(np.arange(num_lines), tok_per_line)
 
-    # Token boundaries: starts[k] <= byte < ends[k]; chunk ends with '\n'.
-    edge = np.diff(tok.view(np.int8), prepend=np.int8(0))
-    starts = np.flatnonzero(edge == 1)
-    ends = np.flatnonzero(edge == -1)
-    if len(ends) != len(starts):
-        return None
-    prev_cls = np.where(starts > 0, cls[starts - 1], _NL)
+    prev_cls = cls[starts - 1]  # starts[0] == 0 wraps to the final '\n': fine
     next_cls = cls[ends]
-    tok_line = np.searchsorted(nl, starts)
+    prev_ws = (prev_cls == _SPACE) | (prev_cls == _NL)
+    next_ws = (next_cls == _SPACE) | (next_cls == _NL)
+    next_colon = next_cls == _COLON
+    # glued[i]: token i+1 starts right after the single separator ending token i.
+    glued = np.zeros(num_tok, dtype=bool)
+    glued[:-1] = starts[1:] == ends[:-1] + 1
 
-    # The label field is the line's first whitespace-separated item (empty if
-    # the line starts with whitespace or if that item contains ':').
-    spaces = np.flatnonzero(cls == _SPACE)
-    first_space = np.append(spaces, len(cls))[np.searchsorted(spaces, line_start)]
-    label_end = np.minimum(first_space, nl)
-    colons = np.flatnonzero(cls == _COLON)
-    colon_line = np.searchsorted(nl, colons)
-    label_end[colon_line[colons < label_end[colon_line]]] = -1
-    label_end = np.where(label_end < 0, line_start, label_end)
+    # Label field = the line's first whitespace-delimited item, when the line
+    # starts with a token and that item has no ':'. last_label = its last token.
+    ws_tok = np.flatnonzero(next_ws)
+    if ws_tok.size == 0:
+        return None
+    last_label = ws_tok[np.minimum(np.searchsorted(ws_tok, first_tok), len(ws_tok) - 1)]
+    has_tok = tok_per_line > 0
+    if np.any(has_tok & (last_label >= first_tok + tok_per_line)):
+        return None  # a line's last token is not followed by whitespace ('3,', '1:')
+    colon_cum = np.concatenate(([0], np.cumsum(next_colon)))
+    labeled = (
+        has_tok
+        & (cls[line_start] == _TOK)
+        & (colon_cum[last_label] == colon_cum[first_tok])
+    )
+    label_counts = np.where(labeled, last_label - first_tok + 1, 0)
+    pos_in_line = np.arange(num_tok) - first_tok[tok_line]
+    is_label = pos_in_line < label_counts[tok_line]
 
-    is_label = starts < label_end[tok_line]
-    is_id = ~is_label & (next_cls == _COLON) & ((prev_cls == _SPACE) | (prev_cls == _NL))
-    is_val = ~is_label & (prev_cls == _COLON) & ((next_cls == _SPACE) | (next_cls == _NL))
-    if not np.all(is_label | is_id | is_val):
-        return None  # e.g. '3-1.0', '3:4:5', a stray token
-    # Separators must sit between two tokens ('3:', ':4', '1,,2', '2,' are bad),
-    # and commas only inside the label field.
-    for pos in (colons, np.flatnonzero(cls == _COMMA)):
-        if pos.size and (
-            pos[0] == 0 or not (np.all(tok[pos - 1]) and np.all(tok[pos + 1]))
-        ):
-            return None
-    commas = np.flatnonzero(cls == _COMMA)
-    if commas.size and np.any(commas >= label_end[np.searchsorted(nl, commas)]):
+    # Labels are comma-glued ('1,,2' and '1, 2' fail); features are 'id:value'
+    # items ('3:', ':4', '3:4:5', '3-1.0' fail). Separator counts must match so
+    # that no stray ',' or ':' hides between whitespace.
+    is_id = ~is_label & next_colon & glued & prev_ws
+    is_val = ~is_label & (prev_cls == _COLON) & next_ws
+    if (
+        not np.all(is_label | is_id | is_val)
+        or not np.all(glued[is_label & ~next_ws])
+        or num_commas != np.count_nonzero(is_label) - np.count_nonzero(labeled)
+        or num_colons != np.count_nonzero(is_id)
+    ):
         return None
     # Ids and labels must be plain digit strings (no sign, no decimal point).
-    bad_chars = np.flatnonzero(np.frombuffer(chunk.translate(_NONDIGIT_TABLE), dtype=np.bool_))
-    if bad_chars.size and not np.all(is_val[np.searchsorted(starts, bad_chars, "right") - 1]):
+    nondigit = np.flatnonzero(np.frombuffer(chunk.translate(_NONDIGIT_TABLE), dtype=np.bool_))
+    if nondigit.size and not np.all(is_val[np.searchsorted(starts, nondigit, "right") - 1]):
         return None
 
-    # Convert every token at once: separators -> spaces, then one C-level scan.
-    text = chunk.translate(_NUMBERS_TABLE)
+    # Convert every token at once: separators -> spaces, one C-level scan.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "could not be read to its end"
         try:
-            numbers = np.fromstring(text, dtype=np.float64, sep=" ")
+            numbers = np.fromstring(chunk.translate(_NUMBERS_TABLE), dtype=np.float64, sep=" ")
         except ValueError:
             return None
-    if len(numbers) != len(starts):
+    if len(numbers) != num_tok:
         return None
     label_ids = numbers[is_label]
     feat_ids = numbers[is_id]
@@ -164,12 +179,18 @@ def _parse_chunk_fast(chunk: bytes, num_features: int, num_labels: int) -> _Rows
     ):
         return None
     return _Rows(
-        np.bincount(tok_line[is_id], minlength=num_lines),
+        (tok_per_line - label_counts) // 2,
         feat_ids.astype(np.int64),
         feat_vals,
-        np.bincount(tok_line[is_label], minlength=num_lines),
+        label_counts.astype(np.int64),
         label_ids.astype(np.int64),
     )
+
+
+def _empty_rows(num_lines: int) -> _Rows:
+    zeros = np.zeros(num_lines, dtype=np.int64)
+    empty = np.zeros(0, dtype=np.int64)
+    return _Rows(zeros, empty, empty.astype(np.float64), zeros, empty)
 
 
 # --------------------------------------------------------------------------

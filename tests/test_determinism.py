@@ -1,0 +1,49 @@
+"""Kernel outputs are bit-identical whatever the number of threads."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import hashlib, jax, jax.numpy as jnp, numpy as np
+    from sparsejax import lsh, ops, optim, tables
+    rng = np.random.default_rng(0)
+    N, d, B, k = 20000, 32, 64, 256
+    W = jnp.asarray(rng.normal(size=(N, d)), jnp.float32)
+    h = jnp.asarray(rng.normal(size=(B, d)), jnp.float32)
+    digest = hashlib.sha256()
+    for family, bits in (("simhash", 9), ("dwta", 9)):
+      cfg = lsh.LSHConfig(family, 8, bits)
+      params = lsh.init_lsh(jax.random.key(0), cfg, d)
+      for policy in ("fifo", "reservoir"):
+        t = tables.build_tables(tables.init_tables(cfg, 8, policy=policy), params, W)
+        ids, n = tables.lsh_query(t, params, h, k=k, num_rows=N, seed=5)
+        for a in (t.buckets, t.counts, ids, n):
+          digest.update(np.asarray(a).tobytes())
+    g = jnp.asarray(rng.normal(size=(B, k)), jnp.float32)
+    digest.update(np.asarray(ops.gather_dot(h, W, ids)).tobytes())
+    digest.update(np.asarray(ops.gather_combine(g, W, ids)).tobytes())
+    opt = optim.row_sparse_adam(0.01)
+    W2, s = opt.update(ops.RowSparseGrad(ids % 500, g, h), opt.init(W), W)  # many duplicates
+    for a in (W2, s.mu, s.nu):
+      digest.update(np.asarray(a).tobytes())
+    print(digest.hexdigest())
+""")
+
+
+def _run(threads):
+  env = dict(os.environ)
+  env.pop("SPARSEJAX_NUM_THREADS", None)
+  if threads:
+    env["SPARSEJAX_NUM_THREADS"] = str(threads)
+  out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out.stdout.strip().splitlines()[-1]
+
+
+def test_results_do_not_depend_on_thread_count():
+  one = _run(1)
+  assert len(one) == 64
+  assert _run(None) == one
+  assert _run(3) == one
