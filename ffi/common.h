@@ -167,7 +167,7 @@ inline float Dot(const float* a, const float* b, int64_t d) {
 }
 
 // y += alpha * x
-inline void Axpy(float alpha, const float* x, float* y, int64_t d) {
+inline void Axpy(float alpha, const float* __restrict__ x, float* __restrict__ y, int64_t d) {
   for (int64_t i = 0; i < d; ++i) y[i] += alpha * x[i];
 }
 

@@ -1,3 +1,36 @@
+"""Data for extreme classification: containers, file I/O, synthetic and real sets, batching.
+
+Everything is numpy-only (no JAX import), so it is safe in loader threads.
+
+* :class:`XCDataset` - CSR features + CSR labels; ``subset``, ``to_padded``
+  (fixed-width kernel input, padding id ``-1``), ``label_frequencies``.
+* :func:`load_xc_file` / :func:`save_xc_file` - Extreme Classification
+  Repository text format (e.g. Amazon-670K), fast vectorised reader with
+  file:line error messages (:class:`XCFormatError`).
+* :func:`make_synthetic` - power-law labels with planted feature prototypes.
+* :func:`load_icd10` - ICD-10-CM descriptions -> categories (needs the
+  optional ``simple-icd-10-cm`` and ``scikit-learn`` packages).
+* :class:`BatchIterator` / :func:`batches` - seeded, resumable, prefetched
+  mini-batches.
+"""
+
+from .batching import BatchIterator, batches, epoch_permutation
 from .dataset import PAD_ID, XCDataset, train_test_split
-from .xc_format import XCFormatError, load_xc_file, save_xc_file
+from .icd10 import ICD10Info, load_icd10
 from .synthetic import make_synthetic
+from .xc_format import XCFormatError, load_xc_file, save_xc_file
+
+__all__ = [
+    "PAD_ID",
+    "BatchIterator",
+    "ICD10Info",
+    "XCDataset",
+    "XCFormatError",
+    "batches",
+    "epoch_permutation",
+    "load_icd10",
+    "load_xc_file",
+    "make_synthetic",
+    "save_xc_file",
+    "train_test_split",
+]

@@ -59,7 +59,11 @@ class XCFormatError(ValueError):
     def __init__(self, path: str | os.PathLike, line: int, message: str):
         self.path = os.fspath(path)
         self.line = int(line)
+        self.message = message
         super().__init__(f"{self.path}:{self.line}: {message}")
+
+    def __reduce__(self):  # keep picklable despite the custom signature
+        return type(self), (self.path, self.line, self.message)
 
 
 class _Rows(NamedTuple):
