@@ -1,0 +1,348 @@
+"""A SLIDE network: sparse features -> dense ReLU layers -> LSH-sampled output layer.
+
+Functional API::
+
+  state = init(rng, config)
+  state, metrics = train_step(state, batch, config=config)   # jit, state donated
+  state = rebuild_tables(state)                               # on a schedule
+
+Per step, only the sampled output rows and the input rows of the batch's
+features are read and updated (row-sparse Adam); the dense hidden layers use
+optax. Nothing in a step is O(N d) for the N-wide output layer. Batches are
+dicts of ``feat_ids [B, F] int32`` (-1 padded), ``feat_vals [B, F] float32``
+and ``labels [B, M] int32`` (-1 padded).
+"""
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from sparsejax import lsh, ops, optim, tables
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Sizes and hyper-parameters of a SLIDE network (hashable: a static jit arg).
+
+  Attributes:
+    num_features: F, input feature space.
+    num_labels: N, output layer width.
+    hidden_dims: widths of the dense ReLU layers (the first is the sparse
+      input layer's output).
+    active_k: output neurons per sample (labels + LSH candidates + random);
+      clamped to N. ``active_k >= N`` computes the exact full softmax.
+    lsh_family: ``"simhash"`` or ``"dwta"``.
+    num_tables: L.
+    num_bits: K bits per code; None: chosen from N (~8 rows per bucket).
+    bucket_size: ids per bucket; None: a default that scales table memory with N.
+    table_policy: ``"fifo"`` or ``"reservoir"``.
+    learning_rate: peak learning rate.
+    warmup_steps: linear warm-up steps; 0 for a constant rate.
+    decay_steps: cosine decay to 10% after warm-up over this many steps; 0 = none.
+    b1, b2, eps: Adam constants (sparse and dense layers alike).
+    weight_decay: decoupled weight decay.
+    reinsert: after each step re-insert into the tables ``"none"``, the rows
+      of the batch's ``"labels"`` (cheap), or ``"all"`` rows the step updated.
+    init_scale: output layer init std multiplier (``1/sqrt(d)`` scaled).
+  """
+  num_features: int
+  num_labels: int
+  hidden_dims: tuple[int, ...] = (128,)
+  active_k: int = 1024
+  lsh_family: str = "simhash"
+  num_tables: int = 32
+  num_bits: int | None = None
+  bucket_size: int | None = None
+  table_policy: str = "fifo"
+  learning_rate: float = 1e-3
+  warmup_steps: int = 0
+  decay_steps: int = 0
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+  weight_decay: float = 0.0
+  reinsert: str = "none"
+  init_scale: float = 1.0
+
+  @property
+  def k(self) -> int:
+    return min(self.active_k, self.num_labels)
+
+  @property
+  def lsh_config(self) -> lsh.LSHConfig:
+    default = tables.default_lsh_config(self.num_labels, self.lsh_family, self.num_tables)
+    if self.num_bits is None:
+      return default
+    return default._replace(num_bits=self.num_bits)
+
+  @property
+  def table_bucket_size(self) -> int:
+    return self.bucket_size or tables.default_bucket_size()
+
+  def schedule(self) -> optax.Schedule:
+    """Learning rate as a function of the step."""
+    if self.decay_steps > 0:
+      return optax.warmup_cosine_decay_schedule(0.0 if self.warmup_steps else self.learning_rate,
+                                                self.learning_rate, max(self.warmup_steps, 0),
+                                                self.warmup_steps + self.decay_steps,
+                                                end_value=0.1 * self.learning_rate)
+    if self.warmup_steps > 0:
+      return optax.linear_schedule(0.0, self.learning_rate, self.warmup_steps)
+    return optax.constant_schedule(self.learning_rate)
+
+  def validate(self) -> None:
+    if self.num_features < 1 or self.num_labels < 1:
+      raise ValueError(f"num_features and num_labels must be >= 1, got {self.num_features}, {self.num_labels}")
+    if not self.hidden_dims or min(self.hidden_dims) < 1:
+      raise ValueError(f"hidden_dims must be non-empty positive widths, got {self.hidden_dims}")
+    if self.active_k < 1:
+      raise ValueError(f"active_k must be >= 1, got {self.active_k}")
+    if self.reinsert not in ("none", "labels", "all"):
+      raise ValueError(f"reinsert must be 'none', 'labels' or 'all', got {self.reinsert!r}")
+    self.lsh_config.validate()
+
+
+class SparseLayer(NamedTuple):
+  """A layer whose rows are read and updated sparsely: ``w [rows, d]``, ``b``."""
+  w: jax.Array
+  b: jax.Array
+
+
+class SlideState(NamedTuple):
+  """Everything a training run holds, as arrays (checkpointable, donatable).
+
+  Attributes:
+    step: ``[]`` int32 steps taken.
+    rng: ``[2]`` uint32 raw PRNG key data.
+    embed: input layer, ``w [F, d0]`` (row-sparse Adam) and ``b [d0]`` (optax).
+    hidden: dense layers ``[(w [d_i, d_i+1], b [d_i+1]), ...]`` (optax).
+    out: output layer, ``w [N, d]`` and ``b [N]`` (row-sparse Adam).
+    embed_opt: row-sparse Adam state of ``embed.w``.
+    out_w_opt, out_b_opt: row-sparse Adam states of ``out.w`` and ``out.b``.
+    dense_opt: optax state of ``(embed.b, hidden)``.
+    lsh: hash functions of the output layer's tables.
+    tables: the output layer's LSH tables.
+  """
+  step: jax.Array
+  rng: jax.Array
+  embed: SparseLayer
+  hidden: tuple
+  out: SparseLayer
+  embed_opt: optim.RowSparseAdamState
+  out_w_opt: optim.RowSparseAdamState
+  out_b_opt: optim.RowSparseAdamState
+  dense_opt: Any
+  lsh: Any
+  tables: tables.HashTables
+
+
+def _dense_optimizer(config: ModelConfig) -> optax.GradientTransformation:
+  return optax.adamw(config.schedule(), b1=config.b1, b2=config.b2, eps=config.eps,
+                     weight_decay=config.weight_decay)
+
+
+def init(rng: jax.Array, config: ModelConfig) -> SlideState:
+  """A fresh network, optimizer states and built LSH tables.
+
+  Args:
+    rng: a PRNG key.
+    config: the model.
+
+  Returns:
+    The initial :class:`SlideState`.
+  """
+  config.validate()
+  dims = config.hidden_dims
+  keys = jax.random.split(rng, 4 + len(dims))
+  glorot = jax.nn.initializers.glorot_uniform()
+  # Sparse rows: a feature vector sums ~tens of rows, so small rows keep the
+  # first layer's scale sane; zero output rows start every logit at 0 (SLIDE
+  # uses small random rows: they are needed by LSH, see below).
+  embed = SparseLayer(
+      jax.random.normal(keys[0], (config.num_features, dims[0]), jnp.float32) * (1.0 / math.sqrt(dims[0])),
+      jnp.zeros((dims[0],), jnp.float32))
+  hidden = tuple(
+      (glorot(keys[4 + i], (dims[i], dims[i + 1]), jnp.float32), jnp.zeros((dims[i + 1],), jnp.float32))
+      for i in range(len(dims) - 1))
+  # Random (not zero) output rows: the tables need rows to hash apart.
+  out = SparseLayer(
+      jax.random.normal(keys[1], (config.num_labels, dims[-1]), jnp.float32) * (config.init_scale / math.sqrt(dims[-1])),
+      jnp.zeros((config.num_labels,), jnp.float32))
+  sparse_opt = optim.row_sparse_adam(config.schedule(), config.b1, config.b2, config.eps, config.weight_decay)
+  lsh_params = lsh.init_lsh(keys[2], config.lsh_config, dims[-1])
+  t = tables.init_tables(config.lsh_config, config.table_bucket_size, policy=config.table_policy,
+                         seed=int(jax.random.randint(keys[3], (), 0, 2**31 - 1)))
+  t = tables.build_tables(t, lsh_params, out.w)
+  return SlideState(
+      step=jnp.zeros((), jnp.int32),
+      rng=jax.random.key_data(jax.random.fold_in(rng, 7)),
+      embed=embed, hidden=hidden, out=out,
+      embed_opt=sparse_opt.init(embed.w), out_w_opt=sparse_opt.init(out.w), out_b_opt=sparse_opt.init(out.b),
+      dense_opt=_dense_optimizer(config).init((embed.b, hidden)),
+      lsh=lsh_params, tables=t)
+
+
+def hidden_forward(embed_w: jax.Array, dense_params, feat_ids: jax.Array, feat_vals: jax.Array,
+                   embed_tap: jax.Array | None = None) -> jax.Array:
+  """Sparse features to the last hidden layer's activations ``[B, d]``.
+
+  ``embed_tap`` (zeros) is added to the input layer's pre-activation; its
+  gradient is the cotangent that the input layer's row-sparse gradient needs.
+  """
+  embed_b, hidden = dense_params
+  z = ops.embedding_bag(feat_ids, feat_vals, embed_w, embed_b)
+  if embed_tap is not None:
+    z = z + embed_tap
+  h = jax.nn.relu(z)
+  for w, b in hidden:
+    h = jax.nn.relu(h @ w + b)
+  return h
+
+
+def label_targets(active: jax.Array, labels: jax.Array) -> jax.Array:
+  """SLIDE's multi-label target: ``1/|y|`` on each active id that is a label.
+
+  Args:
+    active: ``[B, k]`` int32 active ids.
+    labels: ``[B, M]`` int32 labels, -1 padded.
+
+  Returns:
+    ``[B, k]`` float32 target distribution (rows of unlabeled samples are 0).
+  """
+  is_label = jnp.any((active[:, :, None] == labels[:, None, :]) & (labels[:, None, :] >= 0), axis=-1)
+  count = jnp.sum(is_label, axis=1, keepdims=True)
+  return jnp.where(is_label, 1.0 / jnp.maximum(count, 1), 0.0).astype(jnp.float32)
+
+
+def softmax_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """Mean over labeled samples of ``-sum_j t_j log softmax(logits)_j``."""
+  per_sample = -jnp.sum(targets * jax.nn.log_softmax(logits, axis=-1), axis=-1)
+  labeled = jnp.sum(targets, axis=-1) > 0
+  return jnp.sum(jnp.where(labeled, per_sample, 0.0)) / jnp.maximum(jnp.sum(labeled), 1)
+
+
+def _step_seed(state: SlideState) -> jax.Array:
+  return jax.random.bits(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), (), jnp.uint32)
+
+
+def train_step(state: SlideState, batch: dict, *, config: ModelConfig) -> tuple[SlideState, dict]:
+  """One SGD step on a batch. Jit with ``static_argnames="config"``, state donated.
+
+  Args:
+    state: the current state.
+    batch: ``feat_ids [B, F]``, ``feat_vals [B, F]``, ``labels [B, M]``.
+    config: the model's config.
+
+  Returns:
+    ``(new_state, metrics)``; metrics hold scalar ``loss``, the mean number
+    of active ids that came from the tables, and the learning rate.
+  """
+  fids, fvals, labels = batch["feat_ids"], batch["feat_vals"], batch["labels"]
+  B = fids.shape[0]
+  N, k = config.num_labels, config.k
+  dense_params = (state.embed.b, state.hidden)
+  h, hidden_vjp = jax.vjp(
+      lambda dp, tap: hidden_forward(state.embed.w, dp, fids, fvals, tap),
+      dense_params, jnp.zeros((B, config.hidden_dims[0]), jnp.float32))
+  active, from_tables = tables.lsh_query(state.tables, state.lsh, h, k=k, num_rows=N, labels=labels,
+                                         seed=_step_seed(state))
+  targets = label_targets(active, labels)
+
+  def out_loss(h, tap):
+    return softmax_cross_entropy(ops.sparse_logits(h, state.out.w, state.out.b, active) + tap, targets)
+
+  loss, (dh, g_out) = jax.value_and_grad(out_loss, argnums=(0, 1))(h, jnp.zeros((B, k), jnp.float32))
+  d_dense, d_embed = hidden_vjp(dh)
+
+  lr = config.schedule()(state.step)
+  adam = dict(b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay)
+  out_w, out_w_opt, touched = optim.apply_row_sparse_adam(
+      state.out.w, state.out_w_opt, ops.RowSparseGrad(active, g_out, h), lr, after=dh, **adam)
+  out_b, out_b_opt, _ = optim.apply_row_sparse_adam(
+      state.out.b, state.out_b_opt, ops.RowSparseGrad(active, g_out, jnp.ones((B, 1), jnp.float32)), lr, **adam)
+  embed_w, embed_opt, _ = optim.apply_row_sparse_adam(
+      state.embed.w, state.embed_opt, ops.RowSparseGrad(fids, fvals, d_embed), lr, **adam)
+  updates, dense_opt = _dense_optimizer(config).update(d_dense, state.dense_opt, dense_params)
+  embed_b, hidden = optax.apply_updates(dense_params, updates)
+
+  t = state.tables
+  if config.reinsert == "labels":
+    ids = labels.reshape(-1)
+    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(ids, 0), axis=0), ids, N)
+  elif config.reinsert == "all":
+    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(touched, 0), axis=0), touched, N)
+
+  new_state = state._replace(
+      step=state.step + 1, embed=SparseLayer(embed_w, embed_b), hidden=hidden, out=SparseLayer(out_w, out_b),
+      embed_opt=embed_opt, out_w_opt=out_w_opt, out_b_opt=out_b_opt, dense_opt=dense_opt, tables=t)
+  metrics = {"loss": loss, "active_from_tables": jnp.mean(from_tables.astype(jnp.float32)), "learning_rate": lr}
+  return new_state, metrics
+
+
+def rebuild_tables(state: SlideState) -> SlideState:
+  """Re-hashes every output row into fresh tables (amortized O(N d) work)."""
+  return state._replace(tables=tables.build_tables(state.tables, state.lsh, state.out.w))
+
+
+def new_hash_functions(state: SlideState, config: ModelConfig) -> SlideState:
+  """Draws new hash functions (from the state's key and step) and rebuilds."""
+  key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), -state.step - 1)
+  params = lsh.init_lsh(key, config.lsh_config, config.hidden_dims[-1])
+  return rebuild_tables(state._replace(lsh=params))
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSchedule:
+  """When to rebuild the tables and when to draw new hash functions.
+
+  Rebuilds happen after ``period`` steps, then each period is ``growth``
+  times the previous one (capped at ``max_period``), as SLIDE does. New hash
+  functions are drawn every ``rehash_period`` steps (0: never). A pure
+  function of the step, so a resumed run keeps the same schedule.
+  """
+  period: int = 50
+  growth: float = 1.0
+  max_period: int = 10_000
+  rehash_period: int = 0
+
+  def rebuild_due(self, step: int) -> bool:
+    """Whether the tables are rebuilt after step ``step`` (1-based count)."""
+    if self.period <= 0:
+      return False
+    if self.growth == 1.0:
+      return step % self.period == 0
+    at, p = 0.0, float(self.period)
+    while at < step:
+      at += round(p)
+      p = min(p * self.growth, self.max_period)
+    return at == step
+
+  def rehash_due(self, step: int) -> bool:
+    return self.rehash_period > 0 and step % self.rehash_period == 0
+
+
+# --- Inference -----------------------------------------------------------------
+
+def hidden(state: SlideState, feat_ids: jax.Array, feat_vals: jax.Array) -> jax.Array:
+  """Last hidden layer activations ``[B, d]`` for a batch."""
+  return hidden_forward(state.embed.w, (state.embed.b, state.hidden), feat_ids, feat_vals)
+
+
+def predict_sampled(state: SlideState, feat_ids, feat_vals, *, config: ModelConfig, top: int = 5,
+                    seed: int = 0) -> jax.Array:
+  """Fast inference: top ``top`` ids among the LSH-sampled active set ``[B, top]``."""
+  h = hidden(state, feat_ids, feat_vals)
+  active, _ = tables.lsh_query(state.tables, state.lsh, h, k=config.k, num_rows=config.num_labels, seed=seed)
+  logits = ops.sparse_logits(h, state.out.w, state.out.b, active)
+  _, pos = jax.lax.top_k(logits, top)
+  return jnp.take_along_axis(active, pos, axis=1)
+
+
+def num_params(state: SlideState) -> int:
+  """Trainable parameters."""
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves((state.embed, state.hidden, state.out)))
