@@ -19,7 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sparsejax import lsh, ops, optim, tables
+from sparsejax import lsh, memory, ops, optim, tables
+
+
+HUGE_PAGES = True
 
 
 def timeit(fn, *args, repeats=10, warmup=2):
@@ -87,6 +90,8 @@ def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats):
 
   step = jax.jit(sparse_step, donate_argnums=0)
   state = (W, b, opt_w, opt_b)
+  if HUGE_PAGES:
+    memory.advise_huge_pages((state, t))
   for i in range(2):
     state, loss, dh = jax.block_until_ready(step(state, h, labels, jnp.uint32(i)))
   ts = []
@@ -136,7 +141,10 @@ def main():
   parser.add_argument("--num_tables", type=int, default=32)
   parser.add_argument("--repeats", type=int, default=10)
   parser.add_argument("--json", default=None, help="write results here")
+  parser.add_argument("--no_huge_pages", action="store_true", help="leave arrays on 4 KiB pages")
   args = parser.parse_args()
+  global HUGE_PAGES
+  HUGE_PAGES = not args.no_huge_pages
   sizes = [int(float(s)) for s in args.sizes.split(",")]
   results = []
   for N in sizes:

@@ -13,7 +13,7 @@ namespace sparsejax {
 namespace {
 
 // Rows are gathered in random order; prefetching a few ahead hides latency.
-constexpr int64_t kPrefetchAhead = 4;
+constexpr int64_t kPrefetchAhead = 8;
 
 inline void PrefetchRow(const float* w, const int32_t* ids, int64_t j, int64_t k, int64_t d) {
   if (j >= k) return;

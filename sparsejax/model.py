@@ -146,6 +146,34 @@ def _dense_optimizer(config: ModelConfig) -> optax.GradientTransformation:
                      weight_decay=config.weight_decay)
 
 
+class NetworkParams(NamedTuple):
+  """The trainable parameters: ``embed``, ``hidden`` and ``out`` as in :class:`SlideState`."""
+  embed: SparseLayer
+  hidden: tuple
+  out: SparseLayer
+
+
+def init_params(rng: jax.Array, config: ModelConfig) -> NetworkParams:
+  """Initial parameters (shared by the dense baseline, for like-for-like runs)."""
+  config.validate()
+  dims = config.hidden_dims
+  k_embed, k_out, k_hidden = jax.random.split(jax.random.fold_in(rng, 0), 3)
+  glorot = jax.nn.initializers.glorot_uniform()
+  # A feature vector sums ~tens of input rows: rows of std 1/sqrt(d0) keep
+  # the first layer's activations O(1) for L2-normalised inputs.
+  embed = SparseLayer(
+      jax.random.normal(k_embed, (config.num_features, dims[0]), jnp.float32) * (1.0 / math.sqrt(dims[0])),
+      jnp.zeros((dims[0],), jnp.float32))
+  hidden = tuple(
+      (glorot(k, (dims[i], dims[i + 1]), jnp.float32), jnp.zeros((dims[i + 1],), jnp.float32))
+      for i, k in enumerate(jax.random.split(k_hidden, len(dims) - 1)))
+  # Random (not zero) output rows: the LSH tables need rows that hash apart.
+  out = SparseLayer(
+      jax.random.normal(k_out, (config.num_labels, dims[-1]), jnp.float32) * (config.init_scale / math.sqrt(dims[-1])),
+      jnp.zeros((config.num_labels,), jnp.float32))
+  return NetworkParams(embed, hidden, out)
+
+
 def init(rng: jax.Array, config: ModelConfig) -> SlideState:
   """A fresh network, optimizer states and built LSH tables.
 
@@ -156,34 +184,20 @@ def init(rng: jax.Array, config: ModelConfig) -> SlideState:
   Returns:
     The initial :class:`SlideState`.
   """
-  config.validate()
-  dims = config.hidden_dims
-  keys = jax.random.split(rng, 4 + len(dims))
-  glorot = jax.nn.initializers.glorot_uniform()
-  # Sparse rows: a feature vector sums ~tens of rows, so small rows keep the
-  # first layer's scale sane; zero output rows start every logit at 0 (SLIDE
-  # uses small random rows: they are needed by LSH, see below).
-  embed = SparseLayer(
-      jax.random.normal(keys[0], (config.num_features, dims[0]), jnp.float32) * (1.0 / math.sqrt(dims[0])),
-      jnp.zeros((dims[0],), jnp.float32))
-  hidden = tuple(
-      (glorot(keys[4 + i], (dims[i], dims[i + 1]), jnp.float32), jnp.zeros((dims[i + 1],), jnp.float32))
-      for i in range(len(dims) - 1))
-  # Random (not zero) output rows: the tables need rows to hash apart.
-  out = SparseLayer(
-      jax.random.normal(keys[1], (config.num_labels, dims[-1]), jnp.float32) * (config.init_scale / math.sqrt(dims[-1])),
-      jnp.zeros((config.num_labels,), jnp.float32))
+  params = init_params(rng, config)
+  k_lsh, k_tables, k_state = jax.random.split(jax.random.fold_in(rng, 1), 3)
   sparse_opt = optim.row_sparse_adam(config.schedule(), config.b1, config.b2, config.eps, config.weight_decay)
-  lsh_params = lsh.init_lsh(keys[2], config.lsh_config, dims[-1])
+  lsh_params = lsh.init_lsh(k_lsh, config.lsh_config, config.hidden_dims[-1])
   t = tables.init_tables(config.lsh_config, config.table_bucket_size, policy=config.table_policy,
-                         seed=int(jax.random.randint(keys[3], (), 0, 2**31 - 1)))
-  t = tables.build_tables(t, lsh_params, out.w)
+                         seed=jax.random.bits(k_tables, (), jnp.uint32))
+  t = tables.build_tables(t, lsh_params, params.out.w)
   return SlideState(
       step=jnp.zeros((), jnp.int32),
-      rng=jax.random.key_data(jax.random.fold_in(rng, 7)),
-      embed=embed, hidden=hidden, out=out,
-      embed_opt=sparse_opt.init(embed.w), out_w_opt=sparse_opt.init(out.w), out_b_opt=sparse_opt.init(out.b),
-      dense_opt=_dense_optimizer(config).init((embed.b, hidden)),
+      rng=jax.random.key_data(k_state),
+      embed=params.embed, hidden=params.hidden, out=params.out,
+      embed_opt=sparse_opt.init(params.embed.w), out_w_opt=sparse_opt.init(params.out.w),
+      out_b_opt=sparse_opt.init(params.out.b),
+      dense_opt=_dense_optimizer(config).init((params.embed.b, params.hidden)),
       lsh=lsh_params, tables=t)
 
 

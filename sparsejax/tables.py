@@ -49,7 +49,7 @@ class HashTables:
 
 
 def default_lsh_config(num_rows: int, family: str = "simhash", num_tables: int = 32,
-                       rows_per_bucket: float = 8.0) -> LSHConfig:
+                       rows_per_bucket: float = 32.0) -> LSHConfig:
   """Hash sizes that scale with the layer: about ``rows_per_bucket`` rows per bucket.
 
   With :func:`default_bucket_size` slots per bucket, table memory is then
@@ -62,7 +62,7 @@ def default_lsh_config(num_rows: int, family: str = "simhash", num_tables: int =
   return LSHConfig(family=family, num_tables=num_tables, num_bits=min(bits, 24))
 
 
-def default_bucket_size(rows_per_bucket: float = 8.0) -> int:
+def default_bucket_size(rows_per_bucket: float = 32.0) -> int:
   """Slots per bucket: twice the mean load, so skewed buckets keep most rows."""
   return max(4, 2 ** math.ceil(math.log2(2 * rows_per_bucket)))
 

@@ -70,10 +70,10 @@ class _Rows(NamedTuple):
     """Parsed CSR pieces for a run of consecutive lines."""
 
     feat_counts: np.ndarray  # [lines] int64
-    feat_ids: np.ndarray  # [nnz] int64
-    feat_vals: np.ndarray  # [nnz] float64
+    feat_ids: np.ndarray  # [nnz] int32
+    feat_vals: np.ndarray  # [nnz] float32
     label_counts: np.ndarray  # [lines] int64
-    label_ids: np.ndarray  # [nnz_l] int64
+    label_ids: np.ndarray  # [nnz_l] int32
 
 
 def _parse_header(line: bytes, path) -> tuple[int, int, int]:
@@ -88,6 +88,8 @@ def _parse_header(line: bytes, path) -> tuple[int, int, int]:
         raise XCFormatError(path, 1, f"header fields must be integers, got {line[:80]!r}") from None
     if min(counts) < 0:
         raise XCFormatError(path, 1, f"header counts must be >= 0, got {line[:80]!r}")
+    if max(counts[1:]) > np.iinfo(np.int32).max:
+        raise XCFormatError(path, 1, "num_features and num_labels must fit in int32")
     return counts  # type: ignore[return-value]
 
 
@@ -184,17 +186,17 @@ def _parse_chunk_fast(chunk: bytes, num_features: int, num_labels: int) -> _Rows
         return None
     return _Rows(
         (tok_per_line - label_counts) // 2,
-        feat_ids.astype(np.int64),
-        feat_vals,
+        feat_ids.astype(np.int32),
+        feat_vals.astype(np.float32),
         label_counts.astype(np.int64),
-        label_ids.astype(np.int64),
+        label_ids.astype(np.int32),
     )
 
 
 def _empty_rows(num_lines: int) -> _Rows:
     zeros = np.zeros(num_lines, dtype=np.int64)
-    empty = np.zeros(0, dtype=np.int64)
-    return _Rows(zeros, empty, empty.astype(np.float64), zeros, empty)
+    empty = np.zeros(0, dtype=np.int32)
+    return _Rows(zeros, empty, empty.astype(np.float32), zeros, empty)
 
 
 # --------------------------------------------------------------------------
@@ -251,10 +253,10 @@ def _parse_chunk_slow(
         feat_counts.append(len(items))
     return _Rows(
         np.asarray(feat_counts, dtype=np.int64),
-        np.asarray(feat_ids, dtype=np.int64),
-        np.asarray(feat_vals, dtype=np.float64),
+        np.asarray(feat_ids, dtype=np.int32),
+        np.asarray(feat_vals, dtype=np.float64).astype(np.float32),
         np.asarray(label_counts, dtype=np.int64),
-        np.asarray(label_ids, dtype=np.int64),
+        np.asarray(label_ids, dtype=np.int32),
     )
 
 
@@ -328,7 +330,7 @@ def load_xc_file(path: str | os.PathLike, *, chunk_bytes: int = _CHUNK_BYTES) ->
         )
 
     def cat(field, dtype):
-        return np.concatenate([getattr(p, field) for p in parts] or [np.zeros(0)]).astype(dtype)
+        return np.concatenate([getattr(p, field) for p in parts] or [np.zeros(0, dtype)])
 
     indptr = np.zeros(num_points + 1, dtype=np.int64)
     np.cumsum(feat_counts, out=indptr[1:])

@@ -1,0 +1,64 @@
+"""Dense full-softmax baseline of the same network (what a plain JAX user writes).
+
+Same layers, initialization and data as :mod:`sparsejax.model`, but every
+step computes all N logits and ``optax.adam`` updates every parameter: the
+cost sparsejax is measured against.
+"""
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from sparsejax import model
+
+
+class DenseState(NamedTuple):
+  """Parameters and optax state of the dense baseline (see :class:`model.SlideState`)."""
+  step: jax.Array
+  rng: jax.Array
+  embed: model.SparseLayer
+  hidden: tuple
+  out: model.SparseLayer
+  opt: Any
+
+
+def _optimizer(config: model.ModelConfig) -> optax.GradientTransformation:
+  return optax.adamw(config.schedule(), b1=config.b1, b2=config.b2, eps=config.eps,
+                     weight_decay=config.weight_decay)
+
+
+def init(rng: jax.Array, config: model.ModelConfig) -> DenseState:
+  """The same initial parameters as :func:`sparsejax.model.init` with the same key."""
+  p = model.init_params(rng, config)
+  rng_data = jax.random.key_data(jax.random.fold_in(rng, 2))
+  return DenseState(jnp.zeros((), jnp.int32), rng_data, p.embed, p.hidden, p.out,
+                    _optimizer(config).init((p.embed, p.hidden, p.out)))
+
+
+def full_logits(params, feat_ids, feat_vals) -> jax.Array:
+  embed, hidden, out = params
+  h = model.hidden_forward(embed.w, (embed.b, hidden), feat_ids, feat_vals)
+  return h @ out.w.T + out.b
+
+
+def train_step(state: DenseState, batch: dict, *, config: model.ModelConfig) -> tuple[DenseState, dict]:
+  """One dense step: full softmax over all N outputs, Adam on every parameter."""
+  labels = batch["labels"]
+  N = config.num_labels
+  # The same target as the sparse model: 1/|y| on each label.
+  onehot = jnp.zeros((labels.shape[0], N + 1), jnp.float32).at[
+      jnp.arange(labels.shape[0])[:, None], jnp.where(labels < 0, N, labels)].set(1.0)[:, :N]
+  targets = onehot / jnp.maximum(onehot.sum(1, keepdims=True), 1.0)
+
+  def loss_fn(params):
+    return model.softmax_cross_entropy(full_logits(params, batch["feat_ids"], batch["feat_vals"]), targets)
+
+  params = (state.embed, state.hidden, state.out)
+  loss, grads = jax.value_and_grad(loss_fn)(params)
+  updates, opt = _optimizer(config).update(grads, state.opt, params)
+  embed, hidden, out = optax.apply_updates(params, updates)
+  lr = config.schedule()(state.step)
+  return state._replace(step=state.step + 1, embed=embed, hidden=hidden, out=out, opt=opt), {
+      "loss": loss, "learning_rate": lr}
