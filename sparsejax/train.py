@@ -24,7 +24,7 @@ import numpy as np
 from absl import logging
 
 from sparsejax import data as xcdata
-from sparsejax import dense, metrics
+from sparsejax import dense, memory, metrics
 from sparsejax import model as slide
 
 
@@ -250,6 +250,7 @@ def train_and_evaluate(config: TrainConfig, workdir: str) -> dict[str, Any]:
     logging.info("resumed from step %d (epoch %d, index %d)", int(state.step), data_state["epoch"],
                  data_state["index"])
   logging.info("%s model: %s parameters", config.model, f"{slide.num_params(state):,}")
+  memory.advise_huge_pages(state)
 
   steps_per_epoch = len(train) // config.batch_size
   if steps_per_epoch == 0:
