@@ -1,9 +1,10 @@
 // Locality-sensitive hashing of dense vectors into L codes of K bits each.
 //
-// simhash: signed random projections. Hash bit h of x is
-//   [sum_i sign[h, i] * x[idx[h, i]] > 0]
-// with each projection a sparse +-1 vector over a random subset of the dims
-// (a third of them, as in SLIDE). Table l's code packs bits l*K .. l*K+K-1.
+// simhash: signed random projections. Hash bit h of x is [<P[h], x> > 0],
+// each projection P[h] a sparse +-1 vector over a random subset of the dims (a
+// third of them, as in SLIDE), stored dense and transposed ([d, L * K]) so
+// that all projections of a row accumulate in one vectorized pass.
+// Table l's code packs bits l*K .. l*K+K-1.
 //
 // dwta: densified winner-take-all. Each hash is the argmax position among a
 // bin of `bin_size` (a power of two) dims, giving log2(bin_size) bits; table l
@@ -24,44 +25,48 @@ ffi::Error CheckX(const ArgChecker& c, const ffi::AnyBuffer& x, int64_t* B, int6
   return ffi::Error::Success();
 }
 
+// Hashes rows [b0, b1). All H = L * K projections are accumulated at once
+// (one axpy per input dim: no dependency chains, vectorizes), in increasing
+// dim order, so every ISA variant below computes the same floats.
+SJ_MULTIVERSION void SimHashRows(const float* x, const float* proj_t, int64_t b0, int64_t b1,
+                                 int64_t d, int64_t L, int64_t K, int32_t* out) {
+  const int64_t H = L * K;
+  std::vector<float> acc(H);
+  for (int64_t b = b0; b < b1; ++b) {
+    const float* xb = x + b * d;
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t i = 0; i < d; ++i) {
+      if (xb[i] != 0.0f) Axpy(xb[i], proj_t + i * H, acc.data(), H);  // zeros add nothing
+    }
+    for (int64_t l = 0; l < L; ++l) {
+      uint32_t code = 0;
+      for (int64_t bit = 0; bit < K; ++bit) code |= static_cast<uint32_t>(acc[l * K + bit] > 0.0f) << bit;
+      out[b * L + l] = static_cast<int32_t>(code);
+    }
+  }
+}
+
 ffi::Error SimHashImpl(ffi::ThreadPool pool, ffi::AnyBuffer x,
-                       ffi::AnyBuffer proj_idx, ffi::AnyBuffer proj_sign,
+                       ffi::AnyBuffer projections_t,
                        ffi::Result<ffi::AnyBuffer> codes) {
   ArgChecker c("lsh_hash[simhash]");
   int64_t B, d;
   SJ_RETURN_IF_ERROR(CheckX(c, x, &B, &d));
-  SJ_RETURN_IF_ERROR(c.Dtype(proj_idx, ffi::S32, "proj_idx"));
-  SJ_RETURN_IF_ERROR(c.Dtype(proj_sign, ffi::F32, "proj_sign"));
-  SJ_RETURN_IF_ERROR(c.Shape(proj_idx, {-1, -1}, "proj_idx", "[L * K, m]"));
-  const int64_t H = proj_idx.dimensions()[0], m = proj_idx.dimensions()[1];
-  SJ_RETURN_IF_ERROR(c.Shape(proj_sign, {H, m}, "proj_sign", "[L * K, m]"));
+  SJ_RETURN_IF_ERROR(c.Dtype(projections_t, ffi::F32, "projections_t"));
+  SJ_RETURN_IF_ERROR(c.Shape(projections_t, {d, -1}, "projections_t", "[d, L * K]"));
+  const int64_t H = projections_t.dimensions()[1];
   SJ_RETURN_IF_ERROR(c.Dtype(*codes, ffi::S32, "codes"));
   SJ_RETURN_IF_ERROR(c.Shape(*codes, {B, -1}, "codes", "[B, L]"));
   const int64_t L = codes->dimensions()[1];
   if (L < 1 || H % L != 0 || H / L > 30) {
-    return c.Fail("proj_idx has " + std::to_string(H) + " rows, which must be L * K with L = " +
+    return c.Fail("projections_t has " + std::to_string(H) + " columns, which must be L * K with L = " +
                   std::to_string(L) + " tables and 1 <= K <= 30 bits");
   }
-  const int64_t K = H / L;
-  const int32_t* idx = proj_idx.typed_data<int32_t>();
-  SJ_RETURN_IF_ERROR(CheckIds(c, idx, H * m, d, "proj_idx", "d", false, m));
-  const float* sign = proj_sign.typed_data<float>();
+  const float* proj = projections_t.typed_data<float>();
   const float* xp = x.typed_data<float>();
   int32_t* out = codes->typed_data<int32_t>();
-  ParallelFor(pool, B, 16, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* xb = xp + b * d;
-      for (int64_t l = 0; l < L; ++l) {
-        uint32_t code = 0;
-        for (int64_t bit = 0; bit < K; ++bit) {
-          const int64_t h = l * K + bit;
-          float s = 0.0f;
-          for (int64_t i = 0; i < m; ++i) s += sign[h * m + i] * xb[idx[h * m + i]];
-          code |= static_cast<uint32_t>(s > 0.0f) << bit;
-        }
-        out[b * L + l] = static_cast<int32_t>(code);
-      }
-    }
+  ParallelFor(pool, B, 64, [&](int64_t b0, int64_t b1) {
+    SimHashRows(xp, proj, b0, b1, d, L, H / L, out);
   });
   return ffi::Error::Success();
 }
@@ -138,8 +143,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SimHash, SimHashImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()  // x [B, d]
-                                  .Arg<ffi::AnyBuffer>()  // proj_idx [L*K, m]
-                                  .Arg<ffi::AnyBuffer>()  // proj_sign [L*K, m]
+                                  .Arg<ffi::AnyBuffer>()  // projections_t [d, L*K]
                                   .Ret<ffi::AnyBuffer>()); // codes [B, L]
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Dwta, DwtaImpl,

@@ -20,7 +20,7 @@ struct AdamConsts {
 };
 
 // One row's Adam update; restrict pointers let the compiler vectorize it.
-inline void AdamRow(float* __restrict__ w, float* __restrict__ m, float* __restrict__ v,
+SJ_MULTIVERSION void AdamRow(float* __restrict__ w, float* __restrict__ m, float* __restrict__ v,
                     const float* __restrict__ g, int64_t d, const AdamConsts& h) {
   for (int64_t i = 0; i < d; ++i) {
     m[i] = h.b1 * m[i] + (1.0f - h.b1) * g[i];
@@ -30,8 +30,9 @@ inline void AdamRow(float* __restrict__ w, float* __restrict__ m, float* __restr
   }
 }
 
-// Rows are visited in random order: fetch the next row's cache lines while
-// this one is updated, to hide memory latency.
+// Rows are visited in increasing id order but far apart: fetch the cache
+// lines of the rows a few steps ahead while this one is updated.
+constexpr int kPrefetchRows = 4;
 inline void Prefetch(int64_t row, int64_t d, const float* w, const float* m, const float* v) {
   for (int64_t i = 0; i < d; i += 16) {
     __builtin_prefetch(w + row * d + i, 1);
@@ -123,14 +124,23 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::AnyBuffer weight,
       uint64_t* ke = keys.data() + start[r + 1];
       std::sort(kb, ke);
       int64_t n_unique = 0;
+      // A cursor kPrefetchRows distinct rows ahead prefetches the rows to come.
+      uint64_t* pf = kb;
+      auto prefetch_next = [&] {
+        if (pf == ke) return;
+        const uint64_t row = *pf >> 32;
+        Prefetch(static_cast<int64_t>(row), d, w, m, v);
+        while (pf != ke && (*pf >> 32) == row) ++pf;
+      };
+      for (int i = 0; i < kPrefetchRows; ++i) prefetch_next();
       for (uint64_t* it = kb; it != ke;) {
+        prefetch_next();
         const int64_t row = static_cast<int64_t>(*it >> 32);
         std::fill(grad.begin(), grad.end(), 0.0f);
         for (; it != ke && static_cast<int64_t>(*it >> 32) == row; ++it) {
           const int64_t pos = static_cast<int64_t>(*it & 0xffffffffULL);
           Axpy(gp[pos], xp + (pos / k) * d, grad.data(), d);
         }
-        if (it != ke) Prefetch(static_cast<int64_t>(*it >> 32), d, w, m, v);
         AdamRow(w + row * d, m + row * d, v + row * d, grad.data(), d, h);
         // Unique ids are written, in order, over the front of this range's
         // key slots (already consumed): no extra buffer needed.

@@ -45,6 +45,31 @@ ffi::Error CheckGatherArgs(const ArgChecker& c, const ffi::AnyBuffer& dense,
                   /*allow_pad=*/true, a->k);
 }
 
+SJ_MULTIVERSION void GatherDotRows(const float* x, const float* w, const int32_t* ids, float* out,
+                                   int64_t b0, int64_t b1, const GatherArgs& a) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const float* xb = x + b * a.d;
+    for (int64_t j = 0; j < a.k; ++j) {
+      PrefetchRow(w, ids + b * a.k, j + kPrefetchAhead, a.k, a.d);
+      const int32_t id = ids[b * a.k + j];
+      out[b * a.k + j] = id == kPadId ? 0.0f : Dot(xb, w + id * a.d, a.d);
+    }
+  }
+}
+
+SJ_MULTIVERSION void GatherCombineRows(const float* g, const float* w, const int32_t* ids, float* out,
+                                       int64_t b0, int64_t b1, const GatherArgs& a) {
+  for (int64_t b = b0; b < b1; ++b) {
+    float* ob = out + b * a.d;
+    std::fill(ob, ob + a.d, 0.0f);
+    for (int64_t j = 0; j < a.k; ++j) {
+      PrefetchRow(w, ids + b * a.k, j + kPrefetchAhead, a.k, a.d);
+      const int32_t id = ids[b * a.k + j];
+      if (id != kPadId) Axpy(g[b * a.k + j], w + id * a.d, ob, a.d);
+    }
+  }
+}
+
 ffi::Error GatherDotImpl(ffi::ThreadPool pool, ffi::AnyBuffer x,
                          ffi::AnyBuffer weight, ffi::AnyBuffer ids,
                          ffi::Result<ffi::AnyBuffer> out) {
@@ -55,16 +80,7 @@ ffi::Error GatherDotImpl(ffi::ThreadPool pool, ffi::AnyBuffer x,
   const float* wp = weight.typed_data<float>();
   const int32_t* ip = ids.typed_data<int32_t>();
   float* op = out->typed_data<float>();
-  ParallelFor(pool, a.B, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* xb = xp + b * a.d;
-      for (int64_t j = 0; j < a.k; ++j) {
-        PrefetchRow(wp, ip + b * a.k, j + kPrefetchAhead, a.k, a.d);
-        int32_t id = ip[b * a.k + j];
-        op[b * a.k + j] = id == kPadId ? 0.0f : Dot(xb, wp + id * a.d, a.d);
-      }
-    }
-  });
+  ParallelFor(pool, a.B, 1, [&](int64_t b0, int64_t b1) { GatherDotRows(xp, wp, ip, op, b0, b1, a); });
   return ffi::Error::Success();
 }
 
@@ -78,17 +94,7 @@ ffi::Error GatherCombineImpl(ffi::ThreadPool pool, ffi::AnyBuffer g,
   const float* wp = weight.typed_data<float>();
   const int32_t* ip = ids.typed_data<int32_t>();
   float* op = out->typed_data<float>();
-  ParallelFor(pool, a.B, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      float* ob = op + b * a.d;
-      std::fill(ob, ob + a.d, 0.0f);
-      for (int64_t j = 0; j < a.k; ++j) {
-        PrefetchRow(wp, ip + b * a.k, j + kPrefetchAhead, a.k, a.d);
-        int32_t id = ip[b * a.k + j];
-        if (id != kPadId) Axpy(gp[b * a.k + j], wp + id * a.d, ob, a.d);
-      }
-    }
-  });
+  ParallelFor(pool, a.B, 1, [&](int64_t b0, int64_t b1) { GatherCombineRows(gp, wp, ip, op, b0, b1, a); });
   return ffi::Error::Success();
 }
 

@@ -4,7 +4,7 @@ Two families (as in SLIDE):
 
 * ``"simhash"``: signed random projections; each of the ``K`` bits of a
   table's code is the sign of a sparse +-1 projection over a random third of
-  the input dims.
+  the input dims (stored as a dense matrix with zeros, which vectorizes).
 * ``"dwta"``: densified winner-take-all; each hash is the argmax position in a
   bin of ``bin_size`` (8) random dims, i.e. 3 bits, packed with shifts of
   exactly 3 bits so that all ``2^K`` codes are reachable; empty (all-zero)
@@ -56,14 +56,13 @@ class LSHConfig(NamedTuple):
 
 
 class SimHashParams(NamedTuple):
-  """Sparse signed projections.
+  """Sparse signed projections, stored dense (zeros off their support).
 
   Attributes:
-    proj_idx: ``[L, K, m]`` int32 input dims of each projection.
-    proj_sign: ``[L, K, m]`` float32 signs (+-1).
+    projections: ``[L, K, d]`` float32, each row +-1 on a random
+      ``projection_fraction`` of the dims and 0 elsewhere.
   """
-  proj_idx: jax.Array
-  proj_sign: jax.Array
+  projections: jax.Array
 
 
 class DWTAParams(NamedTuple):
@@ -97,9 +96,10 @@ def init_lsh(key: jax.Array, config: LSHConfig, dim: int) -> LSHParams:
     m = max(1, min(dim, round(dim * config.projection_fraction)))
     k_idx, k_sign = jax.random.split(key)
     keys = jax.random.split(k_idx, L * K)
-    idx = jax.vmap(lambda k: jax.random.permutation(k, dim)[:m])(keys).astype(jnp.int32)
-    sign = jnp.where(jax.random.bernoulli(k_sign, 0.5, (L * K, m)), 1.0, -1.0).astype(jnp.float32)
-    return SimHashParams(idx.reshape(L, K, m), sign.reshape(L, K, m))
+    # Rank of each dim in a random permutation: the first m ranks are the support.
+    support = jax.vmap(lambda k: jnp.argsort(jax.random.permutation(k, dim)) < m)(keys)
+    sign = jnp.where(jax.random.bernoulli(k_sign, 0.5, (L * K, dim)), 1.0, -1.0)
+    return SimHashParams(jnp.where(support, sign, 0.0).astype(jnp.float32).reshape(L, K, dim))
   bins = K // int(math.log2(config.bin_size))
   total = L * bins * config.bin_size
   # Concatenated permutations: every dim is used about equally often.
@@ -124,12 +124,10 @@ def lsh_hash(params: LSHParams, x: jax.Array) -> jax.Array:
   dims = Dims("lsh_hash")
   check_array(dims, "x", x, jnp.float32, ("B", "d"))
   if isinstance(params, SimHashParams):
-    check_array(dims, "proj_idx", params.proj_idx, jnp.int32, ("L", "K", "m"))
-    check_array(dims, "proj_sign", params.proj_sign, jnp.float32, ("L", "K", "m"))
-    L, K, m = params.proj_idx.shape
+    check_array(dims, "projections", params.projections, jnp.float32, ("L", "K", "d"))
+    L, K, d = params.projections.shape
     out = jax.ShapeDtypeStruct((dims["B"], L), jnp.int32)
-    return _ffi.ffi_call("simhash", out, vmap_method="sequential")(
-        x, params.proj_idx.reshape(L * K, m), params.proj_sign.reshape(L * K, m))
+    return _ffi.ffi_call("simhash", out, vmap_method="sequential")(x, params.projections.reshape(L * K, d).T)
   if isinstance(params, DWTAParams):
     check_array(dims, "bin_idx", params.bin_idx, jnp.int32, ("L", "bins", "bin_size"))
     check_array(dims, "seed", params.seed, jnp.uint32, ())
@@ -143,10 +141,10 @@ def lsh_hash(params: LSHParams, x: jax.Array) -> jax.Array:
 def num_bits(params: LSHParams) -> int:
   """K, the bits per code of these hash functions."""
   if isinstance(params, SimHashParams):
-    return params.proj_idx.shape[1]
+    return params.projections.shape[1]
   return params.bin_idx.shape[1] * int(math.log2(params.bin_idx.shape[2]))
 
 
 def num_tables(params: LSHParams) -> int:
   """L, the number of codes per vector."""
-  return (params.proj_idx if isinstance(params, SimHashParams) else params.bin_idx).shape[0]
+  return (params.projections if isinstance(params, SimHashParams) else params.bin_idx).shape[0]

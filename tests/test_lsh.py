@@ -23,9 +23,9 @@ def _hash3(a, b, c):
 
 
 def _simhash_ref(params, x):
-  idx, sign = np.asarray(params.proj_idx), np.asarray(params.proj_sign, np.float64)
-  proj = np.einsum("lkm,blkm->blk", sign, np.asarray(x, np.float64)[:, idx])
-  return ((proj > 0) * (1 << np.arange(idx.shape[1]))).sum(-1)
+  P = np.asarray(params.projections, np.float64)
+  proj = np.einsum("lkd,bd->blk", P, np.asarray(x, np.float64))
+  return ((proj > 0) * (1 << np.arange(P.shape[1]))).sum(-1)
 
 
 def _dwta_ref(params, x):
@@ -53,9 +53,10 @@ def _dwta_ref(params, x):
 def test_simhash_matches_numpy_reference():
   cfg = lsh.LSHConfig("simhash", num_tables=5, num_bits=7)
   params = lsh.init_lsh(jax.random.key(1), cfg, 30)
-  assert params.proj_idx.shape == (5, 7, 10)  # a third of the dims
-  for row in np.asarray(params.proj_idx).reshape(35, 10):
-    assert len(set(row)) == 10  # distinct dims per projection
+  P = np.asarray(params.projections).reshape(35, 30)
+  assert np.all(np.count_nonzero(P, axis=1) == 10)  # a third of the dims
+  assert set(np.unique(P)) == {-1.0, 0.0, 1.0}
+  assert len({tuple(np.flatnonzero(r)) for r in P}) > 30  # supports differ
   x = jnp.asarray(np.random.default_rng(0).normal(size=(50, 30)), jnp.float32)
   np.testing.assert_array_equal(lsh.lsh_hash(params, x), _simhash_ref(params, x))
 
@@ -100,9 +101,8 @@ def test_bad_configs_and_inputs_raise():
     lsh.lsh_hash(params, jnp.zeros((3, 16, 1)))
   with pytest.raises(TypeError, match="'x' must have dtype float32"):
     lsh.lsh_hash(params, jnp.zeros((3, 16), jnp.int32))
-  with pytest.raises(Exception, match="'proj_idx' has id 99"):
-    bad = params._replace(proj_idx=params.proj_idx.at[0, 0, 0].set(99))
-    jax.block_until_ready(lsh.lsh_hash(bad, jnp.zeros((3, 16))))
+  with pytest.raises(ValueError, match=r"'projections' must have shape \[L, K, d\] with d = 17 \(from 'x'\)"):
+    lsh.lsh_hash(params, jnp.zeros((3, 17)))
   assert lsh.lsh_hash(params, jnp.zeros((0, 16))).shape == (0, 2)
 
 

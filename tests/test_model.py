@@ -96,5 +96,5 @@ def test_new_hash_functions_rebuild_tables():
   cfg = model.ModelConfig(num_features=50, num_labels=200, hidden_dims=(8,), active_k=16, num_tables=4)
   state = model.init(jax.random.key(0), cfg)
   new = model.new_hash_functions(state._replace(step=jnp.int32(5)), cfg)
-  assert not np.array_equal(new.lsh.proj_idx, state.lsh.proj_idx)
+  assert not np.array_equal(new.lsh.projections, state.lsh.projections)
   assert int(jnp.sum(new.tables.counts)) == 4 * 200  # every row in every table
