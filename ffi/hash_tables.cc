@@ -148,7 +148,7 @@ class IdSet {
 ffi::Error QueryImpl(ffi::ThreadPool pool, ffi::AnyBuffer buckets,
                      ffi::AnyBuffer counts, ffi::AnyBuffer codes,
                      ffi::AnyBuffer labels, ffi::AnyBuffer seed,
-                     int64_t num_rows, ffi::Result<ffi::AnyBuffer> active,
+                     ffi::AnyBuffer num_rows, ffi::Result<ffi::AnyBuffer> active,
                      ffi::Result<ffi::AnyBuffer> num_from_tables) {
   ArgChecker c("lsh_query");
   TableShape t;
@@ -162,7 +162,11 @@ ffi::Error QueryImpl(ffi::ThreadPool pool, ffi::AnyBuffer buckets,
   SJ_RETURN_IF_ERROR(c.Dtype(*active, ffi::S32, "active"));
   SJ_RETURN_IF_ERROR(c.Shape(*active, {B, -1}, "active", "[B, k]"));
   const int64_t k = active->dimensions()[1];
-  const int64_t N = num_rows;
+  // An operand, not an attribute: the shards of a layer split unevenly may
+  // differ in size but run the same program.
+  SJ_RETURN_IF_ERROR(c.Dtype(num_rows, ffi::S32, "num_rows"));
+  SJ_RETURN_IF_ERROR(c.Shape(num_rows, {}, "num_rows", "[]"));
+  const int64_t N = *num_rows.typed_data<int32_t>();
   if (k < 1 || k > N) {
     return c.Fail("k (active set size) = " + std::to_string(k) + " must be in [1, N = " + std::to_string(N) + "]");
   }
@@ -288,7 +292,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LshQuery, QueryImpl,
                                   .Arg<ffi::AnyBuffer>()  // codes [B, L]
                                   .Arg<ffi::AnyBuffer>()  // labels [B, max_labels]
                                   .Arg<ffi::AnyBuffer>()  // seed []
-                                  .Attr<int64_t>("num_rows")
+                                  .Arg<ffi::AnyBuffer>()  // num_rows []
                                   .Ret<ffi::AnyBuffer>()   // active [B, k]
                                   .Ret<ffi::AnyBuffer>()); // num_from_tables [B]
 

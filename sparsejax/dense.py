@@ -43,20 +43,33 @@ def full_logits(params, feat_ids, feat_vals) -> jax.Array:
   return h @ out.w.T + out.b
 
 
-def train_step(state: DenseState, batch: dict, *, config: model.ModelConfig) -> tuple[DenseState, dict]:
-  """One dense step: full softmax over all N outputs, Adam on every parameter."""
+def train_step(state: DenseState, batch: dict, *, config: model.ModelConfig,
+               axis: str | None = None) -> tuple[DenseState, dict]:
+  """One dense step: full softmax over all N outputs, Adam on every parameter.
+
+  With ``axis`` set this is data-parallel (what Horovod does): it runs inside
+  ``shard_map`` on this process's slice of the batch, and the gradients of
+  all parameters are all-reduced (psum) every step, so every replica applies
+  the same update.
+  """
   labels = batch["labels"]
   N = config.num_labels
   # The same target as the sparse model: 1/|y| on each label.
   onehot = jnp.zeros((labels.shape[0], N + 1), jnp.float32).at[
       jnp.arange(labels.shape[0])[:, None], jnp.where(labels < 0, N, labels)].set(1.0)[:, :N]
   targets = onehot / jnp.maximum(onehot.sum(1, keepdims=True), 1.0)
+  labeled = jnp.sum(targets, axis=1) > 0
+  psum = (lambda x: x) if axis is None else (lambda x: jax.lax.psum(x, axis))
+  count = jnp.maximum(psum(jnp.sum(labeled)), 1)
 
-  def loss_fn(params):
-    return model.softmax_cross_entropy(full_logits(params, batch["feat_ids"], batch["feat_vals"]), targets)
+  def loss_fn(params):  # this slice's share of the mean over all labeled samples
+    logits = full_logits(params, batch["feat_ids"], batch["feat_vals"])
+    per_sample = -jnp.sum(targets * jax.nn.log_softmax(logits, axis=-1), axis=-1)
+    return jnp.sum(jnp.where(labeled, per_sample, 0.0)) / count
 
   params = (state.embed, state.hidden, state.out)
   loss, grads = jax.value_and_grad(loss_fn)(params)
+  loss, grads = psum((loss, grads))
   updates, opt = _optimizer(config).update(grads, state.opt, params)
   embed, hidden, out = optax.apply_updates(params, updates)
   lr = config.schedule()(state.step)

@@ -49,6 +49,8 @@ class ModelConfig:
     reinsert: after each step re-insert into the tables ``"none"``, the rows
       of the batch's ``"labels"`` (cheap), or ``"all"`` rows the step updated.
     init_scale: output layer init std multiplier (``1/sqrt(d)`` scaled).
+    num_shards: processes the output layer is split across (each holds
+      ``ceil(N / num_shards)`` rows, its own tables and optimizer state).
   """
   num_features: int
   num_labels: int
@@ -68,6 +70,7 @@ class ModelConfig:
   weight_decay: float = 0.0
   reinsert: str = "none"
   init_scale: float = 1.0
+  num_shards: int = 1
 
   @property
   def k(self) -> int:
@@ -75,7 +78,9 @@ class ModelConfig:
 
   @property
   def lsh_config(self) -> lsh.LSHConfig:
-    default = tables.default_lsh_config(self.num_labels, self.lsh_family, self.num_tables)
+    # Each shard's tables index its own rows: size them for those.
+    rows = shard_rows(self.num_labels, self.num_shards)
+    default = tables.default_lsh_config(rows, self.lsh_family, self.num_tables)
     if self.num_bits is None:
       return default
     return default._replace(num_bits=self.num_bits)
@@ -184,13 +189,25 @@ def init(rng: jax.Array, config: ModelConfig) -> SlideState:
   Returns:
     The initial :class:`SlideState`.
   """
-  params = init_params(rng, config)
+  return init_from_params(rng, config, init_params(rng, config))
+
+
+def init_from_params(rng: jax.Array, config: ModelConfig, params: NetworkParams,
+                     num_valid: int | jax.Array | None = None) -> SlideState:
+  """The state around given parameters: optimizer states, hash functions, built tables.
+
+  Args:
+    rng: the key given to :func:`init_params`.
+    config: the model.
+    params: the parameters (``params.out`` may be one shard of the layer).
+    num_valid: rows of ``params.out`` that are real (the rest padding).
+  """
   k_lsh, k_tables, k_state = jax.random.split(jax.random.fold_in(rng, 1), 3)
   sparse_opt = optim.row_sparse_adam(config.schedule(), config.b1, config.b2, config.eps, config.weight_decay)
   lsh_params = lsh.init_lsh(k_lsh, config.lsh_config, config.hidden_dims[-1])
   t = tables.init_tables(config.lsh_config, config.table_bucket_size, policy=config.table_policy,
                          seed=jax.random.bits(k_tables, (), jnp.uint32))
-  t = tables.build_tables(t, lsh_params, params.out.w)
+  t = tables.build_tables(t, lsh_params, params.out.w, num_valid)
   return SlideState(
       step=jnp.zeros((), jnp.int32),
       rng=jax.random.key_data(k_state),
@@ -218,19 +235,21 @@ def hidden_forward(embed_w: jax.Array, dense_params, feat_ids: jax.Array, feat_v
   return h
 
 
-def label_targets(active: jax.Array, labels: jax.Array) -> jax.Array:
+def label_targets(active: jax.Array, labels: jax.Array, num_labels: jax.Array | None = None) -> jax.Array:
   """SLIDE's multi-label target: ``1/|y|`` on each active id that is a label.
 
   Args:
     active: ``[B, k]`` int32 active ids.
     labels: ``[B, M]`` int32 labels, -1 padded.
+    num_labels: ``[B]`` |y| per sample, when ``labels`` hold only some of them
+      (a shard's); default: the labels found in ``active``.
 
   Returns:
     ``[B, k]`` float32 target distribution (rows of unlabeled samples are 0).
   """
   is_label = jnp.any((active[:, :, None] == labels[:, None, :]) & (labels[:, None, :] >= 0), axis=-1)
-  count = jnp.sum(is_label, axis=1, keepdims=True)
-  return jnp.where(is_label, 1.0 / jnp.maximum(count, 1), 0.0).astype(jnp.float32)
+  count = jnp.sum(is_label, axis=1) if num_labels is None else num_labels
+  return jnp.where(is_label, 1.0 / jnp.maximum(count, 1)[:, None], 0.0).astype(jnp.float32)
 
 
 def softmax_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
@@ -240,37 +259,119 @@ def softmax_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
   return jnp.sum(jnp.where(labeled, per_sample, 0.0)) / jnp.maximum(jnp.sum(labeled), 1)
 
 
-def _step_seed(state: SlideState) -> jax.Array:
-  return jax.random.bits(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), (), jnp.uint32)
+class Shard(NamedTuple):
+  """The mesh axis the output layer is split over.
+
+  The layer's N rows are split into ``config.num_shards`` contiguous ranges
+  of ``shard_rows(N, num_shards)`` rows (the last ones padded when N does not
+  divide evenly), one per position along ``axis`` inside ``shard_map``.
+  ``axis=None``: one process holds the whole layer.
+  """
+  axis: str | None = None
+
+  def index(self):
+    return 0 if self.axis is None else jax.lax.axis_index(self.axis)
+
+  def psum(self, x):
+    return x if self.axis is None else jax.lax.psum(x, self.axis)
+
+  def pmax(self, x):
+    return x if self.axis is None else jax.lax.pmax(x, self.axis)
 
 
-def train_step(state: SlideState, batch: dict, *, config: ModelConfig) -> tuple[SlideState, dict]:
-  """One SGD step on a batch. Jit with ``static_argnames="config"``, state donated.
+def shard_rows(num_labels: int, count: int) -> int:
+  """Rows per shard when ``num_labels`` rows are split ``count`` ways (ceil)."""
+  return -(-num_labels // count)
+
+
+def local_active_k(config: ModelConfig, count: int) -> int:
+  """Active ids per shard: ``k / count``, within the smallest shard's real rows."""
+  rows = shard_rows(config.num_labels, count)
+  smallest = config.num_labels - (count - 1) * rows
+  return max(1, min(-(-config.k // count), smallest))
+
+
+def num_distinct_labels(labels: jax.Array) -> jax.Array:
+  """``[B]`` number of distinct non-padding ids per row of ``labels [B, M]``."""
+  s = jnp.sort(labels, axis=1)
+  new = jnp.concatenate([jnp.ones_like(s[:, :1], bool), s[:, 1:] != s[:, :-1]], axis=1)
+  return jnp.sum(new & (s >= 0), axis=1)
+
+
+def sharded_softmax_cross_entropy(logits: jax.Array, targets: jax.Array, shard: Shard = Shard()):
+  """Softmax cross-entropy over the union of the shards' active sets, and its gradient.
+
+  Each shard holds some columns of every sample's logits; the normalizer is
+  combined across shards with one pmax and two psums of ``[B]`` numbers.
 
   Args:
-    state: the current state.
+    logits: ``[B, k]`` this shard's logits (``-inf`` at padding).
+    targets: ``[B, k]`` this shard's part of each sample's target
+      distribution (rows of unlabeled samples are 0 on every shard).
+    shard: the split of the output layer.
+
+  Returns:
+    ``(loss, g)``: the mean loss over labeled samples (same on all shards) and
+    ``g = dloss/dlogits`` ``[B, k]``.
+  """
+  m = shard.pmax(jnp.max(logits, axis=1))
+  m = jnp.where(jnp.isfinite(m), m, 0.0)
+  sum_exp, target_logit, mass = shard.psum((
+      jnp.sum(jnp.exp(logits - m[:, None]), axis=1),
+      jnp.sum(jnp.where(targets > 0, targets * logits, 0.0), axis=1),
+      jnp.sum(targets, axis=1)))
+  lse = m + jnp.log(sum_exp)
+  labeled = mass > 0
+  count = jnp.maximum(jnp.sum(labeled), 1)
+  loss = jnp.sum(jnp.where(labeled, lse - target_logit, 0.0)) / count
+  g = (jnp.exp(logits - lse[:, None]) - targets) * (labeled / count)[:, None]
+  return loss, g
+
+
+def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
+               shard: Shard = Shard()) -> tuple[SlideState, dict]:
+  """One SGD step on a batch. Jit with ``config`` static and the state donated.
+
+  With ``shard.axis`` set this runs inside ``shard_map`` on one slice of the
+  output layer (see :mod:`sparsejax.distributed`): the batch, the hidden
+  layers and their updates are replicated, and per step the shards exchange
+  only ``O(B d)`` numbers (softmax normalizers and the hidden gradient).
+
+  Args:
+    state: the current state (this shard's slice of the output layer).
     batch: ``feat_ids [B, F]``, ``feat_vals [B, F]``, ``labels [B, M]``.
     config: the model's config.
+    shard: the split of the output layer.
 
   Returns:
     ``(new_state, metrics)``; metrics hold scalar ``loss``, the mean number
-    of active ids that came from the tables, and the learning rate.
+    of active ids that came from the tables (per shard), and the learning rate.
   """
   fids, fvals, labels = batch["feat_ids"], batch["feat_vals"], batch["labels"]
   B = fids.shape[0]
-  N, k = config.num_labels, config.k
+  rows = state.out.w.shape[0]
+  offset = shard.index() * rows
+  n_valid = jnp.clip(config.num_labels - offset, 0, rows).astype(jnp.int32)
+  local_labels = jnp.where((labels >= offset) & (labels < offset + n_valid), labels - offset, -1)
   dense_params = (state.embed.b, state.hidden)
   h, hidden_vjp = jax.vjp(
       lambda dp, tap: hidden_forward(state.embed.w, dp, fids, fvals, tap),
       dense_params, jnp.zeros((B, config.hidden_dims[0]), jnp.float32))
-  active, from_tables = tables.lsh_query(state.tables, state.lsh, h, k=k, num_rows=N, labels=labels,
-                                         seed=_step_seed(state))
-  targets = label_targets(active, labels)
-
-  def out_loss(h, tap):
-    return softmax_cross_entropy(ops.sparse_logits(h, state.out.w, state.out.b, active) + tap, targets)
-
-  loss, (dh, g_out) = jax.value_and_grad(out_loss, argnums=(0, 1))(h, jnp.zeros((B, k), jnp.float32))
+  if config.k >= config.num_labels:  # exact softmax: every (real) row is active
+    row_ids = jnp.arange(rows, dtype=jnp.int32)
+    active = jnp.broadcast_to(jnp.where(row_ids < n_valid, row_ids, -1), (B, rows))
+    from_tables = jnp.zeros((B,), jnp.int32)
+  else:
+    seed = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    if shard.axis is not None:
+      seed = jax.random.fold_in(seed, shard.index())
+    active, from_tables = tables.lsh_query(
+        state.tables, state.lsh, h, k=local_active_k(config, config.num_shards), num_rows=n_valid,
+        labels=local_labels, seed=jax.random.bits(seed, (), jnp.uint32))
+  targets = label_targets(active, local_labels, num_distinct_labels(labels))
+  logits = jnp.where(active >= 0, ops.sparse_logits(h, state.out.w, state.out.b, active), -jnp.inf)
+  loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
+  dh = shard.psum(ops.gather_combine(g_out, state.out.w, active))
   d_dense, d_embed = hidden_vjp(dh)
 
   lr = config.schedule()(state.step)
@@ -286,28 +387,33 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig) -> tuple[
 
   t = state.tables
   if config.reinsert == "labels":
-    ids = labels.reshape(-1)
-    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(ids, 0), axis=0), ids, N)
+    ids = local_labels.reshape(-1)
+    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(ids, 0), axis=0), ids, rows)
   elif config.reinsert == "all":
-    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(touched, 0), axis=0), touched, N)
+    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(touched, 0), axis=0), touched, rows)
 
   new_state = state._replace(
       step=state.step + 1, embed=SparseLayer(embed_w, embed_b), hidden=hidden, out=SparseLayer(out_w, out_b),
       embed_opt=embed_opt, out_w_opt=out_w_opt, out_b_opt=out_b_opt, dense_opt=dense_opt, tables=t)
-  metrics = {"loss": loss, "active_from_tables": jnp.mean(from_tables.astype(jnp.float32)), "learning_rate": lr}
+  metrics = {"loss": loss, "learning_rate": lr,
+             "active_from_tables": shard.psum(jnp.mean(from_tables.astype(jnp.float32))) / config.num_shards}
   return new_state, metrics
 
 
-def rebuild_tables(state: SlideState) -> SlideState:
-  """Re-hashes every output row into fresh tables (amortized O(N d) work)."""
-  return state._replace(tables=tables.build_tables(state.tables, state.lsh, state.out.w))
+def rebuild_tables(state: SlideState, num_valid: int | jax.Array | None = None) -> SlideState:
+  """Re-hashes every output row into fresh tables (amortized O(N d) work).
+
+  ``num_valid``: only rows below it are real (a padded shard); default all.
+  """
+  return state._replace(tables=tables.build_tables(state.tables, state.lsh, state.out.w, num_valid))
 
 
-def new_hash_functions(state: SlideState, config: ModelConfig) -> SlideState:
+def new_hash_functions(state: SlideState, config: ModelConfig,
+                       num_valid: int | jax.Array | None = None) -> SlideState:
   """Draws new hash functions (from the state's key and step) and rebuilds."""
   key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), -state.step - 1)
   params = lsh.init_lsh(key, config.lsh_config, config.hidden_dims[-1])
-  return rebuild_tables(state._replace(lsh=params))
+  return rebuild_tables(state._replace(lsh=params), num_valid)
 
 
 @dataclasses.dataclass(frozen=True)

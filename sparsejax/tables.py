@@ -111,13 +111,16 @@ def _insert(tables: HashTables, codes, ids, num_rows: int, reset: bool) -> HashT
   return dataclasses.replace(tables, buckets=buckets, counts=counts)
 
 
-def build_tables(tables: HashTables, params: LSHParams, weight: jax.Array) -> HashTables:
+def build_tables(tables: HashTables, params: LSHParams, weight: jax.Array,
+                 num_valid: int | jax.Array | None = None) -> HashTables:
   """Clears the tables and inserts every row of ``weight`` (rows 0..N-1 in order).
 
   Args:
     tables: tables to refill (donate them to reuse their memory).
     params: hash functions.
     weight: ``[N, d]`` float32.
+    num_valid: insert only rows ``[0, num_valid)`` (the rest are padding, e.g.
+      of the last shard of a layer split unevenly); may be traced.
 
   Returns:
     The rebuilt tables.
@@ -127,6 +130,8 @@ def build_tables(tables: HashTables, params: LSHParams, weight: jax.Array) -> Ha
   _check_tables(dims, tables, params)
   codes = lsh_hash(params, weight)
   ids = jnp.arange(weight.shape[0], dtype=jnp.int32)
+  if num_valid is not None:
+    ids = jnp.where(ids < num_valid, ids, -1)
   return _insert(tables, codes, ids, weight.shape[0], reset=True)
 
 
@@ -151,7 +156,7 @@ def insert_rows(tables: HashTables, params: LSHParams, rows: jax.Array, ids: jax
   return _insert(tables, lsh_hash(params, rows), ids, num_rows, reset=False)
 
 
-def query_codes(tables: HashTables, codes: jax.Array, *, k: int, num_rows: int,
+def query_codes(tables: HashTables, codes: jax.Array, *, k: int, num_rows: int | jax.Array,
                 labels: jax.Array | None = None, seed: jax.Array | int = 0) -> tuple[jax.Array, jax.Array]:
   """Active sets from precomputed codes (see :func:`lsh_query`)."""
   dims = Dims("lsh_query")
@@ -162,17 +167,17 @@ def query_codes(tables: HashTables, codes: jax.Array, *, k: int, num_rows: int,
   if labels is None:
     labels = jnp.full((B, 0), -1, jnp.int32)
   check_array(dims, "labels", labels, jnp.int32, ("B", "max_labels"))
-  if not 1 <= k <= num_rows:
+  if isinstance(num_rows, int) and not 1 <= k <= num_rows:
     raise ValueError(f"lsh_query: k = {k} must be in [1, num_rows = {num_rows}]")
   seed = jnp.asarray(seed).astype(jnp.uint32)
   call = _ffi.ffi_call(
       "lsh_query",
       (jax.ShapeDtypeStruct((B, k), jnp.int32), jax.ShapeDtypeStruct((B,), jnp.int32)),
       vmap_method="sequential")
-  return call(tables.buckets, tables.counts, codes, labels, seed, num_rows=num_rows)
+  return call(tables.buckets, tables.counts, codes, labels, seed, jnp.asarray(num_rows, jnp.int32))
 
 
-def lsh_query(tables: HashTables, params: LSHParams, queries: jax.Array, *, k: int, num_rows: int,
+def lsh_query(tables: HashTables, params: LSHParams, queries: jax.Array, *, k: int, num_rows: int | jax.Array,
               labels: jax.Array | None = None, seed: jax.Array | int = 0) -> tuple[jax.Array, jax.Array]:
   """The ``k`` neurons to compute for each query.
 
@@ -185,7 +190,8 @@ def lsh_query(tables: HashTables, params: LSHParams, queries: jax.Array, *, k: i
     params: the hash functions the tables were built with.
     queries: ``[B, d]`` float32 query vectors (hidden activations).
     k: active set size, ``1 <= k <= num_rows``.
-    num_rows: N, the layer width.
+    num_rows: N, the layer width (ids are drawn from ``[0, N)``); may be a
+      traced scalar (e.g. the size of this process's shard).
     labels: optional ``[B, max_labels]`` int32 true labels, -1 padded.
     seed: scalar seed for tie-breaking and random fill (vary it per step).
 

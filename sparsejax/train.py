@@ -24,7 +24,7 @@ import numpy as np
 from absl import logging
 
 from sparsejax import data as xcdata
-from sparsejax import dense, memory, metrics
+from sparsejax import dense, distributed, memory, metrics
 from sparsejax import model as slide
 
 
@@ -78,6 +78,11 @@ class TrainConfig:
   tensorboard: bool = False
   progress: bool = True
   seed: int = 0
+  # Distribution: the output layer is split over this many processes
+  # (None: all processes of the jax.distributed job; the dense model then runs
+  # data-parallel). Replicated parameters are compared every checksum_every steps.
+  num_shards: int | None = None
+  checksum_every: int = 500
 
   def model_config(self, num_features: int, num_labels: int) -> slide.ModelConfig:
     return slide.ModelConfig(
@@ -116,32 +121,26 @@ def load_data(config: TrainConfig) -> tuple[xcdata.XCDataset, xcdata.XCDataset]:
 class Evaluator:
   """Exact (all N outputs, chunked) and LSH-sampled ranking metrics on a test set."""
 
-  def __init__(self, test: xcdata.XCDataset, train: xcdata.XCDataset, config: TrainConfig, mcfg: slide.ModelConfig,
+  def __init__(self, test: xcdata.XCDataset, train: xcdata.XCDataset, config: TrainConfig, runner: "Runner",
                max_features: int, batch_size: int = 1024):
-    self.test, self.mcfg, self.max_features, self.batch_size = test, mcfg, max_features, batch_size
+    self.test, self.runner, self.max_features, self.batch_size = test, runner, max_features, batch_size
     freqs = train.label_frequencies()
     self.propensity = metrics.propensity_scores(freqs, len(train), config.propensity_a, config.propensity_b)
-    self._hidden = jax.jit(lambda s, fi, fv: slide.hidden_forward(
-        s.embed.w, (s.embed.b, s.hidden), fi, fv))
-    self.top = min(5, mcfg.num_labels)
-    self._sampled = jax.jit(functools.partial(slide.predict_sampled, config=mcfg, top=self.top))
 
-  def __call__(self, state, num_samples: int | None = None, sampled: bool = True) -> dict[str, float]:
+  def __call__(self, state, num_samples: int | None = None) -> dict[str, float]:
     n = len(self.test) if num_samples is None else min(num_samples, len(self.test))
     rows = np.arange(n)
     exact, approx, labels = [], [], []
-    k = self.top
     for start in range(0, n, self.batch_size):
       idx = rows[start:start + self.batch_size]
       fi, fv, lab = self.test.to_padded(idx, self.max_features)
       pad = self.batch_size - len(idx)  # one compiled shape for every batch
       fi = np.pad(fi, ((0, pad), (0, 0)), constant_values=-1)
       fv = np.pad(fv, ((0, pad), (0, 0)))
-      h = self._hidden(state, fi, fv)
-      _, top = metrics.exact_topk(h, state.out.w, state.out.b, k)
-      exact.append(np.asarray(top)[:len(idx)])
-      if sampled and isinstance(state, slide.SlideState):
-        approx.append(np.asarray(self._sampled(state, fi, fv))[:len(idx)])
+      top, sampled = self.runner.predict(state, fi, fv)
+      exact.append(top[:len(idx)])
+      if sampled is not None:
+        approx.append(sampled[:len(idx)])
       labels.append(lab)
     width = max(l.shape[1] for l in labels)
     labels = np.concatenate([np.pad(l, ((0, 0), (0, width - l.shape[1])), constant_values=-1) for l in labels])
@@ -150,6 +149,114 @@ class Evaluator:
       sampled_result = metrics.evaluate_topk(np.concatenate(approx), labels, self.propensity)
       result.update({f"sampled_{key}": v for key, v in sampled_result.items()})
     return result
+
+
+def _local_value(x) -> np.ndarray:
+  """This process's copy of a (replicated) array."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    x = x.addressable_data(0)
+  return np.asarray(x)
+
+
+class Runner:
+  """How one kind of run initializes, steps, maintains and predicts.
+
+  Single process: the SLIDE model or the dense baseline. Several shards
+  (processes): the output layer split over a mesh, or the dense baseline run
+  data-parallel.
+  """
+
+  def __init__(self, config: TrainConfig, mcfg: slide.ModelConfig, num_shards: int):
+    self.config, self.num_shards = config, num_shards
+    self.is_slide = config.model == "slide"
+    self.mcfg = dataclasses.replace(mcfg, num_shards=num_shards) if self.is_slide else mcfg
+    self.key = jax.random.key(config.seed)
+    self.top = min(5, mcfg.num_labels)
+    self.schedule = config.table_schedule()
+    if num_shards == 1:
+      impl = slide if self.is_slide else dense
+      self._step = jax.jit(functools.partial(impl.train_step, config=self.mcfg), donate_argnums=0)
+      self._predict = jax.jit(self._local_predict)
+      if self.is_slide:
+        self._rebuild = jax.jit(slide.rebuild_tables, donate_argnums=0)
+        self._rehash = jax.jit(functools.partial(slide.new_hash_functions, config=self.mcfg), donate_argnums=0)
+      return
+    self.mesh = distributed.make_mesh(num_shards)
+    if self.is_slide:
+      self._step = distributed.make_train_step(self.mcfg, self.mesh)
+      self._rebuild = distributed.make_rebuild(self.mcfg, self.mesh)
+      self._rehash = distributed.make_rebuild(self.mcfg, self.mesh, new_hash_functions=True)
+      self._predict = distributed.make_predict(self.mcfg, self.mesh, self.top)
+      self._checksum = distributed.make_checksum(self.mesh)
+    else:
+      if config.batch_size % num_shards:
+        raise ValueError(f"data-parallel: batch_size {config.batch_size} must divide by {num_shards} processes")
+      self._step = distributed.make_dp_train_step(self.mcfg, self.mesh)
+      self._predict = distributed.make_dp_predict(self.mcfg, self.mesh, self.top)
+      self._checksum = None
+
+  def _local_predict(self, state, fi, fv):
+    h = slide.hidden_forward(state.embed.w, (state.embed.b, state.hidden), fi, fv)
+    exact = metrics.exact_topk(h, state.out.w, state.out.b, self.top)[1]
+    if not self.is_slide:
+      return exact, None
+    return exact, slide.predict_sampled(state, fi, fv, config=self.mcfg, top=self.top)
+
+  def init(self):
+    if self.num_shards == 1:
+      return (slide if self.is_slide else dense).init(self.key, self.mcfg)
+    if self.is_slide:
+      return distributed.init(self.key, self.mcfg, self.mesh)
+    replicated = jax.sharding.NamedSharding(self.mesh, distributed.P())
+    return jax.jit(lambda: dense.init(self.key, self.mcfg), out_shardings=replicated)()
+
+  def abstract_state(self):
+    """Shapes, dtypes and shardings of the state, to restore a checkpoint into."""
+    if self.num_shards == 1:
+      return jax.eval_shape(self.init)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.init())
+
+  def put_batch(self, batch):
+    if self.num_shards == 1:
+      return batch
+    spec = distributed.P() if self.is_slide else distributed.P(distributed.AXIS)
+    return distributed.to_global(batch, self.mesh, spec)
+
+  def step(self, state, batch):
+    return self._step(state, self.put_batch(batch))
+
+  def maintain(self, state, step: int):
+    """Table refreshes due after ``step`` steps (SLIDE only)."""
+    if not self.is_slide:
+      return state
+    if self.schedule.rehash_due(step):
+      logging.info("step %d: new hash functions, tables rebuilt", step)
+      return self._rehash(state)
+    if self.schedule.rebuild_due(step):
+      return self._rebuild(state)
+    return state
+
+  def predict(self, state, fi, fv):
+    if self.num_shards > 1:
+      fi, fv = distributed.to_global((fi, fv), self.mesh)
+    exact, sampled = self._predict(state, fi, fv)
+    return _local_value(exact), None if sampled is None else _local_value(sampled)
+
+  def agree(self, flag: bool) -> bool:
+    """Process 0's ``flag``, on every process (decisions that change control flow)."""
+    if jax.process_count() == 1:
+      return flag
+    from jax.experimental import multihost_utils
+    return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
+
+  def check_replicas(self, state, step: int):
+    """Raises if the replicated parameters differ between processes."""
+    if self.num_shards == 1 or self._checksum is None:
+      return
+    sums = _local_value(self._checksum(state))
+    if len(set(sums.tolist())) != 1:
+      raise RuntimeError(f"step {step}: replicated parameters differ between processes "
+                         f"(checksums {sums.tolist()}): replicas drifted")
 
 
 def _checkpoint_manager(workdir: str, keep: int):
@@ -236,20 +343,21 @@ def train_and_evaluate(config: TrainConfig, workdir: str) -> dict[str, Any]:
   with open(os.path.join(workdir, "config.json"), "w") as f:
     json.dump(dataclasses.asdict(config), f, indent=1)
 
-  impl = {"slide": slide, "dense": dense}.get(config.model)
-  if impl is None:
+  if config.model not in ("slide", "dense"):
     raise ValueError(f"unknown model {config.model!r}: use 'slide' or 'dense'")
-  init_fn = functools.partial(impl.init, jax.random.key(config.seed), mcfg)
-  step_fn = jax.jit(functools.partial(impl.train_step, config=mcfg), donate_argnums=0)
+  num_shards = config.num_shards or jax.process_count()
+  runner = Runner(config, mcfg, num_shards)
+  is_chief = jax.process_index() == 0
   manager = _checkpoint_manager(workdir, config.keep_checkpoints)
-  restored = _restore(manager, jax.eval_shape(init_fn))
+  restored = _restore(manager, runner.abstract_state())
   if restored is None:
-    state, data_state = init_fn(), {"epoch": 0, "index": 0}
+    state, data_state = runner.init(), {"epoch": 0, "index": 0}
   else:
     state, data_state = restored
-    logging.info("resumed from step %d (epoch %d, index %d)", int(state.step), data_state["epoch"],
-                 data_state["index"])
-  logging.info("%s model: %s parameters", config.model, f"{slide.num_params(state):,}")
+    logging.info("resumed from step %d (epoch %d, index %d)", int(_local_value(state.step)),
+                 data_state["epoch"], data_state["index"])
+  logging.info("%s model: %s parameters%s", config.model, f"{slide.num_params(state):,}",
+               f" over {num_shards} processes" if num_shards > 1 else "")
   memory.advise_huge_pages(state)
 
   steps_per_epoch = len(train) // config.batch_size
@@ -262,14 +370,13 @@ def train_and_evaluate(config: TrainConfig, workdir: str) -> dict[str, Any]:
   if max_steps is None and config.max_seconds is None:
     raise ValueError("set a budget: max_steps, num_epochs or max_seconds")
 
-  evaluator = Evaluator(test, train, config, mcfg, max_features)
-  writer = _MetricsWriter(workdir, config.tensorboard)
-  schedule = config.table_schedule()
+  evaluator = Evaluator(test, train, config, runner, max_features)
+  writer = _MetricsWriter(workdir, config.tensorboard) if is_chief else None
   batches = xcdata.BatchIterator(train, config.batch_size, seed=config.seed, epoch=data_state["epoch"],
                                  index=data_state["index"], max_features=max_features, max_labels=max_labels)
-  step = start_step = int(state.step)
+  step = start_step = int(_local_value(state.step))
   progress = None
-  if config.progress:
+  if config.progress and is_chief:
     from tqdm.auto import tqdm
     progress = tqdm(total=max_steps, initial=step, unit="step", dynamic_ncols=True, mininterval=1.0)
 
@@ -278,22 +385,18 @@ def train_and_evaluate(config: TrainConfig, workdir: str) -> dict[str, Any]:
   last_metrics = None
   try:
     while max_steps is None or step < max_steps:
-      if config.max_seconds is not None and time.time() - t_loop >= config.max_seconds:
+      # Every process must take the same steps: the budget is checked every
+      # log_every steps and process 0's verdict is followed by all.
+      if (config.max_seconds is not None and step % config.log_every == 0
+          and runner.agree(time.time() - t_loop >= config.max_seconds)):
         logging.info("wall-clock budget of %.0f s reached at step %d", config.max_seconds, step)
         break
-      batch = next(batches)
-      state, last_metrics = step_fn(state, batch)
+      state, last_metrics = runner.step(state, next(batches))
       step += 1
       window_steps += 1
-      if config.model == "slide":
-        if schedule.rehash_due(step):
-          state = slide.new_hash_functions(state, mcfg)
-          logging.info("step %d: new hash functions, tables rebuilt", step)
-        elif schedule.rebuild_due(step):
-          state = slide.rebuild_tables(state)
-          logging.debug("step %d: tables rebuilt", step)
+      state = runner.maintain(state, step)
       if step % config.log_every == 0 or step == max_steps:
-        losses.append(float(last_metrics["loss"]))  # syncs: only every log_every steps
+        losses.append(float(_local_value(last_metrics["loss"])))  # syncs: only every log_every steps
         elapsed = time.time() - window_start
         samples_per_sec = window_steps * config.batch_size / max(elapsed, 1e-9)
         if progress is not None:
@@ -306,13 +409,16 @@ def train_and_evaluate(config: TrainConfig, workdir: str) -> dict[str, Any]:
                   "loss": float(np.mean(losses)) if losses else float(last_metrics["loss"]),
                   "samples_per_sec": window_steps * config.batch_size / max(time.time() - window_start, 1e-9),
                   **evaluator(state, config.eval_samples)}
-        writer.write(record)
+        if writer is not None:
+          writer.write(record)
         logging.info("step %d: loss %.4f  P@1 %.4f  P@5 %.4f  %.0f samples/s", step, record["loss"],
                      record["p@1"], record["p@5"], record["samples_per_sec"])
         eval_seconds += time.time() - t_eval
         losses, window_start, window_steps = [], time.time(), 0
       if step % config.checkpoint_every == 0:
         _save(manager, step, state, batches.state(), wait=False)
+      if config.checksum_every and step % config.checksum_every == 0:
+        runner.check_replicas(state, step)
   finally:
     if progress is not None:
       progress.close()
@@ -324,11 +430,13 @@ def train_and_evaluate(config: TrainConfig, workdir: str) -> dict[str, Any]:
   final = evaluator(state, None)
   final.update({
       "step": step, "epoch": step / steps_per_epoch,
-      "loss": float(last_metrics["loss"]) if last_metrics is not None else float("nan"),
+      "loss": float(_local_value(last_metrics["loss"])) if last_metrics is not None else float("nan"),
       "samples_per_sec": (step - start_step) * config.batch_size / max(train_seconds, 1e-9),
       "train_seconds": train_seconds, "num_params": slide.num_params(state), "final": True,
+      "num_processes": num_shards,
   })
-  writer.write(final)
+  if writer is not None:
+    writer.write(final)
   logging.info("final (step %d): P@1 %.4f  P@3 %.4f  P@5 %.4f  (sampled P@1 %s)", step, final["p@1"],
                final["p@3"], final["p@5"], final.get("sampled_p@1", "n/a"))
   return final

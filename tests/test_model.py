@@ -27,6 +27,21 @@ def test_label_targets_and_loss_by_hand():
   np.testing.assert_allclose(model.softmax_cross_entropy(logits, t), want, rtol=1e-6)
 
 
+def test_sharded_softmax_gradient_matches_autodiff():
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(size=(5, 7)), jnp.float32).at[1, 3].set(-jnp.inf)  # padding
+  active = jnp.asarray(rng.permutation(40)[:35].reshape(5, 7), jnp.int32)
+  labels = jnp.stack([active[:, 0], jnp.where(jnp.arange(5) % 2 == 0, active[:, 2], -1)], 1).at[4].set(-1)
+  t = model.label_targets(active, labels)
+  loss, g = model.sharded_softmax_cross_entropy(logits, t)
+  finite = jnp.where(jnp.isfinite(logits), logits, -1e30)
+  want_loss, want_g = jax.value_and_grad(model.softmax_cross_entropy)(finite, t)
+  np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+  np.testing.assert_allclose(g, want_g, rtol=1e-5, atol=1e-7)
+  assert float(g[1, 3]) == 0.0 and np.all(np.asarray(g[4]) == 0)  # padding, unlabeled sample
+  np.testing.assert_array_equal(model.num_distinct_labels(jnp.array([[3, 3, -1, 1], [-1, -1, -1, -1]])), [2, 0])
+
+
 def test_exact_softmax_step_equals_dense_baseline():
   """With every output active, one sparse step equals one dense full-softmax step."""
   ds = data.make_synthetic(500, 300, 40, labels_per_sample=2, seed=1)

@@ -1,0 +1,303 @@
+"""Distributed SLIDE over jax.distributed CPU processes (gloo collectives).
+
+Model parallelism for the output layer (Yan et al., 2022): P processes form
+one mesh axis ``"shard"``; process p holds rows ``[p * R, (p + 1) * R)`` of
+the N-wide output layer (``R = ceil(N / P)``, the last shard padded), their
+Adam moments and their own LSH tables. The batch, the input and hidden
+layers are replicated and updated identically everywhere (the kernels are
+deterministic). Per step the processes exchange only ``O(B d)`` numbers: a
+pmax and psums of ``[B]`` softmax partials and the psum of ``dh [B, d]``.
+
+For comparison, :func:`make_dp_train_step` is the dense data-parallel
+baseline (Horovod-style): every process holds the whole model, takes a slice
+of each batch and all-reduces every gradient, ``O(params)`` bytes per step.
+
+Everything here also runs in one process over several (virtual) CPU devices
+(``--xla_force_host_platform_device_count``), which is how the sharded math is
+unit-tested; across processes it needs :func:`initialize` first.
+"""
+
+import dataclasses
+import functools
+import os
+from typing import Any
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from sparsejax import dense, metrics, model, ops, tables
+
+AXIS = "shard"
+
+
+# --- Process group ---------------------------------------------------------------
+
+def _cluster_env() -> bool:
+  """Whether a SLURM or Open MPI launch with several tasks is visible."""
+  for var in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+    if int(os.environ.get(var, "1") or 1) > 1:
+      return True
+  return False
+
+
+def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None, *, heartbeat_timeout_seconds: int = 20,
+               initialization_timeout: int = 60) -> bool:
+  """Joins the process group (a no-op for a single process).
+
+  Explicit arguments win; otherwise a SLURM / Open MPI launch is detected as
+  JAX does (``jax.distributed.initialize()`` with no arguments). Call before
+  anything creates a JAX backend.
+
+  Args:
+    coordinator_address: ``host:port`` of process 0's coordinator.
+    num_processes: P.
+    process_id: this process's rank in ``[0, P)``.
+    heartbeat_timeout_seconds: a peer silent this long is declared dead and
+      the job fails (JAX's default is 100 s).
+    initialization_timeout: seconds to wait for all processes to join.
+
+  Returns:
+    Whether a multi-process group was initialized.
+  """
+  if num_processes is not None and num_processes <= 1:
+    return False
+  if coordinator_address is None and num_processes is None and not _cluster_env():
+    return False
+  # Gloo is JAX's default CPU collective implementation; say so explicitly.
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(
+      coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id,
+      initialization_timeout=initialization_timeout, heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+      shutdown_timeout_seconds=max(10, heartbeat_timeout_seconds))
+  logging.info("process %d of %d joined (%d devices in all)", jax.process_index(), jax.process_count(),
+               jax.device_count())
+  return True
+
+
+def make_mesh(num_shards: int | None = None) -> jax.sharding.Mesh:
+  """A 1-D mesh over the first ``num_shards`` devices (default: all, one per process)."""
+  devices = jax.devices()
+  if jax.process_count() > 1:
+    # One device per process: the shards are the processes.
+    devices = [min((d for d in devices if d.process_index == p), key=lambda d: d.id)
+               for p in range(jax.process_count())]
+  n = num_shards or len(devices)
+  if n > len(devices):
+    raise ValueError(f"num_shards = {n} but only {len(devices)} devices: start more processes "
+                     "(python -m sparsejax.launch -n P ...) or set --xla_force_host_platform_device_count")
+  return jax.sharding.Mesh(np.array(devices[:n]), (AXIS,))
+
+
+def to_global(tree, mesh: jax.sharding.Mesh, spec: P = P()):
+  """Host arrays held identically by every process -> global arrays with ``spec``."""
+  sharding = NamedSharding(mesh, spec)
+  return jax.tree.map(
+      lambda x: jax.make_array_from_callback(np.shape(x), sharding, lambda idx: np.asarray(x)[idx]), tree)
+
+
+# --- Sharded SLIDE -------------------------------------------------------------
+
+def state_specs(state: model.SlideState):
+  """PartitionSpecs of a sharded :class:`model.SlideState` (output layer split)."""
+  specs = jax.tree.map(lambda _: P(), state)
+  split = P(AXIS)
+  return specs._replace(
+      out=model.SparseLayer(split, split),
+      out_w_opt=specs.out_w_opt._replace(mu=split, nu=split),
+      out_b_opt=specs.out_b_opt._replace(mu=split, nu=split),
+      tables=dataclasses.replace(specs.tables, buckets=split, counts=split, seed=split))
+
+
+def _local_tables(state):  # the tables' seed is stacked [P] globally, [] per shard
+  return state._replace(tables=dataclasses.replace(state.tables, seed=state.tables.seed.reshape(())))
+
+
+def _stacked_tables(state):
+  return state._replace(tables=dataclasses.replace(state.tables, seed=state.tables.seed.reshape((1,))))
+
+
+def _num_valid(config: model.ModelConfig, rows: int):
+  offset = jax.lax.axis_index(AXIS) * rows
+  return jnp.clip(config.num_labels - offset, 0, rows).astype(jnp.int32)
+
+
+def _shard_map(fn, mesh, in_specs, out_specs):
+  # check_vma=False: the step does its own collectives (explicit pmax/psum),
+  # and replicated values are replicated by construction.
+  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+
+
+def _abstract_specs(config: model.ModelConfig, mesh) -> Any:
+  rows = model.shard_rows(config.num_labels, config.num_shards)
+  local = jax.eval_shape(lambda: model.init_from_params(
+      jax.random.key(0), config, model.init_params(jax.random.key(0), dataclasses.replace(config, num_labels=rows))))
+  return state_specs(local)
+
+
+def init(rng: jax.Array, config: model.ModelConfig, mesh: jax.sharding.Mesh) -> model.SlideState:
+  """A sharded initial state.
+
+  The parameters equal :func:`model.init`'s for the same key (each process
+  generates only its own rows); each shard builds tables over its rows.
+
+  Args:
+    rng: PRNG key (the same on every process).
+    config: the model, with ``num_shards`` equal to the mesh size.
+    mesh: from :func:`make_mesh`.
+  """
+  if config.num_shards != mesh.size:
+    raise ValueError(f"config.num_shards = {config.num_shards} but the mesh has {mesh.size} devices")
+  rows = model.shard_rows(config.num_labels, config.num_shards)
+  padded = dataclasses.replace(config, num_labels=rows * config.num_shards)
+  abstract = jax.eval_shape(lambda: model.init_params(rng, padded))
+  param_specs = _broadcast_specs(model.NetworkParams(P(), P(), model.SparseLayer(P(AXIS), P(AXIS))), abstract)
+  shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs, is_leaf=lambda x: isinstance(x, P))
+  # Counter-based (partitionable) RNG: each process computes only its rows,
+  # and the first N rows equal the unsharded init's.
+  with jax.threefry_partitionable(True):
+    params = jax.jit(lambda: model.init_params(rng, padded), out_shardings=shardings)()
+
+  def local_init(params):
+    return _stacked_tables(model.init_from_params(rng, config, params, _num_valid(config, rows)))
+
+  fn = _shard_map(local_init, mesh, (param_specs,), _abstract_specs(config, mesh))
+  return jax.jit(fn)(params)
+
+
+def _broadcast_specs(specs, tree):
+  """Expands a spec prefix (one spec per subtree) to one spec per leaf of ``tree``."""
+  return jax.tree.map(lambda s, sub: jax.tree.map(lambda _: s, sub), specs, tree,
+                      is_leaf=lambda x: isinstance(x, P))
+
+
+def make_train_step(config: model.ModelConfig, mesh: jax.sharding.Mesh):
+  """``step(state, batch) -> (state, metrics)``: jitted, state donated, batch replicated."""
+  specs = _abstract_specs(config, mesh)
+  shard = model.Shard(AXIS)
+
+  def local_step(state, batch):
+    state, m = model.train_step(_local_tables(state), batch, config=config, shard=shard)
+    return _stacked_tables(state), m
+
+  return jax.jit(_shard_map(local_step, mesh, (specs, P()), (specs, P())), donate_argnums=0)
+
+
+def make_rebuild(config: model.ModelConfig, mesh: jax.sharding.Mesh, new_hash_functions: bool = False):
+  """``rebuild(state) -> state``: every shard re-hashes its rows (optionally with new functions)."""
+  specs = _abstract_specs(config, mesh)
+  rows = model.shard_rows(config.num_labels, config.num_shards)
+
+  def local(state):
+    state = _local_tables(state)
+    n = _num_valid(config, rows)
+    state = model.new_hash_functions(state, config, n) if new_hash_functions else model.rebuild_tables(state, n)
+    return _stacked_tables(state)
+
+  return jax.jit(_shard_map(local, mesh, (specs,), specs), donate_argnums=0)
+
+
+def make_predict(config: model.ModelConfig, mesh: jax.sharding.Mesh, top: int = 5):
+  """``predict(state, feat_ids, feat_vals) -> (exact [n, top], sampled [n, top])`` global ids.
+
+  Exact: each shard's exact top-``top`` over its rows, all-gathered and
+  merged. Sampled: the same over each shard's LSH-sampled active set.
+  """
+  specs = _abstract_specs(config, mesh)
+  rows = model.shard_rows(config.num_labels, config.num_shards)
+
+  def merge(scores, ids):  # [n, top] per shard -> global top over all shards
+    scores = jax.lax.all_gather(scores, AXIS, axis=1, tiled=True)
+    ids = jax.lax.all_gather(ids, AXIS, axis=1, tiled=True)
+    best, pos = jax.lax.top_k(scores, top)
+    return jnp.take_along_axis(ids, pos, axis=1)
+
+  def local(state, fids, fvals):
+    state = _local_tables(state)
+    offset = jax.lax.axis_index(AXIS) * rows
+    n = _num_valid(config, rows)
+    h = model.hidden(state, fids, fvals)
+    bias = jnp.where(jnp.arange(rows) < n, state.out.b, -jnp.inf)  # padding rows never win
+    scores, ids = metrics.exact_topk(h, state.out.w, bias, min(top, rows))
+    exact = merge(scores, ids + offset)
+    active, _ = tables.lsh_query(state.tables, state.lsh, h, k=model.local_active_k(config, config.num_shards),
+                                 num_rows=n)
+    logits = ops.sparse_logits(h, state.out.w, state.out.b, active)
+    s, pos = jax.lax.top_k(logits, top)
+    sampled = merge(s, jnp.take_along_axis(active, pos, axis=1) + offset)
+    return exact, sampled
+
+  return jax.jit(_shard_map(local, mesh, (specs, P(), P()), (P(), P())))
+
+
+def make_checksum(mesh: jax.sharding.Mesh):
+  """``checksum(state) -> [P] uint32``: each process's hash of its replicated parameters.
+
+  All entries are equal while replicas agree; a difference means they drifted.
+  """
+  def local(embed, hidden, embed_opt, dense_opt):
+    leaves = jax.tree.leaves((embed, hidden, embed_opt, dense_opt))
+    total = jnp.uint32(0)
+    for i, x in enumerate(leaves):
+      bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32) if x.dtype != jnp.uint32 else x
+      weights = (jnp.arange(bits.size, dtype=jnp.uint32) * jnp.uint32(2654435761)) | jnp.uint32(1)
+      total = total * jnp.uint32(31) + jnp.sum(bits.reshape(-1) * weights) + jnp.uint32(i)
+    return jax.lax.all_gather(total, AXIS)
+
+  fn = jax.jit(_shard_map(local, mesh, (P(), P(), P(), P()), P()))
+  return lambda state: fn(state.embed, state.hidden, state.embed_opt, state.dense_opt)
+
+
+# --- Dense data-parallel baseline --------------------------------------------
+
+def dense_state_specs(state):
+  return jax.tree.map(lambda _: P(), state)
+
+
+def make_dp_train_step(config: model.ModelConfig, mesh: jax.sharding.Mesh):
+  """Dense data-parallel step: replicated model, batch split over processes, all gradients all-reduced."""
+  abstract = jax.eval_shape(lambda: dense.init(jax.random.key(0), config))
+  specs = dense_state_specs(abstract)
+  local = functools.partial(dense.train_step, config=config, axis=AXIS)
+  return jax.jit(_shard_map(local, mesh, (specs, P(AXIS)), (specs, P())), donate_argnums=0)
+
+
+def make_dp_predict(config: model.ModelConfig, mesh: jax.sharding.Mesh, top: int = 5):
+  """Exact top-``top`` of the (replicated) dense model."""
+  def predict(state, fids, fvals):
+    h = model.hidden_forward(state.embed.w, (state.embed.b, state.hidden), fids, fvals)
+    return metrics.exact_topk(h, state.out.w, state.out.b, top)[1], None
+  return jax.jit(predict)
+
+
+# --- Communication accounting ----------------------------------------------------
+
+_COLLECTIVES = ("psum", "pmax", "pmin", "all_gather", "all_to_all", "ppermute", "psum_scatter", "reduce_scatter")
+
+
+def collective_bytes(fn, *args) -> int:
+  """Bytes each process contributes to collectives in one call of ``fn(*args)``.
+
+  Read off the traced program: the operand sizes of every psum / pmax /
+  all_gather / ... A ring all-reduce of S bytes over P processes sends
+  ``2 (P - 1) / P * S`` bytes per process.
+  """
+  closed = jax.make_jaxpr(fn)(*args)
+  total = 0
+
+  def walk(jaxpr):
+    nonlocal total
+    for eqn in jaxpr.eqns:
+      if any(eqn.primitive.name.startswith(c) for c in _COLLECTIVES):
+        total += sum(int(np.prod(v.aval.shape)) * v.aval.dtype.itemsize for v in eqn.invars
+                     if hasattr(v.aval, "shape"))
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        walk(sub)
+
+  walk(closed.jaxpr)
+  return total

@@ -1,0 +1,204 @@
+"""Distributed SLIDE: sharded math (virtual devices) and real multi-process jobs (launcher)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, "examples", "train.py")
+
+
+def _python(script: str, devices: int, timeout: int = 300) -> str:
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  out = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+  assert out.returncode == 0, out.stderr[-4000:]
+  return out.stdout
+
+
+SHARDED_VS_SINGLE = """
+    import dataclasses, functools, json, jax, jax.numpy as jnp, numpy as np
+    from sparsejax import data, distributed, model
+    ds = data.make_synthetic(400, 200, {N}, labels_per_sample=2, seed=3)
+    base = model.ModelConfig(num_features=200, num_labels={N}, hidden_dims=(16,), active_k={K}, num_tables=4,
+                             learning_rate=1e-2)
+    mesh = distributed.make_mesh({P})
+    sharded_cfg = dataclasses.replace(base, num_shards={P})
+    single = model.init(jax.random.key(0), base)
+    sharded = distributed.init(jax.random.key(0), sharded_cfg, mesh)
+    same_init = bool(np.array_equal(np.asarray(sharded.out.w)[:{N}], np.asarray(single.out.w)))
+    pad_before = np.asarray(sharded.out.w)[{N}:].copy()
+    step1 = jax.jit(functools.partial(model.train_step, config=base), donate_argnums=0)
+    stepP = distributed.make_train_step(sharded_cfg, mesh)
+    it = data.BatchIterator(ds, 32, seed=0, max_labels=4, prefetch=0)
+    losses = []
+    for i in range({STEPS}):
+      b = next(it)
+      single, m1 = step1(single, b)
+      sharded, mP = stepP(sharded, distributed.to_global(b, mesh))
+      losses.append((float(m1["loss"]), float(mP["loss"])))
+    checksums = np.asarray(distributed.make_checksum(mesh)(sharded)).tolist()
+    pairs = [("out.w", np.asarray(sharded.out.w)[:{N}], single.out.w),
+             ("out.b", np.asarray(sharded.out.b)[:{N}], single.out.b),
+             ("embed.w", sharded.embed.w, single.embed.w), ("embed.b", sharded.embed.b, single.embed.b)]
+    diffs = {{name: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for name, a, b in pairs}}
+    print(json.dumps(dict(same_init=same_init, losses=losses, diffs=diffs, checksums=checksums,
+                          num_pad=len(pad_before),
+                          pad_unchanged=bool(np.array_equal(np.asarray(sharded.out.w)[{N}:], pad_before)))))
+"""
+
+
+@pytest.mark.parametrize("P,N", [(2, 40), (3, 40)])
+def test_sharded_exact_softmax_equals_single_process(P, N):
+  """All neurons active: sharded losses and weights equal the single-process run's."""
+  out = json.loads(_python(SHARDED_VS_SINGLE.format(P=P, N=N, K=N, STEPS=20), devices=P).splitlines()[-1])
+  assert out["same_init"]
+  losses = np.array(out["losses"])
+  np.testing.assert_allclose(losses[:, 1], losses[:, 0], rtol=2e-5)
+  assert losses[-1, 0] < losses[0, 0]  # it learns
+  for name, diff in out["diffs"].items():
+    assert diff < 2e-5, (name, diff)
+  assert len(set(out["checksums"])) == 1  # replicas identical
+  assert out["num_pad"] == (-N) % P  # N = 40 over 3 shards: 2 padding rows...
+  assert out["pad_unchanged"]  # ...never touched
+
+
+def test_sharded_lsh_sampling_runs_and_learns():
+  out = json.loads(_python(SHARDED_VS_SINGLE.format(P=2, N=300, K=64, STEPS=60), devices=2).splitlines()[-1])
+  losses = np.array(out["losses"])
+  assert np.all(np.isfinite(losses))
+  assert losses[-10:, 1].mean() < 0.8 * losses[:5, 1].mean()
+  assert len(set(out["checksums"])) == 1
+
+
+def test_collective_bytes_are_o_batch_times_hidden():
+  script = """
+    import dataclasses, jax, jax.numpy as jnp, numpy as np
+    from sparsejax import data, distributed, model, dense
+    from jax.sharding import PartitionSpec as P
+    out = []
+    for N in (1000, 8000):
+      cfg = model.ModelConfig(num_features=500, num_labels=N, hidden_dims=(32,), active_k=64, num_tables=4,
+                              num_shards=2)
+      mesh = distributed.make_mesh(2)
+      state = distributed.init(jax.random.key(0), cfg, mesh)
+      batch = {"feat_ids": jnp.zeros((16, 8), jnp.int32), "feat_vals": jnp.ones((16, 8)),
+               "labels": jnp.zeros((16, 2), jnp.int32)}
+      step = distributed.make_train_step(cfg, mesh)
+      dp = distributed.make_dp_train_step(dataclasses.replace(cfg, num_shards=1), mesh)
+      dstate = dense.init(jax.random.key(0), dataclasses.replace(cfg, num_shards=1))
+      out.append((distributed.collective_bytes(step, state, batch), distributed.collective_bytes(dp, dstate, batch)))
+    print(out)
+  """
+  (sparse_a, dense_a), (sparse_b, dense_b) = eval(_python(script, devices=2).splitlines()[-1])
+  B, d = 16, 32
+  assert sparse_a == sparse_b  # independent of N
+  assert sparse_a <= 4 * (B * d + 8 * B + 8)  # dh [B, d] plus a few [B] vectors and scalars
+  n_params = lambda N: 500 * 32 + 32 + N * 32 + N
+  assert dense_a >= 4 * n_params(1000) and dense_b >= 4 * n_params(8000)  # every gradient, every step
+
+
+def _launch(n, args, timeout):
+  cmd = [sys.executable, "-m", "sparsejax.launch", "-n", str(n), TRAIN, *args]
+  return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+
+
+def _train_args(workdir, **kw):
+  args = dict(dataset="synthetic", synthetic_samples=2000, synthetic_features=500, synthetic_labels=60,
+              hidden_dims="16", active_k=60, num_tables=4, batch_size=32, max_steps=20, num_epochs=None,
+              eval_every=1, eval_samples=64, log_every=1, checkpoint_every=1000, progress=False,
+              learning_rate=0.01, checksum_every=5, workdir=workdir)
+  args.update(kw)
+  return [f"--{k}={v}" for k, v in args.items() if v is not None]
+
+
+def _losses(workdir):
+  return [r["loss"] for r in map(json.loads, open(os.path.join(workdir, "metrics.jsonl"))) if not r.get("final")]
+
+
+def _final_params(workdir, num_labels):
+  """Output and input layer weights from the last checkpoint, unsharded."""
+  import jax
+  import orbax.checkpoint as ocp
+  manager = ocp.CheckpointManager(os.path.join(workdir, "checkpoints"))
+  step = manager.latest_step()
+  meta = manager.item_metadata(step)["state"]
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), meta)
+  state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
+  pick = lambda s: (np.asarray(s["out"]["w"])[:num_labels], np.asarray(s["out"]["b"])[:num_labels],
+                    np.asarray(s["embed"]["w"]))
+  return step, pick(state)
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_multiprocess_exact_matches_single_process(tmp_path, P):
+  single, multi = str(tmp_path / "single"), str(tmp_path / "multi")
+  out = subprocess.run([sys.executable, TRAIN, *_train_args(single)], capture_output=True, text=True, cwd=ROOT,
+                       timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  proc = _launch(P, _train_args(multi), timeout=300)
+  log, _ = proc.communicate(timeout=400)
+  assert proc.returncode == 0, log[-4000:]
+  assert f"over {P} processes" in log
+  a, b = _losses(single), _losses(multi)
+  assert len(a) == len(b) == 20
+  np.testing.assert_allclose(b, a, rtol=1e-4)
+  (step_a, params_a), (step_b, params_b) = _final_params(single, 60), _final_params(multi, 60)
+  assert step_a == step_b == 20
+  for x, y in zip(params_a, params_b):
+    np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-5)
+
+
+def test_multiprocess_lsh_sampling_matches_single_process_p_at_1(tmp_path):
+  kw = dict(synthetic_samples=4000, synthetic_labels=400, active_k=64, max_steps=250, eval_every=250,
+            eval_samples=None, log_every=50, hidden_dims="32", learning_rate=0.003)
+  single, multi = str(tmp_path / "single"), str(tmp_path / "multi")
+  out = subprocess.run([sys.executable, TRAIN, *_train_args(single, **kw)], capture_output=True, text=True,
+                       cwd=ROOT, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  proc = _launch(2, _train_args(multi, **kw), timeout=300)
+  log, _ = proc.communicate(timeout=400)
+  assert proc.returncode == 0, log[-4000:]
+  final = lambda w: [r for r in map(json.loads, open(os.path.join(w, "metrics.jsonl"))) if r.get("final")][0]
+  p_single, p_multi = final(single)["p@1"], final(multi)["p@1"]
+  assert p_single > 0.3 and abs(p_multi - p_single) < 0.06, (p_single, p_multi)
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_dead_or_hung_rank_ends_the_job(tmp_path, how):
+  """SIGKILL (dead) or SIGSTOP (hung) one rank mid-run: the launcher fails within 60 s, naming it."""
+  args = _train_args(str(tmp_path), max_steps=10**6, eval_every=10**6, log_every=100, heartbeat_timeout_seconds=10)
+  proc = _launch(2, args, timeout=300)
+  lines = []
+  deadline = time.time() + 180
+  while time.time() < deadline:  # wait until both ranks train
+    line = proc.stdout.readline()
+    lines.append(line)
+    if "over 2 processes" in line:
+      break
+  time.sleep(3)
+  pids = subprocess.run(["pgrep", "-f", "--", "--process_id=1"], capture_output=True, text=True).stdout.split()
+  assert pids, "".join(lines)[-3000:]
+  victim = int(pids[0])
+  t0 = time.time()
+  os.kill(victim, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+  try:
+    rest, _ = proc.communicate(timeout=90)
+  finally:
+    if how == "stop":
+      try:
+        os.kill(victim, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+  elapsed = time.time() - t0
+  assert proc.returncode != 0
+  assert elapsed < 60, elapsed
+  assert "[launch] rank" in rest and "failed" in rest
