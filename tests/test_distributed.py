@@ -124,18 +124,18 @@ def _losses(workdir):
 
 
 def _final_params(workdir, num_labels):
-  """Output and input layer weights from the last checkpoint, unsharded."""
+  """Output and input layer weights from the last checkpoint, unsharded into this process."""
   import jax
   import orbax.checkpoint as ocp
-  manager = ocp.CheckpointManager(os.path.join(workdir, "checkpoints"))
-  step = manager.latest_step()
-  meta = manager.item_metadata(step)["state"]
+  steps = [int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
+  path = os.path.join(workdir, "checkpoints", str(max(steps)), "state")
+  checkpointer = ocp.StandardCheckpointer()
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), meta)
-  state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
-  pick = lambda s: (np.asarray(s["out"]["w"])[:num_labels], np.asarray(s["out"]["b"])[:num_labels],
-                    np.asarray(s["embed"]["w"]))
-  return step, pick(state)
+  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                        checkpointer.metadata(path).item_metadata.tree)
+  state = checkpointer.restore(path, target)
+  return max(steps), (np.asarray(state["out"]["w"])[:num_labels], np.asarray(state["out"]["b"])[:num_labels],
+                      np.asarray(state["embed"]["w"]))
 
 
 @pytest.mark.parametrize("P", [2, 3])
@@ -175,7 +175,8 @@ def test_multiprocess_lsh_sampling_matches_single_process_p_at_1(tmp_path):
 @pytest.mark.parametrize("how", ["kill", "stop"])
 def test_dead_or_hung_rank_ends_the_job(tmp_path, how):
   """SIGKILL (dead) or SIGSTOP (hung) one rank mid-run: the launcher fails within 60 s, naming it."""
-  args = _train_args(str(tmp_path), max_steps=10**6, eval_every=10**6, log_every=100, heartbeat_timeout_seconds=10)
+  args = _train_args(str(tmp_path), max_steps=10**6, num_epochs=10**5, eval_every=10**6, log_every=100,
+                     heartbeat_timeout_seconds=10)
   proc = _launch(2, args, timeout=300)
   lines = []
   deadline = time.time() + 180
