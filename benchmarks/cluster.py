@@ -177,6 +177,10 @@ def run_job(job: str, args, addrs: list[str] | None, out: str, timeout: float) -
            f"--features={args.features}", f"--hidden={args.hidden}", f"--active_k={args.active_k}",
            f"--batch={args.batch}", f"--steps={args.steps if job == 'sparse' else args.dense_steps}",
            f"--warmup={args.warmup}", f"--out={out}"]
+    if args.pin and shutil.which("taskset"):
+      # Each emulated host gets its own share of the cores (with more ranks
+      # than cores, ranks share one): no process runs threads on every core.
+      cmd = ["taskset", "-c", _cores_of(rank, args.processes)] + cmd
     if addrs:
       cmd = ["ip", "netns", "exec", f"{NS_PREFIX}{rank}"] + cmd
     log = open(os.path.join(out, f"{job}_rank{rank}.log"), "w")
@@ -195,6 +199,14 @@ def run_job(job: str, args, addrs: list[str] | None, out: str, timeout: float) -
       p.wait()
       log.close()
   return [json.load(open(os.path.join(out, f"{job}_rank{r}.json"))) for r in range(args.processes)]
+
+
+def _cores_of(rank: int, processes: int) -> str:
+  cpus = os.cpu_count() or 1
+  if processes >= cpus:
+    return str(rank % cpus)
+  per = cpus // processes
+  return f"{rank * per}-{rank * per + per - 1}"
 
 
 def summarize(results: list[dict], batch: int) -> dict:
@@ -220,6 +232,8 @@ def main():
   parser.add_argument("--rates", default="1gbit", help="comma-separated tc tbf rates, one run each")
   parser.add_argument("--local", action="store_true", help="loopback processes, no namespaces or rate limit")
   parser.add_argument("--skip_dense", action="store_true")
+  parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                      help="pin each rank to its share of the cores (taskset)")
   parser.add_argument("--memory", action="store_true", help="report peak RSS per process and in total")
   parser.add_argument("--timeout", type=float, default=1800)
   parser.add_argument("--json", default=None)

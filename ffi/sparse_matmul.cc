@@ -70,32 +70,31 @@ SJ_MULTIVERSION void GatherCombineRows(const float* g, const float* w, const int
   }
 }
 
-ffi::Error GatherDotImpl(ffi::ThreadPool pool, ffi::AnyBuffer x,
-                         ffi::AnyBuffer weight, ffi::AnyBuffer ids,
-                         ffi::Result<ffi::AnyBuffer> out) {
-  ArgChecker c("gather_dot");
+// Validates, then runs `rows(dense, weight, ids, out, b0, b1, args)` over
+// blocks of samples in parallel.
+template <typename RowsFn>
+ffi::Error GatherImpl(const char* op, const char* dense_name, const char* dense_shape, bool dense_is_x,
+                      ffi::ThreadPool& pool, const ffi::AnyBuffer& dense, const ffi::AnyBuffer& weight,
+                      const ffi::AnyBuffer& ids, ffi::Result<ffi::AnyBuffer>& out, RowsFn rows) {
+  ArgChecker c(op);
   GatherArgs a;
-  SJ_RETURN_IF_ERROR(CheckGatherArgs(c, x, "x", "[B, d]", true, weight, ids, &a));
-  const float* xp = x.typed_data<float>();
+  SJ_RETURN_IF_ERROR(CheckGatherArgs(c, dense, dense_name, dense_shape, dense_is_x, weight, ids, &a));
+  const float* dp = dense.typed_data<float>();
   const float* wp = weight.typed_data<float>();
   const int32_t* ip = ids.typed_data<int32_t>();
-  float* op = out->typed_data<float>();
-  ParallelFor(pool, a.B, 1, [&](int64_t b0, int64_t b1) { GatherDotRows(xp, wp, ip, op, b0, b1, a); });
+  float* op_data = out->typed_data<float>();
+  ParallelFor(pool, a.B, 1, [&](int64_t b0, int64_t b1) { rows(dp, wp, ip, op_data, b0, b1, a); });
   return ffi::Error::Success();
 }
 
-ffi::Error GatherCombineImpl(ffi::ThreadPool pool, ffi::AnyBuffer g,
-                             ffi::AnyBuffer weight, ffi::AnyBuffer ids,
+ffi::Error GatherDotImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::AnyBuffer ids,
+                         ffi::Result<ffi::AnyBuffer> out) {
+  return GatherImpl("gather_dot", "x", "[B, d]", true, pool, x, weight, ids, out, GatherDotRows);
+}
+
+ffi::Error GatherCombineImpl(ffi::ThreadPool pool, ffi::AnyBuffer g, ffi::AnyBuffer weight, ffi::AnyBuffer ids,
                              ffi::Result<ffi::AnyBuffer> out) {
-  ArgChecker c("gather_combine");
-  GatherArgs a;
-  SJ_RETURN_IF_ERROR(CheckGatherArgs(c, g, "g", "[B, k]", false, weight, ids, &a));
-  const float* gp = g.typed_data<float>();
-  const float* wp = weight.typed_data<float>();
-  const int32_t* ip = ids.typed_data<int32_t>();
-  float* op = out->typed_data<float>();
-  ParallelFor(pool, a.B, 1, [&](int64_t b0, int64_t b1) { GatherCombineRows(gp, wp, ip, op, b0, b1, a); });
-  return ffi::Error::Success();
+  return GatherImpl("gather_combine", "g", "[B, k]", false, pool, g, weight, ids, out, GatherCombineRows);
 }
 
 }  // namespace
