@@ -40,7 +40,7 @@ def main():
       synthetic_labels=args.labels, test_fraction=0.02 if args.dataset == "synthetic" else 0.1,
       batch_size=args.batch_size, active_k=args.active_k, num_epochs=args.epochs, max_steps=None,
       max_seconds=None if args.epochs else args.budget, eval_every=10**9, checkpoint_every=10**9,
-      progress=False, learning_rate=1e-3)
+      progress=False)
   workdir = args.workdir or tempfile.mkdtemp(prefix="vs_dense_")
   results = {}
   for name in ("sparse", "dense"):

@@ -167,7 +167,7 @@ def init(rng: jax.Array, config: model.ModelConfig, mesh: jax.sharding.Mesh) -> 
     return _stacked_tables(model.init_from_params(rng, config, params, _num_valid(config, rows)))
 
   fn = _shard_map(local_init, mesh, (param_specs,), _abstract_specs(config, mesh))
-  return jax.jit(fn)(params)
+  return jax.jit(fn, donate_argnums=0)(params)  # donated: no second copy of the weights at the peak
 
 
 def _broadcast_specs(specs, tree):

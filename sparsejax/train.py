@@ -59,7 +59,7 @@ class TrainConfig:
   rehash_period: int = 0
   # Optimization.
   batch_size: int = 128
-  learning_rate: float = 1e-3
+  learning_rate: float = 3e-3
   warmup_steps: int = 0
   decay_steps: int = 0
   weight_decay: float = 0.0

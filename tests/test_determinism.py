@@ -37,7 +37,7 @@ def _run(threads):
   env.pop("SPARSEJAX_NUM_THREADS", None)
   if threads:
     env["SPARSEJAX_NUM_THREADS"] = str(threads)
-  out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+  out = subprocess.run([sys.executable, "-P", "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   return out.stdout.strip().splitlines()[-1]
 

@@ -17,7 +17,7 @@ TRAIN = os.path.join(ROOT, "examples", "train.py")
 
 def _python(script: str, devices: int, timeout: int = 300) -> str:
   env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-  out = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
+  out = subprocess.run([sys.executable, "-P", "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
                        timeout=timeout)
   assert out.returncode == 0, out.stderr[-4000:]
   return out.stdout
@@ -106,7 +106,7 @@ def test_collective_bytes_are_o_batch_times_hidden():
 
 
 def _launch(n, args, timeout):
-  cmd = [sys.executable, "-m", "sparsejax.launch", "-n", str(n), TRAIN, *args]
+  cmd = [sys.executable, "-P", "-m", "sparsejax.launch", "-n", str(n), TRAIN, *args]
   return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
 
 
@@ -203,3 +203,19 @@ def test_dead_or_hung_rank_ends_the_job(tmp_path, how):
   assert proc.returncode != 0
   assert elapsed < 60, elapsed
   assert "[launch] rank" in rest and "failed" in rest
+
+
+def test_multiprocess_resume_continues_the_same_run(tmp_path):
+  """2 processes: 12 steps, stop, resume to 24 == 24 straight steps (every shard checkpointed)."""
+  kw = dict(synthetic_labels=300, active_k=32, max_steps=24, checkpoint_every=8, eval_every=1000,
+            rebuild_period=5, rehash_period=9, reinsert="labels")
+  straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+  for workdir, steps in ((straight, 24), (split, 12), (split, 24)):
+    proc = _launch(2, _train_args(workdir, **dict(kw, max_steps=steps)), timeout=300)
+    log, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, log[-4000:]
+  assert "resumed from step 12" in log
+  (step_a, a), (step_b, b) = _final_params(straight, 300), _final_params(split, 300)
+  assert step_a == step_b == 24
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x, y)

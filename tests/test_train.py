@@ -68,7 +68,7 @@ def test_killed_during_saves_keeps_last_good_checkpoint(tmp_path):
       from sparsejax.train import TrainConfig, train_and_evaluate
       train_and_evaluate(TrainConfig(**{dataclasses.asdict(config)!r}), {str(tmp_path)!r})
   """).replace("'hidden_dims': [64]", "'hidden_dims': (64,)")
-  proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  proc = subprocess.Popen([sys.executable, "-P", "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   ckpt = tmp_path / "checkpoints"
   deadline = time.time() + 120
   while time.time() < deadline:
