@@ -3,36 +3,36 @@
 This module provides:
 
 * :func:`propensity_scores` / :func:`inverse_propensity` -- the label
-  propensity model of Jain et al. (2016), as used by the Extreme
-  Classification Repository.
+ propensity model of Jain et al. (2016), as used by the Extreme
+ Classification Repository.
 * :func:`ranking_metrics` -- per-sample P@k, nDCG@k and propensity-scored
-  precision from top-k predictions (vectorised NumPy).
+ precision from top-k predictions (vectorised NumPy).
 * :func:`evaluate_topk` -- dataset-level means as a flat ``dict`` of floats.
 * :func:`ranking_metrics_jax` -- a jittable variant for on-device evaluation.
 * :func:`exact_topk` / :func:`exact_topk_batches` -- exact top-k over all
-  ``N`` outputs of a linear layer, computed in chunks of output rows so the
-  full ``[n, N]`` logit matrix is never materialised.
+ ``N`` outputs of a linear layer, computed in chunks of output rows so the
+ full ``[n, N]`` logit matrix is never materialised.
 
 Conventions (shared by every function here):
 
 * Label sets are padded ``int`` arrays ``labels [n, max_labels]`` where ``-1``
-  (any negative value) is padding. Duplicate ids within a row are counted
-  once, i.e. a row is treated as a *set* of labels.
+ (any negative value) is padding. Duplicate ids within a row are counted
+ once, i.e. a row is treated as a *set* of labels.
 * ``topk_ids [n, k]`` holds predictions sorted by descending score; negative
-  ids are "no prediction" and are never relevant. Ids within a row are
-  assumed to be distinct (as produced by any top-k routine).
+ ids are "no prediction" and are never relevant. Ids within a row are
+ assumed to be distinct (as produced by any top-k routine).
 * Samples with no labels score 0 on every metric and still count in the
-  denominator of every mean (the convention of the XC repository tools,
-  e.g. ``pyxclib.evaluation.xc_metrics``).
+ denominator of every mean (the convention of the XC repository tools,
+ e.g. ``pyxclib.evaluation.xc_metrics``).
 * ``P@k = (1/k) * sum_{i<=k} rel_i`` (always divided by ``k``, not by
-  ``min(k, |y|)``).
+ ``min(k, |y|)``).
 * ``nDCG@k = DCG@k / IDCG@k`` with ``DCG@k = sum_{i<=k} rel_i / log2(i + 1)``
-  and ``IDCG@k = sum_{i<=min(k, |y|)} 1 / log2(i + 1)``.
+ and ``IDCG@k = sum_{i<=min(k, |y|)} 1 / log2(i + 1)``.
 * ``PSP@k``: with inverse propensities ``w_l = 1 / p_l``, the raw score of a
-  sample is ``(1/k) * sum_{i<=k} rel_i * w_{id_i}`` and its ideal score is
-  ``(1/k) * sum`` of its ``min(k, |y|)`` largest ``w_l`` over its true labels.
-  The reported ``psp@k`` is normalised; see :func:`evaluate_topk` for the
-  ``"dataset"`` (XC repository default) and ``"sample"`` normalisations.
+ sample is ``(1/k) * sum_{i<=k} rel_i * w_{id_i}`` and its ideal score is
+ ``(1/k) * sum`` of its ``min(k, |y|)`` largest ``w_l`` over its true labels.
+ The reported ``psp@k`` is normalised; see :func:`evaluate_topk` for the
+ ``"dataset"`` (XC repository default) and ``"sample"`` normalisations.
 """
 
 from __future__ import annotations
@@ -70,25 +70,25 @@ def propensity_scores(
     A: float = 0.55,
     B: float = 1.5,
 ) -> np.ndarray:
-    """Label propensities ``p_l`` of Jain et al. (2016).
+  """Label propensities ``p_l`` of Jain et al. (2016).
 
-    ``p_l = 1 / (1 + C * exp(-A * log(N_l + B)))`` with
-    ``C = (log N - 1) * (B + 1) ** A``, where ``N`` is the number of training
-    samples and ``N_l`` the number of training samples tagged with label
-    ``l``. The XC repository uses ``A=0.55, B=1.5`` for most data sets
-    (``A=0.6, B=2.6`` for Amazon-* and ``A=0.5, B=0.4`` for Wikipedia-*).
+  ``p_l = 1 / (1 + C * exp(-A * log(N_l + B)))`` with
+  ``C = (log N - 1) * (B + 1) ** A``, where ``N`` is the number of training
+  samples and ``N_l`` the number of training samples tagged with label
+  ``l``. The XC repository uses ``A=0.55, B=1.5`` for most data sets
+  (``A=0.6, B=2.6`` for Amazon-* and ``A=0.5, B=0.4`` for Wikipedia-*).
 
-    Args:
-        label_frequencies: ``[L]`` training frequency ``N_l`` of every label.
-        num_samples: ``N``, the number of training samples.
-        A: Propensity model parameter.
-        B: Propensity model parameter.
+  Args:
+    label_frequencies: ``[L]`` training frequency ``N_l`` of every label.
+    num_samples: ``N``, the number of training samples.
+    A: Propensity model parameter.
+    B: Propensity model parameter.
 
-    Returns:
-        ``[L]`` float64 propensities in ``(0, 1]``; the inverse propensity
-        (the PSP weight) is ``1 / p_l``, see :func:`inverse_propensity`.
-    """
-    return 1.0 / inverse_propensity(label_frequencies, num_samples, A, B)
+  Returns:
+    ``[L]`` float64 propensities in ``(0, 1]``; the inverse propensity
+    (the PSP weight) is ``1 / p_l``, see :func:`inverse_propensity`.
+  """
+  return 1.0 / inverse_propensity(label_frequencies, num_samples, A, B)
 
 
 def inverse_propensity(
@@ -97,42 +97,42 @@ def inverse_propensity(
     A: float = 0.55,
     B: float = 1.5,
 ) -> np.ndarray:
-    """Inverse propensities ``1 / p_l = 1 + C * (N_l + B) ** -A``.
+  """Inverse propensities ``1 / p_l = 1 + C * (N_l + B) ** -A``.
 
-    Args:
-        label_frequencies: ``[L]`` training frequency ``N_l`` of every label.
-        num_samples: ``N``, the number of training samples.
-        A: Propensity model parameter.
-        B: Propensity model parameter.
+  Args:
+    label_frequencies: ``[L]`` training frequency ``N_l`` of every label.
+    num_samples: ``N``, the number of training samples.
+    A: Propensity model parameter.
+    B: Propensity model parameter.
 
-    Returns:
-        ``[L]`` float64 inverse propensities (PSP weights).
-    """
-    freqs = np.asarray(label_frequencies, dtype=np.float64)
-    if freqs.ndim != 1:
-        raise ValueError(f"label_frequencies must be 1-D, got shape {freqs.shape}")
-    if num_samples <= 0:
-        raise ValueError(f"num_samples must be positive, got {num_samples}")
-    c = (math.log(num_samples) - 1.0) * (B + 1.0) ** A
-    return 1.0 + c * np.exp(-A * np.log(freqs + B))
+  Returns:
+    ``[L]`` float64 inverse propensities (PSP weights).
+  """
+  freqs = np.asarray(label_frequencies, dtype=np.float64)
+  if freqs.ndim != 1:
+    raise ValueError(f"label_frequencies must be 1-D, got shape {freqs.shape}")
+  if num_samples <= 0:
+    raise ValueError(f"num_samples must be positive, got {num_samples}")
+  c = (math.log(num_samples) - 1.0) * (B + 1.0) ** A
+  return 1.0 + c * np.exp(-A * np.log(freqs + B))
 
 
 def label_frequencies(labels: np.ndarray, num_labels: int) -> np.ndarray:
-    """Per-label sample counts ``N_l`` from padded training labels.
+  """Per-label sample counts ``N_l`` from padded training labels.
 
-    Args:
-        labels: ``[n, max_labels]`` int label ids, ``-1`` padded. Duplicate
-            ids within a row count once.
-        num_labels: ``L``, the size of the label space.
+  Args:
+    labels: ``[n, max_labels]`` int label ids, ``-1`` padded. Duplicate
+      ids within a row count once.
+    num_labels: ``L``, the size of the label space.
 
-    Returns:
-        ``[L]`` int64 counts.
-    """
-    labels = np.asarray(labels)
-    if labels.ndim != 2:
-        raise ValueError(f"labels must be 2-D, got shape {labels.shape}")
-    srt, unique = _row_unique(labels, num_labels)
-    return np.bincount(srt[unique], minlength=num_labels).astype(np.int64)
+  Returns:
+    ``[L]`` int64 counts.
+  """
+  labels = np.asarray(labels)
+  if labels.ndim != 2:
+    raise ValueError(f"labels must be 2-D, got shape {labels.shape}")
+  srt, unique = _row_unique(labels, num_labels)
+  return np.bincount(srt[unique], minlength=num_labels).astype(np.int64)
 
 
 # ---------------------------------------------------------------------------
@@ -141,38 +141,32 @@ def label_frequencies(labels: np.ndarray, num_labels: int) -> np.ndarray:
 
 
 def _row_unique(labels: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row-sorted labels and a mask of their first occurrences (padding excluded).
+  """Row-sorted labels and a mask of their first occurrences (padding excluded).
 
-    Returns ``(sorted_labels [n, m], unique [n, m] bool)``; raises if any label
-    id is ``>= stride``.
-    """
-    srt = np.sort(labels, axis=1)
-    if srt.size and srt[:, -1].max() >= stride:
-        raise ValueError(f"label id {srt[:, -1].max()} out of range (< {stride} required)")
-    unique = srt >= 0
-    unique[:, 1:] &= srt[:, 1:] != srt[:, :-1]
-    return srt, unique
+  Returns ``(sorted_labels [n, m], unique [n, m] bool)``; raises if any label
+  id is ``>= stride``.
+  """
+  srt = np.sort(labels, axis=1)
+  if srt.size and srt[:, -1].max() >= stride:
+    raise ValueError(f"label id {srt[:, -1].max()} out of range (< {stride} required)")
+  unique = srt >= 0
+  unique[:, 1:] &= srt[:, 1:] != srt[:, :-1]
+  return srt, unique
 
 
 def _check_inputs(topk_ids, labels, ks):
-    topk_ids = np.asarray(topk_ids)
-    labels = np.asarray(labels)
-    if topk_ids.ndim != 2 or labels.ndim != 2:
-        raise ValueError(
-            f"topk_ids and labels must be 2-D, got {topk_ids.shape} and {labels.shape}"
-        )
-    if topk_ids.shape[0] != labels.shape[0]:
-        raise ValueError(
-            f"topk_ids has {topk_ids.shape[0]} rows but labels has {labels.shape[0]}"
-        )
-    if not np.issubdtype(topk_ids.dtype, np.integer) or not np.issubdtype(
-        labels.dtype, np.integer
-    ):
-        raise TypeError("topk_ids and labels must be integer arrays")
-    ks = tuple(int(k) for k in ks)
-    if not ks or min(ks) < 1 or max(ks) > topk_ids.shape[1]:
-        raise ValueError(f"ks={ks} must lie in [1, {topk_ids.shape[1]}] (topk_ids width)")
-    return topk_ids, labels, ks
+  topk_ids = np.asarray(topk_ids)
+  labels = np.asarray(labels)
+  if topk_ids.ndim != 2 or labels.ndim != 2:
+    raise ValueError(f"topk_ids and labels must be 2-D, got {topk_ids.shape} and {labels.shape}")
+  if topk_ids.shape[0] != labels.shape[0]:
+    raise ValueError(f"topk_ids has {topk_ids.shape[0]} rows but labels has {labels.shape[0]}")
+  if not np.issubdtype(topk_ids.dtype, np.integer) or not np.issubdtype(labels.dtype, np.integer):
+    raise TypeError("topk_ids and labels must be integer arrays")
+  ks = tuple(int(k) for k in ks)
+  if not ks or min(ks) < 1 or max(ks) > topk_ids.shape[1]:
+    raise ValueError(f"ks={ks} must lie in [1, {topk_ids.shape[1]}] (topk_ids width)")
+  return topk_ids, labels, ks
 
 
 def ranking_metrics(
@@ -181,79 +175,79 @@ def ranking_metrics(
     inv_propensity: np.ndarray | None = None,
     ks: Sequence[int] = DEFAULT_KS,
 ) -> dict[str, np.ndarray]:
-    """Per-sample ranking metrics from top-k predictions (vectorised NumPy).
+  """Per-sample ranking metrics from top-k predictions (vectorised NumPy).
 
-    Args:
-        topk_ids: ``[n, k]`` int predicted label ids sorted by descending
-            score (``k >= max(ks)``); negative ids are never relevant.
-        labels: ``[n, max_labels]`` int true label ids, ``-1`` padded.
-        inv_propensity: optional ``[L]`` inverse propensities ``1 / p_l``
-            (:func:`inverse_propensity`); every label id must be ``< L``.
-        ks: cut-offs to evaluate.
+  Args:
+    topk_ids: ``[n, k]`` int predicted label ids sorted by descending
+      score (``k >= max(ks)``); negative ids are never relevant.
+    labels: ``[n, max_labels]`` int true label ids, ``-1`` padded.
+    inv_propensity: optional ``[L]`` inverse propensities ``1 / p_l``
+      (:func:`inverse_propensity`); every label id must be ``< L``.
+    ks: cut-offs to evaluate.
 
-    Returns:
-        Dict of ``[n]`` float64 arrays with keys ``"p@k"`` and ``"ndcg@k"``
-        for every ``k`` in ``ks``, plus, when ``inv_propensity`` is given,
-        ``"psp_raw@k"`` (un-normalised propensity-scored precision) and
-        ``"psp_ideal@k"`` (its best achievable value for that sample's label
-        set). Samples without labels get 0 everywhere.
-    """
-    topk_ids, labels, ks = _check_inputs(topk_ids, labels, ks)
-    n = topk_ids.shape[0]
-    kmax = max(ks)
-    preds = topk_ids[:, :kmax].astype(np.int64)
+  Returns:
+    Dict of ``[n]`` float64 arrays with keys ``"p@k"`` and ``"ndcg@k"``
+    for every ``k`` in ``ks``, plus, when ``inv_propensity`` is given,
+    ``"psp_raw@k"`` (un-normalised propensity-scored precision) and
+    ``"psp_ideal@k"`` (its best achievable value for that sample's label
+    set). Samples without labels get 0 everywhere.
+  """
+  topk_ids, labels, ks = _check_inputs(topk_ids, labels, ks)
+  n = topk_ids.shape[0]
+  kmax = max(ks)
+  preds = topk_ids[:, :kmax].astype(np.int64)
 
-    if inv_propensity is not None:
-        weights = np.asarray(inv_propensity, dtype=np.float64)
-        if weights.ndim != 1:
-            raise ValueError("inv_propensity must be 1-D")
-        stride = weights.shape[0]
-    else:
-        weights = None
-        stride = int(max(labels.max(initial=-1), preds.max(initial=-1))) + 1
-    stride = max(stride, 1)
+  if inv_propensity is not None:
+    weights = np.asarray(inv_propensity, dtype=np.float64)
+    if weights.ndim != 1:
+      raise ValueError("inv_propensity must be 1-D")
+    stride = weights.shape[0]
+  else:
+    weights = None
+    stride = int(max(labels.max(initial=-1), preds.max(initial=-1))) + 1
+  stride = max(stride, 1)
 
-    # Relevance via one globally sorted key array, key = row * stride + label:
-    # rows ascend and labels ascend within a row, so no global sort is needed.
-    srt, unique = _row_unique(labels, stride)
-    num_true = unique.sum(axis=1)
-    keys = (np.arange(n, dtype=np.int64)[:, None] * stride + srt)[unique]
-    pred_ok = (preds >= 0) & (preds < stride)
-    pred_keys = np.arange(n, dtype=np.int64)[:, None] * stride + np.where(pred_ok, preds, 0)
-    if keys.size:
-        pos = np.minimum(np.searchsorted(keys, pred_keys), keys.size - 1)
-        rel = pred_ok & (keys[pos] == pred_keys)
-    else:
-        rel = np.zeros_like(pred_ok)
-    rel_f = rel.astype(np.float64)
+  # Relevance via one globally sorted key array, key = row * stride + label:
+  # rows ascend and labels ascend within a row, so no global sort is needed.
+  srt, unique = _row_unique(labels, stride)
+  num_true = unique.sum(axis=1)
+  keys = (np.arange(n, dtype=np.int64)[:, None] * stride + srt)[unique]
+  pred_ok = (preds >= 0) & (preds < stride)
+  pred_keys = np.arange(n, dtype=np.int64)[:, None] * stride + np.where(pred_ok, preds, 0)
+  if keys.size:
+    pos = np.minimum(np.searchsorted(keys, pred_keys), keys.size - 1)
+    rel = pred_ok & (keys[pos] == pred_keys)
+  else:
+    rel = np.zeros_like(pred_ok)
+  rel_f = rel.astype(np.float64)
 
-    ranks = np.arange(1, kmax + 1, dtype=np.float64)
-    discount = 1.0 / np.log2(ranks + 1.0)
-    hits = np.cumsum(rel_f, axis=1)
-    dcg = np.cumsum(rel_f * discount, axis=1)
-    idcg_table = np.concatenate([[0.0], np.cumsum(discount)])  # idcg_table[j] for j relevant
+  ranks = np.arange(1, kmax + 1, dtype=np.float64)
+  discount = 1.0 / np.log2(ranks + 1.0)
+  hits = np.cumsum(rel_f, axis=1)
+  dcg = np.cumsum(rel_f * discount, axis=1)
+  idcg_table = np.concatenate([[0.0], np.cumsum(discount)])  # idcg_table[j] for j relevant
 
-    out: dict[str, np.ndarray] = {}
+  out: dict[str, np.ndarray] = {}
+  for k in ks:
+    out[f"p@{k}"] = hits[:, k - 1] / k
+  for k in ks:
+    idcg = idcg_table[np.minimum(num_true, k)]
+    out[f"ndcg@{k}"] = np.divide(dcg[:, k - 1], idcg, out=np.zeros(n), where=idcg > 0)
+
+  if weights is not None:
+    gained = np.cumsum(rel_f * weights[np.where(pred_ok, preds, 0)], axis=1)
+    # Best achievable: each sample's kmax largest weights among its labels.
+    label_w = np.where(unique, weights[np.maximum(srt, 0)], 0.0)
+    if label_w.shape[1] > kmax:
+      label_w = -np.partition(-label_w, kmax - 1, axis=1)[:, :kmax]
+    elif label_w.shape[1] < kmax:
+      label_w = np.pad(label_w, ((0, 0), (0, kmax - label_w.shape[1])))
+    ideal = np.cumsum(-np.sort(-label_w, axis=1), axis=1)
     for k in ks:
-        out[f"p@{k}"] = hits[:, k - 1] / k
+      out[f"psp_raw@{k}"] = gained[:, k - 1] / k
     for k in ks:
-        idcg = idcg_table[np.minimum(num_true, k)]
-        out[f"ndcg@{k}"] = np.divide(dcg[:, k - 1], idcg, out=np.zeros(n), where=idcg > 0)
-
-    if weights is not None:
-        gained = np.cumsum(rel_f * weights[np.where(pred_ok, preds, 0)], axis=1)
-        # Best achievable: each sample's kmax largest weights among its labels.
-        label_w = np.where(unique, weights[np.maximum(srt, 0)], 0.0)
-        if label_w.shape[1] > kmax:
-            label_w = -np.partition(-label_w, kmax - 1, axis=1)[:, :kmax]
-        elif label_w.shape[1] < kmax:
-            label_w = np.pad(label_w, ((0, 0), (0, kmax - label_w.shape[1])))
-        ideal = np.cumsum(-np.sort(-label_w, axis=1), axis=1)
-        for k in ks:
-            out[f"psp_raw@{k}"] = gained[:, k - 1] / k
-        for k in ks:
-            out[f"psp_ideal@{k}"] = ideal[:, k - 1] / k
-    return out
+      out[f"psp_ideal@{k}"] = ideal[:, k - 1] / k
+  return out
 
 
 def evaluate_topk(
@@ -264,64 +258,64 @@ def evaluate_topk(
     *,
     psp_normalization: str = "dataset",
 ) -> dict[str, float]:
-    """Dataset-level P@k, nDCG@k and (optionally) PSP@k.
+  """Dataset-level P@k, nDCG@k and (optionally) PSP@k.
 
-    ``p@k`` and ``ndcg@k`` are means over all ``n`` samples (samples without
-    labels count as 0).
+  ``p@k`` and ``ndcg@k`` are means over all ``n`` samples (samples without
+  labels count as 0).
 
-    ``psp@k`` normalisation (``psp_normalization``):
+  ``psp@k`` normalisation (``psp_normalization``):
 
-    * ``"dataset"`` (default, the XC repository tools / ``pyxclib``
-      convention): ``mean_i(psp_raw_i) / mean_i(psp_ideal_i)``, i.e. the
-      propensity-scored precision divided by that of a perfect predictor.
-    * ``"sample"``: ``mean_i(psp_raw_i / psp_ideal_i)``, each sample
-      normalised by its own best achievable score (0 for samples without
-      labels, which still count in the mean).
-    * ``"none"``: ``mean_i(psp_raw_i)``, the un-normalised Jain et al. PSP.
+  * ``"dataset"`` (default, the XC repository tools / ``pyxclib``
+   convention): ``mean_i(psp_raw_i) / mean_i(psp_ideal_i)``, i.e. the
+   propensity-scored precision divided by that of a perfect predictor.
+  * ``"sample"``: ``mean_i(psp_raw_i / psp_ideal_i)``, each sample
+   normalised by its own best achievable score (0 for samples without
+   labels, which still count in the mean).
+  * ``"none"``: ``mean_i(psp_raw_i)``, the un-normalised Jain et al. PSP.
 
-    A perfect predictor scores 1.0 under ``"dataset"`` and ``"sample"``. The
-    two differ when per-sample ideal scores vary: ``"dataset"`` weights each
-    sample by its ideal score, ``"sample"`` weights samples equally.
+  A perfect predictor scores 1.0 under ``"dataset"`` and ``"sample"``. The
+  two differ when per-sample ideal scores vary: ``"dataset"`` weights each
+  sample by its ideal score, ``"sample"`` weights samples equally.
 
-    Args:
-        topk_ids: ``[n, k]`` int predictions sorted by descending score.
-        labels: ``[n, max_labels]`` int true labels, ``-1`` padded.
-        propensity: optional ``[L]`` propensities ``p_l`` as returned by
-            :func:`propensity_scores` (the weights used are ``1 / p_l``).
-        ks: cut-offs to evaluate (each ``<= k``).
-        psp_normalization: ``"dataset"``, ``"sample"`` or ``"none"``.
+  Args:
+    topk_ids: ``[n, k]`` int predictions sorted by descending score.
+    labels: ``[n, max_labels]`` int true labels, ``-1`` padded.
+    propensity: optional ``[L]`` propensities ``p_l`` as returned by
+      :func:`propensity_scores` (the weights used are ``1 / p_l``).
+    ks: cut-offs to evaluate (each ``<= k``).
+    psp_normalization: ``"dataset"``, ``"sample"`` or ``"none"``.
 
-    Returns:
-        ``{"p@1": ..., "p@3": ..., "p@5": ..., "ndcg@1": ..., ...}`` and, when
-        ``propensity`` is given, ``"psp@1"``, ``"psp@3"``, ``"psp@5"``; values
-        are Python floats.
-    """
-    if psp_normalization not in ("dataset", "sample", "none"):
-        raise ValueError(f"unknown psp_normalization {psp_normalization!r}")
-    inv = None
-    if propensity is not None:
-        p = np.asarray(propensity, dtype=np.float64)
-        if np.any(p <= 0):
-            raise ValueError("propensities must be positive")
-        inv = 1.0 / p
-    per_sample = ranking_metrics(topk_ids, labels, inv, ks)
-    if np.asarray(topk_ids).shape[0] == 0:
-        raise ValueError("cannot evaluate an empty set of samples")
-    ks = tuple(int(k) for k in ks)
-    out = {f"p@{k}": float(per_sample[f"p@{k}"].mean()) for k in ks}
-    out.update({f"ndcg@{k}": float(per_sample[f"ndcg@{k}"].mean()) for k in ks})
-    if inv is not None:
-        for k in ks:
-            raw, ideal = per_sample[f"psp_raw@{k}"], per_sample[f"psp_ideal@{k}"]
-            if psp_normalization == "dataset":
-                denom = ideal.mean()
-                value = raw.mean() / denom if denom > 0 else 0.0
-            elif psp_normalization == "sample":
-                value = np.divide(raw, ideal, out=np.zeros_like(raw), where=ideal > 0).mean()
-            else:
-                value = raw.mean()
-            out[f"psp@{k}"] = float(value)
-    return out
+  Returns:
+    ``{"p@1": ..., "p@3": ..., "p@5": ..., "ndcg@1": ..., ...}`` and, when
+    ``propensity`` is given, ``"psp@1"``, ``"psp@3"``, ``"psp@5"``; values
+    are Python floats.
+  """
+  if psp_normalization not in ("dataset", "sample", "none"):
+    raise ValueError(f"unknown psp_normalization {psp_normalization!r}")
+  inv = None
+  if propensity is not None:
+    p = np.asarray(propensity, dtype=np.float64)
+    if np.any(p <= 0):
+      raise ValueError("propensities must be positive")
+    inv = 1.0 / p
+  per_sample = ranking_metrics(topk_ids, labels, inv, ks)
+  if np.asarray(topk_ids).shape[0] == 0:
+    raise ValueError("cannot evaluate an empty set of samples")
+  ks = tuple(int(k) for k in ks)
+  out = {f"p@{k}": float(per_sample[f"p@{k}"].mean()) for k in ks}
+  out.update({f"ndcg@{k}": float(per_sample[f"ndcg@{k}"].mean()) for k in ks})
+  if inv is not None:
+    for k in ks:
+      raw, ideal = per_sample[f"psp_raw@{k}"], per_sample[f"psp_ideal@{k}"]
+      if psp_normalization == "dataset":
+        denom = ideal.mean()
+        value = raw.mean() / denom if denom > 0 else 0.0
+      elif psp_normalization == "sample":
+        value = np.divide(raw, ideal, out=np.zeros_like(raw), where=ideal > 0).mean()
+      else:
+        value = raw.mean()
+      out[f"psp@{k}"] = float(value)
+  return out
 
 
 # ---------------------------------------------------------------------------
@@ -336,59 +330,59 @@ def ranking_metrics_jax(
     inv_propensity: jax.Array | None = None,
     ks: tuple[int, ...] = DEFAULT_KS,
 ) -> dict[str, jax.Array]:
-    """Jittable per-sample metrics; same definitions as :func:`ranking_metrics`.
+  """Jittable per-sample metrics; same definitions as :func:`ranking_metrics`.
 
-    Uses an ``[n, k, max_labels]`` comparison, so it is meant for batches
-    (e.g. inside an evaluation step), not for millions of rows at once.
+  Uses an ``[n, k, max_labels]`` comparison, so it is meant for batches
+  (e.g. inside an evaluation step), not for millions of rows at once.
 
-    Args:
-        topk_ids: ``[n, k]`` int predicted ids sorted by descending score.
-        labels: ``[n, max_labels]`` int true labels, ``-1`` padded.
-        inv_propensity: optional ``[L]`` inverse propensities. Out-of-range
-            ids are clamped (JAX semantics), so ensure ids are ``< L``.
-        ks: static tuple of cut-offs, each ``<= k``.
+  Args:
+    topk_ids: ``[n, k]`` int predicted ids sorted by descending score.
+    labels: ``[n, max_labels]`` int true labels, ``-1`` padded.
+    inv_propensity: optional ``[L]`` inverse propensities. Out-of-range
+      ids are clamped (JAX semantics), so ensure ids are ``< L``.
+    ks: static tuple of cut-offs, each ``<= k``.
 
-    Returns:
-        Dict of ``[n]`` float32 arrays: ``"p@k"``, ``"ndcg@k"`` and, with
-        ``inv_propensity``, ``"psp_raw@k"`` and ``"psp_ideal@k"``.
-    """
-    kmax = max(ks)
-    if kmax > topk_ids.shape[1]:
-        raise ValueError(f"max(ks)={kmax} exceeds topk width {topk_ids.shape[1]}")
-    preds = topk_ids[:, :kmax]
-    m = labels.shape[1]
-    valid = labels >= 0
-    # A label is counted once: drop entries equal to an earlier entry in the row.
-    earlier = jnp.tril(jnp.ones((m, m), dtype=bool), k=-1)  # [i, j]: j < i
-    dup = jnp.any((labels[:, :, None] == labels[:, None, :]) & earlier & valid[:, None, :], axis=2)
-    uniq = valid & ~dup
-    num_true = uniq.sum(axis=1)
-    rel = jnp.any((preds[:, :, None] == labels[:, None, :]) & uniq[:, None, :], axis=2)
-    rel = (rel & (preds >= 0)).astype(jnp.float32)
+  Returns:
+    Dict of ``[n]`` float32 arrays: ``"p@k"``, ``"ndcg@k"`` and, with
+    ``inv_propensity``, ``"psp_raw@k"`` and ``"psp_ideal@k"``.
+  """
+  kmax = max(ks)
+  if kmax > topk_ids.shape[1]:
+    raise ValueError(f"max(ks)={kmax} exceeds topk width {topk_ids.shape[1]}")
+  preds = topk_ids[:, :kmax]
+  m = labels.shape[1]
+  valid = labels >= 0
+  # A label is counted once: drop entries equal to an earlier entry in the row.
+  earlier = jnp.tril(jnp.ones((m, m), dtype=bool), k=-1)  # [i, j]: j < i
+  dup = jnp.any((labels[:, :, None] == labels[:, None, :]) & earlier & valid[:, None, :], axis=2)
+  uniq = valid & ~dup
+  num_true = uniq.sum(axis=1)
+  rel = jnp.any((preds[:, :, None] == labels[:, None, :]) & uniq[:, None, :], axis=2)
+  rel = (rel & (preds >= 0)).astype(jnp.float32)
 
-    ranks = jnp.arange(1, kmax + 1, dtype=jnp.float32)
-    discount = 1.0 / jnp.log2(ranks + 1.0)
-    hits = jnp.cumsum(rel, axis=1)
-    dcg = jnp.cumsum(rel * discount, axis=1)
-    idcg_table = jnp.concatenate([jnp.zeros(1), jnp.cumsum(discount)])
-    out = {}
+  ranks = jnp.arange(1, kmax + 1, dtype=jnp.float32)
+  discount = 1.0 / jnp.log2(ranks + 1.0)
+  hits = jnp.cumsum(rel, axis=1)
+  dcg = jnp.cumsum(rel * discount, axis=1)
+  idcg_table = jnp.concatenate([jnp.zeros(1), jnp.cumsum(discount)])
+  out = {}
+  for k in ks:
+    out[f"p@{k}"] = hits[:, k - 1] / k
+  for k in ks:
+    idcg = idcg_table[jnp.minimum(num_true, k)]
+    out[f"ndcg@{k}"] = jnp.where(idcg > 0, dcg[:, k - 1] / jnp.where(idcg > 0, idcg, 1.0), 0.0)
+  if inv_propensity is not None:
+    w = inv_propensity.astype(jnp.float32)
+    gained = jnp.cumsum(rel * w[jnp.maximum(preds, 0)], axis=1)
+    label_w = jnp.where(uniq, w[jnp.maximum(labels, 0)], 0.0)
+    if m < kmax:
+      label_w = jnp.pad(label_w, ((0, 0), (0, kmax - m)))
+    ideal = jnp.cumsum(jax.lax.top_k(label_w, kmax)[0], axis=1)
     for k in ks:
-        out[f"p@{k}"] = hits[:, k - 1] / k
+      out[f"psp_raw@{k}"] = gained[:, k - 1] / k
     for k in ks:
-        idcg = idcg_table[jnp.minimum(num_true, k)]
-        out[f"ndcg@{k}"] = jnp.where(idcg > 0, dcg[:, k - 1] / jnp.where(idcg > 0, idcg, 1.0), 0.0)
-    if inv_propensity is not None:
-        w = inv_propensity.astype(jnp.float32)
-        gained = jnp.cumsum(rel * w[jnp.maximum(preds, 0)], axis=1)
-        label_w = jnp.where(uniq, w[jnp.maximum(labels, 0)], 0.0)
-        if m < kmax:
-            label_w = jnp.pad(label_w, ((0, 0), (0, kmax - m)))
-        ideal = jnp.cumsum(jax.lax.top_k(label_w, kmax)[0], axis=1)
-        for k in ks:
-            out[f"psp_raw@{k}"] = gained[:, k - 1] / k
-        for k in ks:
-            out[f"psp_ideal@{k}"] = ideal[:, k - 1] / k
-    return out
+      out[f"psp_ideal@{k}"] = ideal[:, k - 1] / k
+  return out
 
 
 # ---------------------------------------------------------------------------
@@ -398,52 +392,52 @@ def ranking_metrics_jax(
 
 @partial(jax.jit, static_argnames=("k", "chunk", "precision"))
 def _exact_topk_jit(h, weight, bias, k, chunk, precision):
-    num_out = weight.shape[0]
-    num_chunks = -(-num_out // chunk)
-    neg_inf = jnp.array(-jnp.inf, dtype=jnp.result_type(h.dtype, weight.dtype))
+  num_out = weight.shape[0]
+  num_chunks = -(-num_out // chunk)
+  neg_inf = jnp.array(-jnp.inf, dtype=jnp.result_type(h.dtype, weight.dtype))
 
-    def chunk_topk(c):
-        # The last chunk is shifted back to stay in bounds; rows it re-reads
-        # (ids < c * chunk) were already seen and are masked out.
-        start = jnp.minimum(c * chunk, num_out - chunk)
-        w = jax.lax.dynamic_slice_in_dim(weight, start, chunk, axis=0)
-        logits = jnp.dot(h, w.T, precision=precision)
-        if bias is not None:
-            logits = logits + jax.lax.dynamic_slice_in_dim(bias, start, chunk)[None, :]
-        ids = start + jnp.arange(chunk, dtype=jnp.int32)
-        logits = jnp.where(ids[None, :] >= c * chunk, logits, neg_inf)
-        scores, idx = jax.lax.top_k(logits, k)  # ties: lower index (= lower id) first
-        return scores, (start + idx).astype(jnp.int32)
+  def chunk_topk(c):
+    # The last chunk is shifted back to stay in bounds; rows it re-reads
+    # (ids < c * chunk) were already seen and are masked out.
+    start = jnp.minimum(c * chunk, num_out - chunk)
+    w = jax.lax.dynamic_slice_in_dim(weight, start, chunk, axis=0)
+    logits = jnp.dot(h, w.T, precision=precision)
+    if bias is not None:
+      logits = logits + jax.lax.dynamic_slice_in_dim(bias, start, chunk)[None, :]
+    ids = start + jnp.arange(chunk, dtype=jnp.int32)
+    logits = jnp.where(ids[None, :] >= c * chunk, logits, neg_inf)
+    scores, idx = jax.lax.top_k(logits, k)  # ties: lower index (= lower id) first
+    return scores, (start + idx).astype(jnp.int32)
 
-    def body(c, carry):
-        best_s, best_i = carry
-        s, i = chunk_topk(c)
-        # Running ids are all < this chunk's ids and come first, so the stable
-        # top_k keeps "lower id wins" on ties across chunks too.
-        merged_s = jnp.concatenate([best_s, s], axis=1)
-        merged_i = jnp.concatenate([best_i, i], axis=1)
-        top_s, pos = jax.lax.top_k(merged_s, k)
-        return top_s, jnp.take_along_axis(merged_i, pos, axis=1)
+  def body(c, carry):
+    best_s, best_i = carry
+    s, i = chunk_topk(c)
+    # Running ids are all < this chunk's ids and come first, so the stable
+    # top_k keeps "lower id wins" on ties across chunks too.
+    merged_s = jnp.concatenate([best_s, s], axis=1)
+    merged_i = jnp.concatenate([best_i, i], axis=1)
+    top_s, pos = jax.lax.top_k(merged_s, k)
+    return top_s, jnp.take_along_axis(merged_i, pos, axis=1)
 
-    init = chunk_topk(0)
-    return jax.lax.fori_loop(1, num_chunks, body, init)
+  init = chunk_topk(0)
+  return jax.lax.fori_loop(1, num_chunks, body, init)
 
 
 def _prepare_topk_args(weight, bias, k, row_chunk):
-    weight = jnp.asarray(weight)
-    if weight.ndim != 2:
-        raise ValueError(f"weight must be [N, d], got shape {weight.shape}")
-    num_out = weight.shape[0]
-    if bias is not None:
-        bias = jnp.asarray(bias)
-        if bias.shape != (num_out,):
-            raise ValueError(f"bias must have shape ({num_out},), got {bias.shape}")
-    if not 1 <= k <= num_out:
-        raise ValueError(f"k={k} must lie in [1, N={num_out}]")
-    if row_chunk < 1:
-        raise ValueError("row_chunk must be positive")
-    chunk = min(max(int(row_chunk), int(k)), num_out)
-    return weight, bias, chunk
+  weight = jnp.asarray(weight)
+  if weight.ndim != 2:
+    raise ValueError(f"weight must be [N, d], got shape {weight.shape}")
+  num_out = weight.shape[0]
+  if bias is not None:
+    bias = jnp.asarray(bias)
+    if bias.shape != (num_out,):
+      raise ValueError(f"bias must have shape ({num_out},), got {bias.shape}")
+  if not 1 <= k <= num_out:
+    raise ValueError(f"k={k} must lie in [1, N={num_out}]")
+  if row_chunk < 1:
+    raise ValueError("row_chunk must be positive")
+  chunk = min(max(int(row_chunk), int(k)), num_out)
+  return weight, bias, chunk
 
 
 def exact_topk_batches(
@@ -455,31 +449,31 @@ def exact_topk_batches(
     row_chunk: int = 65536,
     precision: jax.lax.Precision | str | None = "highest",
 ) -> Iterator[tuple[jax.Array, jax.Array]]:
-    """Exact top-k of ``h @ weight.T + bias`` for a stream of sample batches.
+  """Exact top-k of ``h @ weight.T + bias`` for a stream of sample batches.
 
-    Each batch is processed by one jitted call (batches of equal shape share a
-    compilation; pad the last batch yourself to avoid a recompile, or use
-    :func:`exact_topk` with ``sample_chunk``).
+  Each batch is processed by one jitted call (batches of equal shape share a
+  compilation; pad the last batch yourself to avoid a recompile, or use
+  :func:`exact_topk` with ``sample_chunk``).
 
-    Args:
-        h_batches: iterable of ``[b, d]`` hidden representations.
-        weight: ``[N, d]`` output-layer weights.
-        bias: ``[N]`` output-layer bias, or ``None``.
-        k: number of outputs to keep per sample (``1 <= k <= N``).
-        row_chunk: output rows scored per step; peak memory is
-            ``O(b * row_chunk + b * k)`` besides the weights.
-        precision: ``jnp.dot`` precision. The default ``"highest"`` gives
-            true float32 products; ``None`` (backend default) lets recent GPUs
-            use TF32, which is faster (~25% end to end on an H100) but can
-            reorder near-tied outputs (~0.3% of top-5 ids differed in a
-            670K-output test).
+  Args:
+    h_batches: iterable of ``[b, d]`` hidden representations.
+    weight: ``[N, d]`` output-layer weights.
+    bias: ``[N]`` output-layer bias, or ``None``.
+    k: number of outputs to keep per sample (``1 <= k <= N``).
+    row_chunk: output rows scored per step; peak memory is
+      ``O(b * row_chunk + b * k)`` besides the weights.
+    precision: ``jnp.dot`` precision. The default ``"highest"`` gives
+      true float32 products; ``None`` (backend default) lets recent GPUs
+      use TF32, which is faster (~25% end to end on an H100) but can
+      reorder near-tied outputs (~0.3% of top-5 ids differed in a
+      670K-output test).
 
-    Yields:
-        ``(scores [b, k], ids [b, k] int32)`` per batch, scores descending.
-    """
-    weight, bias, chunk = _prepare_topk_args(weight, bias, k, row_chunk)
-    for h in h_batches:
-        yield _exact_topk_jit(jnp.asarray(h), weight, bias, int(k), chunk, precision)
+  Yields:
+    ``(scores [b, k], ids [b, k] int32)`` per batch, scores descending.
+  """
+  weight, bias, chunk = _prepare_topk_args(weight, bias, k, row_chunk)
+  for h in h_batches:
+    yield _exact_topk_jit(jnp.asarray(h), weight, bias, int(k), chunk, precision)
 
 
 def exact_topk(
@@ -492,44 +486,44 @@ def exact_topk(
     sample_chunk: int | None = None,
     precision: jax.lax.Precision | str | None = "highest",
 ) -> tuple[jax.Array, jax.Array]:
-    """Exact top-k of ``logits = h @ weight.T + bias`` without materialising ``[n, N]``.
+  """Exact top-k of ``logits = h @ weight.T + bias`` without materialising ``[n, N]``.
 
-    Output rows are scored ``row_chunk`` at a time inside a jitted
-    ``fori_loop`` and merged into a running top-k with ``jax.lax.top_k``.
-    Ties are broken deterministically: the lower output id wins (and comes
-    first). NaN logits are not supported.
+  Output rows are scored ``row_chunk`` at a time inside a jitted
+  ``fori_loop`` and merged into a running top-k with ``jax.lax.top_k``.
+  Ties are broken deterministically: the lower output id wins (and comes
+  first). NaN logits are not supported.
 
-    Args:
-        h: ``[n, d]`` hidden representations (NumPy or JAX).
-        weight: ``[N, d]`` output-layer weights.
-        bias: ``[N]`` output-layer bias, or ``None``.
-        k: number of outputs to keep per sample (``1 <= k <= N``).
-        row_chunk: output rows scored per step (raised to ``k`` if smaller,
-            capped at ``N``). ``N`` need not be divisible by it.
-        sample_chunk: if given, samples are processed in batches of this size
-            (the last batch is padded, so there is a single compilation);
-            memory is then ``O(sample_chunk * row_chunk)`` regardless of ``n``.
-        precision: ``jnp.dot`` precision, see :func:`exact_topk_batches`.
+  Args:
+    h: ``[n, d]`` hidden representations (NumPy or JAX).
+    weight: ``[N, d]`` output-layer weights.
+    bias: ``[N]`` output-layer bias, or ``None``.
+    k: number of outputs to keep per sample (``1 <= k <= N``).
+    row_chunk: output rows scored per step (raised to ``k`` if smaller,
+      capped at ``N``). ``N`` need not be divisible by it.
+    sample_chunk: if given, samples are processed in batches of this size
+      (the last batch is padded, so there is a single compilation);
+      memory is then ``O(sample_chunk * row_chunk)`` regardless of ``n``.
+    precision: ``jnp.dot`` precision, see :func:`exact_topk_batches`.
 
-    Returns:
-        ``(scores [n, k], ids [n, k] int32)`` with scores in descending order.
-    """
-    weight, bias, chunk = _prepare_topk_args(weight, bias, k, row_chunk)
-    if h.ndim != 2 or h.shape[1] != weight.shape[1]:
-        raise ValueError(f"h must be [n, {weight.shape[1]}], got shape {h.shape}")
-    n = h.shape[0]
-    if sample_chunk is None or sample_chunk >= n:
-        return _exact_topk_jit(jnp.asarray(h), weight, bias, int(k), chunk, precision)
-    if sample_chunk < 1:
-        raise ValueError("sample_chunk must be positive")
-    scores, ids = [], []
-    for start in range(0, n, sample_chunk):
-        hb = h[start : start + sample_chunk]
-        rows = hb.shape[0]
-        if rows < sample_chunk:
-            pad = [(0, sample_chunk - rows), (0, 0)]
-            hb = jnp.pad(jnp.asarray(hb), pad) if isinstance(hb, jax.Array) else np.pad(hb, pad)
-        s, i = _exact_topk_jit(jnp.asarray(hb), weight, bias, int(k), chunk, precision)
-        scores.append(s[:rows])
-        ids.append(i[:rows])
-    return jnp.concatenate(scores, axis=0), jnp.concatenate(ids, axis=0)
+  Returns:
+    ``(scores [n, k], ids [n, k] int32)`` with scores in descending order.
+  """
+  weight, bias, chunk = _prepare_topk_args(weight, bias, k, row_chunk)
+  if h.ndim != 2 or h.shape[1] != weight.shape[1]:
+    raise ValueError(f"h must be [n, {weight.shape[1]}], got shape {h.shape}")
+  n = h.shape[0]
+  if sample_chunk is None or sample_chunk >= n:
+    return _exact_topk_jit(jnp.asarray(h), weight, bias, int(k), chunk, precision)
+  if sample_chunk < 1:
+    raise ValueError("sample_chunk must be positive")
+  scores, ids = [], []
+  for start in range(0, n, sample_chunk):
+    hb = h[start : start + sample_chunk]
+    rows = hb.shape[0]
+    if rows < sample_chunk:
+      pad = [(0, sample_chunk - rows), (0, 0)]
+      hb = jnp.pad(jnp.asarray(hb), pad) if isinstance(hb, jax.Array) else np.pad(hb, pad)
+    s, i = _exact_topk_jit(jnp.asarray(hb), weight, bias, int(k), chunk, precision)
+    scores.append(s[:rows])
+    ids.append(i[:rows])
+  return jnp.concatenate(scores, axis=0), jnp.concatenate(ids, axis=0)

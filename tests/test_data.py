@@ -24,166 +24,170 @@ from sparsejax.data import xc_format
 
 
 def _random_dataset(rng, n=40, num_features=30, num_labels=12, max_nnz=15, max_labels=4):
-    """Small dataset with empty rows, label-less rows and unsorted ids."""
-    feat_counts = rng.integers(0, max_nnz + 1, n)
-    label_counts = rng.integers(0, max_labels + 1, n)
-    feat_counts[:3] = [0, 5, 0]
-    label_counts[:3] = [2, 0, 0]
-    indices = np.concatenate([rng.choice(num_features, c, replace=False) for c in feat_counts])
-    values = rng.standard_normal(len(indices)).astype(np.float32)
-    values[::7] = np.round(values[::7], 1)  # some ties in |value|
-    label_indices = np.concatenate(
-        [rng.choice(num_labels, c, replace=False) for c in label_counts]
-    )
-    return XCDataset(
-        np.concatenate([[0], np.cumsum(feat_counts)]), indices, values,
-        np.concatenate([[0], np.cumsum(label_counts)]), label_indices,
-        num_features, num_labels,
-    )
+  """Small dataset with empty rows, label-less rows and unsorted ids."""
+  feat_counts = rng.integers(0, max_nnz + 1, n)
+  label_counts = rng.integers(0, max_labels + 1, n)
+  feat_counts[:3] = [0, 5, 0]
+  label_counts[:3] = [2, 0, 0]
+  indices = np.concatenate([rng.choice(num_features, c, replace=False) for c in feat_counts])
+  values = rng.standard_normal(len(indices)).astype(np.float32)
+  values[::7] = np.round(values[::7], 1)  # some ties in |value|
+  label_indices = np.concatenate([rng.choice(num_labels, c, replace=False) for c in label_counts])
+  return XCDataset(
+      np.concatenate([[0], np.cumsum(feat_counts)]),
+      indices,
+      values,
+      np.concatenate([[0], np.cumsum(label_counts)]),
+      label_indices,
+      num_features,
+      num_labels,
+  )
 
 
 def _assert_same(a: XCDataset, b: XCDataset) -> None:
-    assert (a.num_features, a.num_labels) == (b.num_features, b.num_labels)
-    for field in ("indptr", "indices", "values", "label_indptr", "label_indices"):
-        x, y = getattr(a, field), getattr(b, field)
-        assert x.dtype == y.dtype, field
-        np.testing.assert_array_equal(x, y, err_msg=field)
+  assert (a.num_features, a.num_labels) == (b.num_features, b.num_labels)
+  for field in ("indptr", "indices", "values", "label_indptr", "label_indices"):
+    x, y = getattr(a, field), getattr(b, field)
+    assert x.dtype == y.dtype, field
+    np.testing.assert_array_equal(x, y, err_msg=field)
 
 
 def _rows(ds: XCDataset, i: int):
-    f = slice(ds.indptr[i], ds.indptr[i + 1])
-    lab = slice(ds.label_indptr[i], ds.label_indptr[i + 1])
-    return ds.indices[f], ds.values[f], ds.label_indices[lab]
+  f = slice(ds.indptr[i], ds.indptr[i + 1])
+  lab = slice(ds.label_indptr[i], ds.label_indptr[i + 1])
+  return ds.indices[f], ds.values[f], ds.label_indices[lab]
 
 
 # --------------------------------------------------------------------------- container
 def test_dataset_validates_and_coerces():
-    ds = XCDataset([0, 2], [1, 3], [0.5, 1.0], [0, 1], [2], 4, 3)
-    assert ds.indices.dtype == np.int32 and ds.values.dtype == np.float32
-    assert ds.indptr.dtype == np.int64 and len(ds) == 1
-    with pytest.raises(ValueError, match="indices out of range"):
-        XCDataset([0, 2], [1, 4], [0.5, 1.0], [0, 1], [2], 4, 3)
-    with pytest.raises(ValueError, match="label_indices out of range"):
-        XCDataset([0, 2], [1, 3], [0.5, 1.0], [0, 1], [-1], 4, 3)
-    with pytest.raises(ValueError, match="len"):
-        XCDataset([0, 3], [1, 3], [0.5, 1.0], [0, 1], [2], 4, 3)
+  ds = XCDataset([0, 2], [1, 3], [0.5, 1.0], [0, 1], [2], 4, 3)
+  assert ds.indices.dtype == np.int32 and ds.values.dtype == np.float32
+  assert ds.indptr.dtype == np.int64 and len(ds) == 1
+  with pytest.raises(ValueError, match="indices out of range"):
+    XCDataset([0, 2], [1, 4], [0.5, 1.0], [0, 1], [2], 4, 3)
+  with pytest.raises(ValueError, match="label_indices out of range"):
+    XCDataset([0, 2], [1, 3], [0.5, 1.0], [0, 1], [-1], 4, 3)
+  with pytest.raises(ValueError, match="len"):
+    XCDataset([0, 3], [1, 3], [0.5, 1.0], [0, 1], [2], 4, 3)
 
 
 def test_subset_and_label_frequencies():
-    rng = np.random.default_rng(0)
-    ds = _random_dataset(rng)
-    rows = np.array([5, 0, 5, -1, 17])
-    sub = ds.subset(rows)
-    assert len(sub) == 5
-    for j, i in enumerate([5, 0, 5, len(ds) - 1, 17]):
-        for got, want in zip(_rows(sub, j), _rows(ds, i)):
-            np.testing.assert_array_equal(got, want)
-    expected = np.zeros(ds.num_labels, np.int64)
-    for i in range(len(ds)):
-        for label in _rows(ds, i)[2]:
-            expected[label] += 1
-    np.testing.assert_array_equal(ds.label_frequencies(), expected)
-    with pytest.raises(IndexError):
-        ds.subset([len(ds)])
+  rng = np.random.default_rng(0)
+  ds = _random_dataset(rng)
+  rows = np.array([5, 0, 5, -1, 17])
+  sub = ds.subset(rows)
+  assert len(sub) == 5
+  for j, i in enumerate([5, 0, 5, len(ds) - 1, 17]):
+    for got, want in zip(_rows(sub, j), _rows(ds, i)):
+      np.testing.assert_array_equal(got, want)
+  expected = np.zeros(ds.num_labels, np.int64)
+  for i in range(len(ds)):
+    for label in _rows(ds, i)[2]:
+      expected[label] += 1
+  np.testing.assert_array_equal(ds.label_frequencies(), expected)
+  with pytest.raises(IndexError):
+    ds.subset([len(ds)])
 
 
 def _to_padded_reference(ds, rows, max_features, max_labels):
-    b = len(rows)
-    ids = np.full((b, max_features), -1, np.int32)
-    vals = np.zeros((b, max_features), np.float32)
-    labels = np.full((b, max_labels), -1, np.int32)
-    for r, i in enumerate(rows):
-        f_ids, f_vals, f_labels = _rows(ds, i)
-        keep = sorted(range(len(f_ids)), key=lambda j: (-abs(float(f_vals[j])), j))
-        keep = sorted(keep[:max_features])
-        ids[r, : len(keep)] = f_ids[keep]
-        vals[r, : len(keep)] = f_vals[keep]
-        labels[r, : min(len(f_labels), max_labels)] = f_labels[:max_labels]
-    return ids, vals, labels
+  b = len(rows)
+  ids = np.full((b, max_features), -1, np.int32)
+  vals = np.zeros((b, max_features), np.float32)
+  labels = np.full((b, max_labels), -1, np.int32)
+  for r, i in enumerate(rows):
+    f_ids, f_vals, f_labels = _rows(ds, i)
+    keep = sorted(range(len(f_ids)), key=lambda j: (-abs(float(f_vals[j])), j))
+    keep = sorted(keep[:max_features])
+    ids[r, : len(keep)] = f_ids[keep]
+    vals[r, : len(keep)] = f_vals[keep]
+    labels[r, : min(len(f_labels), max_labels)] = f_labels[:max_labels]
+  return ids, vals, labels
 
 
 @pytest.mark.parametrize("max_features,max_labels", [(4, 2), (15, 4), (1, 1), (20, 6), (0, 0)])
 def test_to_padded_matches_reference(max_features, max_labels):
-    rng = np.random.default_rng(max_features)
-    ds = _random_dataset(rng)
-    rows = rng.integers(0, len(ds), 25)
-    rows[:3] = [0, 1, 2]  # the special rows
-    got = ds.to_padded(rows, max_features, max_labels)
-    want = _to_padded_reference(ds, rows, max_features, max_labels)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape
-        np.testing.assert_array_equal(g, w)
+  rng = np.random.default_rng(max_features)
+  ds = _random_dataset(rng)
+  rows = rng.integers(0, len(ds), 25)
+  rows[:3] = [0, 1, 2]  # the special rows
+  got = ds.to_padded(rows, max_features, max_labels)
+  want = _to_padded_reference(ds, rows, max_features, max_labels)
+  for g, w in zip(got, want):
+    assert g.dtype == w.dtype and g.shape == w.shape
+    np.testing.assert_array_equal(g, w)
 
 
 def test_to_padded_defaults_to_dataset_max_widths():
-    ds = _random_dataset(np.random.default_rng(1))
-    ids, vals, labels = ds.to_padded()
-    assert ids.shape == (len(ds), ds.max_features_per_sample())
-    assert labels.shape == (len(ds), ds.max_labels_per_sample())
-    # No truncation: every stored entry appears, padding is -1 / 0.
-    assert (ids != PAD_ID).sum() == len(ds.indices)
-    assert np.all(vals[ids == PAD_ID] == 0)
+  ds = _random_dataset(np.random.default_rng(1))
+  ids, vals, labels = ds.to_padded()
+  assert ids.shape == (len(ds), ds.max_features_per_sample())
+  assert labels.shape == (len(ds), ds.max_labels_per_sample())
+  # No truncation: every stored entry appears, padding is -1 / 0.
+  assert (ids != PAD_ID).sum() == len(ds.indices)
+  assert np.all(vals[ids == PAD_ID] == 0)
 
 
 def test_train_test_split_partitions():
-    ds = make_synthetic(500, 100, 20, seed=0)
-    train, test = train_test_split(ds, 0.3, seed=4)
-    assert (len(train), len(test)) == (350, 150)
-    # Rows are distinct (synthetic rows are unique with overwhelming probability):
-    # together they are exactly the original rows.
-    def keys(d):
-        return {tuple(_rows(d, i)[0]) + tuple(_rows(d, i)[1]) for i in range(len(d))}
-    assert keys(train) | keys(test) == keys(ds)
-    assert not keys(train) & keys(test)
-    again, _ = train_test_split(ds, 0.3, seed=4)
-    _assert_same(train, again)
+  ds = make_synthetic(500, 100, 20, seed=0)
+  train, test = train_test_split(ds, 0.3, seed=4)
+  assert (len(train), len(test)) == (350, 150)
+
+  # Rows are distinct (synthetic rows are unique with overwhelming probability):
+  # together they are exactly the original rows.
+  def keys(d):
+    return {tuple(_rows(d, i)[0]) + tuple(_rows(d, i)[1]) for i in range(len(d))}
+
+  assert keys(train) | keys(test) == keys(ds)
+  assert not keys(train) & keys(test)
+  again, _ = train_test_split(ds, 0.3, seed=4)
+  _assert_same(train, again)
 
 
 # --------------------------------------------------------------------------- XC format
 def test_xc_round_trip(tmp_path):
-    ds = _random_dataset(np.random.default_rng(2))
-    path = tmp_path / "rt.txt"
-    save_xc_file(ds, path)
-    lines = path.read_text().split("\n")
-    assert lines[0] == f"{len(ds)} {ds.num_features} {ds.num_labels}"
-    assert lines[3] == ""  # row 2 has no labels and no features
-    assert lines[2].startswith(" ")  # row 1: features but no labels
-    _assert_same(load_xc_file(path), ds)
-    # Larger, synthetic values; several chunks.
-    big = make_synthetic(3000, 5000, 300, labels_per_sample=2.5, seed=1)
-    save_xc_file(big, path)
-    _assert_same(load_xc_file(path, chunk_bytes=4096), big)
+  ds = _random_dataset(np.random.default_rng(2))
+  path = tmp_path / "rt.txt"
+  save_xc_file(ds, path)
+  lines = path.read_text().split("\n")
+  assert lines[0] == f"{len(ds)} {ds.num_features} {ds.num_labels}"
+  assert lines[3] == ""  # row 2 has no labels and no features
+  assert lines[2].startswith(" ")  # row 1: features but no labels
+  _assert_same(load_xc_file(path), ds)
+  # Larger, synthetic values; several chunks.
+  big = make_synthetic(3000, 5000, 300, labels_per_sample=2.5, seed=1)
+  save_xc_file(big, path)
+  _assert_same(load_xc_file(path, chunk_bytes=4096), big)
 
 
 def test_xc_reader_accepts_format_variants(tmp_path):
-    path = tmp_path / "variants.txt"
-    path.write_bytes(
-        b"4 10 5\r\n"
-        b"0,4 1:0.5\t3:2\r\n"  # CRLF, tab separator
-        b" 2:1e-3  7:-4\n"  # no labels (leading space), double space
-        b"9:1.5\n"  # no labels, first item is a feature
-        b"3\n"  # labels, no features
-        b"\n  \n"  # trailing blank lines are ignored
-    )
-    ds = load_xc_file(path)
-    np.testing.assert_array_equal(ds.indptr, [0, 2, 4, 5, 5])
-    np.testing.assert_array_equal(ds.indices, [1, 3, 2, 7, 9])
-    np.testing.assert_array_equal(ds.values, np.float32([0.5, 2, 1e-3, -4, 1.5]))
-    np.testing.assert_array_equal(ds.label_indptr, [0, 2, 2, 2, 3])
-    np.testing.assert_array_equal(ds.label_indices, [0, 4, 3])
+  path = tmp_path / "variants.txt"
+  path.write_bytes(
+      b"4 10 5\r\n"
+      b"0,4 1:0.5\t3:2\r\n"  # CRLF, tab separator
+      b" 2:1e-3  7:-4\n"  # no labels (leading space), double space
+      b"9:1.5\n"  # no labels, first item is a feature
+      b"3\n"  # labels, no features
+      b"\n  \n"  # trailing blank lines are ignored
+  )
+  ds = load_xc_file(path)
+  np.testing.assert_array_equal(ds.indptr, [0, 2, 4, 5, 5])
+  np.testing.assert_array_equal(ds.indices, [1, 3, 2, 7, 9])
+  np.testing.assert_array_equal(ds.values, np.float32([0.5, 2, 1e-3, -4, 1.5]))
+  np.testing.assert_array_equal(ds.label_indptr, [0, 2, 2, 2, 3])
+  np.testing.assert_array_equal(ds.label_indices, [0, 4, 3])
 
 
 def test_fast_and_line_parsers_agree(tmp_path):
-    ds = make_synthetic(300, 1000, 50, labels_per_sample=1.8, seed=5)
-    path = tmp_path / "x.txt"
-    save_xc_file(ds, path)
-    body = path.read_bytes().split(b"\n", 1)[1] + b"3 \n 1:2\n\n"  # plus odd rows
-    fast = xc_format._parse_chunk_fast(body, ds.num_features, ds.num_labels)
-    slow = xc_format._parse_chunk_slow(body, 2, ds.num_features, ds.num_labels, path)
-    assert fast is not None
-    for a, b in zip(fast, slow):
-        assert a.dtype == b.dtype
-        np.testing.assert_array_equal(a, b)
+  ds = make_synthetic(300, 1000, 50, labels_per_sample=1.8, seed=5)
+  path = tmp_path / "x.txt"
+  save_xc_file(ds, path)
+  body = path.read_bytes().split(b"\n", 1)[1] + b"3 \n 1:2\n\n"  # plus odd rows
+  fast = xc_format._parse_chunk_fast(body, ds.num_features, ds.num_labels)
+  slow = xc_format._parse_chunk_slow(body, 2, ds.num_features, ds.num_labels, path)
+  assert fast is not None
+  for a, b in zip(fast, slow):
+    assert a.dtype == b.dtype
+    np.testing.assert_array_equal(a, b)
 
 
 _BAD_FILES = [
@@ -208,23 +212,23 @@ _BAD_FILES = [
 
 @pytest.mark.parametrize("body,line,fragment", _BAD_FILES)
 def test_malformed_line_reports_file_and_line(tmp_path, body, line, fragment):
-    path = tmp_path / "bad_file.txt"
-    path.write_text(f"3 10 5\n{body}")
-    with pytest.raises(XCFormatError) as info:
-        load_xc_file(path)
-    assert isinstance(info.value, ValueError)
-    assert info.value.line == line
-    assert f"bad_file.txt:{line}:" in str(info.value)
-    assert fragment in str(info.value)
+  path = tmp_path / "bad_file.txt"
+  path.write_text(f"3 10 5\n{body}")
+  with pytest.raises(XCFormatError) as info:
+    load_xc_file(path)
+  assert isinstance(info.value, ValueError)
+  assert info.value.line == line
+  assert f"bad_file.txt:{line}:" in str(info.value)
+  assert fragment in str(info.value)
 
 
 def test_error_line_number_in_later_chunk(tmp_path):
-    lines = [f"{i % 5} {i % 10}:0.25 {(i + 3) % 10}:1" for i in range(2000)]
-    lines[1500] = "1 4:0.5 11:1"  # feature id 11 >= F = 10
-    path = tmp_path / "chunks.txt"
-    path.write_text("2000 10 5\n" + "\n".join(lines) + "\n")
-    with pytest.raises(XCFormatError, match=r"chunks\.txt:1502: feature id 11"):
-        load_xc_file(path, chunk_bytes=1000)
+  lines = [f"{i % 5} {i % 10}:0.25 {(i + 3) % 10}:1" for i in range(2000)]
+  lines[1500] = "1 4:0.5 11:1"  # feature id 11 >= F = 10
+  path = tmp_path / "chunks.txt"
+  path.write_text("2000 10 5\n" + "\n".join(lines) + "\n")
+  with pytest.raises(XCFormatError, match=r"chunks\.txt:1502: feature id 11"):
+    load_xc_file(path, chunk_bytes=1000)
 
 
 @pytest.mark.parametrize(
@@ -239,183 +243,187 @@ def test_error_line_number_in_later_chunk(tmp_path):
     ],
 )
 def test_header_errors(tmp_path, header, body, line, fragment):
-    path = tmp_path / "hdr.txt"
-    path.write_text(f"{header}\n{body}")
-    with pytest.raises(XCFormatError) as info:
-        load_xc_file(path)
-    assert info.value.line == line and f"hdr.txt:{line}:" in str(info.value)
-    assert fragment in str(info.value)
+  path = tmp_path / "hdr.txt"
+  path.write_text(f"{header}\n{body}")
+  with pytest.raises(XCFormatError) as info:
+    load_xc_file(path)
+  assert info.value.line == line and f"hdr.txt:{line}:" in str(info.value)
+  assert fragment in str(info.value)
 
 
 def test_empty_file_is_a_header_error(tmp_path):
-    path = tmp_path / "empty.txt"
-    path.write_text("")
-    with pytest.raises(XCFormatError, match=r"empty\.txt:1:"):
-        load_xc_file(path)
+  path = tmp_path / "empty.txt"
+  path.write_text("")
+  with pytest.raises(XCFormatError, match=r"empty\.txt:1:"):
+    load_xc_file(path)
 
 
 # --------------------------------------------------------------------------- synthetic
 def test_synthetic_determinism_and_format():
-    a = make_synthetic(2000, 800, 100, labels_per_sample=2.5, seed=7)
-    b = make_synthetic(2000, 800, 100, labels_per_sample=2.5, seed=7)
-    c = make_synthetic(2000, 800, 100, labels_per_sample=2.5, seed=8)
-    _assert_same(a, b)
-    assert not np.array_equal(a.label_indices, c.label_indices)
-    assert not np.array_equal(a.indices[:100], c.indices[:100])
-    # Rows: sorted unique ids, positive values, unit L2 norm.
-    row = np.repeat(np.arange(len(a)), np.diff(a.indptr))
-    assert np.all(a.values > 0)
-    same_row = row[1:] == row[:-1]
-    assert np.all(a.indices[1:][same_row] > a.indices[:-1][same_row])
-    norms = np.sqrt(np.bincount(row, weights=a.values.astype(np.float64) ** 2))
-    np.testing.assert_allclose(norms[np.diff(a.indptr) > 0], 1.0, rtol=1e-5)
-    mean_labels = np.diff(a.label_indptr).mean()
-    assert 2.3 < mean_labels < 2.7
-    assert 20 < np.diff(a.indptr).mean() < 35
-    one = make_synthetic(500, 800, 100, labels_per_sample=3, seed=0)
-    assert np.all(np.diff(one.label_indptr) == 3)
+  a = make_synthetic(2000, 800, 100, labels_per_sample=2.5, seed=7)
+  b = make_synthetic(2000, 800, 100, labels_per_sample=2.5, seed=7)
+  c = make_synthetic(2000, 800, 100, labels_per_sample=2.5, seed=8)
+  _assert_same(a, b)
+  assert not np.array_equal(a.label_indices, c.label_indices)
+  assert not np.array_equal(a.indices[:100], c.indices[:100])
+  # Rows: sorted unique ids, positive values, unit L2 norm.
+  row = np.repeat(np.arange(len(a)), np.diff(a.indptr))
+  assert np.all(a.values > 0)
+  same_row = row[1:] == row[:-1]
+  assert np.all(a.indices[1:][same_row] > a.indices[:-1][same_row])
+  norms = np.sqrt(np.bincount(row, weights=a.values.astype(np.float64) ** 2))
+  np.testing.assert_allclose(norms[np.diff(a.indptr) > 0], 1.0, rtol=1e-5)
+  mean_labels = np.diff(a.label_indptr).mean()
+  assert 2.3 < mean_labels < 2.7
+  assert 20 < np.diff(a.indptr).mean() < 35
+  one = make_synthetic(500, 800, 100, labels_per_sample=3, seed=0)
+  assert np.all(np.diff(one.label_indptr) == 3)
 
 
 def test_synthetic_labels_are_power_law():
-    ds = make_synthetic(20000, 1000, 1000, seed=0, power_law_exponent=1.0)
-    freq = ds.label_frequencies()
-    assert freq[0] == freq.max()
-    assert freq[0] > 20 * max(np.median(freq), 1)
-    # Zipf with exponent 1: f(rank) * rank roughly constant over the head.
-    head = freq[[0, 9, 99]] * np.array([1, 10, 100])
-    assert head.max() / head.min() < 2.0
+  ds = make_synthetic(20000, 1000, 1000, seed=0, power_law_exponent=1.0)
+  freq = ds.label_frequencies()
+  assert freq[0] == freq.max()
+  assert freq[0] > 20 * max(np.median(freq), 1)
+  # Zipf with exponent 1: f(rank) * rank roughly constant over the head.
+  head = freq[[0, 9, 99]] * np.array([1, 10, 100])
+  assert head.max() / head.min() < 2.0
 
 
 def test_synthetic_structure_is_learnable():
-    ds = make_synthetic(6000, 2000, 200, noise=0.3, dropout=0.4, seed=3)
-    train, test = train_test_split(ds, 0.25, seed=0)
-    num_labels, num_features = ds.num_labels, ds.num_features
-    x_train = np.zeros((len(train), num_features), np.float32)
-    x_train[np.repeat(np.arange(len(train)), np.diff(train.indptr)), train.indices] = train.values
-    centroids = np.zeros((num_labels, num_features), np.float32)
-    np.add.at(centroids, train.label_indices, x_train)  # single label per sample
-    centroids /= np.maximum(np.linalg.norm(centroids, axis=1, keepdims=True), 1e-9)
-    x_test = np.zeros((len(test), num_features), np.float32)
-    x_test[np.repeat(np.arange(len(test)), np.diff(test.indptr)), test.indices] = test.values
-    pred = (x_test @ centroids.T).argmax(axis=1)
-    p_at_1 = np.mean(pred == test.label_indices)
-    assert p_at_1 > 0.8, p_at_1  # chance is ~1/200 (or ~0.17 for the top label)
+  ds = make_synthetic(6000, 2000, 200, noise=0.3, dropout=0.4, seed=3)
+  train, test = train_test_split(ds, 0.25, seed=0)
+  num_labels, num_features = ds.num_labels, ds.num_features
+  x_train = np.zeros((len(train), num_features), np.float32)
+  x_train[np.repeat(np.arange(len(train)), np.diff(train.indptr)), train.indices] = train.values
+  centroids = np.zeros((num_labels, num_features), np.float32)
+  np.add.at(centroids, train.label_indices, x_train)  # single label per sample
+  centroids /= np.maximum(np.linalg.norm(centroids, axis=1, keepdims=True), 1e-9)
+  x_test = np.zeros((len(test), num_features), np.float32)
+  x_test[np.repeat(np.arange(len(test)), np.diff(test.indptr)), test.indices] = test.values
+  pred = (x_test @ centroids.T).argmax(axis=1)
+  p_at_1 = np.mean(pred == test.label_indices)
+  assert p_at_1 > 0.8, p_at_1  # chance is ~1/200 (or ~0.17 for the top label)
 
 
 # --------------------------------------------------------------------------- batching
 def _identity_dataset(n=103):
-    """Sample i has the single label i and one feature, so batches reveal ids."""
-    return XCDataset(
-        np.arange(n + 1), np.arange(n) % 7, np.ones(n, np.float32),
-        np.arange(n + 1), np.arange(n), 7, n,
-    )
+  """Sample i has the single label i and one feature, so batches reveal ids."""
+  return XCDataset(
+      np.arange(n + 1),
+      np.arange(n) % 7,
+      np.ones(n, np.float32),
+      np.arange(n + 1),
+      np.arange(n),
+      7,
+      n,
+  )
 
 
 def _collect(it, limit=None):
-    out = []
-    for batch in it:
-        out.append({k: v.copy() for k, v in batch.items()})
-        if limit is not None and len(out) == limit:
-            break
-    return out
+  out = []
+  for batch in it:
+    out.append({k: v.copy() for k, v in batch.items()})
+    if limit is not None and len(out) == limit:
+      break
+  return out
 
 
 def _batches_equal(xs, ys):
-    return len(xs) == len(ys) and all(
-        all(np.array_equal(x[k], y[k]) for k in ("feat_ids", "feat_vals", "labels"))
-        for x, y in zip(xs, ys)
-    )
+  return len(xs) == len(ys) and all(
+      all(np.array_equal(x[k], y[k]) for k in ("feat_ids", "feat_vals", "labels")) for x, y in zip(xs, ys)
+  )
 
 
 def test_batches_cover_each_sample_once_per_epoch():
-    ds = _identity_dataset()
-    it = BatchIterator(ds, 10, seed=3, num_epochs=3)
-    assert it.batches_per_epoch == 10
-    got = _collect(it)
-    assert len(got) == 30
-    for batch in got:
-        assert batch["feat_ids"].shape == (10, 1) and batch["labels"].shape == (10, 1)
-        assert batch["feat_ids"].dtype == np.int32 and batch["feat_vals"].dtype == np.float32
-    epochs = [np.concatenate([b["labels"][:, 0] for b in got[e * 10:(e + 1) * 10]]) for e in range(3)]
-    for seen in epochs:
-        assert len(np.unique(seen)) == 100  # 103 samples, remainder of 3 dropped
-    assert not np.array_equal(epochs[0], epochs[1])  # reshuffled per epoch
-    assert it.state() == {"epoch": 3, "index": 0}
+  ds = _identity_dataset()
+  it = BatchIterator(ds, 10, seed=3, num_epochs=3)
+  assert it.batches_per_epoch == 10
+  got = _collect(it)
+  assert len(got) == 30
+  for batch in got:
+    assert batch["feat_ids"].shape == (10, 1) and batch["labels"].shape == (10, 1)
+    assert batch["feat_ids"].dtype == np.int32 and batch["feat_vals"].dtype == np.float32
+  epochs = [np.concatenate([b["labels"][:, 0] for b in got[e * 10 : (e + 1) * 10]]) for e in range(3)]
+  for seen in epochs:
+    assert len(np.unique(seen)) == 100  # 103 samples, remainder of 3 dropped
+  assert not np.array_equal(epochs[0], epochs[1])  # reshuffled per epoch
+  assert it.state() == {"epoch": 3, "index": 0}
 
 
 def test_batches_without_drop_remainder_pad_last_batch():
-    ds = _identity_dataset()
-    got = _collect(batches(ds, 10, seed=0, num_epochs=1, drop_remainder=False))
-    assert len(got) == 11
-    labels = np.concatenate([b["labels"][:, 0] for b in got])
-    assert labels.shape == (110,)
-    np.testing.assert_array_equal(np.sort(labels[labels >= 0]), np.arange(103))
-    assert np.all(got[-1]["labels"][3:] == PAD_ID) and np.all(got[-1]["feat_ids"][3:] == PAD_ID)
+  ds = _identity_dataset()
+  got = _collect(batches(ds, 10, seed=0, num_epochs=1, drop_remainder=False))
+  assert len(got) == 11
+  labels = np.concatenate([b["labels"][:, 0] for b in got])
+  assert labels.shape == (110,)
+  np.testing.assert_array_equal(np.sort(labels[labels >= 0]), np.arange(103))
+  assert np.all(got[-1]["labels"][3:] == PAD_ID) and np.all(got[-1]["feat_ids"][3:] == PAD_ID)
 
 
 def test_batches_deterministic_and_seed_dependent():
-    ds = make_synthetic(300, 200, 30, labels_per_sample=2.0, seed=0)
-    kw = dict(max_features=16, max_labels=3, num_epochs=2)
-    a = _collect(BatchIterator(ds, 32, seed=11, **kw))
-    b = _collect(BatchIterator(ds, 32, seed=11, prefetch=0, **kw))
-    c = _collect(BatchIterator(ds, 32, seed=12, **kw))
-    assert _batches_equal(a, b)
-    assert not _batches_equal(a, c)
-    assert a[0]["feat_ids"].shape == (32, 16) and a[0]["labels"].shape == (32, 3)
+  ds = make_synthetic(300, 200, 30, labels_per_sample=2.0, seed=0)
+  kw = dict(max_features=16, max_labels=3, num_epochs=2)
+  a = _collect(BatchIterator(ds, 32, seed=11, **kw))
+  b = _collect(BatchIterator(ds, 32, seed=11, prefetch=0, **kw))
+  c = _collect(BatchIterator(ds, 32, seed=12, **kw))
+  assert _batches_equal(a, b)
+  assert not _batches_equal(a, c)
+  assert a[0]["feat_ids"].shape == (32, 16) and a[0]["labels"].shape == (32, 3)
 
 
 @pytest.mark.parametrize("stop_after", [1, 9, 10, 17])
 def test_resume_from_state_gives_identical_batches(stop_after):
-    ds = _identity_dataset()
-    reference = _collect(BatchIterator(ds, 10, seed=5, num_epochs=3))
-    it = BatchIterator(ds, 10, seed=5, num_epochs=3, prefetch=3)
-    first = _collect(it, limit=stop_after)
-    state = it.state()
-    assert set(state) == {"epoch", "index"}
-    assert all(isinstance(v, int) for v in state.values())
-    it.close()
-    resumed = _collect(BatchIterator.from_state(ds, 10, state, seed=5, num_epochs=3))
-    assert _batches_equal(first + resumed, reference)
+  ds = _identity_dataset()
+  reference = _collect(BatchIterator(ds, 10, seed=5, num_epochs=3))
+  it = BatchIterator(ds, 10, seed=5, num_epochs=3, prefetch=3)
+  first = _collect(it, limit=stop_after)
+  state = it.state()
+  assert set(state) == {"epoch", "index"}
+  assert all(isinstance(v, int) for v in state.values())
+  it.close()
+  resumed = _collect(BatchIterator.from_state(ds, 10, state, seed=5, num_epochs=3))
+  assert _batches_equal(first + resumed, reference)
 
 
 def test_prefetch_thread_propagates_errors_and_stops():
-    ds = _identity_dataset()
-    calls = []
+  ds = _identity_dataset()
+  calls = []
 
-    def transform(batch):
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("boom in worker")
-        return batch
+  def transform(batch):
+    calls.append(1)
+    if len(calls) == 3:
+      raise RuntimeError("boom in worker")
+    return batch
 
-    it = BatchIterator(ds, 10, seed=0, transform=transform)
-    assert next(it)["labels"].shape == (10, 1)
+  it = BatchIterator(ds, 10, seed=0, transform=transform)
+  assert next(it)["labels"].shape == (10, 1)
+  next(it)
+  with pytest.raises(RuntimeError, match="boom in worker"):
     next(it)
-    with pytest.raises(RuntimeError, match="boom in worker"):
-        next(it)
-    with pytest.raises(StopIteration):
-        next(it)
-    it.close()
-    assert not it._thread.is_alive()
+  with pytest.raises(StopIteration):
+    next(it)
+  it.close()
+  assert not it._thread.is_alive()
 
 
 def test_close_stops_an_infinite_prefetcher():
-    ds = _identity_dataset()
-    with BatchIterator(ds, 10, seed=0, prefetch=2) as it:
-        next(it)
-        thread = it._thread
-        assert thread.is_alive()
-    assert not thread.is_alive()
-    assert not any(t.name == "sparsejax-batch-prefetch" and t is thread for t in threading.enumerate())
-    with pytest.raises(StopIteration):
-        next(it)
+  ds = _identity_dataset()
+  with BatchIterator(ds, 10, seed=0, prefetch=2) as it:
+    next(it)
+    thread = it._thread
+    assert thread.is_alive()
+  assert not thread.is_alive()
+  assert not any(t.name == "sparsejax-batch-prefetch" and t is thread for t in threading.enumerate())
+  with pytest.raises(StopIteration):
+    next(it)
 
 
 def test_batches_too_small_dataset_raises():
-    ds = _identity_dataset(5)
-    with pytest.raises(ValueError, match="no batch"):
-        next(BatchIterator(ds, 10, seed=0))
-    assert _collect(BatchIterator(ds, 10, seed=0, num_epochs=2)) == []
+  ds = _identity_dataset(5)
+  with pytest.raises(ValueError, match="no batch"):
+    next(BatchIterator(ds, 10, seed=0))
+  assert _collect(BatchIterator(ds, 10, seed=0, num_epochs=2)) == []
 
 
 # --------------------------------------------------------------------------- ICD-10
@@ -424,31 +432,38 @@ _HAVE_ICD = all(importlib.util.find_spec(m) for m in ("simple_icd_10_cm", "sklea
 
 @pytest.mark.skipif(not _HAVE_ICD, reason="needs simple-icd-10-cm and scikit-learn installed")
 def test_icd10_loader_sizes_and_labels():
-    train, test, info = load_icd10("category", seed=0, test_fraction=0.2)
-    n = len(train) + len(test)
-    assert 70_000 < n < 100_000
-    assert 0.17 < len(test) / n < 0.23
-    assert 1_800 <= train.num_labels <= 1_960  # 3-character categories with leaves
-    assert 10_000 < train.num_features <= 50_000 and test.num_features == train.num_features
-    assert len(info.label_names) == train.num_labels and len(info.feature_names) == train.num_features
-    assert len(info.train_texts) == len(train) and len(info.test_codes) == len(test)
-    assert np.all(np.diff(train.label_indptr) == 1) and np.all(np.diff(test.label_indptr) == 1)
-    # Every test category also occurs in train; labels follow the codes.
-    assert np.all(train.label_frequencies()[np.unique(test.label_indices)] > 0)
-    for i in range(0, len(train), 997):
-        assert info.label_names[train.label_indices[i]] == info.train_codes[i][:3]
-    # Rows are L2-normalised TF-IDF.
-    row = np.repeat(np.arange(len(train)), np.diff(train.indptr))
-    norms = np.sqrt(np.bincount(row, weights=train.values.astype(np.float64) ** 2))
-    np.testing.assert_allclose(norms[np.diff(train.indptr) > 0], 1.0, rtol=1e-5)
+  train, test, info = load_icd10("category", seed=0, test_fraction=0.2)
+  n = len(train) + len(test)
+  assert 70_000 < n < 100_000
+  assert 0.17 < len(test) / n < 0.23
+  assert 1_800 <= train.num_labels <= 1_960  # 3-character categories with leaves
+  assert 10_000 < train.num_features <= 50_000 and test.num_features == train.num_features
+  assert len(info.label_names) == train.num_labels and len(info.feature_names) == train.num_features
+  assert len(info.train_texts) == len(train) and len(info.test_codes) == len(test)
+  assert np.all(np.diff(train.label_indptr) == 1) and np.all(np.diff(test.label_indptr) == 1)
+  # Every test category also occurs in train; labels follow the codes.
+  assert np.all(train.label_frequencies()[np.unique(test.label_indices)] > 0)
+  for i in range(0, len(train), 997):
+    assert info.label_names[train.label_indices[i]] == info.train_codes[i][:3]
+  # Rows are L2-normalised TF-IDF.
+  row = np.repeat(np.arange(len(train)), np.diff(train.indptr))
+  norms = np.sqrt(np.bincount(row, weights=train.values.astype(np.float64) ** 2))
+  np.testing.assert_allclose(norms[np.diff(train.indptr) > 0], 1.0, rtol=1e-5)
 
-    h_train, h_test, h_info = load_icd10("hierarchy", seed=0, test_fraction=0.2)
-    assert len(h_train) == len(train) and np.all(np.diff(h_train.label_indptr) == 3)
-    _assert_same(
-        XCDataset(h_train.indptr, h_train.indices, h_train.values, train.label_indptr,
-                  train.label_indices, h_train.num_features, train.num_labels),
-        train,
-    )
-    kinds = np.array(h_info.label_kinds)[h_train.label_indices.reshape(-1, 3)]
-    assert np.all(kinds == ["chapter", "block", "category"])
-    assert h_info.label_names[h_train.label_indices[0]] == "1"  # first samples: A00, chapter 1
+  h_train, h_test, h_info = load_icd10("hierarchy", seed=0, test_fraction=0.2)
+  assert len(h_train) == len(train) and np.all(np.diff(h_train.label_indptr) == 3)
+  _assert_same(
+      XCDataset(
+          h_train.indptr,
+          h_train.indices,
+          h_train.values,
+          train.label_indptr,
+          train.label_indices,
+          h_train.num_features,
+          train.num_labels,
+      ),
+      train,
+  )
+  kinds = np.array(h_info.label_kinds)[h_train.label_indices.reshape(-1, 3)]
+  assert np.all(kinds == ["chapter", "block", "category"])
+  assert h_info.label_names[h_train.label_indices[0]] == "1"  # first samples: A00, chapter 1

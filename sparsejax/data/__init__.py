@@ -3,15 +3,15 @@
 Everything is numpy-only (no JAX import), so it is safe in loader threads.
 
 * :class:`XCDataset` - CSR features + CSR labels; ``subset``, ``to_padded``
-  (fixed-width kernel input, padding id ``-1``), ``label_frequencies``.
+ (fixed-width kernel input, padding id ``-1``), ``label_frequencies``.
 * :func:`load_xc_file` / :func:`save_xc_file` - Extreme Classification
-  Repository text format (e.g. Amazon-670K), fast vectorised reader with
-  file:line error messages (:class:`XCFormatError`).
+ Repository text format (e.g. Amazon-670K), fast vectorised reader with
+ file:line error messages (:class:`XCFormatError`).
 * :func:`make_synthetic` - power-law labels with planted feature prototypes.
 * :func:`load_icd10` - ICD-10-CM descriptions -> categories (needs the
-  optional ``simple-icd-10-cm`` and ``scikit-learn`` packages).
+ optional ``simple-icd-10-cm`` and ``scikit-learn`` packages).
 * :class:`BatchIterator` / :func:`batches` - seeded, resumable, prefetched
-  mini-batches.
+ mini-batches.
 """
 
 from .batching import BatchIterator, batches, epoch_permutation
