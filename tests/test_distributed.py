@@ -219,3 +219,25 @@ def test_multiprocess_resume_continues_the_same_run(tmp_path):
   assert step_a == step_b == 24
   for x, y in zip(a, b):
     np.testing.assert_array_equal(x, y)
+
+
+def test_checksum_detects_replica_drift():
+  script = """
+    import json, jax, numpy as np
+    from sparsejax import distributed, model
+    cfg = model.ModelConfig(num_features=50, num_labels=30, hidden_dims=(8,), active_k=8, num_tables=2, num_shards=2)
+    mesh = distributed.make_mesh(2)
+    state = distributed.init(jax.random.key(0), cfg, mesh)
+    checksum = distributed.make_checksum(mesh)
+    same = np.asarray(checksum(state)).tolist()
+    # A "replicated" hidden bias whose copy on device 1 differs in one bit of one value.
+    b = np.asarray(state.embed.b)
+    drifted = b.copy(); drifted[3] = np.nextafter(drifted[3], np.float32(1))
+    arrays = [jax.device_put(x, d) for x, d in zip((b, drifted), mesh.devices.flat)]
+    bad = jax.make_array_from_single_device_arrays(b.shape, state.embed.b.sharding, arrays)
+    diff = np.asarray(checksum(state._replace(embed=state.embed._replace(b=bad)))).tolist()
+    print(json.dumps([same, diff]))
+  """
+  same, diff = json.loads(_python(script, devices=2).splitlines()[-1])
+  assert len(same) == 2 and same[0] == same[1]
+  assert diff[0] != diff[1]
