@@ -63,9 +63,7 @@ def worker(args) -> None:
   from sparsejax import distributed
   distributed.initialize(args.coordinator, args.processes, args.rank, heartbeat_timeout_seconds=60,
                          initialization_timeout=300)
-  import dataclasses
   import jax
-  import jax.numpy as jnp
   import numpy as np
   from sparsejax import dense, model
 

@@ -83,9 +83,9 @@ def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats):
     ts.append(time.perf_counter() - t0)
   res["row_sparse_adam_s"] = float(np.median(ts))
 
-  def sparse_step(state, h, y, seed):
+  def sparse_step(state, tabs, h, y, seed):
     W, b, sw, sb = state
-    ids, _ = tables.lsh_query(t, params, h, k=k, num_rows=N, labels=y, seed=seed)
+    ids, _ = tables.lsh_query(tabs, params, h, k=k, num_rows=N, labels=y, seed=seed)
     (loss, (dh, g)) = jax.value_and_grad(loss_fn, argnums=(0, 1))(h, jnp.zeros((B, k)), W, b, ids)
     W, sw = opt.update(ops.RowSparseGrad(ids, g, h), sw, W, after=dh)
     b, sb = opt.update(ops.RowSparseGrad(ids, g, jnp.ones((B, 1))), sb, b)
@@ -96,11 +96,11 @@ def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats):
   if HUGE_PAGES:
     memory.advise_huge_pages((state, t))
   for i in range(2):
-    state, loss, dh = jax.block_until_ready(step(state, h, labels, jnp.uint32(i)))
+    state, loss, dh = jax.block_until_ready(step(state, t, h, labels, jnp.uint32(i)))
   ts = []
   for i in range(repeats):
     t0 = time.perf_counter()
-    state, loss, dh = jax.block_until_ready(step(state, h, labels, jnp.uint32(100 + i)))
+    state, loss, dh = jax.block_until_ready(step(state, t, h, labels, jnp.uint32(100 + i)))
     ts.append(time.perf_counter() - t0)
   res["sparse_step_s"] = float(np.median(ts))
   W, b = state[0], state[1]

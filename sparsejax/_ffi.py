@@ -5,7 +5,6 @@ backend exists fails for stateful types, and creating the backend at import
 time would break a later ``jax.distributed.initialize``.
 """
 
-import functools
 import threading
 
 import jax
