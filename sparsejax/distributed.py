@@ -267,14 +267,6 @@ def make_dp_train_step(config: model.ModelConfig, mesh: jax.sharding.Mesh):
   return jax.jit(_shard_map(local, mesh, (specs, P(AXIS)), (specs, P())), donate_argnums=0)
 
 
-def make_dp_predict(config: model.ModelConfig, mesh: jax.sharding.Mesh, top: int = 5):
-  """Exact top-``top`` of the (replicated) dense model."""
-  def predict(state, fids, fvals):
-    h = model.hidden_forward(state.embed.w, (state.embed.b, state.hidden), fids, fvals)
-    return metrics.exact_topk(h, state.out.w, state.out.b, top)[1], None
-  return jax.jit(predict)
-
-
 # --- Communication accounting ----------------------------------------------------
 
 _COLLECTIVES = ("psum", "pmax", "pmin", "all_gather", "all_to_all", "ppermute", "psum_scatter", "reduce_scatter")

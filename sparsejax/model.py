@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sparsejax import lsh, ops, optim, tables
+from sparsejax import lsh, metrics, ops, optim, tables
 
 
 @dataclasses.dataclass(frozen=True)
@@ -451,6 +451,15 @@ class TableSchedule:
 def hidden(state: SlideState, feat_ids: jax.Array, feat_vals: jax.Array) -> jax.Array:
   """Last hidden layer activations ``[B, d]`` for a batch."""
   return hidden_forward(state.embed.w, (state.embed.b, state.hidden), feat_ids, feat_vals)
+
+
+def predict_exact(state, feat_ids: jax.Array, feat_vals: jax.Array, *, top: int = 5) -> jax.Array:
+  """Top ``top`` ids ``[B, top]`` over all N outputs (chunked, never ``[B, N]``).
+
+  Works for any state with ``embed``, ``hidden`` and ``out`` (the dense
+  baseline's too).
+  """
+  return metrics.exact_topk(hidden(state, feat_ids, feat_vals), state.out.w, state.out.b, top)[1]
 
 
 def predict_sampled(state: SlideState, feat_ids, feat_vals, *, config: ModelConfig, top: int = 5,

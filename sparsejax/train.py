@@ -191,12 +191,11 @@ class Runner:
       if config.batch_size % num_shards:
         raise ValueError(f"data-parallel: batch_size {config.batch_size} must divide by {num_shards} processes")
       self._step = distributed.make_dp_train_step(self.mcfg, self.mesh)
-      self._predict = distributed.make_dp_predict(self.mcfg, self.mesh, self.top)
+      self._predict = jax.jit(self._local_predict)  # the model is replicated
       self._checksum = None
 
   def _local_predict(self, state, fi, fv):
-    h = slide.hidden_forward(state.embed.w, (state.embed.b, state.hidden), fi, fv)
-    exact = metrics.exact_topk(h, state.out.w, state.out.b, self.top)[1]
+    exact = slide.predict_exact(state, fi, fv, top=self.top)
     if not self.is_slide:
       return exact, None
     return exact, slide.predict_sampled(state, fi, fv, config=self.mcfg, top=self.top)
