@@ -87,8 +87,7 @@ def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats):
     W, b, sw, sb = state
     ids, _ = tables.lsh_query(tabs, params, h, k=k, num_rows=N, labels=y, seed=seed)
     (loss, (dh, g)) = jax.value_and_grad(loss_fn, argnums=(0, 1))(h, jnp.zeros((B, k)), W, b, ids)
-    W, sw = opt.update(ops.RowSparseGrad(ids, g, h), sw, W, after=dh)
-    b, sb = opt.update(ops.RowSparseGrad(ids, g, jnp.ones((B, 1))), sb, b)
+    (W, b), (sw, sb) = opt.update(ops.RowSparseGrad(ids, g, h), (sw, sb), (W, b), after=dh)
     return (W, b, sw, sb), loss, dh
 
   step = jax.jit(sparse_step, donate_argnums=0)

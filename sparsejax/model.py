@@ -376,10 +376,10 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
 
   lr = config.schedule()(state.step)
   adam = dict(b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay)
-  out_w, out_w_opt, touched = optim.apply_row_sparse_adam(
-      state.out.w, state.out_w_opt, ops.RowSparseGrad(active, g_out, h), lr, after=dh, **adam)
-  out_b, out_b_opt, _ = optim.apply_row_sparse_adam(
-      state.out.b, state.out_b_opt, ops.RowSparseGrad(active, g_out, jnp.ones((B, 1), jnp.float32)), lr, **adam)
+  # The output layer's weight and bias share their rows: one pass updates both.
+  (out_w, out_b), (out_w_opt, out_b_opt), touched = optim.apply_row_sparse_adam(
+      (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt), ops.RowSparseGrad(active, g_out, h),
+      lr, after=dh, **adam)
   embed_w, embed_opt, _ = optim.apply_row_sparse_adam(
       state.embed.w, state.embed_opt, ops.RowSparseGrad(fids, fvals, d_embed), lr, **adam)
   updates, dense_opt = _dense_optimizer(config).update(d_dense, state.dense_opt, dense_params)

@@ -58,20 +58,25 @@ def _check_gather(op, dense, dense_name, dense_shape, weight, ids):
   return dims
 
 
-def gather_dot(x: jax.Array, weight: jax.Array, ids: jax.Array) -> jax.Array:
-  """``out[b, j] = <x[b], weight[ids[b, j]]>`` (0 where ``ids`` is -1).
+def gather_dot(x: jax.Array, weight: jax.Array, ids: jax.Array, bias: jax.Array | None = None) -> jax.Array:
+  """``out[b, j] = <x[b], weight[ids[b, j]]> + bias[ids[b, j]]`` (0 where ``ids`` is -1).
 
   Args:
     x: ``[B, d]`` float32.
     weight: ``[N, d]`` float32.
     ids: ``[B, k]`` int32 in ``[0, N)`` or -1.
+    bias: optional ``[N]`` float32, read in the same pass as the rows.
 
   Returns:
     ``[B, k]`` float32.
   """
   dims = _check_gather("gather_dot", x, "x", ("B", "d"), weight, ids)
+  if bias is None:
+    bias = jnp.zeros((0,), jnp.float32)
+  else:
+    check_array(dims, "bias", bias, jnp.float32, ("N",))
   out = jax.ShapeDtypeStruct((dims["B"], dims["k"]), jnp.float32)
-  return _ffi.ffi_call("gather_dot", out, vmap_method="sequential")(x, weight, ids)
+  return _ffi.ffi_call("gather_dot", out, vmap_method="sequential")(x, weight, ids, bias)
 
 
 def gather_combine(g: jax.Array, weight: jax.Array, ids: jax.Array) -> jax.Array:
@@ -90,12 +95,6 @@ def gather_combine(g: jax.Array, weight: jax.Array, ids: jax.Array) -> jax.Array
   return _ffi.ffi_call("gather_combine", out, vmap_method="sequential")(g, weight, ids)
 
 
-def _gather_bias(bias, ids):
-  # take() would wrap -1 to the last row: mask padding explicitly.
-  vals = jnp.take(bias, jnp.maximum(ids, 0), axis=0)
-  return jnp.where(ids == PAD_ID, 0.0, vals)
-
-
 def _scatter_bias(g, ids, n):
   safe = jnp.where(ids == PAD_ID, n, ids)
   return jnp.zeros((n,), g.dtype).at[safe].add(g, mode="drop")
@@ -105,7 +104,7 @@ def _scatter_bias(g, ids, n):
 
 @jax.custom_vjp
 def _sparse_logits(h, weight, bias, ids):
-  return gather_dot(h, weight, ids) + _gather_bias(bias, ids)
+  return gather_dot(h, weight, ids, bias)
 
 
 def _sparse_logits_fwd(h, weight, bias, ids):

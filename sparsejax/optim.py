@@ -11,6 +11,10 @@ Example::
   state = opt.init(weight)                   # weight: [N, d]
   weight, state = opt.update(grad, state, weight)  # grad: RowSparseGrad
 
+  # A sparse linear layer's weight and bias, updated in one pass:
+  state = opt.init((weight, bias))
+  (weight, bias), state = opt.update(grad, state, (weight, bias))
+
 Dense parameters keep using plain optax.
 """
 
@@ -45,65 +49,89 @@ class RowSparseOptimizer(NamedTuple):
   ``update`` returns new parameters rather than updates, because the new rows
   are written into the parameter buffer in place.
   """
-  init: Callable[[jax.Array], RowSparseAdamState]
-  update: Callable[[RowSparseGrad, RowSparseAdamState, jax.Array], tuple[jax.Array, RowSparseAdamState]]
+  init: Callable
+  update: Callable
 
 
 def apply_row_sparse_adam(
-    weight: jax.Array, state: RowSparseAdamState, grad: RowSparseGrad,
-    learning_rate: jax.Array | float, *, b1: float = 0.9, b2: float = 0.999,
-    eps: float = 1e-8, weight_decay: float = 0.0, after=None,
-) -> tuple[jax.Array, RowSparseAdamState, jax.Array]:
+    params, state, grad: RowSparseGrad, learning_rate: jax.Array | float, *,
+    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
+    after=None,
+):
   """One lazy Adam step on the rows named by ``grad.ids``.
 
   Args:
-    weight: ``[N, d]`` float32 parameter, or ``[N]`` (a bias; then ``grad.x``
-      is ``[B, 1]``, normally ones).
-    state: its :class:`RowSparseAdamState`.
+    params: a ``[N, d]`` float32 weight; or ``[N]`` (a bias on its own, then
+      ``grad.x`` is ``[B, 1]``, normally ones); or a pair ``(weight [N, d],
+      bias [N])`` of one sparse linear layer, whose bias gradient is implied
+      (``db[ids[b, j]] += g[b, j]``). A pair is updated in one pass that sorts
+      the ids once and fetches each row's weight and bias together.
+    state: the :class:`RowSparseAdamState` of ``params`` (a pair of them for
+      a pair). Moments are float32 or bfloat16 (see :func:`row_sparse_adam`).
     grad: row-sparse gradient factors (``ids [B, k]``, ``g [B, k]``,
-      ``x [B, d]``). Duplicate ids are summed before the update.
+      ``x [B, d]``) of the weight. Duplicate ids are summed before the update.
     learning_rate: scalar step size (may be traced, e.g. from a schedule).
     b1, b2, eps: Adam's constants (as in ``optax.adam``).
     weight_decay: decoupled (AdamW) weight decay, applied to touched rows only.
-    after: optional pytree of values computed from other reads of ``weight``
+    after: optional pytree of values computed from other reads of the weight
       in the same step (e.g. the input gradient). The update is ordered after
-      them, so that XLA can write ``weight`` in place instead of copying it.
+      them, so that XLA can write the weight in place instead of copying it.
 
   Returns:
-    ``(new_weight, new_state, touched)`` where ``touched`` is ``[B * k]``
-    int32: the distinct updated row ids in increasing order, then -1s.
+    ``(new_params, new_state, touched)``, the first two shaped like
+    ``params`` and ``state``; ``touched`` is ``[B * k]`` int32: the distinct
+    updated row ids in increasing order, then -1s.
   """
+  is_pair = isinstance(params, (tuple, list))
+  weight, bias = params if is_pair else (params, None)
+  w_state, b_state = state if is_pair else (state, None)
   dims = Dims("row_sparse_adam")
-  if weight.ndim == 1:  # a bias: rows of width 1
+  if weight.ndim == 1 and not is_pair:  # a bias on its own: rows of width 1
     check_array(dims, "weight", weight, jnp.float32, ("N",))
     dims["d"], dims.source["d"] = 1, "weight"
   else:
     check_array(dims, "weight", weight, jnp.float32, ("N", "d"))
-  for name, moment in (("state.mu", state.mu), ("state.nu", state.nu)):
-    if moment.shape != weight.shape or moment.dtype != jnp.float32:
-      raise ValueError(f"row_sparse_adam: argument '{name}' must be float32 of the weight's shape "
-                       f"{tuple(weight.shape)}, got {moment.dtype} {tuple(moment.shape)}")
+  moment_dtype = w_state.mu.dtype
+  if moment_dtype not in (jnp.float32, jnp.bfloat16):
+    raise ValueError(f"row_sparse_adam: moments must be float32 or bfloat16, got {moment_dtype}")
+  moments = [("state.mu", w_state.mu, weight.shape), ("state.nu", w_state.nu, weight.shape)]
+  if is_pair:
+    check_array(dims, "bias", bias, jnp.float32, ("N",))
+    moments += [("bias state.mu", b_state.mu, bias.shape), ("bias state.nu", b_state.nu, bias.shape)]
+  else:
+    empty = jnp.zeros((0,), jnp.float32)
+    bias, b_state = empty, RowSparseAdamState(w_state.count, empty.astype(moment_dtype), empty.astype(moment_dtype))
+  for name, moment, shape in moments:
+    if moment.shape != shape or moment.dtype != moment_dtype:
+      raise ValueError(f"row_sparse_adam: argument '{name}' must be {moment_dtype} of shape "
+                       f"{tuple(shape)} (its parameter's shape and the moments' dtype), "
+                       f"got {moment.dtype} {tuple(moment.shape)}")
   check_array(dims, "grad.ids", grad.ids, jnp.int32, ("B", "k"))
   check_array(dims, "grad.g", grad.g, jnp.float32, ("B", "k"))
   check_array(dims, "grad.x", grad.x, jnp.float32, ("B", "d"))
-  count = state.count + 1
+  count = w_state.count + 1
   lr = jnp.asarray(learning_rate, jnp.float32)
-  shapes = (jax.ShapeDtypeStruct(weight.shape, jnp.float32),) * 3 + (
-      jax.ShapeDtypeStruct((grad.ids.size,), jnp.int32),)
-  call = _ffi.ffi_call("row_sparse_adam", shapes, input_output_aliases={0: 0, 1: 1, 2: 2})
-  new_w, mu, nu, touched = call(
-      weight, state.mu, state.nu, grad.ids, grad.g, grad.x, lr, count.astype(jnp.int32),
+  shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype)
+                 for a in (weight, w_state.mu, w_state.nu, bias, b_state.mu, b_state.nu))
+  shapes += (jax.ShapeDtypeStruct((grad.ids.size,), jnp.int32),)
+  call = _ffi.ffi_call("row_sparse_adam", shapes, input_output_aliases={i: i for i in range(6)})
+  new_w, mu, nu, new_b, b_mu, b_nu, touched = call(
+      weight, w_state.mu, w_state.nu, bias, b_state.mu, b_state.nu,
+      grad.ids, grad.g, grad.x, lr, count.astype(jnp.int32),
       # XLA may only overwrite `weight` once every read of it is done. Passing
       # values computed from those reads (unread by the kernel) makes that
       # order explicit, which spares a defensive O(N d) copy.
       *jax.tree.leaves(after),
       b1=np.float32(b1), b2=np.float32(b2), eps=np.float32(eps), weight_decay=np.float32(weight_decay))
-  return new_w, RowSparseAdamState(count, mu, nu), touched
+  new_w_state = RowSparseAdamState(count, mu, nu)
+  if not is_pair:
+    return new_w, new_w_state, touched
+  return (new_w, new_b), (new_w_state, RowSparseAdamState(b_state.count + 1, b_mu, b_nu)), touched
 
 
 def row_sparse_adam(
     learning_rate: float | optax.Schedule, b1: float = 0.9, b2: float = 0.999,
-    eps: float = 1e-8, weight_decay: float = 0.0,
+    eps: float = 1e-8, weight_decay: float = 0.0, moment_dtype=jnp.float32,
 ) -> RowSparseOptimizer:
   """Lazy Adam over the rows a :class:`RowSparseGrad` touches.
 
@@ -112,6 +140,11 @@ def row_sparse_adam(
       the number of updates already applied, like optax).
     b1, b2, eps: Adam's constants.
     weight_decay: decoupled weight decay on touched rows.
+    moment_dtype: ``jnp.float32`` or ``jnp.bfloat16``. bfloat16 moments halve
+      the optimizer's memory and the bytes a step moves; they are rounded
+      stochastically (unbiased) with bits hashed from (step, row, column), so
+      runs stay deterministic. The weight update itself uses the unrounded
+      float32 moments.
 
   Returns:
     A :class:`RowSparseOptimizer`. Jit the caller with the parameter and state
@@ -121,13 +154,25 @@ def row_sparse_adam(
     costs an O(N d) copy.
   """
 
-  def init(weight: jax.Array) -> RowSparseAdamState:
-    return RowSparseAdamState(jnp.zeros((), jnp.int32), jnp.zeros_like(weight), jnp.zeros_like(weight))
+  if jnp.dtype(moment_dtype) not in (jnp.float32, jnp.bfloat16):
+    raise ValueError(f"row_sparse_adam: moment_dtype must be float32 or bfloat16, got {jnp.dtype(moment_dtype)}")
 
-  def update(grad: RowSparseGrad, state: RowSparseAdamState, weight: jax.Array, after=None):
-    lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
-    new_w, new_state, _ = apply_row_sparse_adam(
-        weight, state, grad, lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, after=after)
-    return new_w, new_state
+  def init_one(p: jax.Array) -> RowSparseAdamState:
+    # Two distinct buffers: both are donated to the in-place update.
+    return RowSparseAdamState(jnp.zeros((), jnp.int32), jnp.zeros(p.shape, moment_dtype),
+                              jnp.zeros(p.shape, moment_dtype))
+
+  def init(params):
+    """State for a weight, a bias, or a ``(weight, bias)`` pair."""
+    if isinstance(params, (tuple, list)):
+      return tuple(init_one(p) for p in params)
+    return init_one(params)
+
+  def update(grad: RowSparseGrad, state, params, after=None):
+    count = (state if isinstance(state, RowSparseAdamState) else state[0]).count
+    lr = learning_rate(count) if callable(learning_rate) else learning_rate
+    new_params, new_state, _ = apply_row_sparse_adam(
+        params, state, grad, lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, after=after)
+    return new_params, new_state
 
   return RowSparseOptimizer(init, update)

@@ -24,10 +24,14 @@ SCRIPT = textwrap.dedent("""
     g = jnp.asarray(rng.normal(size=(B, k)), jnp.float32)
     digest.update(np.asarray(ops.gather_dot(h, W, ids)).tobytes())
     digest.update(np.asarray(ops.gather_combine(g, W, ids)).tobytes())
-    opt = optim.row_sparse_adam(0.01)
-    W2, s = opt.update(ops.RowSparseGrad(ids % 500, g, h), opt.init(W), W)  # many duplicates
-    for a in (W2, s.mu, s.nu):
-      digest.update(np.asarray(a).tobytes())
+    b = jnp.asarray(rng.normal(size=(N,)), jnp.float32)
+    digest.update(np.asarray(ops.gather_dot(h, W, ids, b)).tobytes())
+    grad = ops.RowSparseGrad(ids % 500, g, h)  # many duplicates
+    for moment_dtype in (jnp.float32, jnp.bfloat16):  # bfloat16: stochastic rounding
+      opt = optim.row_sparse_adam(0.01, moment_dtype=moment_dtype)
+      (W2, b2), (s, sb) = opt.update(grad, opt.init((W, b)), (W, b))
+      for a in (W2, s.mu, s.nu, b2, sb.mu, sb.nu):
+        digest.update(np.asarray(a).tobytes())
     print(digest.hexdigest())
 """)
 

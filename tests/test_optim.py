@@ -77,6 +77,63 @@ def test_bias_vector_and_touched_ids():
   assert np.all(np.asarray(touched)[len(want):] == -1)
 
 
+def test_weight_and_bias_pair_equals_two_separate_updates():
+  """The fused layer update gives the bits of separate weight and bias updates."""
+  rng = np.random.default_rng(5)
+  W0 = jnp.asarray(rng.normal(size=(30, 4)), jnp.float32)
+  b0 = jnp.asarray(rng.normal(size=(30,)), jnp.float32)
+  opt = optim.row_sparse_adam(0.05, weight_decay=0.01)
+  W, b, sw, sb = W0, b0, opt.init(W0), opt.init(b0)
+  (Wp, bp), (swp, sbp) = (W0, b0), opt.init((W0, b0))
+  grads = [_grad(rng) for _ in range(3)]
+  for g in grads:
+    W, sw = opt.update(g, sw, W)
+    b, sb = opt.update(g._replace(x=jnp.ones((5, 1))), sb, b)
+    (Wp, bp), (swp, sbp) = opt.update(g, (swp, sbp), (Wp, bp))
+  for got, want in ((Wp, W), (bp, b), (swp.mu, sw.mu), (swp.nu, sw.nu), (sbp.mu, sb.mu), (sbp.nu, sb.nu)):
+    np.testing.assert_array_equal(got, want)
+  assert int(swp.count) == int(sbp.count) == 3
+  ref = _lazy_adam_reference(b0[:, None], [g._replace(x=jnp.ones((5, 1))) for g in grads], [0.05] * 3, wd=0.01)
+  np.testing.assert_allclose(bp, ref[:, 0], rtol=1e-5, atol=1e-6)
+
+
+def test_bfloat16_moments_round_stochastically_and_track_float32():
+  """With round-to-nearest, v = 0.999 v + 0.001 g^2 would never move in bfloat16."""
+  N, d, steps = 64, 32, 300
+  rng = np.random.default_rng(6)
+  W0 = jnp.asarray(rng.normal(size=(N, d)), jnp.float32)
+  ids = jnp.asarray(np.arange(N).reshape(4, 16), jnp.int32)
+  runs = {}
+  for dtype in (jnp.float32, jnp.bfloat16):
+    opt = optim.row_sparse_adam(1e-3, moment_dtype=dtype)
+    update = jax.jit(opt.update, donate_argnums=(1, 2))
+    W, state = jnp.array(W0, copy=True), opt.init(W0)
+    assert state.mu.dtype == dtype and state.nu.dtype == dtype
+    grng = np.random.default_rng(7)
+    for _ in range(steps):
+      g = RowSparseGrad(ids, jnp.asarray(1.0 + 0.1 * grng.normal(size=(4, 16)), jnp.float32),
+                        jnp.asarray(grng.normal(size=(4, d)), jnp.float32))
+      W, state = update(g, state, W)
+    runs[dtype] = (np.asarray(W), np.asarray(state.nu.astype(jnp.float32)), np.asarray(state.mu.astype(jnp.float32)))
+  (w32, v32, m32), (w16, v16, m16) = runs[jnp.float32], runs[jnp.bfloat16]
+  # After 300 steps v has grown to ~26% of E[g^2]; frozen rounding would leave it near its first value.
+  assert np.mean(v16) / np.mean(v32) == pytest.approx(1.0, abs=0.01)
+  np.testing.assert_allclose(v16, v32, rtol=0.1)  # rounding noise random-walks a few %
+  np.testing.assert_allclose(m16, m32, rtol=0.05, atol=0.02 * np.abs(m32).max())
+  # Weights move almost exactly as with float32 moments.
+  np.testing.assert_allclose(w16 - np.asarray(W0), w32 - np.asarray(W0), rtol=0.02, atol=3e-3)
+
+
+def test_moment_dtype_is_checked():
+  rng = np.random.default_rng(8)
+  W = jnp.asarray(rng.normal(size=(30, 4)), jnp.float32)
+  with pytest.raises(ValueError, match="moment_dtype must be float32 or bfloat16, got float16"):
+    optim.row_sparse_adam(0.1, moment_dtype=jnp.float16)
+  state = optim.row_sparse_adam(0.1).init(W)
+  with pytest.raises(ValueError, match=r"'state.nu' must be float32 of shape \(30, 4\).*got bfloat16"):
+    optim.apply_row_sparse_adam(W, state._replace(nu=state.nu.astype(jnp.bfloat16)), _grad(rng), 0.1)
+
+
 def test_update_is_in_place_when_donated():
   rng = np.random.default_rng(3)
   W = jnp.asarray(rng.normal(size=(1000, 8)), jnp.float32)
@@ -107,5 +164,5 @@ def test_bad_arguments_raise_and_leave_weights_unchanged():
   with pytest.raises(TypeError, match="'grad.ids' must have dtype int32"):
     opt.update(g._replace(ids=g.ids.astype(jnp.int64) if jax.config.jax_enable_x64 else g.ids.astype(jnp.float32)),
                state, W)
-  with pytest.raises(ValueError, match=r"'state.mu' must be float32 of the weight's shape \(30, 4\)"):
+  with pytest.raises(ValueError, match=r"'state.mu' must be float32 of shape \(30, 4\)"):
     opt.update(g, state._replace(mu=state.mu[:10]), W)
