@@ -46,6 +46,8 @@ class ModelConfig:
     decay_steps: cosine decay to 10% after warm-up over this many steps; 0 = none.
     b1, b2, eps: Adam constants (sparse and dense layers alike).
     weight_decay: decoupled weight decay.
+    moment_dtype: ``"float32"`` or ``"bfloat16"`` Adam moments for the sparse
+      layers (bfloat16 halves their memory; rounded stochastically).
     reinsert: after each step re-insert into the tables ``"none"``, the rows
       of the batch's ``"labels"`` (cheap), or ``"all"`` rows the step updated.
     init_scale: output layer init std multiplier (``1/sqrt(d)`` scaled).
@@ -68,6 +70,7 @@ class ModelConfig:
   b2: float = 0.999
   eps: float = 1e-8
   weight_decay: float = 0.0
+  moment_dtype: str = "float32"
   reinsert: str = "none"
   init_scale: float = 1.0
   num_shards: int = 1
@@ -109,6 +112,8 @@ class ModelConfig:
       raise ValueError(f"active_k must be >= 1, got {self.active_k}")
     if self.reinsert not in ("none", "labels", "all"):
       raise ValueError(f"reinsert must be 'none', 'labels' or 'all', got {self.reinsert!r}")
+    if self.moment_dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"moment_dtype must be 'float32' or 'bfloat16', got {self.moment_dtype!r}")
     self.lsh_config.validate()
 
 
@@ -203,7 +208,8 @@ def init_from_params(rng: jax.Array, config: ModelConfig, params: NetworkParams,
     num_valid: rows of ``params.out`` that are real (the rest padding).
   """
   k_lsh, k_tables, k_state = jax.random.split(jax.random.fold_in(rng, 1), 3)
-  sparse_opt = optim.row_sparse_adam(config.schedule(), config.b1, config.b2, config.eps, config.weight_decay)
+  sparse_opt = optim.row_sparse_adam(config.schedule(), config.b1, config.b2, config.eps, config.weight_decay,
+                                     moment_dtype=jnp.dtype(config.moment_dtype))
   lsh_params = lsh.init_lsh(k_lsh, config.lsh_config, config.hidden_dims[-1])
   t = tables.init_tables(config.lsh_config, config.table_bucket_size, policy=config.table_policy,
                          seed=jax.random.bits(k_tables, (), jnp.uint32))

@@ -62,6 +62,7 @@ class TrainConfig:
   warmup_steps: int = 0
   decay_steps: int = 0
   weight_decay: float = 0.0
+  moment_dtype: str = "float32"  # sparse layers' Adam moments: float32 or bfloat16
   # Budget: training stops at whichever comes first.
   max_steps: int | None = None
   num_epochs: float | None = 5.0
@@ -89,7 +90,7 @@ class TrainConfig:
         active_k=self.active_k, lsh_family=self.lsh_family, num_tables=self.num_tables, num_bits=self.num_bits,
         bucket_size=self.bucket_size, table_policy=self.table_policy, learning_rate=self.learning_rate,
         warmup_steps=self.warmup_steps, decay_steps=self.decay_steps, weight_decay=self.weight_decay,
-        reinsert=self.reinsert)
+        moment_dtype=self.moment_dtype, reinsert=self.reinsert)
 
   def table_schedule(self) -> slide.TableSchedule:
     return slide.TableSchedule(self.rebuild_period, self.rebuild_growth, self.rebuild_max_period,

@@ -1,6 +1,8 @@
 """Sparse layers against dense jnp references: values, gradients, jit, errors."""
 
 import re
+import shutil
+import subprocess
 
 import jax
 import jax.numpy as jnp
@@ -167,3 +169,21 @@ def test_empty_batch():
   out = ops.sparse_logits(jnp.zeros((0, 12)), W, b, jnp.zeros((0, 9), jnp.int32))
   assert out.shape == (0, 9)
   assert ops.gather_combine(jnp.zeros((0, 9)), W, jnp.zeros((0, 9), jnp.int32)).shape == (0, 12)
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="needs objdump")
+def test_gather_and_adam_kernels_keep_their_prefetches():
+  """GCC silently deletes loops that only hold __builtin_prefetch; the kernels must still prefetch."""
+  from sparsejax import _sparsejax
+  asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-C", _sparsejax.__file__],
+                       capture_output=True, text=True, check=True).stdout
+  counts = {}
+  name = ""
+  for line in asm.splitlines():
+    if line.endswith(">:"):
+      name = line
+    elif "prefetch" in line:
+      for kernel in ("GatherDotRows", "GatherCombineRows", "UpdateRanges"):
+        if kernel in name:
+          counts[kernel] = counts.get(kernel, 0) + 1
+  assert set(counts) == {"GatherDotRows", "GatherCombineRows", "UpdateRanges"}, counts
