@@ -18,7 +18,8 @@ Example::
 Dense parameters keep using plain optax.
 """
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
