@@ -112,7 +112,7 @@ class ModelConfig:
       raise ValueError(f"active_k must be >= 1, got {self.active_k}")
     if self.reinsert not in ("none", "labels", "all"):
       raise ValueError(f"reinsert must be 'none', 'labels' or 'all', got {self.reinsert!r}")
-    if self.moment_dtype not in ("float32", "bfloat16"):
+    if self.moment_dtype not in [t.name for t in optim.MOMENT_DTYPES]:
       raise ValueError(f"moment_dtype must be 'float32' or 'bfloat16', got {self.moment_dtype!r}")
     self.lsh_config.validate()
 

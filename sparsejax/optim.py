@@ -30,6 +30,9 @@ from sparsejax import _ffi
 from sparsejax._checks import Dims, check_array
 from sparsejax.ops import RowSparseGrad
 
+# The moment dtypes the row_sparse_adam kernel implements.
+MOMENT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+
 
 class RowSparseAdamState(NamedTuple):
   """State of :func:`row_sparse_adam` for one ``[N, d]`` (or ``[N]``) parameter.
@@ -93,7 +96,7 @@ def apply_row_sparse_adam(
   else:
     check_array(dims, "weight", weight, jnp.float32, ("N", "d"))
   moment_dtype = w_state.mu.dtype
-  if moment_dtype not in (jnp.float32, jnp.bfloat16):
+  if moment_dtype not in MOMENT_DTYPES:
     raise ValueError(f"row_sparse_adam: moments must be float32 or bfloat16, got {moment_dtype}")
   moments = [("state.mu", w_state.mu, weight.shape), ("state.nu", w_state.nu, weight.shape)]
   if is_pair:
@@ -155,7 +158,7 @@ def row_sparse_adam(
     costs an O(N d) copy.
   """
 
-  if jnp.dtype(moment_dtype) not in (jnp.float32, jnp.bfloat16):
+  if jnp.dtype(moment_dtype) not in MOMENT_DTYPES:
     raise ValueError(f"row_sparse_adam: moment_dtype must be float32 or bfloat16, got {jnp.dtype(moment_dtype)}")
 
   def init_one(p: jax.Array) -> RowSparseAdamState:
