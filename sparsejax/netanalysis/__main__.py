@@ -1,0 +1,54 @@
+"""Command line of sparsejax.netanalysis: ``python -m sparsejax.netanalysis COMMAND [--flags]``.
+
+Each command lives in its own module, which defines its absl flags in ``define_flags()`` and runs in
+``main(argv) -> int``; only the chosen command's flags are defined, so ``COMMAND --help`` lists its
+own. Input errors (:class:`ProfileError`, ``ValueError`` from flag values) print ``error: <message>``
+and exit with status 2, without a traceback.
+"""
+
+import importlib
+import sys
+
+# command -> (module, one-line description)
+COMMANDS = {
+    "whatif": ("sparsejax.netanalysis.whatif_cli", "predict steps at other bandwidths, worker counts, compression"),
+    "report": ("sparsejax.netanalysis.report_cli", "step breakdown and link utilisation of a profiled run"),
+    "probe": ("sparsejax.netanalysis.probe", "measure collective bandwidth and latency between processes"),
+    "export-bk": ("sparsejax.netanalysis.report_cli", "write a .bk.log backward profile from a dense run"),
+}
+
+
+def _usage() -> str:
+  lines = ["usage: python -m sparsejax.netanalysis COMMAND [--flags]   (COMMAND --help for its flags)", ""]
+  lines += [f"  {name:<10} {desc}" for name, (_, desc) in COMMANDS.items()]
+  return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+  argv = list(sys.argv if argv is None else argv)
+  if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
+    print(_usage())
+    return 0 if len(argv) >= 2 else 2
+  command = argv[1]
+  if command not in COMMANDS:
+    print(f"error: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+    return 2
+  module = importlib.import_module(COMMANDS[command][0])
+  from absl import app, flags
+
+  from sparsejax.netanalysis.units import ProfileError
+  module.define_flags(command)
+  try:
+    rest = flags.FLAGS([f"{argv[0]} {command}"] + argv[2:])
+  except flags.Error as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  try:
+    return int(module.main(command, rest) or 0)
+  except (ProfileError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  sys.exit(main())
