@@ -43,6 +43,11 @@ def full_logits(params, feat_ids, feat_vals) -> jax.Array:
   return h @ out.w.T + out.b
 
 
+# The named scopes of :func:`train_step` and how their work per process scales with P processes:
+# "batch" (proportional to this process's share of the batch) or "replicated" (the same on every process).
+STEP_SCOPES = {"forward": "batch", "backward": "batch", "grad_reduce": "replicated", "adam": "replicated"}
+
+
 def train_step(state: DenseState, batch: dict, *, config: model.ModelConfig,
                axis: str | None = None) -> tuple[DenseState, dict]:
   """One dense step: full softmax over all N outputs, Adam on every parameter.
@@ -54,24 +59,29 @@ def train_step(state: DenseState, batch: dict, *, config: model.ModelConfig,
   """
   labels = batch["labels"]
   N = config.num_labels
-  # The same target as the sparse model: 1/|y| on each label.
-  onehot = jnp.zeros((labels.shape[0], N + 1), jnp.float32).at[
-      jnp.arange(labels.shape[0])[:, None], jnp.where(labels < 0, N, labels)].set(1.0)[:, :N]
-  targets = onehot / jnp.maximum(onehot.sum(1, keepdims=True), 1.0)
-  labeled = jnp.sum(targets, axis=1) > 0
   psum = (lambda x: x) if axis is None else (lambda x: jax.lax.psum(x, axis))
-  count = jnp.maximum(psum(jnp.sum(labeled)), 1)
+  with jax.named_scope("forward"):
+    # The same target as the sparse model: 1/|y| on each label.
+    onehot = jnp.zeros((labels.shape[0], N + 1), jnp.float32).at[
+        jnp.arange(labels.shape[0])[:, None], jnp.where(labels < 0, N, labels)].set(1.0)[:, :N]
+    targets = onehot / jnp.maximum(onehot.sum(1, keepdims=True), 1.0)
+    labeled = jnp.sum(targets, axis=1) > 0
+    count = jnp.maximum(psum(jnp.sum(labeled)), 1)
 
-  def loss_fn(params):  # this slice's share of the mean over all labeled samples
-    logits = full_logits(params, batch["feat_ids"], batch["feat_vals"])
-    per_sample = -jnp.sum(targets * jax.nn.log_softmax(logits, axis=-1), axis=-1)
-    return jnp.sum(jnp.where(labeled, per_sample, 0.0)) / count
+    def loss_fn(params):  # this slice's share of the mean over all labeled samples
+      logits = full_logits(params, batch["feat_ids"], batch["feat_vals"])
+      per_sample = -jnp.sum(targets * jax.nn.log_softmax(logits, axis=-1), axis=-1)
+      return jnp.sum(jnp.where(labeled, per_sample, 0.0)) / count
 
-  params = (state.embed, state.hidden, state.out)
-  loss, grads = jax.value_and_grad(loss_fn)(params)
-  loss, grads = psum((loss, grads))
-  updates, opt = _optimizer(config).update(grads, state.opt, params)
-  embed, hidden, out = optax.apply_updates(params, updates)
+    params = (state.embed, state.hidden, state.out)
+    loss, loss_vjp = jax.vjp(loss_fn, params)
+  with jax.named_scope("backward"):
+    (grads,) = loss_vjp(jnp.ones_like(loss))
+  with jax.named_scope("grad_reduce"):
+    loss, grads = psum((loss, grads))
+  with jax.named_scope("adam"):
+    updates, opt = _optimizer(config).update(grads, state.opt, params)
+    embed, hidden, out = optax.apply_updates(params, updates)
   lr = config.schedule()(state.step)
   return state._replace(step=state.step + 1, embed=embed, hidden=hidden, out=out, opt=opt), {
       "loss": loss, "learning_rate": lr}

@@ -23,7 +23,6 @@ import os
 from typing import Any
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
@@ -269,27 +268,13 @@ def make_dp_train_step(config: model.ModelConfig, mesh: jax.sharding.Mesh):
 
 # --- Communication accounting ----------------------------------------------------
 
-_COLLECTIVES = ("psum", "pmax", "pmin", "all_gather", "all_to_all", "ppermute", "psum_scatter", "reduce_scatter")
-
-
 def collective_bytes(fn, *args) -> int:
-  """Bytes each process contributes to collectives in one call of ``fn(*args)``.
+  """Bytes each process contributes to collectives in one call of the jitted ``fn(*args)``.
 
-  Read off the traced program: the operand sizes of every psum / pmax /
-  all_gather / ... A ring all-reduce of S bytes over P processes sends
-  ``2 (P - 1) / P * S`` bytes per process.
+  The operand bytes ``S`` of every collective XLA compiled (combined all-reduces included), summed:
+  see :func:`sparsejax.netanalysis.collectives.compiled_collectives` for the per-collective list
+  and the bytes each one puts on the wire (a ring all-reduce of ``S`` bytes over P processes sends
+  ``2 (P - 1) / P * S`` bytes per process).
   """
-  closed = jax.make_jaxpr(fn)(*args)
-  total = 0
-
-  def walk(jaxpr):
-    nonlocal total
-    for eqn in jaxpr.eqns:
-      if any(eqn.primitive.name.startswith(c) for c in _COLLECTIVES):
-        total += sum(int(np.prod(v.aval.shape)) * v.aval.dtype.itemsize for v in eqn.invars
-                     if hasattr(v.aval, "shape"))
-      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-        walk(sub)
-
-  walk(closed.jaxpr)
-  return total
+  from sparsejax.netanalysis import collectives
+  return sum(c.operand_bytes for c in collectives.compiled_collectives(fn, *args))

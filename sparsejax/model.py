@@ -334,6 +334,22 @@ def sharded_softmax_cross_entropy(logits: jax.Array, targets: jax.Array, shard: 
   return loss, g
 
 
+# The named scopes of :func:`train_step` (``jax.named_scope``: they reach the compiled HLO's metadata and
+# so every netanalysis report), each with how its work per process scales with the number of shards P:
+# "replicated" (every shard does all of it) or "sharded" (each shard does 1/P of it).
+STEP_SCOPES = {
+    "hidden_fwd": "replicated",  # input and hidden layers, forward
+    "lsh_query": "sharded",  # each shard samples k/P ids from its own tables
+    "out_logits": "sharded",  # logits of this shard's active ids
+    "softmax_reduce": "sharded",  # local softmax partials, then the pmax / psums of [B] numbers
+    "dh_reduce": "sharded",  # this shard's part of dh = g W, then its psum
+    "hidden_bwd": "replicated",
+    "out_adam": "sharded",  # row-sparse Adam on this shard's active rows (and table re-insertion)
+    "embed_adam": "replicated",
+    "dense_adam": "replicated",
+}
+
+
 def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
                shard: Shard = Shard()) -> tuple[SlideState, dict]:
   """One SGD step on a batch. Jit with ``config`` static and the state donated.
@@ -360,49 +376,58 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   n_valid = jnp.clip(config.num_labels - offset, 0, rows).astype(jnp.int32)
   local_labels = jnp.where((labels >= offset) & (labels < offset + n_valid), labels - offset, -1)
   dense_params = (state.embed.b, state.hidden)
-  h, hidden_vjp = jax.vjp(
-      lambda dp, tap: hidden_forward(state.embed.w, dp, fids, fvals, tap),
-      dense_params, jnp.zeros((B, config.hidden_dims[0]), jnp.float32))
-  if config.k >= config.num_labels:  # exact softmax: every (real) row is active
-    row_ids = jnp.arange(rows, dtype=jnp.int32)
-    active = jnp.broadcast_to(jnp.where(row_ids < n_valid, row_ids, -1), (B, rows))
-    from_tables = jnp.zeros((B,), jnp.int32)
-  else:
-    seed = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    if shard.axis is not None:
-      seed = jax.random.fold_in(seed, shard.index())
-    active, from_tables = tables.lsh_query(
-        state.tables, state.lsh, h, k=local_active_k(config, config.num_shards), num_rows=n_valid,
-        labels=local_labels, seed=jax.random.bits(seed, (), jnp.uint32))
-  targets = label_targets(active, local_labels, num_distinct_labels(labels))
-  logits = jnp.where(active >= 0, ops.sparse_logits(h, state.out.w, state.out.b, active), -jnp.inf)
-  loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
-  dh = shard.psum(ops.gather_combine(g_out, state.out.w, active))
-  d_dense, d_embed = hidden_vjp(dh)
+  with jax.named_scope("hidden_fwd"):
+    h, hidden_vjp = jax.vjp(
+        lambda dp, tap: hidden_forward(state.embed.w, dp, fids, fvals, tap),
+        dense_params, jnp.zeros((B, config.hidden_dims[0]), jnp.float32))
+  with jax.named_scope("lsh_query"):
+    if config.k >= config.num_labels:  # exact softmax: every (real) row is active
+      row_ids = jnp.arange(rows, dtype=jnp.int32)
+      active = jnp.broadcast_to(jnp.where(row_ids < n_valid, row_ids, -1), (B, rows))
+      from_tables = jnp.zeros((B,), jnp.int32)
+    else:
+      seed = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+      if shard.axis is not None:
+        seed = jax.random.fold_in(seed, shard.index())
+      active, from_tables = tables.lsh_query(
+          state.tables, state.lsh, h, k=local_active_k(config, config.num_shards), num_rows=n_valid,
+          labels=local_labels, seed=jax.random.bits(seed, (), jnp.uint32))
+  with jax.named_scope("out_logits"):
+    targets = label_targets(active, local_labels, num_distinct_labels(labels))
+    logits = jnp.where(active >= 0, ops.sparse_logits(h, state.out.w, state.out.b, active), -jnp.inf)
+  with jax.named_scope("softmax_reduce"):
+    loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
+  with jax.named_scope("dh_reduce"):  # the step's metric rides along in the same all-reduce
+    dh, tables_fraction = shard.psum((ops.gather_combine(g_out, state.out.w, active),
+                                      jnp.mean(from_tables.astype(jnp.float32))))
+  with jax.named_scope("hidden_bwd"):
+    d_dense, d_embed = hidden_vjp(dh)
 
   lr = config.schedule()(state.step)
   adam = dict(b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay)
-  # The output layer's weight and bias share their rows: one pass updates both.
-  (out_w, out_b), (out_w_opt, out_b_opt), touched = optim.apply_row_sparse_adam(
-      (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt), ops.RowSparseGrad(active, g_out, h),
-      lr, after=dh, **adam)
-  embed_w, embed_opt, _ = optim.apply_row_sparse_adam(
-      state.embed.w, state.embed_opt, ops.RowSparseGrad(fids, fvals, d_embed), lr, **adam)
-  updates, dense_opt = _dense_optimizer(config).update(d_dense, state.dense_opt, dense_params)
-  embed_b, hidden = optax.apply_updates(dense_params, updates)
-
-  t = state.tables
-  if config.reinsert == "labels":
-    ids = local_labels.reshape(-1)
-    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(ids, 0), axis=0), ids, rows)
-  elif config.reinsert == "all":
-    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(touched, 0), axis=0), touched, rows)
+  with jax.named_scope("out_adam"):
+    # The output layer's weight and bias share their rows: one pass updates both.
+    (out_w, out_b), (out_w_opt, out_b_opt), touched = optim.apply_row_sparse_adam(
+        (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt), ops.RowSparseGrad(active, g_out, h),
+        lr, after=dh, **adam)
+    t = state.tables  # re-inserting updated rows is part of updating this shard's rows
+    if config.reinsert == "labels":
+      ids = local_labels.reshape(-1)
+      t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(ids, 0), axis=0), ids, rows)
+    elif config.reinsert == "all":
+      t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(touched, 0), axis=0), touched, rows)
+  with jax.named_scope("embed_adam"):
+    embed_w, embed_opt, _ = optim.apply_row_sparse_adam(
+        state.embed.w, state.embed_opt, ops.RowSparseGrad(fids, fvals, d_embed), lr, **adam)
+  with jax.named_scope("dense_adam"):
+    updates, dense_opt = _dense_optimizer(config).update(d_dense, state.dense_opt, dense_params)
+    embed_b, hidden = optax.apply_updates(dense_params, updates)
 
   new_state = state._replace(
       step=state.step + 1, embed=SparseLayer(embed_w, embed_b), hidden=hidden, out=SparseLayer(out_w, out_b),
       embed_opt=embed_opt, out_w_opt=out_w_opt, out_b_opt=out_b_opt, dense_opt=dense_opt, tables=t)
   metrics = {"loss": loss, "learning_rate": lr,
-             "active_from_tables": shard.psum(jnp.mean(from_tables.astype(jnp.float32))) / config.num_shards}
+             "active_from_tables": tables_fraction / config.num_shards}
   return new_state, metrics
 
 

@@ -1,0 +1,228 @@
+"""The collectives of a compiled step, read off its HLO: what each one moves and where it came from.
+
+``compiled_collectives(jitted, *args)`` compiles ``jitted`` for ``args`` and lists every collective
+instruction XLA kept (after its all-reduce combiner and other passes, so this is what runs, not what
+the jaxpr says): name (the same as the profiler's trace event), kind, dtypes, operand shapes, operand
+bytes ``S`` (what this process contributes), the named scope(s) from the metadata, and the bytes one
+process puts on the wire under a ring algorithm for P processes (:func:`ring_wire_bytes`).
+"""
+
+import math
+import re
+from typing import NamedTuple
+
+# Bytes per element of HLO primitive types (sub-byte types round up to one byte).
+_ELEMENT_BYTES = {
+    "pred": 1, "s2": 1, "u2": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4,
+    "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16, "token": 0,
+}
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_ARRAY_RE = re.compile(r"([a-z]\w*)\[([0-9,]*)\]")
+_INSTRUCTION_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*")
+_OP_NAME_RE = re.compile(r'op_name="([^"]*)"')
+_GROUPS_RE = re.compile(r"replica_groups=(\{[^=]*?\}\})")
+_GROUPS_IOTA_RE = re.compile(r"replica_groups=\[(\d+),(\d+)\]")
+
+
+class Collective(NamedTuple):
+  """One collective instruction of a compiled program, as one process sees it.
+
+  Attributes:
+    name: HLO instruction name, which is also the name of its events in a profiler trace.
+    kind: one of :data:`KINDS`.
+    dtypes: element type of each operand, e.g. ``("f32", "s32")`` (a combined all-reduce has several).
+    shapes: shape of each operand.
+    operand_bytes: ``S``, the bytes this process hands to the collective (sum over operands).
+    result_bytes: bytes of its result on this process.
+    group_size: processes (devices) in each replica group.
+    scope: the ``jax.named_scope`` names in its metadata, ``+``-joined in order of first appearance
+      (several when XLA combined collectives of different scopes); ``""`` when there are none.
+    op_name: the metadata ``op_name`` it was lowered from.
+  """
+  name: str
+  kind: str
+  dtypes: tuple[str, ...]
+  shapes: tuple[tuple[int, ...], ...]
+  operand_bytes: int
+  result_bytes: int
+  group_size: int
+  scope: str
+  op_name: str
+
+  def wire_bytes(self, processes: int | None = None) -> float:
+    """Bytes one process sends for this collective under a ring over ``processes`` (default: its group)."""
+    return ring_wire_bytes(self.kind, self.operand_bytes, processes or self.group_size)
+
+  def to_json(self, processes: int | None = None) -> dict:
+    """A JSON-ready dict, units in the key names; ``wire_bytes`` for ``processes`` (default: its group)."""
+    return {"name": self.name, "kind": self.kind, "dtypes": list(self.dtypes), "shapes": [list(s) for s in self.shapes],
+            "operand_bytes": self.operand_bytes, "result_bytes": self.result_bytes, "group_size": self.group_size,
+            "scope": self.scope, "op_name": self.op_name, "wire_bytes": self.wire_bytes(processes)}
+
+
+def ring_wire_bytes(kind: str, operand_bytes: float, processes: int) -> float:
+  """Bytes one process sends for one collective under the ring algorithm.
+
+  Args:
+    kind: one of :data:`KINDS`.
+    operand_bytes: ``S``, the bytes each process contributes (for all-gather its piece, for
+      reduce-scatter the whole buffer it reduces).
+    processes: P, the processes taking part.
+
+  Returns:
+    all-reduce ``2 (P-1)/P S``; all-gather ``(P-1)/P S_total`` with ``S_total = P S``;
+    reduce-scatter ``(P-1)/P S``; all-to-all ``(P-1)/P S``; collective-permute ``S``.
+  """
+  P = processes
+  if P < 1:
+    raise ValueError(f"processes must be >= 1, got {P}")
+  if kind == "all-reduce":
+    return 2 * (P - 1) / P * operand_bytes
+  if kind == "all-gather":
+    return (P - 1) * operand_bytes
+  if kind in ("reduce-scatter", "all-to-all"):
+    return (P - 1) / P * operand_bytes
+  if kind == "collective-permute":
+    return float(operand_bytes) if P > 1 else 0.0
+  raise ValueError(f"unknown collective kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+
+def _split_shape(text: str) -> tuple[str, str]:
+  """``"(f32[2]{0}, s32[]) all-reduce(...)"`` -> the shape and the rest."""
+  if text.startswith("("):
+    depth = 0
+    for i, ch in enumerate(text):
+      depth += ch == "("
+      depth -= ch == ")"
+      if depth == 0:
+        return text[:i + 1], text[i + 1:].lstrip()
+  shape, _, rest = text.partition(" ")
+  return shape, rest
+
+
+def _arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+  """Element type and dimensions of every array in an HLO shape (a tuple gives several)."""
+  return [(t, tuple(int(d) for d in dims.split(",") if d)) for t, dims in _ARRAY_RE.findall(shape)]
+
+
+def _nbytes(arrays) -> int:
+  return sum(_ELEMENT_BYTES.get(t, 1) * math.prod(dims) for t, dims in arrays)
+
+
+def _operand_names(args: str) -> list[str]:
+  """Operand names of ``"%a, %b), channel_id=..."`` (the text after the opcode's parenthesis)."""
+  depth, end = 1, len(args)
+  for i, ch in enumerate(args):
+    depth += (ch in "({") - (ch in ")}")
+    if depth == 0:
+      end = i
+      break
+  return re.findall(r"%([\w.\-]+)", args[:end])
+
+
+def _group_size(attrs: str, default: int) -> int:
+  m = _GROUPS_IOTA_RE.search(attrs)
+  if m:
+    return int(m.group(2))
+  m = _GROUPS_RE.search(attrs)
+  if m:
+    first = re.search(r"\{([0-9,\s]*)\}", m.group(1)[1:])
+    if first and first.group(1).strip():
+      return len(first.group(1).split(","))
+  if "source_target_pairs" in attrs:
+    return max(default, len(re.findall(r"\{\d+,\d+\}", attrs)))
+  return default
+
+
+_TRANSFORMS = {"jit", "pjit", "jvp", "transpose", "vmap", "remat", "checkpoint", "shard_map", "custom_jvp_call",
+               "custom_vjp_call", "while", "cond", "body", "branch"}
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+  """Splits at ``sep`` outside parentheses."""
+  parts, depth, start = [], 0, 0
+  for i, ch in enumerate(text):
+    depth += (ch == "(") - (ch == ")")
+    if ch == sep and depth == 0:
+      parts.append(text[start:i])
+      start = i + 1
+  parts.append(text[start:])
+  return parts
+
+
+def _outer_scope(path: str, known) -> str:
+  """The outermost named scope of one op_name path (``""`` if none)."""
+  components = [c for c in _split_top(path, "/") if c]
+  if len(components) == 1 and components[0].startswith("(") and components[0].endswith(")"):
+    return "+".join(filter(None, (_outer_scope(p, known) for p in _split_top(components[0][1:-1], ":"))))
+  if components and components[-1].startswith("(") and components[-1].endswith(")"):  # combined: .../(a/x:b/y)
+    inner = [_outer_scope(p, known) for p in _split_top(components[-1][1:-1], ":")]
+    head = _outer_scope("/".join(components[:-1] + ["_"]), known)
+    return head or "+".join(dict.fromkeys(filter(None, inner)))
+  for c in components[:-1]:  # the last component is the primitive
+    if re.fullmatch(r"p?jit\(.*\)", c):
+      continue
+    for token in re.findall(r"[A-Za-z_]\w*", c):
+      if token not in _TRANSFORMS and (known is None or token in known):
+        return token
+  return ""
+
+
+def scope_of(op_name: str, known=None) -> str:
+  """The named scope of an HLO instruction from its metadata ``op_name``.
+
+  The outermost ``jax.named_scope`` in the path, skipping ``jit(...)``, ``shard_map`` and
+  transformation wrappers, so ``.../hidden_bwd/transpose(jvp(hidden_fwd))/dot_general`` is
+  ``hidden_bwd``. A collective that XLA combined from several (``.../(a/psum:b/psum)``) gives the
+  distinct scopes ``+``-joined (``"a+b"``).
+
+  Args:
+    op_name: the metadata's ``op_name``.
+    known: if given, only these names count as scopes.
+  """
+  return _outer_scope(op_name, known)
+
+
+def parse_hlo_collectives(hlo_text: str, default_group_size: int = 1) -> list[Collective]:
+  """Every collective instruction in an HLO module's text (``compiled.as_text()``), in program order.
+
+  Operand shapes are looked up by operand name among the module's instructions; the asynchronous
+  ``*-start`` form counts as its kind (its ``*-done`` is skipped).
+  """
+  shapes, lines = {}, []
+  for line in hlo_text.splitlines():
+    m = _INSTRUCTION_RE.match(line)
+    if not m:
+      continue
+    shape, rest = _split_shape(line[m.end():])
+    shapes[m.group(1)] = _arrays(shape)
+    lines.append((m.group(1), shape, rest))
+  out = []
+  for name, shape, rest in lines:
+    opcode, _, args = rest.partition("(")
+    kind = opcode[:-len("-start")] if opcode.endswith("-start") else opcode
+    if kind not in KINDS:
+      continue
+    operands = [a for n in _operand_names(args) for a in shapes.get(n, [])]
+    m = _OP_NAME_RE.search(args)
+    op_name = m.group(1) if m else ""
+    result = _arrays(shape)
+    if opcode.endswith("-start"):  # async start returns (operands, results, ...): count the operands only
+      result = result[len(operands):2 * len(operands)] or result
+    out.append(Collective(
+        name=name, kind=kind, dtypes=tuple(t for t, _ in operands), shapes=tuple(d for _, d in operands),
+        operand_bytes=_nbytes(operands), result_bytes=_nbytes(result),
+        group_size=_group_size(args, default_group_size), scope=scope_of(op_name), op_name=op_name))
+  return out
+
+
+def compiled_collectives(jitted, *args, **kwargs) -> list[Collective]:
+  """The collectives of ``jitted(*args, **kwargs)`` as XLA compiled them (compiles; does not run).
+
+  Args:
+    jitted: a ``jax.jit``-wrapped function.
+    *args, **kwargs: example arguments (arrays or ``jax.ShapeDtypeStruct``).
+  """
+  compiled = jitted.lower(*args, **kwargs).compile()
+  import jax  # imported here: parsing HLO text needs no JAX
+  return parse_hlo_collectives(compiled.as_text(), default_group_size=jax.device_count())
