@@ -35,33 +35,6 @@ KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective
 END = "end"  # Collective.needed_before value: needed only when the step ends.
 
 
-def wire_bytes(kind: str, nbytes: float, workers: int) -> float:
-  """Bytes one process sends for one collective under a ring (bandwidth-optimal) algorithm.
-
-  Args:
-    kind: one of :data:`KINDS`.
-    nbytes: operand bytes ``S`` (for all-gather: the gathered total; for reduce-scatter: the input).
-    workers: number of processes ``P >= 1``.
-
-  Returns:
-    all-reduce ``2 (P-1)/P S``; all-gather, reduce-scatter, all-to-all ``(P-1)/P S``;
-    collective-permute ``S``; 0 for one process.
-  """
-  if workers <= 1:
-    return 0.0
-  if kind == "collective-permute":
-    return float(nbytes)
-  factor = 2.0 if kind == "all-reduce" else 1.0
-  return factor * (workers - 1) / workers * nbytes
-
-
-def hops(kind: str, workers: int) -> int:
-  """Latency-bearing steps of a ring collective: ``2 (P-1)`` for all-reduce, ``1`` for a permute, else ``P-1``."""
-  if kind == "collective-permute":
-    return 1 if workers > 1 else 0
-  return (2 if kind == "all-reduce" else 1) * (workers - 1)
-
-
 # ---------------------------------------------------------------------------------------------------
 # The profile schema as typed objects.
 
@@ -88,7 +61,8 @@ class Collective:
   Attributes:
     name: HLO instruction name (``all-reduce.7``) or any label.
     kind: one of :data:`KINDS`.
-    bytes: operand bytes ``S`` per process (all-gather: the gathered total).
+    bytes: ``S`` of the cost model: the operand bytes of one process; for all-gather the gathered
+      total (P x each process's piece), as in the formulas of :mod:`sparsejax.netanalysis.whatif`.
     compressible: a compression ratio applies to it (gradients), or not (e.g. softmax reductions).
     ready_after: index of the segment whose end makes it ready; -1: ready when the step starts.
     needed_before: index of the first segment that needs its result, or ``"end"`` (only the end of
@@ -262,7 +236,7 @@ def _type_name(value: Any) -> str:
           int: "a number", float: "a number"}.get(type(value), type(value).__name__)
 
 
-def _schema(doc: _Json, expected: str) -> dict[str, _Json]:
+def _schema(doc: _Json, expected: str) -> None:
   if not isinstance(doc.value, dict):
     raise doc.error(f"expected an object with \"schema\": \"{expected}\", got {_type_name(doc.value)}")
   if "schema" not in doc.value:
@@ -270,7 +244,6 @@ def _schema(doc: _Json, expected: str) -> dict[str, _Json]:
   version = doc.value["schema"]
   if version != expected:
     raise _Json(doc.file, version, "$.schema").error(f"unsupported schema {version!r} (this version reads {expected!r})")
-  return {}
 
 
 # ---------------------------------------------------------------------------------------------------
