@@ -25,6 +25,7 @@ from absl import logging
 from sparsejax import data as xcdata
 from sparsejax import dense, distributed, memory, metrics
 from sparsejax import model as slide
+from sparsejax.netanalysis import collect as netanalysis
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +84,13 @@ class TrainConfig:
   # data-parallel). Replicated parameters are compared every checksum_every steps.
   num_shards: int | None = None
   checksum_every: int = 500
+  # Network analysis (sparsejax.netanalysis.collect): profile netanalysis_steps steps from step
+  # netanalysis_start (0: off; the window waits for every step) into workdir/netanalysis/.
+  netanalysis_steps: int = 0
+  netanalysis_start: int = 20
+  link_capacity: str | None = None  # the link's rate, e.g. "1gbit", for utilisations
+  netanalysis_iface: str = "auto"  # interface whose tx/rx to count; auto: the one this process advertises
+  netanalysis_keep_raw: bool = False  # keep the profiler's raw output
 
   def model_config(self, num_features: int, num_labels: int) -> slide.ModelConfig:
     return slide.ModelConfig(
@@ -223,6 +231,15 @@ class Runner:
 
   def step(self, state, batch):
     return self._step(state, self.put_batch(batch))
+
+  def step_scopes(self) -> dict:
+    """The step's named scopes and how each scales with P (netanalysis)."""
+    return slide.STEP_SCOPES if self.is_slide else dense.STEP_SCOPES
+
+  def compiled_step(self, state, batch):
+    """The step as compiled for these arguments: module, collectives, scopes (netanalysis)."""
+    from sparsejax.netanalysis import collectives
+    return collectives.compile_step(self._step, state, self.put_batch(batch), known_scopes=tuple(self.step_scopes()))
 
   def maintain(self, state, step: int):
     """Table refreshes due after ``step`` steps (SLIDE only)."""
@@ -382,6 +399,10 @@ def train_and_evaluate(config: TrainConfig, workdir: str) -> dict[str, Any]:
   losses, window_start, window_steps = [], time.time(), 0
   t_loop, eval_seconds = time.time(), 0.0
   last_metrics = None
+  per_process_batch = config.batch_size // (1 if runner.is_slide else num_shards)
+  netprof = netanalysis.StepProfiler.from_config(config, workdir, job="sparse" if runner.is_slide else "dense",
+                                                 per_process_batch=per_process_batch,
+                                                 scope_scaling=runner.step_scopes())
   try:
     while max_steps is None or step < max_steps:
       # Every process must take the same steps: the budget is checked every
@@ -390,12 +411,18 @@ def train_and_evaluate(config: TrainConfig, workdir: str) -> dict[str, Any]:
           and runner.agree(time.time() - t_loop >= config.max_seconds)):
         logging.info("wall-clock budget of %.0f s reached at step %d", config.max_seconds, step)
         break
-      state, last_metrics = runner.step(state, next(batches))
+      batch = next(batches)
+      netprof.begin_step(step, lambda: runner.compiled_step(state, batch))
+      state, last_metrics = runner.step(state, batch)
       step += 1
+      netprof.end_step(step, (state, last_metrics))
       window_steps += 1
-      state = runner.maintain(state, step)
+      state = netprof.maintenance("tables", runner.maintain, state, step)
       if step % config.log_every == 0 or step == max_steps:
-        losses.append(float(_local_value(last_metrics["loss"])))  # syncs: only every log_every steps
+        losses.append(float(_local_value(last_metrics["loss"])))
+        step_times = netprof.log_record(step)
+        if writer is not None and step_times is not None:
+          writer.write(step_times)
         elapsed = time.time() - window_start
         samples_per_sec = window_steps * config.batch_size / max(elapsed, 1e-9)
         if progress is not None:
@@ -407,7 +434,7 @@ def train_and_evaluate(config: TrainConfig, workdir: str) -> dict[str, Any]:
         record = {"step": step, "epoch": step / steps_per_epoch,
                   "loss": float(np.mean(losses)) if losses else float(last_metrics["loss"]),
                   "samples_per_sec": window_steps * config.batch_size / max(time.time() - window_start, 1e-9),
-                  **evaluator(state, config.eval_samples)}
+                  **netprof.maintenance("eval", evaluator, state, config.eval_samples)}
         if writer is not None:
           writer.write(record)
         logging.info("step %d: loss %.4f  P@1 %.4f  P@5 %.4f  %.0f samples/s", step, record["loss"],
@@ -415,10 +442,12 @@ def train_and_evaluate(config: TrainConfig, workdir: str) -> dict[str, Any]:
         eval_seconds += time.time() - t_eval
         losses, window_start, window_steps = [], time.time(), 0
       if step % config.checkpoint_every == 0:
-        _save(manager, step, state, batches.state(), wait=False)
+        netprof.maintenance("checkpoint", _save, manager, step, state, batches.state(), wait=False)
       if config.checksum_every and step % config.checksum_every == 0:
-        runner.check_replicas(state, step)
+        netprof.maintenance("checksum", runner.check_replicas, state, step)
+    netprof.finish()
   finally:
+    netprof.close()
     if progress is not None:
       progress.close()
     batches.close()

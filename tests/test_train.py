@@ -35,8 +35,14 @@ def _restore_latest(workdir):
 
 def test_metrics_jsonl_and_final_result(tmp_path):
   final = train_and_evaluate(SMALL, str(tmp_path))
-  lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  records = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  lines = [r for r in records if "p@1" in r]  # evaluations (the others: per-step times every log_every steps)
   assert [l["step"] for l in lines] == [20, 40, 40]
+  step_times = [r for r in records if "step_seconds_median" in r]
+  assert [r["step"] for r in step_times] == [10, 20, 30, 40]
+  for r in step_times:
+    assert 0 < r["step_seconds_median"] <= r["step_seconds_p90"] and r["steps_timed"] == 10
+    assert r["collective_bytes_per_step"] == r["wire_bytes_per_step"] == 0  # one process: no collectives
   for l in lines:
     for key in ("step", "loss", "p@1", "p@5", "samples_per_sec", "psp@5", "sampled_p@1"):
       assert key in l and np.isfinite(l[key]), key

@@ -11,12 +11,13 @@ import math
 import re
 from typing import NamedTuple
 
+from sparsejax.netanalysis.profiles import KINDS
+
 # Bytes per element of HLO primitive types (sub-byte types round up to one byte).
 _ELEMENT_BYTES = {
     "pred": 1, "s2": 1, "u2": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4,
     "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16, "token": 0,
 }
-KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _ARRAY_RE = re.compile(r"([a-z]\w*)\[([0-9,]*)\]")
 _INSTRUCTION_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*")
 _OP_NAME_RE = re.compile(r'op_name="([^"]*)"')
@@ -49,9 +50,17 @@ class Collective(NamedTuple):
   scope: str
   op_name: str
 
+  def model_bytes(self, processes: int | None = None) -> int:
+    """``S`` of the cost model for ``processes`` (default: its group): the operand bytes, except for
+    all-gather, whose ``S`` is the gathered total (each process's piece times P)."""
+    if self.kind == "all-gather":
+      return self.operand_bytes * (processes or self.group_size)
+    return self.operand_bytes
+
   def wire_bytes(self, processes: int | None = None) -> float:
     """Bytes one process sends for this collective under a ring over ``processes`` (default: its group)."""
-    return ring_wire_bytes(self.kind, self.operand_bytes, processes or self.group_size)
+    P = processes or self.group_size
+    return ring_wire_bytes(self.kind, self.model_bytes(P), P)
 
   def to_json(self, processes: int | None = None) -> dict:
     """A JSON-ready dict, units in the key names; ``wire_bytes`` for ``processes`` (default: its group)."""
@@ -60,30 +69,29 @@ class Collective(NamedTuple):
             "scope": self.scope, "op_name": self.op_name, "wire_bytes": self.wire_bytes(processes)}
 
 
-def ring_wire_bytes(kind: str, operand_bytes: float, processes: int) -> float:
+def ring_wire_bytes(kind: str, nbytes: float, processes: int) -> float:
   """Bytes one process sends for one collective under the ring algorithm.
 
   Args:
     kind: one of :data:`KINDS`.
-    operand_bytes: ``S``, the bytes each process contributes (for all-gather its piece, for
-      reduce-scatter the whole buffer it reduces).
+    nbytes: ``S`` of the cost model: the bytes each process contributes (its whole buffer for
+      all-reduce, reduce-scatter and all-to-all; the message for collective-permute), and for
+      all-gather the gathered total ``S_total`` (P times each process's piece).
     processes: P, the processes taking part.
 
   Returns:
-    all-reduce ``2 (P-1)/P S``; all-gather ``(P-1)/P S_total`` with ``S_total = P S``;
-    reduce-scatter ``(P-1)/P S``; all-to-all ``(P-1)/P S``; collective-permute ``S``.
+    all-reduce ``2 (P-1)/P S``; all-gather and reduce-scatter ``(P-1)/P S_total``; all-to-all
+    ``(P-1)/P S``; collective-permute ``S`` (0 for a single process).
   """
   P = processes
   if P < 1:
     raise ValueError(f"processes must be >= 1, got {P}")
   if kind == "all-reduce":
-    return 2 * (P - 1) / P * operand_bytes
-  if kind == "all-gather":
-    return (P - 1) * operand_bytes
-  if kind in ("reduce-scatter", "all-to-all"):
-    return (P - 1) / P * operand_bytes
+    return 2 * (P - 1) / P * nbytes
+  if kind in ("all-gather", "reduce-scatter", "all-to-all"):
+    return (P - 1) / P * nbytes
   if kind == "collective-permute":
-    return float(operand_bytes) if P > 1 else 0.0
+    return float(nbytes) if P > 1 else 0.0
   raise ValueError(f"unknown collective kind {kind!r}; expected one of {', '.join(KINDS)}")
 
 
@@ -183,13 +191,32 @@ def scope_of(op_name: str, known=None) -> str:
   return _outer_scope(op_name, known)
 
 
-def parse_hlo_collectives(hlo_text: str, default_group_size: int = 1) -> list[Collective]:
-  """Every collective instruction in an HLO module's text (``compiled.as_text()``), in program order.
+class CompiledStep(NamedTuple):
+  """What a profiler trace of a compiled program needs to be read.
 
-  Operand shapes are looked up by operand name among the module's instructions; the asynchronous
-  ``*-start`` form counts as its kind (its ``*-done`` is skipped).
+  Attributes:
+    module: the HLO module name (the trace events' ``hlo_module``, e.g. ``jit_local_step``).
+    collectives: its collective instructions, in program order.
+    scopes: instruction name -> named scope (:func:`scope_of`) for every instruction with metadata.
   """
-  shapes, lines = {}, []
+  module: str
+  collectives: tuple[Collective, ...]
+  scopes: dict
+
+
+def parse_compiled(hlo_text: str, default_group_size: int = 1, known_scopes=None) -> CompiledStep:
+  """Reads a compiled HLO module's text (``compiled.as_text()``).
+
+  Collective operand shapes are looked up by operand name among the module's instructions; the
+  asynchronous ``*-start`` form counts as its kind (its ``*-done`` is skipped).
+
+  Args:
+    hlo_text: the module's text.
+    default_group_size: processes per replica group when the instruction does not say.
+    known_scopes: if given, the only names that count as named scopes.
+  """
+  module = re.search(r"^HloModule\s+([\w.\-]+)", hlo_text, re.M)
+  shapes, lines, scopes = {}, [], {}
   for line in hlo_text.splitlines():
     m = _INSTRUCTION_RE.match(line)
     if not m:
@@ -197,6 +224,9 @@ def parse_hlo_collectives(hlo_text: str, default_group_size: int = 1) -> list[Co
     shape, rest = _split_shape(line[m.end():])
     shapes[m.group(1)] = _arrays(shape)
     lines.append((m.group(1), shape, rest))
+    op_name = _OP_NAME_RE.search(rest)
+    if op_name:
+      scopes[m.group(1)] = scope_of(op_name.group(1), known_scopes)
   out = []
   for name, shape, rest in lines:
     opcode, _, args = rest.partition("(")
@@ -207,22 +237,30 @@ def parse_hlo_collectives(hlo_text: str, default_group_size: int = 1) -> list[Co
     m = _OP_NAME_RE.search(args)
     op_name = m.group(1) if m else ""
     result = _arrays(shape)
-    if opcode.endswith("-start"):  # async start returns (operands, results, ...): count the operands only
+    if opcode.endswith("-start"):  # async start returns (operands, results, ...): count the results only
       result = result[len(operands):2 * len(operands)] or result
     out.append(Collective(
         name=name, kind=kind, dtypes=tuple(t for t, _ in operands), shapes=tuple(d for _, d in operands),
         operand_bytes=_nbytes(operands), result_bytes=_nbytes(result),
-        group_size=_group_size(args, default_group_size), scope=scope_of(op_name), op_name=op_name))
-  return out
+        group_size=_group_size(args, default_group_size), scope=scope_of(op_name, known_scopes), op_name=op_name))
+  return CompiledStep(module.group(1) if module else "", tuple(out), scopes)
 
 
-def compiled_collectives(jitted, *args, **kwargs) -> list[Collective]:
-  """The collectives of ``jitted(*args, **kwargs)`` as XLA compiled them (compiles; does not run).
+def compile_step(jitted, *args, known_scopes=None, **kwargs) -> CompiledStep:
+  """Compiles ``jitted(*args, **kwargs)`` (does not run it) and reads the result with :func:`parse_compiled`.
+
+  JAX caches the executable: a later call with arguments of the same shapes does not compile again.
 
   Args:
     jitted: a ``jax.jit``-wrapped function.
     *args, **kwargs: example arguments (arrays or ``jax.ShapeDtypeStruct``).
+    known_scopes: if given, the only names that count as named scopes.
   """
+  import jax  # here: reading HLO text needs no JAX
   compiled = jitted.lower(*args, **kwargs).compile()
-  import jax  # imported here: parsing HLO text needs no JAX
-  return parse_hlo_collectives(compiled.as_text(), default_group_size=jax.device_count())
+  return parse_compiled(compiled.as_text(), default_group_size=jax.device_count(), known_scopes=known_scopes)
+
+
+def compiled_collectives(jitted, *args, **kwargs) -> tuple[Collective, ...]:
+  """The collectives of ``jitted(*args, **kwargs)`` as XLA compiled them (see :func:`compile_step`)."""
+  return compile_step(jitted, *args, **kwargs).collectives
