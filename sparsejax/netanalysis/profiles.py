@@ -399,6 +399,15 @@ def _positive_int(path: str, lineno: int, text: str, name: str) -> int:
   return int(text)
 
 
+def profile_stem(path: str) -> str:
+  """What reports call a profile file: its name without ``.bk.log``, ``.json`` or ``.log``."""
+  name = os.path.basename(path)
+  for suffix in (".bk.log", ".json", ".log"):
+    if name.endswith(suffix) and len(name) > len(suffix):
+      return name[:-len(suffix)]
+  return name
+
+
 def read_bk_log(path: str, iteration_seconds: float, name: str | None = None) -> Profile:
   """Read a paper-style backward profile (``*.bk.log``) as a :class:`Profile`.
 
@@ -460,13 +469,7 @@ def read_bk_log(path: str, iteration_seconds: float, name: str | None = None) ->
       if nbytes:
         collectives.append(Collective(f"layer {layer}", "all-reduce", nbytes, True, ready_after=layer + 1))
     chains.append(Chain(tuple(segments), tuple(collectives)))
-  if name is None:
-    name = os.path.basename(path)
-    for suffix in (".bk.log", ".log"):
-      if name.endswith(suffix):
-        name = name[:-len(suffix)]
-        break
-  return Profile(name=name, source="file", path=path, job="backward", workers=1, per_process_batch=None,
+  return Profile(name=profile_stem(path) if name is None else name, source="file", path=path, job="backward", workers=1, per_process_batch=None,
                  step_seconds=iteration_seconds, steps=tuple(chains))
 
 
