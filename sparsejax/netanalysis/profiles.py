@@ -33,6 +33,7 @@ SCALES = ("replicated", "sharded", "batch")
 # Collective kinds, spelled as in XLA's HLO.
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 END = "end"  # Collective.needed_before value: needed only when the step ends.
+MAX_BYTES = 2**62  # larger byte counts are corrupt input, not messages
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -313,7 +314,7 @@ def _chain_from_json(step: _Json) -> Chain:
     collectives.append(Collective(
         name=c["name"].string(),
         kind=c["kind"].string(KINDS),
-        bytes=c["bytes"].integer(minimum=0),
+        bytes=c["bytes"].integer(minimum=0, maximum=MAX_BYTES),
         compressible=c["compressible"].boolean(),
         ready_after=ready_after,
         needed_before=needed_before,
@@ -387,16 +388,25 @@ def _whole(path: str, lineno: int, text: str, name: str) -> int:
     value = float(text)
   except ValueError:
     value = math.nan
-  if not math.isfinite(value) or value < 0 or not value.is_integer():
-    raise ProfileError(f"{path}:{lineno}: {name} must be a whole number >= 0, got {text!r}")
+  if not math.isfinite(value) or value < 0 or not value.is_integer() or value > MAX_BYTES:
+    raise ProfileError(f"{path}:{lineno}: {name} must be a whole number in [0, 2^62], got {text!r}")
   return int(value)
 
 
 def _positive_int(path: str, lineno: int, text: str, name: str) -> int:
   text = text.strip()
-  if not text.isdigit() or int(text) <= 0:
+  if not (text.isascii() and text.isdigit()) or int(text) <= 0:
     raise ProfileError(f"{path}:{lineno}: line {lineno} must be the {name}, a positive integer, got {text[:60]!r}")
   return int(text)
+
+
+def profile_stem(path: str) -> str:
+  """What reports call a profile file: its name without ``.bk.log``, ``.json`` or ``.log``."""
+  name = os.path.basename(path)
+  for suffix in (".bk.log", ".json", ".log"):
+    if name.endswith(suffix) and len(name) > len(suffix):
+      return name[:-len(suffix)]
+  return name
 
 
 def read_bk_log(path: str, iteration_seconds: float, name: str | None = None) -> Profile:
@@ -460,13 +470,7 @@ def read_bk_log(path: str, iteration_seconds: float, name: str | None = None) ->
       if nbytes:
         collectives.append(Collective(f"layer {layer}", "all-reduce", nbytes, True, ready_after=layer + 1))
     chains.append(Chain(tuple(segments), tuple(collectives)))
-  if name is None:
-    name = os.path.basename(path)
-    for suffix in (".bk.log", ".log"):
-      if name.endswith(suffix):
-        name = name[:-len(suffix)]
-        break
-  return Profile(name=name, source="file", path=path, job="backward", workers=1, per_process_batch=None,
+  return Profile(name=profile_stem(path) if name is None else name, source="file", path=path, job="backward", workers=1, per_process_batch=None,
                  step_seconds=iteration_seconds, steps=tuple(chains))
 
 
@@ -655,6 +659,38 @@ def write_probe(path: str, probe: Probe) -> None:
 def read_probe(path: str) -> Probe:
   """Read a ``probe/1`` JSON file. Raises :class:`ProfileError`."""
   return probe_from_dict(load_json(path), file=path)
+
+
+# ---------------------------------------------------------------------------------------------------
+# whatif/1 (the output of `netanalysis whatif --json`)
+
+_WHATIF_ENTRIES = {
+    "grid": ("profile", "workers", "bandwidth_bps", "compression", "scaling_factor", "step_seconds",
+             "exposed_comm_seconds"),
+    "needed_compression": ("profile", "workers", "bandwidth_bps", "target_scaling", "compression"),
+}
+
+
+def read_whatif(path: str) -> dict:
+  """Read the JSON written by ``netanalysis whatif --json``, checking its schema and the entries of its
+  ``grid`` and ``needed_compression`` lists (``compression`` may be null: unreachable).
+
+  Raises:
+    ProfileError: invalid JSON, another schema, a missing or unknown key, a wrong type.
+  """
+  doc = _Json(path, load_json(path))
+  _schema(doc, WHATIF_SCHEMA)
+  keys = doc.obj(["schema", "model", "scaling", "fusion", "notes", "grid", "effective_compression"],
+                 optional=["target_scaling", "needed_compression", "needed_bandwidth", "network_bound_below"])
+  for name, fields in _WHATIF_ENTRIES.items():
+    for entry in keys[name].items() if name in keys else ():
+      values = entry.obj(fields)
+      values["profile"].string()
+      values["workers"].integer(minimum=1)
+      for field in fields[2:]:
+        if field != "compression" or name == "grid" or values[field].value is not None:
+          values[field].number()
+  return doc.value
 
 
 # ---------------------------------------------------------------------------------------------------
