@@ -113,6 +113,12 @@ def align(instances: Sequence[Mapping[tuple, tuple[float, float]]]) -> tuple[lis
                    "max_seconds": max(residuals) if residuals else 0.0, "instances": len(residuals)}
 
 
+def transfer_times(instances: Sequence[Mapping[tuple, tuple[float, float]]]) -> dict[tuple, float]:
+  """``(step, name, k) -> transfer``: each collective instance's shortest duration over the ranks."""
+  common = set.intersection(*(set(inst) for inst in instances)) if instances else set()
+  return {key: min(inst[key][1] - inst[key][0] for inst in instances) for key in common}
+
+
 def _shift(window: RankWindow, offset: float) -> RankWindow:
   return dataclasses.replace(
       window, steps=[(s, a - offset, b - offset) for s, a, b in window.steps],
@@ -185,9 +191,7 @@ def analyze(windows: Sequence[RankWindow], module: str, collectives: Sequence[Co
   common_steps = sorted(set.intersection(*(set(s for s, _, _ in w.steps) for w in windows)))
   if not common_steps:
     raise ValueError("no step was profiled on every rank")
-  transfer = {}
-  for key in set.intersection(*(set(inst) for inst in instances)):
-    transfer[key] = min(inst[key][1] - inst[key][0] for inst in instances)
+  transfer = transfer_times(instances)
 
   ranks, per_rank_steps = [], []
   missing = 0
@@ -333,3 +337,31 @@ def _chain(window: RankWindow, inst: Mapping, step: int, transfer: Mapping, modu
         "shape": list(c.shapes[0]) if len(c.shapes) == 1 else [],
     })
   return {"segments": segments, "collectives": out}
+
+
+def bottleneck(analysis: Mapping) -> str:
+  """The run's bottleneck in one sentence, from :func:`analyze`'s result."""
+  s = analysis["summary"]
+  step = s["step_seconds_median"]
+  share = {k: s[f"{k}_seconds_median"] / step for k in ("compute", "exposed_comm", "wait", "transfer", "other")}
+  util = analysis["utilisation"].get("during_comm")
+  link = f"; while communicating the link is {util:.0%} used" if util is not None else ""
+  cpu = [r["cpu_busy"] for r in analysis["ranks"] if r["cpu_busy"] is not None]
+  cpu_text = f"; the processes keep {sum(cpu):.1f} cores busy in all" if cpu else ""
+  if share["exposed_comm"] >= max(share["compute"], share["other"]):
+    if share["wait"] > share["transfer"]:
+      return (f"Communication-bound, but mostly waiting for slower peers: exposed communication is "
+              f"{share['exposed_comm']:.0%} of the step ({share['wait']:.0%} waiting, {share['transfer']:.0%} "
+              f"transfer), so rank imbalance (compute or CPU contention), not the link, sets the pace{link}{cpu_text}.")
+    if util is not None and util < 0.5:
+      return (f"Communication-bound, but not by bandwidth: {share['exposed_comm']:.0%} of the step is exposed "
+              f"communication ({share['transfer']:.0%} transfer, {share['wait']:.0%} waiting for peers), yet the link "
+              f"is only {util:.0%} used while communicating: per-message latency and host overhead dominate.")
+    return (f"Network-bound: {share['exposed_comm']:.0%} of the step is exposed communication "
+            f"({share['transfer']:.0%} transfer, {share['wait']:.0%} waiting for peers){link}.")
+  if share["compute"] >= share["other"]:
+    return (f"Compute-bound: compute is {share['compute']:.0%} of the step; exposed communication "
+            f"{share['exposed_comm']:.0%} ({share['transfer']:.0%} transfer, {share['wait']:.0%} waiting for peers)"
+            f"{link}{cpu_text}.")
+  return (f"Host-bound: {share['other']:.0%} of the step is neither XLA compute nor communication (dispatch, "
+          f"Python, data); compute {share['compute']:.0%}, exposed communication {share['exposed_comm']:.0%}{cpu_text}.")

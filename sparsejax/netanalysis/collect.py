@@ -334,18 +334,10 @@ class StepProfiler:
             "scope_scaling": self.scope_scaling, "scopes": dict(c.scopes)}
 
 
-def collectives_from_json(items) -> tuple[Collective, ...]:
-  """The compiled step's collectives from a rank file's ``run.collectives``."""
-  return tuple(Collective(name=x["name"], kind=x["kind"], dtypes=tuple(x["dtypes"]),
-                          shapes=tuple(tuple(s) for s in x["shapes"]), operand_bytes=x["operand_bytes"],
-                          result_bytes=x["result_bytes"], group_size=x["group_size"], scope=x["scope"],
-                          op_name=x["op_name"]) for x in items)
-
-
 def analyze_run(windows, run: Mapping, capacity_bps: float | None = None) -> dict:
   """:func:`breakdown.analyze` of a run's windows with its recorded settings (``capacity_bps`` overrides)."""
   return breakdown.analyze(
-      windows, run["module"], collectives_from_json(run["collectives"]), processes=run["processes"],
+      windows, run["module"], tuple(Collective.from_json(c) for c in run["collectives"]), processes=run["processes"],
       scopes=run["scopes"], scope_scaling=run["scope_scaling"],
       capacity_bps=capacity_bps if capacity_bps is not None else run["link_capacity_bps"])
 

@@ -39,6 +39,8 @@ class Collective(NamedTuple):
     scope: the ``jax.named_scope`` names in its metadata, ``+``-joined in order of first appearance
       (several when XLA combined collectives of different scopes); ``""`` when there are none.
     op_name: the metadata ``op_name`` it was lowered from.
+    producers: per operand, the instruction that computes it (through ``get-tuple-element`` and
+      ``bitcast``, which run no code), i.e. whose end in a trace is when the operand is ready.
   """
   name: str
   kind: str
@@ -49,6 +51,7 @@ class Collective(NamedTuple):
   group_size: int
   scope: str
   op_name: str
+  producers: tuple[str, ...] = ()
 
   def model_bytes(self, processes: int | None = None) -> int:
     """``S`` of the cost model for ``processes`` (default: its group): the operand bytes, except for
@@ -66,7 +69,16 @@ class Collective(NamedTuple):
     """A JSON-ready dict, units in the key names; ``wire_bytes`` for ``processes`` (default: its group)."""
     return {"name": self.name, "kind": self.kind, "dtypes": list(self.dtypes), "shapes": [list(s) for s in self.shapes],
             "operand_bytes": self.operand_bytes, "result_bytes": self.result_bytes, "group_size": self.group_size,
-            "scope": self.scope, "op_name": self.op_name, "wire_bytes": self.wire_bytes(processes)}
+            "scope": self.scope, "op_name": self.op_name, "producers": list(self.producers),
+            "wire_bytes": self.wire_bytes(processes)}
+
+  @classmethod
+  def from_json(cls, obj) -> "Collective":
+    """The inverse of :meth:`to_json` (``wire_bytes`` is recomputed, not read)."""
+    return cls(name=obj["name"], kind=obj["kind"], dtypes=tuple(obj["dtypes"]),
+               shapes=tuple(tuple(s) for s in obj["shapes"]), operand_bytes=obj["operand_bytes"],
+               result_bytes=obj["result_bytes"], group_size=obj["group_size"], scope=obj["scope"],
+               op_name=obj["op_name"], producers=tuple(obj.get("producers", ())))
 
 
 def ring_wire_bytes(kind: str, nbytes: float, processes: int) -> float:
@@ -191,6 +203,18 @@ def scope_of(op_name: str, known=None) -> str:
   return _outer_scope(op_name, known)
 
 
+_NO_CODE = ("get-tuple-element", "bitcast")  # instructions that run no thunk of their own
+
+
+def _producer(name: str, inputs: dict) -> str:
+  """The instruction that computes ``name``, looking through :data:`_NO_CODE` instructions."""
+  for _ in range(100):
+    if name not in inputs or not inputs[name]:
+      return name
+    name = inputs[name][0]
+  return name
+
+
 class CompiledStep(NamedTuple):
   """What a profiler trace of a compiled program needs to be read.
 
@@ -216,7 +240,7 @@ def parse_compiled(hlo_text: str, default_group_size: int = 1, known_scopes=None
     known_scopes: if given, the only names that count as named scopes.
   """
   module = re.search(r"^HloModule\s+([\w.\-]+)", hlo_text, re.M)
-  shapes, lines, scopes = {}, [], {}
+  shapes, lines, scopes, inputs = {}, [], {}, {}
   for line in hlo_text.splitlines():
     m = _INSTRUCTION_RE.match(line)
     if not m:
@@ -224,6 +248,9 @@ def parse_compiled(hlo_text: str, default_group_size: int = 1, known_scopes=None
     shape, rest = _split_shape(line[m.end():])
     shapes[m.group(1)] = _arrays(shape)
     lines.append((m.group(1), shape, rest))
+    opcode, _, args = rest.partition("(")
+    if opcode in _NO_CODE:
+      inputs[m.group(1)] = _operand_names(args)
     op_name = _OP_NAME_RE.search(rest)
     if op_name:
       scopes[m.group(1)] = scope_of(op_name.group(1), known_scopes)
@@ -233,7 +260,8 @@ def parse_compiled(hlo_text: str, default_group_size: int = 1, known_scopes=None
     kind = opcode[:-len("-start")] if opcode.endswith("-start") else opcode
     if kind not in KINDS:
       continue
-    operands = [a for n in _operand_names(args) for a in shapes.get(n, [])]
+    names = _operand_names(args)
+    operands = [a for n in names for a in shapes.get(n, [])]
     m = _OP_NAME_RE.search(args)
     op_name = m.group(1) if m else ""
     result = _arrays(shape)
@@ -242,7 +270,8 @@ def parse_compiled(hlo_text: str, default_group_size: int = 1, known_scopes=None
     out.append(Collective(
         name=name, kind=kind, dtypes=tuple(t for t, _ in operands), shapes=tuple(d for _, d in operands),
         operand_bytes=_nbytes(operands), result_bytes=_nbytes(result),
-        group_size=_group_size(args, default_group_size), scope=scope_of(op_name, known_scopes), op_name=op_name))
+        group_size=_group_size(args, default_group_size), scope=scope_of(op_name, known_scopes), op_name=op_name,
+        producers=tuple(_producer(n, inputs) for n in names)))
   return CompiledStep(module.group(1) if module else "", tuple(out), scopes)
 
 
