@@ -56,7 +56,7 @@ STEP_ANNOTATION = "train"
 MAINTENANCE_PREFIX = "maintenance:"
 
 
-def _broadcast_int(value: int) -> int:
+def broadcast_int(value: int) -> int:
   """Process 0's ``value`` on every process."""
   import jax
   if jax.process_count() == 1:
@@ -195,7 +195,7 @@ class StepProfiler:
     if self.compiled is None:
       self.compiled = describe()
       if self.steps:
-        self.window_start = _broadcast_int(max(self.start, step + WARMUP_STEPS))
+        self.window_start = broadcast_int(max(self.start, step + WARMUP_STEPS))
     if self.steps and not self._done and not self._active and step == self.window_start:
       self._start_window()
     if self._active:
