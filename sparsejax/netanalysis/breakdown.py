@@ -34,7 +34,7 @@ DTYPE_NAMES = {"f32": "float32", "f64": "float64", "bf16": "bfloat16", "f16": "f
 
 @dataclasses.dataclass
 class RankWindow:
-  """What one rank recorded in the profiled window (times in seconds on the rank's own clock).
+  """What one rank recorded in the profiled window (times in seconds on the rank's own clock, from ``origin``).
 
   Attributes:
     rank: process index.
@@ -47,6 +47,8 @@ class RankWindow:
     iface: the interface's name, or None.
     cpu_seconds: CPU time of the process over the window.
     wall_seconds: wall time of the window.
+    origin: the rank's wall-clock time (``time.time()``) of time 0, so that times keep sub-microsecond
+      resolution (an epoch time in float64 resolves only ~0.2 us).
   """
   rank: int
   steps: list
@@ -57,6 +59,7 @@ class RankWindow:
   iface: str | None = None
   cpu_seconds: float = 0.0
   wall_seconds: float = 0.0
+  origin: float = 0.0
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)
@@ -119,12 +122,17 @@ def transfer_times(instances: Sequence[Mapping[tuple, tuple[float, float]]]) -> 
   return {key: min(inst[key][1] - inst[key][0] for inst in instances) for key in common}
 
 
+def common_clock(windows: Sequence[RankWindow]) -> list[RankWindow]:
+  """The windows with times from rank 0's ``origin`` (each rank's wall clock, not yet aligned)."""
+  return [_shift(w, windows[0].origin - w.origin) for w in windows]
+
+
 def _shift(window: RankWindow, offset: float) -> RankWindow:
   return dataclasses.replace(
       window, steps=[(s, a - offset, b - offset) for s, a, b in window.steps],
       ops=[(n, m, a - offset, b - offset) for n, m, a, b in window.ops],
       maintenance=[(label, s, a - offset, b - offset) for label, s, a, b in window.maintenance],
-      counters=[(t - offset, tx, rx) for t, tx, rx in window.counters])
+      counters=[(t - offset, tx, rx) for t, tx, rx in window.counters], origin=window.origin + offset)
 
 
 def step_breakdown(ops: Sequence[tuple[float, float, bool]], start: float, end: float,
@@ -184,6 +192,7 @@ def analyze(windows: Sequence[RankWindow], module: str, collectives: Sequence[Co
   scopes, scope_scaling = scopes or {}, scope_scaling or {}
   names = {c.name for c in collectives}
   by_name = {c.name: c for c in collectives}
+  windows = common_clock(windows)
   raw = [collective_instances(w, module, names) for w in windows]
   offsets, residual = align(raw)
   windows = [_shift(w, off) for w, off in zip(windows, offsets)]

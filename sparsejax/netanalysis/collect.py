@@ -104,7 +104,7 @@ def window_from_trace(events: list[dict], rank: int, steps: list[tuple[int, floa
 
   The trace's clock (microseconds from the start of the profile) is mapped onto ``time.time()``
   by the step annotations: ``steps`` holds each step's wall-clock begin, taken just before its
-  annotation opened.
+  annotation opened. The window's times count from its first step's begin (``origin``).
 
   Args:
     events: Chrome trace events (:func:`read_trace`).
@@ -112,6 +112,9 @@ def window_from_trace(events: list[dict], rank: int, steps: list[tuple[int, floa
     steps: ``(step, wall begin, wall end)`` as recorded by the loop.
     maintenance: ``(label, step, wall begin, wall end)``.
   """
+  origin = min(a for _, a, _ in steps)
+  steps = [(s, a - origin, b - origin) for s, a, b in steps]
+  maintenance = [(label, s, a - origin, b - origin) for label, s, a, b in maintenance]
   begins = {s: a for s, a, _ in steps}
   shifts = [begins[int(e["args"]["step_num"])] - e["ts"] * 1e-6 for e in events
             if e.get("ph") == "X" and e.get("name") == STEP_ANNOTATION and "step_num" in e.get("args", {})
@@ -122,10 +125,9 @@ def window_from_trace(events: list[dict], rank: int, steps: list[tuple[int, floa
   ops = [(e["args"]["hlo_op"], e["args"].get("hlo_module", ""), e["ts"] * 1e-6 + shift,
           (e["ts"] + e.get("dur", 0.0)) * 1e-6 + shift)
          for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})]
-  first = min(a for _, a, _ in steps)
   last = max([b for _, _, b in steps] + [b for *_, b in maintenance])
-  ops = sorted(op for op in ops if op[3] >= first and op[2] <= last)
-  return breakdown.RankWindow(rank=rank, steps=list(steps), ops=ops, maintenance=list(maintenance))
+  ops = sorted(op for op in ops if op[3] >= 0 and op[2] <= last)
+  return breakdown.RankWindow(rank=rank, steps=steps, ops=ops, maintenance=maintenance, origin=origin)
 
 
 class StepProfiler:
@@ -305,7 +307,8 @@ class StepProfiler:
     rank = jax.process_index()
     try:
       window = window_from_trace(read_trace(self._raw_dir), rank, self._steps, self._maintenance)
-      window.counters, window.iface = counters, self.iface_name
+      window.counters = [(t - window.origin, tx, rx) for t, tx, rx in counters]
+      window.iface = self.iface_name
       window.step_io = self._step_io if self.iface_name else None
       window.cpu_seconds, window.wall_seconds = cpu, wall
       summary = window.to_json()

@@ -46,19 +46,20 @@ ELEMENT_BYTES = 4  # float32
 def define_flags(command: str) -> None:
   """Define the flags of ``probe`` (including the launcher's)."""
   del command
-  flags.DEFINE_string("out", None, "Write the probe (schema sparsejax.netanalysis.probe/1) here.", required=False)
-  flags.DEFINE_integer("max_bytes", 256 * 1024 * 1024, "Largest message S, bytes.")
-  flags.DEFINE_float("max_call_seconds", 2.0, "Stop growing a kind's messages once one call takes longer.")
-  flags.DEFINE_integer("iters", 5, "Timed calls per size (at least; more while a size costs < 0.2 s).")
-  flags.DEFINE_integer("warmup", 2, "Untimed calls per size.")
-  flags.DEFINE_float("budget_seconds", 75.0, "Stop probing larger sizes after this long (all kinds together).")
-  flags.DEFINE_list("kinds", ",".join(KINDS), "Collectives to probe.")
-  flags.DEFINE_string("link_capacity", None, "The link's nominal rate (tc units), recorded with the probe.")
-  flags.DEFINE_string("reduce_cost_out", None, "Where to write the bytes,seconds reduction cost (default: OUT's "
-                      "name with .reduce_cost.log).")
-  flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process).")
-  flags.DEFINE_integer("num_processes", None, "Processes in the job.")
-  flags.DEFINE_integer("process_id", None, "This process's rank.")
+  from sparsejax.netanalysis.report_cli import define_flag as define
+  define("string", "out", None, "Write the probe (schema sparsejax.netanalysis.probe/1) here.")
+  define("integer", "max_bytes", 256 * 1024 * 1024, "Largest message S, bytes.")
+  define("float", "max_call_seconds", 2.0, "Stop growing a kind's messages once one call takes longer.")
+  define("integer", "iters", 5, "Timed calls per size (at least; more while a size costs < 0.2 s).")
+  define("integer", "warmup", 2, "Untimed calls per size.")
+  define("float", "budget_seconds", 75.0, "Stop probing larger sizes after this long (all kinds together).")
+  define("list", "kinds", ",".join(KINDS), "Collectives to probe.")
+  define("string", "link_capacity", None, "The link's nominal rate (tc units), recorded with the probe.")
+  define("string", "reduce_cost_out", None, "Where to write the bytes,seconds reduction cost (default: OUT's "
+         "name with .reduce_cost.log).")
+  define("string", "coordinator_address", None, "host:port of process 0 (multi-process).")
+  define("integer", "num_processes", None, "Processes in the job.")
+  define("integer", "process_id", None, "This process's rank.")
 
 
 def sizes(max_bytes: int, processes: int, kind: str) -> list[int]:
@@ -223,8 +224,12 @@ def main(command: str, argv) -> int:
       raise ValueError(f"--kinds: {kind!r} is not one of {', '.join(KINDS)}")
   if FLAGS.max_bytes < ELEMENT_BYTES:
     raise ValueError(f"--max_bytes must be >= {ELEMENT_BYTES}, got {FLAGS.max_bytes}")
-  if not FLAGS.max_call_seconds > 0 or FLAGS.iters < 5 or FLAGS.warmup < 0:
-    raise ValueError("--max_call_seconds must be > 0, --iters >= 5 and --warmup >= 0")
+  if not FLAGS.max_call_seconds > 0:
+    raise ValueError(f"--max_call_seconds must be > 0, got {FLAGS.max_call_seconds}")
+  if FLAGS.iters < 5:
+    raise ValueError(f"--iters must be >= 5 (timed calls per size), got {FLAGS.iters}")
+  if FLAGS.warmup < 0:
+    raise ValueError(f"--warmup must be >= 0, got {FLAGS.warmup}")
   capacity = parse_rate(FLAGS.link_capacity) if FLAGS.link_capacity else None
   from sparsejax import distributed
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)

@@ -30,12 +30,16 @@ _RUN_KEYS = ("job", "processes", "per_process_batch", "link_capacity_bps", "modu
              "scopes")
 
 
-def define_flags(command: str) -> None:
-  """Define the flags of ``report`` or ``export-bk`` (once per process: both share this module)."""
-  def define(kind, name, default, help_text):
-    if name not in FLAGS:
-      getattr(flags, f"DEFINE_{kind}")(name, default, help_text)
+def define_flag(kind: str, name: str, default, help_text: str) -> None:
+  """``flags.DEFINE_<kind>`` unless a flag of that name exists: commands share names (``--link_capacity``)
+  and may run one after another in one process."""
+  if name not in FLAGS:
+    getattr(flags, f"DEFINE_{kind}")(name, default, help_text)
 
+
+def define_flags(command: str) -> None:
+  """Define the flags of ``report`` or ``export-bk``."""
+  define = define_flag
   define("string", "run", None, "The run's workdir (or its netanalysis/ directory), written with --netanalysis_steps.")
   if command == "export-bk":
     define("string", "out", None, "The .bk.log to write (default: RUN/netanalysis/backward.bk.log).")

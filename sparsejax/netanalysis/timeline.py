@@ -45,6 +45,7 @@ def chrome_trace(windows: Sequence[breakdown.RankWindow], analysis: Mapping, run
     analysis: :func:`breakdown.analyze` of them (clock offsets, per-collective transfer and wire bytes).
     run: the run's settings (``module``, ``scopes``, ``collectives``).
   """
+  windows = breakdown.common_clock(windows)
   offsets = analysis["alignment"]["offsets_seconds"]
   names = {c["name"] for c in run["collectives"]}
   wire = {c["name"]: c["wire_bytes"] for c in analysis["collectives"]}
