@@ -89,7 +89,7 @@ def test_analyze_two_ranks():
   assert r0["cpu_busy"] == pytest.approx(0.5)
   # The job's step is the slowest rank's (rank 1).
   assert [s["rank"] for s in a["steps"]] == [1, 1]
-  assert a["summary"]["step_seconds_median"] == pytest.approx(10.5 * MS)
+  assert a["summary"]["step_seconds_median"] == a["summary"]["step_seconds_mean"] == pytest.approx(10.5 * MS)
   assert a["scaling_factor"] == pytest.approx((10.5 - 2) / 10.5)
   # Per collective: 1004 bytes, ring wire bytes 2 (P-1)/P S = 1004, transfer 2 ms, busbw 4.016 Mbit/s.
   (c,) = a["collectives"]
@@ -131,7 +131,7 @@ def test_no_capacity_no_utilisation():
     (dict(compute=0.1, exposed_comm=0.2, wait=0.1, transfer=0.1, other=0.7), "Host-bound"),
 ])
 def test_bottleneck_sentence(shares, start):
-  summary = {"step_seconds_median": 1.0, **{f"{k}_seconds_median": v for k, v in shares.items()}}
+  summary = {"step_seconds_mean": 1.0, **{f"{k}_seconds_mean": v for k, v in shares.items()}}
   analysis = {"summary": summary, "utilisation": {"during_comm": 0.9}, "ranks": [{"cpu_busy": 1.0}]}
   assert breakdown.bottleneck(analysis).startswith(start)
 

@@ -73,6 +73,10 @@ def _median(values) -> float | None:
   return float(np.median(values)) if len(values) else None
 
 
+def _mean(values) -> float | None:
+  return float(np.mean(values)) if len(values) else None
+
+
 def _p90(values) -> float | None:
   return float(np.percentile(values, 90)) if len(values) else None
 
@@ -233,7 +237,7 @@ def analyze(windows: Sequence[RankWindow], module: str, collectives: Sequence[Co
     slowest.append(r)
     job_steps.append({"step": step, "rank": r, **{f"{k}_seconds": per_rank_steps[r][step][k] for k in FIELDS}})
   summary = {f"{k}_seconds_{stat}": fn([s[f"{k}_seconds"] for s in job_steps])
-             for k in FIELDS for stat, fn in (("median", _median), ("p90", _p90))}
+             for k in FIELDS for stat, fn in (("median", _median), ("p90", _p90), ("mean", _mean))}
 
   wire = {c.name: c.wire_bytes(processes) for c in collectives}
   wire_per_step = sum(wire.values())
@@ -350,9 +354,9 @@ def _chain(window: RankWindow, inst: Mapping, step: int, transfer: Mapping, modu
 
 def bottleneck(analysis: Mapping) -> str:
   """The run's bottleneck in one sentence, from :func:`analyze`'s result."""
-  s = analysis["summary"]
-  step = s["step_seconds_median"]
-  share = {k: s[f"{k}_seconds_median"] / step for k in ("compute", "exposed_comm", "wait", "transfer", "other")}
+  s = analysis["summary"]  # shares of the mean step: the means add up (compute + exposed comm + other = step)
+  step = s["step_seconds_mean"]
+  share = {k: s[f"{k}_seconds_mean"] / step for k in ("compute", "exposed_comm", "wait", "transfer", "other")}
   util = analysis["utilisation"].get("during_comm")
   link = f"; while communicating the link is {util:.0%} used" if util is not None else ""
   cpu = [r["cpu_busy"] for r in analysis["ranks"] if r["cpu_busy"] is not None]

@@ -161,7 +161,6 @@ def format_run_report(analysis: dict, run: dict, directory: str, capacity_source
   """The ``report`` text: breakdown (median and p90), per rank, per collective, utilisation, SF, bottleneck."""
   s = analysis["summary"]
   steps = [x["step"] for x in analysis["steps"]]
-  step = s["step_seconds_median"]
   lines = [f"Run {os.path.dirname(os.path.abspath(directory))}: {run['job']} job, P = {run['processes']}, "
            f"{len(steps)} profiled steps ({steps[0]}-{steps[-1]}), per-process batch {run['per_process_batch']}",
            f"Link capacity: {report.rate_label(analysis['capacity_bps']) + ' bit/s' if analysis['capacity_bps'] else '-'}"
@@ -171,9 +170,9 @@ def format_run_report(analysis: dict, run: dict, directory: str, capacity_source
   for key, label in (("step", "step"), ("compute", "compute"), ("comm", "communication"),
                      ("overlap", "  overlapped"), ("exposed_comm", "  exposed"), ("wait", "    waiting for peers"),
                      ("transfer", "    transfer"), ("other", "other (host, dispatch)")):
-    rows.append([label, _ms(s[f"{key}_seconds_median"]), _ms(s[f"{key}_seconds_p90"]),
-                 _pct(s[f"{key}_seconds_median"] / step)])
-  lines += [report.format_table(["", "median", "p90", "of step"], rows), ""]
+    rows.append([label, _ms(s[f"{key}_seconds_median"]), _ms(s[f"{key}_seconds_p90"]), _ms(s[f"{key}_seconds_mean"]),
+                 _pct(s[f"{key}_seconds_mean"] / s["step_seconds_mean"])])
+  lines += [report.format_table(["", "median", "p90", "mean", "of step (means)"], rows), ""]
   rows = []
   for r in analysis["ranks"]:
     med = {k: np.median([x[f"{k}_seconds"] for x in r["steps"]]) for k in breakdown.FIELDS}
