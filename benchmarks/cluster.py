@@ -237,6 +237,8 @@ def run_job(job: str, args, addrs: list[str] | None, out: str, rate: str | None 
   processes = processes or args.processes
   labels = args.labels if job == "sparse" else (args.dense_labels or args.labels)
   batch = args.per_process_batch * processes if args.per_process_batch else args.batch
+  if job == "dense":
+    batch -= batch % processes  # the data-parallel job splits the batch evenly
   steps = args.steps if job == "sparse" else args.dense_steps
   window = args.netanalysis_steps if job == "sparse" else min(args.netanalysis_steps, args.dense_steps)
   name = f"{job}_p{processes}"
@@ -282,7 +284,7 @@ def run_probe(args, addrs: list[str] | None, out: str, rate: str | None, process
 
   def command(rank, coord):
     cmd = [sys.executable, "-m", "sparsejax.netanalysis", "probe", f"--out={path}", f"--coordinator_address={coord}",
-           f"--num_processes={processes}", f"--process_id={rank}"]
+           f"--num_processes={processes}", f"--process_id={rank}", f"--max_bytes={args.probe_max_bytes}"]
     return cmd + ([f"--link_capacity={rate}"] if rate else [])
 
   t0 = time.time()
@@ -463,6 +465,7 @@ def main():
   parser.add_argument("--validate_rates", default="1gbit,100mbit,10mbit")
   parser.add_argument("--transfer_rate", default="100mbit", help="rate of the P < processes transfer check")
   parser.add_argument("--netanalysis_dir", default=None, help="keep the runs' netanalysis files here")
+  parser.add_argument("--probe_max_bytes", type=int, default=256 * 1024 * 1024, help="largest probe message")
   # Worker mode (internal).
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   parser.add_argument("--job", default="sparse", help=argparse.SUPPRESS)

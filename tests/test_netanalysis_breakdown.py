@@ -119,6 +119,23 @@ def test_chains_make_a_valid_profile():
   assert profile.steps[0].compute_seconds == pytest.approx(8.5 * MS)
 
 
+def test_chain_of_a_rank_that_waited_and_overlapped():
+  windows = _windows()
+  windows[0].steps = [(s, a, a + 12 * MS) for s, a, b in windows[0].steps]  # rank 0 is now the slowest
+  a = breakdown.analyze(windows, MODULE, [AR], processes=2, scopes=SCOPES, scope_scaling=SCALING)
+  chain = a["chains"][0]
+  # [0,3] hidden_fwd; 2 ms waiting for rank 1; the all-reduce (ready there) overlaps lsh_query [5,6]; then
+  # [7,12]: out_adam [7,9] and 3 ms of host time need its result.
+  assert [(s["scope"], round(s["seconds"] / MS, 6)) for s in chain["segments"]] == [
+      ("hidden_fwd", 3.0), ("waiting for peers", 2.0), ("lsh_query", 1.0), ("out_adam", 2.0), ("host", 3.0)]
+  (c,) = chain["collectives"]
+  assert (c["ready_after"], c["needed_before"]) == (1, 3)
+  assert c["wait_seconds"] == pytest.approx(2 * MS) and c["transfer_seconds"] == pytest.approx(2 * MS)
+  # Segments plus the transfer add up to the step, less the overlapped compute.
+  total = sum(s["seconds"] for s in chain["segments"]) + c["transfer_seconds"] - 1 * MS
+  assert total == pytest.approx(12 * MS)
+
+
 def test_no_capacity_no_utilisation():
   a = _analysis(capacity=None)
   assert "utilisation" not in a["collectives"][0] and "during_comm" not in a["utilisation"]

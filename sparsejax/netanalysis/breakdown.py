@@ -166,10 +166,6 @@ def step_breakdown(ops: Sequence[tuple[float, float, bool]], start: float, end: 
   return out
 
 
-def _scales(scope: str, scope_scaling: Mapping[str, str]) -> str:
-  return scope_scaling.get(scope, "replicated")
-
-
 def analyze(windows: Sequence[RankWindow], module: str, collectives: Sequence[Collective], *,
             processes: int, scopes: Mapping[str, str] | None = None,
             scope_scaling: Mapping[str, str] | None = None, capacity_bps: float | None = None) -> dict:
@@ -306,6 +302,21 @@ def _interface(ranks: list[dict], wire_per_step: float) -> dict | None:
   return out
 
 
+def _scope_segments(compute_ops, r0: float, r1: float, scopes, scope_scaling) -> tuple[list[dict], float]:
+  """Segments of the compute inside ``[r0, r1]``, one per scope in order of first appearance (their
+  seconds share the compute union in proportion to each scope's own union), and that union's length."""
+  inside = [(scopes.get(n, "") or "unscoped", max(a, r0), min(b, r1)) for n, a, b in compute_ops
+            if min(b, r1) > max(a, r0)]
+  busy = iv.length(iv.union((a, b) for _, a, b in inside))
+  by_scope: dict[str, list] = {}
+  for scope, a, b in sorted(inside, key=lambda x: x[1]):
+    by_scope.setdefault(scope, []).append((a, b))
+  lengths = {scope: iv.length(iv.union(spans)) for scope, spans in by_scope.items()}
+  total = sum(lengths.values())
+  return [{"seconds": busy * seconds / total, "scope": scope, "scales": scope_scaling.get(scope, "replicated")}
+          for scope, seconds in lengths.items()], busy
+
+
 def _chain(window: RankWindow, inst: Mapping, step: int, transfer: Mapping, module: str, names: set,
            by_name: Mapping[str, Collective], scopes: Mapping[str, str], scope_scaling: Mapping[str, str],
            processes: int) -> dict:
@@ -313,38 +324,38 @@ def _chain(window: RankWindow, inst: Mapping, step: int, transfer: Mapping, modu
 
   Regions are cut at collectives; in each region, compute time goes to the scopes that ran there
   (in order of first appearance, shares of the region's compute union) and the rest of the region
-  (dispatch, host) to a ``host`` segment, so segments plus collective durations add up to the step.
+  (dispatch, host) to a ``host`` segment. Then the time the next collective waited for slower peers
+  (load imbalance, which no link speed changes) becomes a ``waiting for peers`` segment, after
+  which the collective is ready; compute that ran while it was in flight follows as segments it
+  overlaps, and the next region needs its result. Segments plus transfers add up to the step.
   """
   start, end = next((a, b) for s, a, b in window.steps if s == step)
   colls = sorted((a, b, key) for key, (a, b) in inst.items() if key[0] == step)
   bounds = [start] + [x for a, b, _ in colls for x in (a, b)] + [end]
   regions = [(bounds[i], max(bounds[i], bounds[i + 1])) for i in range(0, len(bounds), 2)]
   compute_ops = [(n, a, b) for n, m, a, b in window.ops if not (n in names and m == module) and b > start and a < end]
-  segments, first_of_region = [], []
-  for r0, r1 in regions:
-    first_of_region.append(len(segments))
-    inside = [(scopes.get(n, "") or "unscoped", max(a, r0), min(b, r1)) for n, a, b in compute_ops
-              if min(b, r1) > max(a, r0)]
-    busy = iv.length(iv.union((a, b) for _, a, b in inside))
-    by_scope: dict[str, list] = {}
-    for scope, a, b in sorted(inside, key=lambda x: x[1]):
-      by_scope.setdefault(scope, []).append((a, b))
-    lengths = {scope: iv.length(iv.union(spans)) for scope, spans in by_scope.items()}
-    total = sum(lengths.values())
-    for scope, seconds in lengths.items():
-      segments.append({"seconds": busy * seconds / total, "scope": scope,
-                       "scales": _scales(scope, scope_scaling)})
-    host = (r1 - r0) - busy
-    if host > 0 or not lengths:
-      segments.append({"seconds": max(host, 0.0), "scope": "host", "scales": "replicated"})
+  segments, ready_after, needed_before = [], [], []
+  for i, (r0, r1) in enumerate(regions):
+    if i:
+      needed_before.append(len(segments))
+    region, busy = _scope_segments(compute_ops, r0, r1, scopes, scope_scaling)
+    segments += region
+    if r1 - r0 > busy or not region:
+      segments.append({"seconds": max(r1 - r0 - busy, 0.0), "scope": "host", "scales": "replicated"})
+    if i < len(colls):
+      a, b, key = colls[i]
+      wait = (b - a) - transfer.get(key, b - a)
+      if wait > 0:
+        segments.append({"seconds": wait, "scope": "waiting for peers", "scales": "replicated"})
+      ready_after.append(len(segments) - 1)
+      segments += _scope_segments(compute_ops, a, b, scopes, scope_scaling)[0]  # overlapped with the collective
   out = []
   for i, (a, b, key) in enumerate(colls):
     c = by_name[key[1]]
-    ready_after = first_of_region[i + 1] - 1
     out.append({
         "name": c.name, "kind": c.kind, "bytes": c.model_bytes(processes),
         "compressible": bool(c.scope) and all(s in GRADIENT_SCOPES for s in c.scope.split("+")),
-        "ready_after": ready_after, "needed_before": first_of_region[i + 1],
+        "ready_after": ready_after[i], "needed_before": needed_before[i],
         "transfer_seconds": transfer.get(key, b - a), "wait_seconds": (b - a) - transfer.get(key, b - a),
         "scope": c.scope, "dtype": "+".join(dict.fromkeys(DTYPE_NAMES.get(t, t) for t in c.dtypes)),
         "shape": list(c.shapes[0]) if len(c.shapes) == 1 else [],
