@@ -53,6 +53,10 @@ class Collective(NamedTuple):
   op_name: str
   producers: tuple[str, ...] = ()
 
+  def operand_sizes(self) -> list[int]:
+    """Bytes of each operand (one per element of ``shapes``)."""
+    return [_nbytes([(t, dims)]) for t, dims in zip(self.dtypes, self.shapes)]
+
   def model_bytes(self, processes: int | None = None) -> int:
     """``S`` of the cost model for ``processes`` (default: its group): the operand bytes, except for
     all-gather, whose ``S`` is the gathered total (each process's piece times P)."""

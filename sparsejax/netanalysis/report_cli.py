@@ -310,7 +310,7 @@ def backward_rows(window: breakdown.RankWindow, run: dict) -> tuple[list[list[tu
     raise ProfileError("the run has no gradient all-reduce (scope grad_reduce): export-bk needs a dense "
                        "data-parallel run (--model=dense over several processes)")
   scopes = run["scopes"]
-  grads = [(p, b) for c in reduce for p, b in zip(c.producers, _operand_sizes(c)) if scopes.get(p) == "backward"]
+  grads = [(p, b) for c in reduce for p, b in zip(c.producers, c.operand_sizes()) if scopes.get(p) == "backward"]
   out, iteration = [], []
   for step, start, end in window.steps:
     ops = [(n, a, b) for n, m, a, b in window.ops if m == run["module"] and start <= a <= end]
@@ -331,11 +331,6 @@ def backward_rows(window: breakdown.RankWindow, run: dict) -> tuple[list[list[tu
   if not out:
     raise ProfileError("no profiled step has trace events for every gradient of the all-reduce")
   return out, float(np.median(iteration))
-
-
-def _operand_sizes(c: Collective) -> list[int]:
-  itemsize = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "f64": 8, "u32": 4, "pred": 1, "s8": 1, "u8": 1}
-  return [itemsize.get(t, 4) * int(math.prod(shape)) for t, shape in zip(c.dtypes, c.shapes)]
 
 
 def _export_bk(argv) -> int:
