@@ -481,11 +481,11 @@ class CostTable:
   Attributes:
     sizes: bytes, strictly increasing (at least 2).
     seconds: seconds >= 0, one per size.
-    path: where it came from (for messages).
+    path: where it came from (for messages; not part of equality).
   """
   sizes: tuple[float, ...]
   seconds: tuple[float, ...]
-  path: str = ""
+  path: str = dataclasses.field(default="", compare=False)
 
   def __call__(self, nbytes: float) -> float:
     """Seconds for ``nbytes``: linear between rows, the first/last row's time outside the table."""
@@ -698,13 +698,12 @@ def read_whatif(path: str) -> dict:
 
 
 def read_any_profile(path: str, iteration_seconds: float | None = None) -> Profile:
-  """A ``.bk.log`` (needs ``iteration_seconds``) or a ``profile/1`` JSON file, by content.
+  """A ``profile/1`` JSON file (``*.json``, or content starting like JSON) or a ``.bk.log`` (needs ``iteration_seconds``).
 
   Raises:
     ProfileError: unreadable or malformed file, or a ``.bk.log`` without an iteration time.
   """
-  text = _read_text(path)
-  if text.lstrip().startswith("{"):
+  if path.endswith(".json") or _read_text(path).lstrip()[:1] in ("{", "["):
     return read_profile(path)
   if iteration_seconds is None:
     raise ProfileError(f"{path}: a .bk.log profile needs its one-worker iteration time: pass "
