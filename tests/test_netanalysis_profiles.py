@@ -110,15 +110,20 @@ BK_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(BK_CASES))
-def test_bad_bk_log(case, tmp_path, capsys):
-  content, line, text = BK_CASES[case]
-  path = tmp_path / "bad.bk.log"
+def _check_bad_file(capsys, path, content, line, text, read, *cli_args) -> None:
+  """Reading ``content`` raises a ProfileError at ``path:line:`` that says ``text``; so does the CLI (status 2)."""
   path.write_text(content)
   with pytest.raises(ProfileError, match=text) as e:
-    profiles.read_bk_log(str(path), 0.2)
+    read(str(path))
   assert str(e.value).startswith(f"{path}:{line}: "), str(e.value)
-  _assert_cli_error(capsys, f"{path}:{line}: ", f"--profile={path}", "--iteration_time_ms=200")
+  _assert_cli_error(capsys, f"{path}:{line}: ", *cli_args)
+
+
+@pytest.mark.parametrize("case", sorted(BK_CASES))
+def test_bad_bk_log(case, tmp_path, capsys):
+  path = tmp_path / "bad.bk.log"
+  _check_bad_file(capsys, path, *BK_CASES[case], lambda p: profiles.read_bk_log(p, 0.2), f"--profile={path}",
+                  "--iteration_time_ms=200")
 
 
 @pytest.mark.parametrize("what", ["missing", "directory"])
@@ -151,14 +156,9 @@ COST_CASES = {
 
 @pytest.mark.parametrize("case", sorted(COST_CASES))
 def test_bad_cost_table(case, tmp_path, capsys):
-  content, line, text = COST_CASES[case]
   path = tmp_path / "add.log"
-  path.write_text(content)
-  with pytest.raises(ProfileError, match=text) as e:
-    profiles.read_cost_table(str(path))
-  assert str(e.value).startswith(f"{path}:{line}: "), str(e.value)
-  _assert_cli_error(capsys, f"{path}:{line}: ", f"--profile={BK}", "--iteration_time_ms=128.1",
-                    f"--reduce_cost={path}")
+  _check_bad_file(capsys, path, *COST_CASES[case], profiles.read_cost_table, f"--profile={BK}",
+                  "--iteration_time_ms=128.1", f"--reduce_cost={path}")
 
 
 def _good_profile_json() -> dict:

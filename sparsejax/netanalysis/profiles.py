@@ -327,11 +327,15 @@ def _chain_from_json(step: _Json) -> Chain:
   return Chain(tuple(segments), tuple(collectives))
 
 
+def _write_checked(path: str, obj: dict, from_dict) -> None:
+  """Write a schema document atomically, after checking that its reader accepts it."""
+  from_dict(obj, file=f"{path} (being written)")
+  write_json_atomic(path, obj)
+
+
 def write_profile(path: str, profile: Profile) -> None:
   """Write ``profile`` as ``profile/1`` JSON (atomically). Raises ProfileError if it would not read back."""
-  obj = profile_to_dict(profile)
-  profile_from_dict(obj, file=f"{path} (being written)")
-  write_json_atomic(path, obj)
+  _write_checked(path, profile_to_dict(profile), profile_from_dict)
 
 
 def read_profile(path: str) -> Profile:
@@ -651,9 +655,7 @@ def probe_from_dict(obj: Any, file: str = "<probe>") -> Probe:
 
 def write_probe(path: str, probe: Probe) -> None:
   """Write ``probe`` as ``probe/1`` JSON (atomically). Raises ProfileError if it would not read back."""
-  obj = probe_to_dict(probe)
-  probe_from_dict(obj, file=f"{path} (being written)")
-  write_json_atomic(path, obj)
+  _write_checked(path, probe_to_dict(probe), probe_from_dict)
 
 
 def read_probe(path: str) -> Probe:

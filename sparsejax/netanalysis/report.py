@@ -123,7 +123,7 @@ def whatif_json(result: whatif.Analysis) -> dict:
                                                     "bytes": finite(result.fusion.bytes)},
       "notes": list(result.notes),
       "grid": [{"profile": p.profile, "workers": p.workers, "bandwidth_bps": p.bandwidth_bps,
-                "compression": p.compression, "scaling_factor": p.scaling_factor, "step_seconds": p.step_seconds,
+                "compression": float(p.compression), "scaling_factor": p.scaling_factor, "step_seconds": p.step_seconds,
                 "exposed_comm_seconds": p.exposed_comm_seconds} for p in result.grid],
       "effective_compression": [e._asdict() for e in result.effective_compression],
   }
