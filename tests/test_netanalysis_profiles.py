@@ -224,12 +224,12 @@ def test_bad_probe_json(tmp_path):
 
 
 FLAG_CASES = {
-    "rate zero": (["--bandwidths=0gbit"], "rate '0gbit' must be a positive"),
-    "rate negative": (["--bandwidths=-1gbit"], "rate '-1gbit'"),
-    "rate unknown unit": (["--bandwidths=10mbps"], "rate '10mbps': write a number of bit/s with one of the units"),
+    "rate zero": (["--bandwidths=0gbit"], "--bandwidths: rate '0gbit' must be a positive"),
+    "rate negative": (["--bandwidths=-1gbit"], "--bandwidths: rate '-1gbit'"),
+    "rate unknown unit": (["--bandwidths=10mbps"], "--bandwidths: rate '10mbps': write a number of bit/s with one of"),
     "compression below 1": (["--compression=1,0.5"], "--compression: 0.5 must be >= 1"),
     "workers below 2": (["--workers=1,4"], "--workers: 1 must be >= 2"),
-    "workers not a number": (["--workers=four"], "--workers: 'four' is not a number"),
+    "workers not a number": (["--workers=four"], "--workers: 'four' is not a whole number"),
     "target zero": (["--target_scaling=0"], "--target_scaling: 0.0 must be in (0, 1]"),
     "target above one": (["--target_scaling=1.5"], "--target_scaling: 1.5 must be in (0, 1]"),
     "fusion negative": (["--fusion_ms=-5"], "--fusion_ms: -5.0 must be > 0"),

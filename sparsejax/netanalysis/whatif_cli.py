@@ -58,7 +58,7 @@ def _numbers(flag: str, values: list[str], cast, minimum: float, exclusive: bool
     try:
       value = cast(text)
     except ValueError:
-      raise ValueError(f"--{flag}: {text!r} is not a number") from None
+      raise ValueError(f"--{flag}: {text!r} is not a {'whole ' if cast is int else ''}number") from None
     if not math.isfinite(value) or value < minimum or (exclusive and value == minimum):
       raise ValueError(f"--{flag}: {text} must be {'>' if exclusive else '>='} {minimum:g}")
     out.append(value)
@@ -115,7 +115,10 @@ def build_model() -> tuple[whatif.CostModel, list[float], list[str]]:
   """The cost model, the link rates to predict at and notes for the reader, from the flags."""
   notes = []
   table = profiles.read_cost_table(FLAGS.reduce_cost) if FLAGS.reduce_cost else None
-  bandwidths = [parse_rate(b) for b in FLAGS.bandwidths] if FLAGS.bandwidths else None
+  try:
+    bandwidths = [parse_rate(b) for b in FLAGS.bandwidths] if FLAGS.bandwidths else None
+  except ValueError as e:
+    raise ValueError(f"--bandwidths: {e}") from None
   if FLAGS.model == "measured":
     if not FLAGS.probe:
       raise ValueError("--model=measured needs --probe=PATH (from `python -m sparsejax.netanalysis probe`)")
