@@ -27,7 +27,7 @@ def test_help_lists_the_flags(capsys):
   status, out, _ = _run(capsys, "--help")
   assert status == 0
   for flag in ("--profile", "--iteration_time_ms", "--reduce_cost", "--probe", "--model", "--bandwidths", "--workers",
-               "--compression", "--target_scaling", "--fusion_ms", "--fusion_mb", "--scaling", "--json", "--png"):
+               "--compression", "--target_scaling", "--fusion_ms", "--fusion_mb", "--scaling", "--[no]details", "--json", "--png"):
     assert flag in out, flag
 
 
@@ -96,15 +96,18 @@ def test_measured_model_through_the_cli(capsys, tmp_path):
   profiles.write_probe(f"{tmp_path}/probe.json", probe)
   status, out, err = _run(capsys, f"--profile={tmp_path}/profile.json", "--model=measured",
                           f"--probe={tmp_path}/probe.json", "--workers=2,4", f"--json={tmp_path}/w.json",
-                          "--target_scaling=0.9")
+                          "--target_scaling=0.9", "--details")
   assert status == 0, err
-  assert "1e+08 (100mbit)" in out
+  assert "1e+08 (100mbit)" in out and "exposed ms" in out
   grid = {e["workers"]: e for e in json.load(open(f"{tmp_path}/w.json"))["grid"]}
   P, S = 2, 10**7
   comm = 2 * (P - 1) * 1e-4 + 2 * (P - 1) / P * S * 8 / 9e7 + (P - 1) * 1e-3 * (S / P) / 1e7
   assert grid[2]["bandwidth_bps"] == 1e8
   assert grid[2]["step_seconds"] == pytest.approx(0.16 + comm, rel=1e-12)
   assert grid[2]["exposed_comm_seconds"] == pytest.approx(comm, rel=1e-9)
+  detail = {e["workers"]: e for e in json.load(open(f"{tmp_path}/w.json"))["predictions"]}
+  assert detail[2]["comm_seconds"] == pytest.approx(comm, rel=1e-12) and detail[2]["bottleneck"] == "bandwidth"
+  assert detail[2]["critical_path_seconds"]["latency"] == pytest.approx(2e-4, rel=1e-12)
   status, _, err = _run(capsys, f"--profile={tmp_path}/profile.json", f"--probe={tmp_path}/probe.json")
   assert status == 2 and err.startswith("error: --probe is only used by --model=measured")
 

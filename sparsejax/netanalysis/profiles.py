@@ -683,7 +683,8 @@ def read_whatif(path: str) -> dict:
   doc = _Json(path, load_json(path))
   _schema(doc, WHATIF_SCHEMA)
   keys = doc.obj(["schema", "model", "scaling", "fusion", "notes", "grid", "effective_compression"],
-                 optional=["target_scaling", "needed_compression", "needed_bandwidth", "network_bound_below"])
+                 optional=["target_scaling", "needed_compression", "needed_bandwidth", "network_bound_below",
+                           "predictions"])
   for name, fields in _WHATIF_ENTRIES.items():
     for entry in keys[name].items() if name in keys else ():
       values = entry.obj(fields)

@@ -48,6 +48,7 @@ def define_flags(command: str) -> None:
   flags.DEFINE_float("fusion_mb", None, "... or this many MiB are pending (paper: 64).")
   flags.DEFINE_enum("scaling", "weak", ["weak", "strong"],
                     "weak: per-process batch fixed (the paper); strong: global batch fixed (batch segments ~ 1/P).")
+  flags.DEFINE_bool("details", False, "Also print one row per prediction (step, compute, comm, exposed comm).")
   flags.DEFINE_string("json", None, "Write the results as JSON (schema sparsejax.netanalysis.whatif/1) here.")
   flags.DEFINE_string("png", None, "Write PREFIX-whatif.png and PREFIX-compression.png (a directory: DIR/whatif.png).")
 
@@ -153,6 +154,8 @@ def main(command: str, argv: list[str]) -> int:
   profile_list = load_profiles(FLAGS.profile, FLAGS.iteration_time_ms)
   result = whatif.analyse(profile_list, model, workers, bandwidths, compressions, target, FLAGS.scaling, notes)
   print(report.format_whatif(result))
+  if FLAGS.details:
+    print("\n" + report.format_predictions(result))
   if FLAGS.json:
     profiles.write_json_atomic(FLAGS.json, report.whatif_json(result))
     print(f"wrote {FLAGS.json}")
