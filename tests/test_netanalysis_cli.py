@@ -27,7 +27,8 @@ def test_help_lists_the_flags(capsys):
   status, out, _ = _run(capsys, "--help")
   assert status == 0
   for flag in ("--profile", "--iteration_time_ms", "--reduce_cost", "--probe", "--model", "--bandwidths", "--workers",
-               "--compression", "--target_scaling", "--fusion_ms", "--fusion_mb", "--scaling", "--[no]details", "--json", "--png"):
+               "--compression", "--target_scaling", "--fusion_ms", "--fusion_mb", "--scaling", "--[no]details",
+               "--json", "--png"):
     assert flag in out, flag
 
 
@@ -49,8 +50,8 @@ def test_paper_run_writes_tables_json_and_pngs(capsys, tmp_path):
   doc = profiles.read_whatif(f"{tmp_path}/w.json")
   assert doc["schema"] == "sparsejax.netanalysis.whatif/1" and doc["model"] == "paper"
   assert len(doc["grid"]) == 3 * 2 * 2 * 2
-  assert {tuple(sorted(e)) for e in doc["grid"]} == {tuple(sorted(
-      ["profile", "workers", "bandwidth_bps", "compression", "scaling_factor", "step_seconds", "exposed_comm_seconds"]))}
+  assert {tuple(sorted(e)) for e in doc["grid"]} == {tuple(sorted([
+      "profile", "workers", "bandwidth_bps", "compression", "scaling_factor", "step_seconds", "exposed_comm_seconds"]))}
   assert {tuple(sorted(e)) for e in doc["needed_compression"]} == {tuple(sorted(
       ["profile", "workers", "bandwidth_bps", "target_scaling", "compression"]))}
   resnet = {(e["workers"], e["bandwidth_bps"]): e["compression"] for e in doc["needed_compression"]

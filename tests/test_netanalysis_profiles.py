@@ -60,6 +60,9 @@ def test_profile_json_round_trip(tmp_path):
   assert profiles.read_profile(str(path)) == p
   assert profiles.read_any_profile(str(path)) == p
   assert not [f for f in os.listdir(path.parent) if f != "profile.json"]  # no temporary left behind
+  umask = os.umask(0)
+  os.umask(umask)
+  assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask  # not the temporary file's 0600
   run = profiles.Profile("run", "run", "/runs/x", "sparse", 4, 32, 0.085, (profiles.Chain(
       (profiles.Segment(0.01, "hidden_fwd", "replicated"), profiles.Segment(0.02, "out_logits", "sharded")),
       (profiles.Collective("all-reduce.3", "all-reduce", 4096, False, 0, 1, 1e-4, 2e-5, "dh_reduce", "f32", (32, 32)),
@@ -179,9 +182,10 @@ def _edit(doc: dict, path: list, value=None, delete=False) -> dict:
 JSON_CASES = {
     "invalid JSON": (lambda: '{"schema": "sparsejax.netanalysis.profile/1",\n "name": }', "{path}:2:10: invalid JSON"),
     "NaN": (lambda: json.dumps(_edit(_good_profile_json(), ["step_seconds"], float("nan"))), "{path}:"),
-    "wrong schema version": (lambda: json.dumps(_edit(_good_profile_json(), ["schema"], "sparsejax.netanalysis.profile/2")),
+    "wrong schema version": (lambda: json.dumps(_edit(_good_profile_json(), ["schema"], "sparsejax.netanalysis.x/2")),
                              "{path}: $.schema: unsupported schema"),
-    "missing key": (lambda: json.dumps(_edit(_good_profile_json(), ["steps", 0, "collectives", 3, "bytes"], delete=True)),
+    "missing key": (lambda: json.dumps(_edit(_good_profile_json(), ["steps", 0, "collectives", 3, "bytes"],
+                                             delete=True)),
                     "{path}: $.steps[0].collectives[3]: missing key 'bytes'"),
     "wrong type": (lambda: json.dumps(_edit(_good_profile_json(), ["workers"], "4")),
                    "{path}: $.workers: expected a whole number"),
@@ -190,7 +194,8 @@ JSON_CASES = {
     "needed before ready": (lambda: json.dumps(_edit(_good_profile_json(), ["steps", 0, "collectives", 0,
                                                                             "needed_before"], 1)),
                             "{path}: $.steps[0].collectives[0].needed_before: must be >= 2"),
-    "unknown key": (lambda: json.dumps(_edit(_good_profile_json(), ["step_ms"], 3)), "{path}: $: unknown key 'step_ms'"),
+    "unknown key": (lambda: json.dumps(_edit(_good_profile_json(), ["step_ms"], 3)),
+                    "{path}: $: unknown key 'step_ms'"),
     "not an object": (lambda: "[1, 2]", "{path}: $: expected an object"),
 }
 
@@ -283,7 +288,8 @@ def test_random_mutations_give_a_result_or_a_profile_error(tmp_path):
     path.write_bytes(_mutate(open(source, "rb").read(), rng))
     try:
       if source.endswith("cuda_vec_add.log"):
-        whatif.predict(profiles.read_bk_log(BK, 0.1281), whatif.paper_model(profiles.read_cost_table(str(path))), 16, 1e10)
+        model_with_table = whatif.paper_model(profiles.read_cost_table(str(path)))
+        whatif.predict(profiles.read_bk_log(BK, 0.1281), model_with_table, 16, 1e10)
       else:
         profile = profiles.read_any_profile(str(path), 0.2)
         whatif.predict(profile, model, 16, 1e10, 2.0)

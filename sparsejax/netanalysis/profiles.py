@@ -130,22 +130,33 @@ class Profile:
 # JSON: atomic writer and a reader that says where a bad value is.
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
-  """Write ``obj`` as JSON to ``path`` through a temporary file in the same directory and a rename."""
+def write_text_atomic(path: str, text: str) -> None:
+  """Write ``text`` to ``path`` through a temporary file in the same directory and a rename.
+
+  An interrupted writer leaves the previous file (or none), never a partial one. The file gets the
+  usual permissions (0666 less the umask), not the temporary file's 0600.
+  """
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
   fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
   try:
     with os.fdopen(fd, "w") as f:
-      json.dump(obj, f, indent=1, allow_nan=False)
-      f.write("\n")
+      f.write(text)
       f.flush()
       os.fsync(f.fileno())
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
       os.unlink(tmp)
     raise
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+  """Write ``obj`` as JSON to ``path`` atomically (see :func:`write_text_atomic`); NaN and inf are refused."""
+  write_text_atomic(path, json.dumps(obj, indent=1, allow_nan=False) + "\n")
 
 
 def load_json(path: str) -> Any:
@@ -244,7 +255,8 @@ def _schema(doc: _Json, expected: str) -> None:
     raise doc.error(f"missing key 'schema' (expected \"{expected}\")")
   version = doc.value["schema"]
   if version != expected:
-    raise _Json(doc.file, version, "$.schema").error(f"unsupported schema {version!r} (this version reads {expected!r})")
+    raise _Json(doc.file, version, "$.schema").error(
+        f"unsupported schema {version!r} (this version reads {expected!r})")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -474,7 +486,8 @@ def read_bk_log(path: str, iteration_seconds: float, name: str | None = None) ->
       if nbytes:
         collectives.append(Collective(f"layer {layer}", "all-reduce", nbytes, True, ready_after=layer + 1))
     chains.append(Chain(tuple(segments), tuple(collectives)))
-  return Profile(name=profile_stem(path) if name is None else name, source="file", path=path, job="backward", workers=1, per_process_batch=None,
+  return Profile(name=profile_stem(path) if name is None else name, source="file", path=path, job="backward",
+                 workers=1, per_process_batch=None,
                  step_seconds=iteration_seconds, steps=tuple(chains))
 
 
@@ -551,11 +564,7 @@ def write_cost_table(path: str, table: CostTable, comment: str = "") -> None:
   """Write ``table`` as ``bytes,seconds`` rows (the format of ``cuda_vec_add.log``), atomically."""
   lines = [f"# {line}" for line in comment.splitlines()]
   lines += [f"{s:.17g},{t:.17g}" for s, t in zip(table.sizes, table.seconds)]
-  directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-  with os.fdopen(fd, "w") as f:
-    f.write("\n".join(lines) + "\n")
-  os.replace(tmp, path)
+  write_text_atomic(path, "\n".join(lines) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -701,7 +710,7 @@ def read_whatif(path: str) -> dict:
 
 
 def read_any_profile(path: str, iteration_seconds: float | None = None) -> Profile:
-  """A ``profile/1`` JSON file (``*.json``, or content starting like JSON) or a ``.bk.log`` (needs ``iteration_seconds``).
+  """A ``profile/1`` JSON file (``*.json``, or content that starts like JSON), else a ``.bk.log``.
 
   Raises:
     ProfileError: unreadable or malformed file, or a ``.bk.log`` without an iteration time.
