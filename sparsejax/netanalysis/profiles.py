@@ -130,22 +130,33 @@ class Profile:
 # JSON: atomic writer and a reader that says where a bad value is.
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
-  """Write ``obj`` as JSON to ``path`` through a temporary file in the same directory and a rename."""
+def write_text_atomic(path: str, text: str) -> None:
+  """Write ``text`` to ``path`` through a temporary file in the same directory and a rename.
+
+  An interrupted writer leaves the previous file (or none), never a partial one. The file gets the
+  usual permissions (0666 less the umask), not the temporary file's 0600.
+  """
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
   fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
   try:
     with os.fdopen(fd, "w") as f:
-      json.dump(obj, f, indent=1, allow_nan=False)
-      f.write("\n")
+      f.write(text)
       f.flush()
       os.fsync(f.fileno())
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
       os.unlink(tmp)
     raise
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+  """Write ``obj`` as JSON to ``path`` atomically (see :func:`write_text_atomic`); NaN and inf are refused."""
+  write_text_atomic(path, json.dumps(obj, indent=1, allow_nan=False) + "\n")
 
 
 def load_json(path: str) -> Any:
@@ -244,7 +255,8 @@ def _schema(doc: _Json, expected: str) -> None:
     raise doc.error(f"missing key 'schema' (expected \"{expected}\")")
   version = doc.value["schema"]
   if version != expected:
-    raise _Json(doc.file, version, "$.schema").error(f"unsupported schema {version!r} (this version reads {expected!r})")
+    raise _Json(doc.file, version, "$.schema").error(
+        f"unsupported schema {version!r} (this version reads {expected!r})")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -327,11 +339,15 @@ def _chain_from_json(step: _Json) -> Chain:
   return Chain(tuple(segments), tuple(collectives))
 
 
+def _write_checked(path: str, obj: dict, from_dict) -> None:
+  """Write a schema document atomically, after checking that its reader accepts it."""
+  from_dict(obj, file=f"{path} (being written)")
+  write_json_atomic(path, obj)
+
+
 def write_profile(path: str, profile: Profile) -> None:
   """Write ``profile`` as ``profile/1`` JSON (atomically). Raises ProfileError if it would not read back."""
-  obj = profile_to_dict(profile)
-  profile_from_dict(obj, file=f"{path} (being written)")
-  write_json_atomic(path, obj)
+  _write_checked(path, profile_to_dict(profile), profile_from_dict)
 
 
 def read_profile(path: str) -> Profile:
@@ -470,7 +486,8 @@ def read_bk_log(path: str, iteration_seconds: float, name: str | None = None) ->
       if nbytes:
         collectives.append(Collective(f"layer {layer}", "all-reduce", nbytes, True, ready_after=layer + 1))
     chains.append(Chain(tuple(segments), tuple(collectives)))
-  return Profile(name=profile_stem(path) if name is None else name, source="file", path=path, job="backward", workers=1, per_process_batch=None,
+  return Profile(name=profile_stem(path) if name is None else name, source="file", path=path, job="backward",
+                 workers=1, per_process_batch=None,
                  step_seconds=iteration_seconds, steps=tuple(chains))
 
 
@@ -481,11 +498,11 @@ class CostTable:
   Attributes:
     sizes: bytes, strictly increasing (at least 2).
     seconds: seconds >= 0, one per size.
-    path: where it came from (for messages).
+    path: where it came from (for messages; not part of equality).
   """
   sizes: tuple[float, ...]
   seconds: tuple[float, ...]
-  path: str = ""
+  path: str = dataclasses.field(default="", compare=False)
 
   def __call__(self, nbytes: float) -> float:
     """Seconds for ``nbytes``: linear between rows, the first/last row's time outside the table."""
@@ -547,11 +564,7 @@ def write_cost_table(path: str, table: CostTable, comment: str = "") -> None:
   """Write ``table`` as ``bytes,seconds`` rows (the format of ``cuda_vec_add.log``), atomically."""
   lines = [f"# {line}" for line in comment.splitlines()]
   lines += [f"{s:.17g},{t:.17g}" for s, t in zip(table.sizes, table.seconds)]
-  directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-  with os.fdopen(fd, "w") as f:
-    f.write("\n".join(lines) + "\n")
-  os.replace(tmp, path)
+  write_text_atomic(path, "\n".join(lines) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -651,9 +664,7 @@ def probe_from_dict(obj: Any, file: str = "<probe>") -> Probe:
 
 def write_probe(path: str, probe: Probe) -> None:
   """Write ``probe`` as ``probe/1`` JSON (atomically). Raises ProfileError if it would not read back."""
-  obj = probe_to_dict(probe)
-  probe_from_dict(obj, file=f"{path} (being written)")
-  write_json_atomic(path, obj)
+  _write_checked(path, probe_to_dict(probe), probe_from_dict)
 
 
 def read_probe(path: str) -> Probe:
@@ -681,7 +692,8 @@ def read_whatif(path: str) -> dict:
   doc = _Json(path, load_json(path))
   _schema(doc, WHATIF_SCHEMA)
   keys = doc.obj(["schema", "model", "scaling", "fusion", "notes", "grid", "effective_compression"],
-                 optional=["target_scaling", "needed_compression", "needed_bandwidth", "network_bound_below"])
+                 optional=["target_scaling", "needed_compression", "needed_bandwidth", "network_bound_below",
+                           "predictions"])
   for name, fields in _WHATIF_ENTRIES.items():
     for entry in keys[name].items() if name in keys else ():
       values = entry.obj(fields)
@@ -698,13 +710,12 @@ def read_whatif(path: str) -> dict:
 
 
 def read_any_profile(path: str, iteration_seconds: float | None = None) -> Profile:
-  """A ``.bk.log`` (needs ``iteration_seconds``) or a ``profile/1`` JSON file, by content.
+  """A ``profile/1`` JSON file (``*.json``, or content that starts like JSON), else a ``.bk.log``.
 
   Raises:
     ProfileError: unreadable or malformed file, or a ``.bk.log`` without an iteration time.
   """
-  text = _read_text(path)
-  if text.lstrip().startswith("{"):
+  if path.endswith(".json") or _read_text(path).lstrip()[:1] in ("{", "["):
     return read_profile(path)
   if iteration_seconds is None:
     raise ProfileError(f"{path}: a .bk.log profile needs its one-worker iteration time: pass "

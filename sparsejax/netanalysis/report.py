@@ -112,6 +112,15 @@ def format_whatif(result: whatif.Analysis) -> str:
   return "\n".join(out)
 
 
+def format_predictions(result: whatif.Analysis) -> str:
+  """One row per prediction: step, compute, channel busy time, exposed communication, SF and bottleneck."""
+  rows = [[p.profile, rate_label(p.bandwidth_bps), str(p.workers), f"{p.compression:g}x", f"{p.step_seconds * 1e3:.3f}",
+           f"{p.compute_seconds * 1e3:.3f}", f"{p.comm_seconds * 1e3:.3f}", f"{p.exposed_comm_seconds * 1e3:.3f}",
+           f"{p.scaling_factor:.4f}", p.bottleneck] for p in result.grid]
+  return format_table(["profile", "bandwidth (bit/s)", "P", "c", "step ms", "compute ms", "comm ms", "exposed ms", "SF",
+                       "bottleneck"], rows, left=2)
+
+
 def whatif_json(result: whatif.Analysis) -> dict:
   """The ``sparsejax.netanalysis.whatif/1`` document of an analysis (units in key names, null when unreachable)."""
   finite = lambda x: x if x is not None and math.isfinite(x) else None  # noqa: E731
@@ -123,9 +132,17 @@ def whatif_json(result: whatif.Analysis) -> dict:
                                                     "bytes": finite(result.fusion.bytes)},
       "notes": list(result.notes),
       "grid": [{"profile": p.profile, "workers": p.workers, "bandwidth_bps": p.bandwidth_bps,
-                "compression": p.compression, "scaling_factor": p.scaling_factor, "step_seconds": p.step_seconds,
+                "compression": float(p.compression), "scaling_factor": p.scaling_factor, "step_seconds": p.step_seconds,
                 "exposed_comm_seconds": p.exposed_comm_seconds} for p in result.grid],
       "effective_compression": [e._asdict() for e in result.effective_compression],
+      # Everything else the model says about each grid cell (the grid keeps the documented keys only).
+      "predictions": [{"profile": p.profile, "workers": p.workers, "bandwidth_bps": p.bandwidth_bps,
+                       "compression": float(p.compression), "step_seconds": p.step_seconds,
+                       "compute_seconds": p.compute_seconds, "comm_seconds": p.comm_seconds,
+                       "exposed_comm_seconds": p.exposed_comm_seconds, "scaling_factor": p.scaling_factor,
+                       "bottleneck": p.bottleneck,
+                       "critical_path_seconds": {term: p.critical[term] for term in whatif.TERMS}}
+                      for p in result.grid],
   }
   if result.target_scaling is not None:
     doc["target_scaling"] = result.target_scaling

@@ -48,6 +48,7 @@ def define_flags(command: str) -> None:
   flags.DEFINE_float("fusion_mb", None, "... or this many MiB are pending (paper: 64).")
   flags.DEFINE_enum("scaling", "weak", ["weak", "strong"],
                     "weak: per-process batch fixed (the paper); strong: global batch fixed (batch segments ~ 1/P).")
+  flags.DEFINE_bool("details", False, "Also print one row per prediction (step, compute, comm, exposed comm).")
   flags.DEFINE_string("json", None, "Write the results as JSON (schema sparsejax.netanalysis.whatif/1) here.")
   flags.DEFINE_string("png", None, "Write PREFIX-whatif.png and PREFIX-compression.png (a directory: DIR/whatif.png).")
 
@@ -58,7 +59,7 @@ def _numbers(flag: str, values: list[str], cast, minimum: float, exclusive: bool
     try:
       value = cast(text)
     except ValueError:
-      raise ValueError(f"--{flag}: {text!r} is not a number") from None
+      raise ValueError(f"--{flag}: {text!r} is not a {'whole ' if cast is int else ''}number") from None
     if not math.isfinite(value) or value < minimum or (exclusive and value == minimum):
       raise ValueError(f"--{flag}: {text} must be {'>' if exclusive else '>='} {minimum:g}")
     out.append(value)
@@ -115,7 +116,10 @@ def build_model() -> tuple[whatif.CostModel, list[float], list[str]]:
   """The cost model, the link rates to predict at and notes for the reader, from the flags."""
   notes = []
   table = profiles.read_cost_table(FLAGS.reduce_cost) if FLAGS.reduce_cost else None
-  bandwidths = [parse_rate(b) for b in FLAGS.bandwidths] if FLAGS.bandwidths else None
+  try:
+    bandwidths = [parse_rate(b) for b in FLAGS.bandwidths] if FLAGS.bandwidths else None
+  except ValueError as e:
+    raise ValueError(f"--bandwidths: {e}") from None
   if FLAGS.model == "measured":
     if not FLAGS.probe:
       raise ValueError("--model=measured needs --probe=PATH (from `python -m sparsejax.netanalysis probe`)")
@@ -150,6 +154,8 @@ def main(command: str, argv: list[str]) -> int:
   profile_list = load_profiles(FLAGS.profile, FLAGS.iteration_time_ms)
   result = whatif.analyse(profile_list, model, workers, bandwidths, compressions, target, FLAGS.scaling, notes)
   print(report.format_whatif(result))
+  if FLAGS.details:
+    print("\n" + report.format_predictions(result))
   if FLAGS.json:
     profiles.write_json_atomic(FLAGS.json, report.whatif_json(result))
     print(f"wrote {FLAGS.json}")
