@@ -7,7 +7,8 @@
 Jitted ``shard_map`` collectives over the same gloo path as training: an all-reduce (psum), an
 all-gather and a ring collective-permute (ppermute), float32, message sizes from 4 bytes doubling
 up to ``--max_bytes`` or until one call takes longer than ``--max_call_seconds``, 2 warm-up calls
-and at least 5 timed calls per size (more while they are cheap), within ``--budget_seconds``.
+and at least 5 timed calls per size (more while they are cheap), within ``--budget_seconds``
+(shared equally by the kinds).
 A call's time is the slowest rank's (every rank times its own calls; they are gathered at the end).
 
 Process 0 prints a table like the NCCL tests' (size, elements, time median / p10 / p90, algbw and
@@ -52,7 +53,8 @@ def define_flags(command: str) -> None:
   define("float", "max_call_seconds", 2.0, "Stop growing a kind's messages once one call takes longer.")
   define("integer", "iters", 5, "Timed calls per size (at least; more while a size costs < 0.2 s).")
   define("integer", "warmup", 2, "Untimed calls per size.")
-  define("float", "budget_seconds", 75.0, "Stop probing larger sizes after this long (all kinds together).")
+  define("float", "budget_seconds", 60.0, "Time for the collectives, shared equally by the kinds: a kind stops "
+         "growing its messages when its share (plus what earlier kinds left) is spent.")
   define("list", "kinds", ",".join(KINDS), "Collectives to probe.")
   define("string", "link_capacity", None, "The link's nominal rate (tc units), recorded with the probe.")
   define("string", "reduce_cost_out", None, "Where to write the bytes,seconds reduction cost (default: OUT's "
@@ -177,13 +179,14 @@ def measure(kinds, max_bytes: int, max_call: float, iters: int, warmup: int, bud
   programs = _programs(mesh, P)
   t_start = time.time()
   out = {}
-  for kind in kinds:
+  for i, kind in enumerate(kinds):
+    deadline = t_start + budget * (i + 1) / len(kinds)
     out[kind] = []
     for nbytes in sizes(max_bytes, P, kind):
       x = _input(mesh, nbytes // ELEMENT_BYTES // (P if kind == "all-gather" else 1))
       fn = programs[kind].lower(x).compile()
       first = _calls(fn, (x,), 1)[0]
-      over = first > max_call or time.time() - t_start > budget
+      over = first > max_call or time.time() > deadline
       calls = broadcast_int(0 if over else (4 * iters if first * 4 * iters < 0.2 else iters))
       if not calls:
         break
@@ -239,7 +242,7 @@ def main(command: str, argv) -> int:
                      "sparsejax.netanalysis probe ...")
   t0 = time.time()
   measured = measure(kinds, FLAGS.max_bytes, FLAGS.max_call_seconds, FLAGS.iters, FLAGS.warmup, FLAGS.budget_seconds)
-  cost = reduce_cost(min(FLAGS.max_bytes, 64 * 1024 * 1024), budget=10.0)
+  cost = reduce_cost(min(FLAGS.max_bytes, 64 * 1024 * 1024), budget=5.0)
   from sparsejax.netanalysis.collect import gather_json
   everything = gather_json(measured)
   if everything is None:
