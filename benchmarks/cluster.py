@@ -66,10 +66,11 @@ def worker(args) -> None:
   import jax
   import numpy as np
   from sparsejax import dense, model
+  from sparsejax.config import override
 
   P = jax.process_count()
   mesh = distributed.make_mesh()
-  cfg = model.ModelConfig(num_features=args.features, num_labels=args.labels, hidden_dims=(args.hidden,),
+  cfg = override(model.ModelConfig(args.features, args.labels), hidden_dims=(args.hidden,),
                           active_k=args.active_k, num_shards=P if args.job == "sparse" else 1)
   rng = np.random.default_rng(0)  # the same batches on every rank
   batches = [{"feat_ids": rng.integers(0, args.features, (args.batch, 32)).astype(np.int32),

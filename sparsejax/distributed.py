@@ -12,6 +12,9 @@ For comparison, :func:`make_dp_train_step` is the dense data-parallel
 baseline (Horovod-style): every process holds the whole model, takes a slice
 of each batch and all-reduces every gradient, ``O(params)`` bytes per step.
 
+:func:`make_run` packs one kind of run (one process or several, SLIDE or
+dense) into a :class:`Run`: the few functions a training loop calls.
+
 Everything here also runs in one process over several (virtual) CPU devices
 (``--xla_force_host_platform_device_count``), which is how the sharded math is
 unit-tested; across processes it needs :func:`initialize` first.
@@ -20,7 +23,8 @@ unit-tested; across processes it needs :func:`initialize` first.
 import dataclasses
 import functools
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.extend
@@ -30,7 +34,7 @@ from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sparsejax import dense, metrics, model, ops, tables
+from sparsejax import dense, inference, model, ops, tables
 
 AXIS = "shard"
 
@@ -203,7 +207,7 @@ def make_rebuild(config: model.ModelConfig, mesh: jax.sharding.Mesh, new_hash_fu
 
 
 def make_predict(config: model.ModelConfig, mesh: jax.sharding.Mesh, top: int = 5):
-  """``predict(state, feat_ids, feat_vals) -> (exact [n, top], sampled [n, top])`` global ids.
+  """``predict(state, feat_ids, feat_vals) -> (scores, ids, sampled_ids)``, each ``[n, top]``, global ids.
 
   Exact: each shard's exact top-``top`` over its rows, all-gathered and
   merged. Sampled: the same over each shard's LSH-sampled active set.
@@ -215,7 +219,7 @@ def make_predict(config: model.ModelConfig, mesh: jax.sharding.Mesh, top: int = 
     scores = jax.lax.all_gather(scores, AXIS, axis=1, tiled=True)
     ids = jax.lax.all_gather(ids, AXIS, axis=1, tiled=True)
     best, pos = jax.lax.top_k(scores, top)
-    return jnp.take_along_axis(ids, pos, axis=1)
+    return best, jnp.take_along_axis(ids, pos, axis=1)
 
   def local(state, fids, fvals):
     state = _local_tables(state)
@@ -223,16 +227,16 @@ def make_predict(config: model.ModelConfig, mesh: jax.sharding.Mesh, top: int = 
     n = _num_valid(config, rows)
     h = model.hidden(state, fids, fvals)
     bias = jnp.where(jnp.arange(rows) < n, state.out.b, -jnp.inf)  # padding rows never win
-    scores, ids = metrics.exact_topk(h, state.out.w, bias, min(top, rows))
-    exact = merge(scores, ids + offset)
+    scores, ids = inference.exact_topk(h, state.out.w, bias, min(top, rows))
+    scores, ids = merge(scores, ids + offset)
     active, _ = tables.lsh_query(state.tables, state.lsh, h, k=model.local_active_k(config, config.num_shards),
                                  num_rows=n)
     logits = ops.sparse_logits(h, state.out.w, state.out.b, active)
     s, pos = jax.lax.top_k(logits, top)
-    sampled = merge(s, jnp.take_along_axis(active, pos, axis=1) + offset)
-    return exact, sampled
+    _, sampled = merge(s, jnp.take_along_axis(active, pos, axis=1) + offset)
+    return scores, ids, sampled
 
-  return jax.jit(_shard_map(local, mesh, (specs, P(), P()), (P(), P())))
+  return jax.jit(_shard_map(local, mesh, (specs, P(), P()), (P(), P(), P())))
 
 
 def make_checksum(mesh: jax.sharding.Mesh):
@@ -265,6 +269,149 @@ def make_dp_train_step(config: model.ModelConfig, mesh: jax.sharding.Mesh):
   specs = dense_state_specs(abstract)
   local = functools.partial(dense.train_step, config=config, axis=AXIS)
   return jax.jit(_shard_map(local, mesh, (specs, P(AXIS)), (specs, P())), donate_argnums=0)
+
+
+# --- Runs: one interface for the four kinds ------------------------------------------
+
+
+def local_value(x) -> np.ndarray:
+  """This process's copy of a (replicated) array, as numpy."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    x = x.addressable_data(0)
+  return np.asarray(x)
+
+
+def agree(flag: bool) -> bool:
+  """Process 0's ``flag``, on every process (for decisions that change control flow)."""
+  if jax.process_count() == 1:
+    return flag
+  from jax.experimental import multihost_utils
+  return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
+
+
+class Run(NamedTuple):
+  """How one kind of run initializes, steps, maintains and predicts (built by :func:`make_run`).
+
+  Attributes:
+    config: the model (``num_shards`` set for a sharded SLIDE run).
+    num_shards: processes the run is spread over (1: this process alone).
+    init: ``() -> state``, a fresh state.
+    abstract_state: ``() -> state`` of ``jax.ShapeDtypeStruct`` with shardings, to restore a checkpoint into.
+    step: ``(state, batch) -> (state, metrics)``; the state is donated, the batch is host arrays (the same
+      on every process).
+    maintain: ``(state, steps) -> state``: the table refreshes due after ``steps`` steps.
+    predict: ``(state, feat_ids, feat_vals) -> (scores, ids, sampled_ids or None)``: numpy ``[n, top]``,
+      exact over all outputs and, for SLIDE, over the LSH-sampled active set.
+    check_replicas: ``(state, steps) -> None``; raises if replicated parameters differ between processes.
+  """
+  config: model.ModelConfig
+  num_shards: int
+  init: Callable[[], Any]
+  abstract_state: Callable[[], Any]
+  step: Callable[[Any, dict], tuple[Any, dict]]
+  maintain: Callable[[Any, int], Any]
+  predict: Callable[[Any, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray | None]]
+  check_replicas: Callable[[Any, int], None]
+
+
+def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: int = 5) -> Run:
+  """The run of ``config`` (SLIDE or dense, by ``config.network.model``) over ``num_shards`` processes.
+
+  Args:
+    config: the model, ``num_shards == 1`` (set here for a sharded run).
+    seed: the PRNG seed of the initial state.
+    num_shards: 1 (this process) or the processes of the job, one mesh device each.
+    top: predictions per sample.
+  """
+  key = jax.random.key(seed)
+  top = min(top, config.num_labels)
+  schedule = model.TableSchedule.from_config(config.tables)
+  slide = config.network.model == "slide"
+  if num_shards == 1:
+    return (_single_slide if slide else _single_dense)(config, key, schedule, top)
+  mesh = make_mesh(num_shards)
+  return (_sharded_slide if slide else _data_parallel_dense)(config, key, schedule, top, mesh)
+
+
+def _maintainer(schedule: model.TableSchedule, rebuild, rehash):
+  def maintain(state, steps: int):
+    if schedule.rehash_due(steps):
+      logging.info("step %d: new hash functions, tables rebuilt", steps)
+      return rehash(state)
+    if schedule.rebuild_due(steps):
+      return rebuild(state)
+    return state
+  return maintain
+
+
+def _host(predict):
+  """``predict`` with numpy results (this process's copy)."""
+  def call(state, fi, fv):
+    return tuple(None if x is None else local_value(x) for x in predict(state, fi, fv))
+  return call
+
+
+def _no_check(state, steps):
+  del state, steps
+
+
+def _single_slide(config, key, schedule, top) -> Run:
+  def predict(state, fi, fv):
+    scores, ids = inference.predict_exact(state, fi, fv, top=top)
+    return scores, ids, inference.predict_sampled(state, fi, fv, config=config, top=top)[1]
+
+  fresh = functools.partial(model.init, key, config)
+  rebuild = jax.jit(model.rebuild_tables, donate_argnums=0)
+  rehash = jax.jit(functools.partial(model.new_hash_functions, config=config), donate_argnums=0)
+  return Run(config, 1, fresh, lambda: jax.eval_shape(fresh),
+             jax.jit(functools.partial(model.train_step, config=config), donate_argnums=0),
+             _maintainer(schedule, rebuild, rehash), _host(jax.jit(predict)), _no_check)
+
+
+def _exact_only(top):
+  def predict(state, fi, fv):
+    return (*inference.predict_exact(state, fi, fv, top=top), None)
+  return predict
+
+
+def _single_dense(config, key, schedule, top) -> Run:
+  fresh = functools.partial(dense.init, key, config)
+  return Run(config, 1, fresh, lambda: jax.eval_shape(fresh),
+             jax.jit(functools.partial(dense.train_step, config=config), donate_argnums=0),
+             lambda state, steps: state, _host(jax.jit(_exact_only(top))), _no_check)
+
+
+def _global_abstract(init):
+  return lambda: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), init())
+
+
+def _sharded_slide(config, key, schedule, top, mesh) -> Run:
+  config = dataclasses.replace(config, num_shards=mesh.size)
+  fresh = functools.partial(init, key, config, mesh)
+  step = make_train_step(config, mesh)
+  predict = make_predict(config, mesh, top)
+  checksum = make_checksum(mesh)
+
+  def check_replicas(state, steps):
+    sums = local_value(checksum(state))
+    if len(set(sums.tolist())) != 1:
+      raise RuntimeError(f"step {steps}: replicated parameters differ between processes "
+                         f"(checksums {sums.tolist()}): replicas drifted")
+
+  return Run(config, mesh.size, fresh, _global_abstract(fresh),
+             lambda state, batch: step(state, to_global(batch, mesh)),
+             _maintainer(schedule, make_rebuild(config, mesh), make_rebuild(config, mesh, new_hash_functions=True)),
+             _host(lambda state, fi, fv: predict(state, *to_global((fi, fv), mesh))), check_replicas)
+
+
+def _data_parallel_dense(config, key, schedule, top, mesh) -> Run:
+  replicated = NamedSharding(mesh, P())
+  fresh = jax.jit(functools.partial(dense.init, key, config), out_shardings=replicated)
+  step = make_dp_train_step(config, mesh)
+  predict = jax.jit(_exact_only(top))  # the model is replicated
+  return Run(config, mesh.size, fresh, _global_abstract(fresh),
+             lambda state, batch: step(state, to_global(batch, mesh, P(AXIS))), lambda state, steps: state,
+             _host(lambda state, fi, fv: predict(state, *to_global((fi, fv), mesh))), _no_check)
 
 
 # --- Communication accounting ----------------------------------------------------

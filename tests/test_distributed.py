@@ -26,8 +26,9 @@ def _python(script: str, devices: int, timeout: int = 300) -> str:
 SHARDED_VS_SINGLE = """
     import dataclasses, functools, json, jax, jax.numpy as jnp, numpy as np
     from sparsejax import data, distributed, model
+    from sparsejax.config import override
     ds = data.make_synthetic(400, 200, {N}, labels_per_sample=2, seed=3)
-    base = model.ModelConfig(num_features=200, num_labels={N}, hidden_dims=(16,), active_k={K}, num_tables=4,
+    base = override(model.ModelConfig(200, {N}), hidden_dims=(16,), active_k={K}, num_tables=4,
                              learning_rate=1e-2)
     mesh = distributed.make_mesh({P})
     sharded_cfg = dataclasses.replace(base, num_shards={P})
@@ -82,10 +83,11 @@ def test_collective_bytes_are_o_batch_times_hidden():
   script = """
     import dataclasses, jax, jax.numpy as jnp, numpy as np
     from sparsejax import data, distributed, model, dense
+    from sparsejax.config import override
     from jax.sharding import PartitionSpec as P
     out = []
     for N in (1000, 8000):
-      cfg = model.ModelConfig(num_features=500, num_labels=N, hidden_dims=(32,), active_k=64, num_tables=4,
+      cfg = override(model.ModelConfig(500, N), hidden_dims=(32,), active_k=64, num_tables=4,
                               num_shards=2)
       mesh = distributed.make_mesh(2)
       state = distributed.init(jax.random.key(0), cfg, mesh)
@@ -225,7 +227,8 @@ def test_checksum_detects_replica_drift():
   script = """
     import json, jax, numpy as np
     from sparsejax import distributed, model
-    cfg = model.ModelConfig(num_features=50, num_labels=30, hidden_dims=(8,), active_k=8, num_tables=2, num_shards=2)
+    from sparsejax.config import override
+    cfg = override(model.ModelConfig(50, 30), hidden_dims=(8,), active_k=8, num_tables=2, num_shards=2)
     mesh = distributed.make_mesh(2)
     state = distributed.init(jax.random.key(0), cfg, mesh)
     checksum = distributed.make_checksum(mesh)

@@ -1,6 +1,5 @@
 """train_and_evaluate: logging, bit-identical resume, crash safety, data errors."""
 
-import dataclasses
 import json
 import os
 import signal
@@ -14,11 +13,12 @@ import numpy as np
 import pytest
 
 from sparsejax import data
-from sparsejax.train import TrainConfig, train_and_evaluate
+from sparsejax.config import Config, override
+from sparsejax.train import train_and_evaluate
 
-SMALL = TrainConfig(
-    dataset="synthetic", synthetic_samples=3000, synthetic_features=1000, synthetic_labels=200,
-    hidden_dims=(32,), active_k=32, num_tables=8, batch_size=64, num_epochs=None, max_steps=40,
+SMALL = override(
+    Config(), dataset="synthetic", synthetic_samples=3000, synthetic_features=1000, synthetic_labels=200,
+    hidden_dims=(32,), active_k=32, num_tables=8, batch_size=64, max_steps=40,
     eval_every=20, eval_samples=300, log_every=10, checkpoint_every=15, rebuild_period=7,
     rebuild_growth=1.3, rehash_period=25, reinsert="labels", progress=False, learning_rate=3e-3)
 
@@ -41,14 +41,14 @@ def test_metrics_jsonl_and_final_result(tmp_path):
     for key in ("step", "loss", "p@1", "p@5", "samples_per_sec", "psp@5", "sampled_p@1"):
       assert key in l and np.isfinite(l[key]), key
   assert lines[-1]["final"] and final["step"] == 40
-  assert json.load(open(tmp_path / "config.json"))["active_k"] == 32
+  assert Config.from_dict(json.load(open(tmp_path / "config.json"))) == SMALL
 
 
 def test_resume_is_bit_identical(tmp_path):
   straight, split = tmp_path / "straight", tmp_path / "split"
   train_and_evaluate(SMALL, str(straight))
   # Stop at 22 (between checkpoints, after a rebuild, a rehash is pending), then resume.
-  train_and_evaluate(dataclasses.replace(SMALL, max_steps=22), str(split))
+  train_and_evaluate(override(SMALL, max_steps=22), str(split))
   train_and_evaluate(SMALL, str(split))
   step_a, state_a, data_a = _restore_latest(str(straight))
   step_b, state_b, data_b = _restore_latest(str(split))
@@ -61,13 +61,13 @@ def test_resume_is_bit_identical(tmp_path):
 
 def test_killed_during_saves_keeps_last_good_checkpoint(tmp_path):
   """SIGKILL while checkpoints are being written; the next run resumes cleanly."""
-  config = dataclasses.replace(SMALL, synthetic_labels=20000, hidden_dims=(64,), max_steps=100000,
+  config = override(SMALL, synthetic_labels=20000, hidden_dims=(64,), max_steps=100000,
                                checkpoint_every=1, eval_every=10**9, keep_checkpoints=3)
   script = textwrap.dedent(f"""
-      import dataclasses
-      from sparsejax.train import TrainConfig, train_and_evaluate
-      train_and_evaluate(TrainConfig(**{dataclasses.asdict(config)!r}), {str(tmp_path)!r})
-  """).replace("'hidden_dims': [64]", "'hidden_dims': (64,)")
+      from sparsejax.config import Config
+      from sparsejax.train import train_and_evaluate
+      train_and_evaluate(Config.from_dict({config.to_dict()!r}), {str(tmp_path)!r})
+  """)
   proc = subprocess.Popen([sys.executable, "-P", "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   ckpt = tmp_path / "checkpoints"
   deadline = time.time() + 120
@@ -82,7 +82,7 @@ def test_killed_during_saves_keeps_last_good_checkpoint(tmp_path):
   proc.wait()
   step, state, _ = _restore_latest(str(tmp_path))
   assert step >= 2 and int(state["step"]) == step
-  final = train_and_evaluate(dataclasses.replace(config, max_steps=step + 3), str(tmp_path))
+  final = train_and_evaluate(override(config, max_steps=step + 3), str(tmp_path))
   assert final["step"] == step + 3
 
 
@@ -92,14 +92,14 @@ def test_malformed_data_file_error_names_the_line(tmp_path):
   lines = open(tmp_path / "train.txt").read().splitlines()
   lines[7] = "3 1:0.5 x:1"
   (tmp_path / "test.txt").write_text("\n".join(lines) + "\n")
-  config = dataclasses.replace(SMALL, dataset="files", train_file=str(tmp_path / "train.txt"),
-                               test_file=str(tmp_path / "test.txt"))
+  config = override(SMALL, dataset="files", train_file=str(tmp_path / "train.txt"),
+                    test_file=str(tmp_path / "test.txt"))
   with pytest.raises(data.XCFormatError, match=r"test\.txt:8: malformed feature id 'x'"):
     train_and_evaluate(config, str(tmp_path / "wd"))
 
 
 def test_dense_model_and_budget(tmp_path):
-  config = dataclasses.replace(SMALL, model="dense", max_steps=None, max_seconds=3.0, eval_every=10**9)
+  config = override(SMALL, model="dense", max_steps=None, max_seconds=3.0, eval_every=10**9)
   final = train_and_evaluate(config, str(tmp_path))
   assert 0 < final["step"] and final["train_seconds"] < 30
   assert "sampled_p@1" not in final and 0 <= final["p@1"] <= 1

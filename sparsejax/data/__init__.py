@@ -12,11 +12,13 @@ Everything is numpy-only (no JAX import), so it is safe in loader threads.
  optional ``simple-icd-10-cm`` and ``scikit-learn`` packages).
 * :class:`BatchIterator` / :func:`batches` - seeded, resumable, prefetched
  mini-batches.
+* :func:`load_dataset` - the train and test sets a run's data settings name.
 """
 
 from .batching import BatchIterator, batches, epoch_permutation
 from .dataset import PAD_ID, XCDataset, train_test_split
 from .icd10 import ICD10Info, load_icd10
+from .loading import LoadedData, load_dataset
 from .synthetic import make_synthetic
 from .xc_format import XCFormatError, load_xc_file, save_xc_file
 
@@ -24,10 +26,12 @@ __all__ = [
     "PAD_ID",
     "BatchIterator",
     "ICD10Info",
+    "LoadedData",
     "XCDataset",
     "XCFormatError",
     "batches",
     "epoch_permutation",
+    "load_dataset",
     "load_icd10",
     "load_xc_file",
     "make_synthetic",

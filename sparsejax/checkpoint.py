@@ -1,0 +1,72 @@
+"""A work directory's checkpoints (orbax): the state, the data position, and the config that made them.
+
+``WORKDIR/checkpoints/<step>/`` holds one checkpoint: ``state`` (every array
+of the training state; each process writes its shards), ``data`` (the batch
+iterator's position). A save runs in the background; one interrupted by a
+crash never replaces the last complete checkpoint.
+"""
+
+import os
+
+from absl import logging
+
+
+class _DropOrbaxInfo:
+  """absl logging filter: orbax logs every step of every save at INFO."""
+
+  def filter(self, record) -> bool:
+    return record.levelno > 20 or "orbax" not in record.pathname
+
+
+def quiet_orbax_logs() -> None:
+  """Keeps orbax's INFO lines out of the log (warnings and errors still show)."""
+  handler = logging.get_absl_handler()
+  if not any(isinstance(f, _DropOrbaxInfo) for f in handler.filters):
+    handler.addFilter(_DropOrbaxInfo())
+
+
+class Checkpoints:
+  """Save and restore training states in ``WORKDIR/checkpoints``.
+
+  Args:
+    workdir: the run's work directory.
+    keep: newest checkpoints kept (None: all).
+  """
+
+  def __init__(self, workdir: str, keep: int | None):
+    import orbax.checkpoint as ocp  # imported lazily: heavy
+
+    self._ocp = ocp
+    self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    self._manager = ocp.CheckpointManager(self.directory,
+                                          options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+
+  def latest_step(self) -> int | None:
+    """The newest complete checkpoint's step (None: none yet)."""
+    return self._manager.latest_step()
+
+  def save(self, step: int, state, data_state: dict, *, wait: bool = False) -> None:
+    """Saves ``state`` and the data position as checkpoint ``step`` (in the background unless ``wait``)."""
+    ocp = self._ocp
+    self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                     data=ocp.args.JsonSave(data_state)))
+    if wait:
+      self.wait()
+
+  def restore(self, abstract_state):
+    """``(state, data_state)`` of the newest checkpoint, or None if there is none.
+
+    Args:
+      abstract_state: shapes, dtypes and shardings to restore into.
+    """
+    step = self.latest_step()
+    if step is None:
+      return None
+    ocp = self._ocp
+    restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                                                   data=ocp.args.JsonRestore()))
+    return restored["state"], restored["data"]
+
+  def wait(self) -> None:
+    """Blocks until background saves are on disk."""
+    self._manager.wait_until_finished()
