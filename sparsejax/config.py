@@ -327,7 +327,9 @@ class RunConfig(Section):
   propensity_b: float = option(1.5, "Propensity model parameter B of the PSP@k metrics.", identity=False)
   tensorboard: bool = option(False, "Also write TensorBoard events to WORKDIR/tensorboard (needs tensorboardX).",
                              identity=False)
-  progress: bool = option(True, "Show a progress bar on the console.", identity=False)
+  progress: bool = option(
+      True, "Show a progress bar when the console is a terminal (otherwise, and with --noprogress, log a line "
+      "with the step, the loss and the throughput every --log_every steps).", identity=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,6 +339,10 @@ class CheckpointConfig(Section):
                                  bounds=AT_LEAST_ONE, identity=False)
   keep_checkpoints: int | None = option(2, "Newest checkpoints kept; none: keep all.", bounds=AT_LEAST_ONE,
                                         identity=False)
+  resume: str = option(
+      "auto", "What to do when WORKDIR holds checkpoints: auto (continue the run if its settings are these, else "
+      "stop and list the differences), force (continue it with these settings, e.g. a new learning rate) or never "
+      "(stop: a new run needs a new WORKDIR).", choices=("auto", "force", "never"), identity=False)
 
 
 @dataclasses.dataclass(frozen=True)

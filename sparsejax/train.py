@@ -1,35 +1,45 @@
 """``train_and_evaluate(config, workdir)``: the training loop of a SLIDE network or its dense baseline.
 
-It validates the config, loads the data (:func:`sparsejax.data.load_dataset`),
-builds the run (:func:`sparsejax.distributed.make_run`: one process or
-several, SLIDE or dense), resumes from the newest checkpoint in ``workdir``
-(:mod:`sparsejax.checkpoint`), trains until the budget is spent, evaluating
+It validates the config and the work directory, loads the data
+(:func:`sparsejax.data.load_dataset`), builds the run
+(:func:`sparsejax.distributed.make_run`: one process or several, SLIDE or
+dense), resumes from the newest checkpoint when it continues the same run
+(:mod:`sparsejax.checkpoint`), trains until the budget is spent or a signal
+asks it to stop (:mod:`sparsejax.stopping`), evaluating
 (:mod:`sparsejax.evaluation`) and writing metrics
 (:mod:`sparsejax.metric_writer`) on the way, and returns the final
 evaluation. A resumed run continues exactly as an uninterrupted one would.
 
-Files in ``workdir``: ``metrics.jsonl`` (one JSON object per evaluation),
-``checkpoints/``, ``config.json`` and, if asked for, ``tensorboard/``.
+Files in ``workdir``: ``metrics.jsonl``, ``checkpoints/``, ``config.json``
+(written once the run has started or resumed), ``assets/`` (label names,
+vectorizer: what :func:`sparsejax.load` needs) and, if asked for,
+``tensorboard/``.
 """
 
 import json
 import os
+import signal
 import time
 from typing import Any
 
 import jax
-import numpy as np
 from absl import logging
 
-from sparsejax import checkpoint, distributed, memory, model
+from sparsejax import checkpoint, distributed, memory, model, trained
 from sparsejax.config import Config, ConfigError
+from sparsejax.console import Progress
 from sparsejax.data import BatchIterator, load_dataset
 from sparsejax.evaluation import Evaluator
-from sparsejax.metric_writer import MetricWriter
+from sparsejax.metric_writer import MetricWriter, read_records
+from sparsejax.stopping import Interrupted, StopRequests
+
+# Final-record fields that describe the run rather than a point of a curve.
+_SUMMARY_FIELDS = ("step", "epoch", "loss", "samples_per_sec", "seconds", "train_seconds", "num_params", "final",
+                   "num_processes")
 
 
 def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
-  """Trains and evaluates; resumes from ``workdir`` if it holds a checkpoint.
+  """Trains and evaluates; continues the run in ``workdir`` if it holds one.
 
   Args:
     config: the run (validated here, before any data is loaded).
@@ -37,18 +47,30 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
 
   Returns:
     The final evaluation (exact and sampled P@k, nDCG@k, PSP@k) with
-    ``step``, ``samples_per_sec``, ``train_seconds`` and ``num_params``.
+    ``step``, ``samples_per_sec``, ``train_seconds`` and ``num_params``. For a
+    run that had already finished, its recorded final evaluation.
 
   Raises:
-    ConfigError: an invalid setting (before anything is loaded).
+    ConfigError: an invalid setting or an unwritable work directory (before anything is loaded).
+    ResumeError: ``workdir`` holds checkpoints of another run.
+    Interrupted: SIGINT or SIGTERM stopped the run (after saving a checkpoint).
   """
   config.validate()
   num_shards = config.dist.num_shards or jax.process_count()
   if config.network.model == "dense" and config.optim.batch_size % num_shards:
     raise ConfigError("batch_size", config.optim.batch_size,
                       f"data-parallel training splits each batch over {num_shards} processes: must divide by it")
-  os.makedirs(workdir, exist_ok=True)
+  checkpoint.check_writable(workdir)
   checkpoint.quiet_orbax_logs()
+  checkpoints = checkpoint.Checkpoints(workdir, config.checkpoint.keep_checkpoints)
+  latest = checkpoints.latest_step()
+  meta = None if latest is None else checkpoints.meta(latest)
+  if latest is not None:
+    checkpoint.check_resume(meta, latest, config, num_shards, workdir)
+    finished = _recorded_final(workdir, config, latest, meta)
+    if finished is not None:
+      return finished
+
   t_start = time.time()
   data = load_dataset(config.data, seed=config.run.seed)
   train, test = data.train, data.test
@@ -58,109 +80,149 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   if steps_per_epoch == 0:
     raise ConfigError("batch_size", config.optim.batch_size, f"exceeds the {len(train)} training samples")
   max_steps = config.budget.max_steps_for(steps_per_epoch)
-  max_features = config.data.max_features or max(train.max_features_per_sample(), 1)
-  max_labels = config.data.max_labels or max(train.max_labels_per_sample(), 1)
+  sizes = {"num_features": train.num_features, "num_labels": train.num_labels, "num_train": len(train),
+           "steps_per_epoch": steps_per_epoch,
+           "max_features": config.data.max_features or max(train.max_features_per_sample(), 1),
+           "max_labels": config.data.max_labels or max(train.max_labels_per_sample(), 1)}
+  if meta is not None and meta["data"] != sizes and config.checkpoint.resume != "force":
+    raise checkpoint.ResumeError(f"{checkpoints.directory}/{latest} was trained on other data: {meta['data']}, "
+                                 f"now {sizes}. Use another --workdir for a new run")
 
   run = distributed.make_run(config.model_config(train.num_features, train.num_labels), seed=config.run.seed,
                              num_shards=num_shards)
-  checkpoints = checkpoint.Checkpoints(workdir, config.checkpoint.keep_checkpoints)
-  restored = checkpoints.restore(run.abstract_state())
+  restored = checkpoints.restore(run.abstract_state()) if latest is not None else None
   if restored is None:
-    state, data_state = run.init(), {"epoch": 0, "index": 0}
+    state, position = run.init(), {"epoch": 0, "index": 0, "seconds": 0.0}
   else:
-    state, data_state = restored
-    logging.info("resumed from step %d (epoch %d, index %d)", int(distributed.local_value(state.step)),
-                 data_state["epoch"], data_state["index"])
+    state, position = restored
+    logging.info("resumed from step %d (epoch %d, index %d)", latest, position["epoch"], position["index"])
+  start_step = int(distributed.local_value(state.step))
   is_chief = jax.process_index() == 0
-  if is_chief:  # only once the run has started or resumed: a failed start leaves the old config in place
+  if is_chief:  # only now: a refused or failed start leaves the work directory as it was
     with open(os.path.join(workdir, "config.json"), "w") as f:
       json.dump(config.to_dict(), f, indent=1)
-  logging.info("%s model: %s parameters%s", config.network.model, f"{model.num_params(state):,}",
-               f" over {num_shards} processes" if num_shards > 1 else "")
+    trained.save_assets(workdir, data)
+  logging.info("%s model: %s parameters%s; %s", config.network.model, f"{model.num_params(state):,}",
+               f" over {num_shards} processes" if num_shards > 1 else "",
+               f"training to step {max_steps}" if max_steps is not None else "training on the clock")
   memory.advise_huge_pages(state)
 
-  evaluator = Evaluator.for_run(test, train, max_features, config.run.propensity_a, config.run.propensity_b)
-  writer = MetricWriter(workdir, config.run.tensorboard) if is_chief else None
-  batches = BatchIterator(train, config.optim.batch_size, seed=config.run.seed, epoch=data_state["epoch"],
-                          index=data_state["index"], max_features=max_features, max_labels=max_labels)
-  start_step = int(distributed.local_value(state.step))
+  loop = _Loop(config, run, checkpoints, checkpoint.make_meta(config, num_shards, jax.process_count(), sizes),
+               Evaluator.for_run(test, train, sizes["max_features"], config.run.propensity_a,
+                                 config.run.propensity_b),
+               MetricWriter(workdir, config.run.tensorboard, resume_step=start_step) if is_chief else None,
+               steps_per_epoch, max_steps)
+  batches = BatchIterator(train, config.optim.batch_size, seed=config.run.seed, epoch=position["epoch"],
+                          index=position["index"], max_features=sizes["max_features"],
+                          max_labels=sizes["max_labels"])
   try:
-    state, step, last_metrics, train_seconds = _train(config, run, state, batches, evaluator, writer, checkpoints,
-                                                      max_steps, steps_per_epoch, show_progress=is_chief)
+    state = loop.train(state, batches, position.get("seconds", 0.0), show_progress=is_chief)
   finally:
     batches.close()
-  if checkpoints.latest_step() != step:
-    checkpoints.save(step, state, batches.state(), wait=True)
+  if checkpoints.latest_step() != loop.step:
+    loop.save(state, batches, wait=True)
   checkpoints.wait()
-  final = evaluator(run.predict, state)
-  final.update({
-      "step": step, "epoch": step / steps_per_epoch,
-      "loss": float(distributed.local_value(last_metrics["loss"])) if last_metrics is not None else float("nan"),
-      "samples_per_sec": (step - start_step) * config.optim.batch_size / max(train_seconds, 1e-9),
-      "train_seconds": train_seconds, "num_params": model.num_params(state), "final": True,
-      "num_processes": num_shards,
-  })
-  if writer is not None:
-    writer.write(final)
-    writer.close()
-  logging.info("final (step %d): P@1 %.4f  P@3 %.4f  P@5 %.4f  (sampled P@1 %s)", step, final["p@1"],
-               final["p@3"], final["p@5"], final.get("sampled_p@1", "n/a"))
-  return final
+  if loop.stop_signal is not None:
+    raise Interrupted(loop.stop_signal, loop.step, checkpoints.directory)
+  return loop.finish(state, start_step)
 
 
-def _train(config: Config, run: distributed.Run, state, batches: BatchIterator, evaluator: Evaluator,
-           writer: MetricWriter | None, checkpoints: checkpoint.Checkpoints, max_steps: int | None,
-           steps_per_epoch: int, show_progress: bool):
-  """The loop: steps, table maintenance, evaluations, checkpoints, until the budget is spent.
+def _recorded_final(workdir: str, config: Config, latest: int, meta: dict | None) -> dict | None:
+  """The recorded final evaluation if the run in ``workdir`` has spent this config's budget, else None."""
+  if meta is None:
+    return None
+  max_steps = config.budget.max_steps_for(meta["data"]["steps_per_epoch"])
+  finals = [r for r in read_records(workdir) if r.get("final") and r["step"] == latest]
+  if max_steps is None or latest < max_steps or not finals:
+    return None
+  logging.warning("the run in %s is finished (step %d of %d): nothing to train. To train further, raise "
+                  "--max_steps or --num_epochs; for a new run, use another --workdir", workdir, latest, max_steps)
+  return finals[-1]
 
-  Returns:
-    ``(state, step, metrics of the last step or None, training seconds without periodic evaluations)``.
-  """
-  step = int(distributed.local_value(state.step))
-  batch_size, max_seconds = config.optim.batch_size, config.budget.max_seconds
-  progress = None
-  if config.run.progress and show_progress:
-    from tqdm.auto import tqdm
-    progress = tqdm(total=max_steps, initial=step, unit="step", dynamic_ncols=True, mininterval=1.0)
-  losses, window_start, window_steps = [], time.time(), 0
-  t_loop, eval_seconds = time.time(), 0.0
-  last_metrics = None
-  try:
-    while max_steps is None or step < max_steps:
-      # Every process must take the same steps: the wall-clock budget is checked every
-      # log_every steps and process 0's verdict is followed by all.
-      if (max_seconds is not None and step % config.run.log_every == 0
-          and distributed.agree(time.time() - t_loop - eval_seconds >= max_seconds)):
-        logging.info("wall-clock budget of %.0f s reached at step %d", max_seconds, step)
-        break
-      state, last_metrics = run.step(state, next(batches))
-      step += 1
-      window_steps += 1
-      state = run.maintain(state, step)
-      if step % config.run.log_every == 0 or step == max_steps:
-        losses.append(float(distributed.local_value(last_metrics["loss"])))  # syncs: only every log_every steps
-        if progress is not None:
-          samples_per_sec = window_steps * batch_size / max(time.time() - window_start, 1e-9)
-          progress.set_postfix(loss=f"{losses[-1]:.4f}", samples_per_s=f"{samples_per_sec:,.0f}")
-      if progress is not None:
-        progress.update(1)
-      if step % config.run.eval_every == 0:
-        t_eval = time.time()
-        record = {"step": step, "epoch": step / steps_per_epoch,
-                  "loss": float(np.mean(losses)) if losses else float(distributed.local_value(last_metrics["loss"])),
-                  "samples_per_sec": window_steps * batch_size / max(time.time() - window_start, 1e-9),
-                  **evaluator(run.predict, state, config.run.eval_samples)}
-        if writer is not None:
-          writer.write(record)
-        logging.info("step %d: loss %.4f  P@1 %.4f  P@5 %.4f  %.0f samples/s", step, record["loss"],
-                     record["p@1"], record["p@5"], record["samples_per_sec"])
-        eval_seconds += time.time() - t_eval
-        losses, window_start, window_steps = [], time.time(), 0
-      if step % config.checkpoint.checkpoint_every == 0:
-        checkpoints.save(step, state, batches.state())
-      if config.dist.checksum_every and step % config.dist.checksum_every == 0:
-        run.check_replicas(state, step)
-  finally:
-    if progress is not None:
+
+class _Loop:
+  """The training loop's state between steps: budget, measurements, evaluations, checkpoints."""
+
+  def __init__(self, config: Config, run: distributed.Run, checkpoints: checkpoint.Checkpoints, meta: dict,
+               evaluator: Evaluator, writer: MetricWriter | None, steps_per_epoch: int, max_steps: int | None):
+    self.config, self.run, self.checkpoints, self.meta = config, run, checkpoints, meta
+    self.evaluator, self.writer = evaluator, writer
+    self.steps_per_epoch, self.max_steps = steps_per_epoch, max_steps
+    self.step, self.last_loss, self.stop_signal = 0, None, None
+    self.train_seconds, self.seconds_before = 0.0, 0.0
+
+  def train(self, state, batches: BatchIterator, seconds_before: float, show_progress: bool):
+    """Steps until the budget is spent or a signal asks to stop; returns the state."""
+    config, run = self.config, self.run
+    self.step = int(distributed.local_value(state.step))
+    self.seconds_before = seconds_before
+    self.batches = batches
+    batch_size, max_seconds, log_every = config.optim.batch_size, config.budget.max_seconds, config.run.log_every
+    progress = Progress(config.run.progress and show_progress, self.max_steps, self.step)
+    t_loop, eval_seconds = time.time(), 0.0
+    window_start, window_steps, metrics = time.time(), 0, None
+    try:
+      with StopRequests() as stop:
+        while self.max_steps is None or self.step < self.max_steps:
+          # Every process must take the same steps: the wall-clock budget is checked every
+          # log_every steps and process 0's verdict is followed by all.
+          if (max_seconds is not None and self.step % log_every == 0
+              and distributed.agree(time.time() - t_loop - eval_seconds >= max_seconds)):
+            logging.info("wall-clock budget of %.0f s reached at step %d", max_seconds, self.step)
+            break
+          state, metrics = run.step(state, next(batches))
+          self.step += 1
+          window_steps += 1
+          state = run.maintain(state, self.step)
+          self.train_seconds = time.time() - t_loop - eval_seconds
+          record = {}
+          if self.step % log_every == 0 or self.step == self.max_steps:
+            self.last_loss = float(distributed.local_value(metrics["loss"]))  # syncs: only every log_every steps
+            record = {"loss": self.last_loss, "learning_rate": float(distributed.local_value(metrics["learning_rate"])),
+                      "samples_per_sec": window_steps * batch_size / max(time.time() - window_start, 1e-9)}
+            window_start, window_steps = time.time(), 0
+          progress.step(self.step, record.get("loss"), record.get("samples_per_sec"))
+          if self.step % config.run.eval_every == 0 and self.step != self.max_steps:  # the final one comes next
+            t_eval = time.time()
+            record.update(self.evaluator(run.predict, state, config.run.eval_samples))
+            logging.info("step %d: P@1 %.4f  P@5 %.4f", self.step, record["p@1"], record["p@5"])
+            eval_seconds += time.time() - t_eval
+            window_start = time.time()
+          if record and self.writer is not None:
+            self.writer.write({"step": self.step, "epoch": self.step / self.steps_per_epoch,
+                               "seconds": self.seconds_before + self.train_seconds, **record})
+          if self.step % config.checkpoint.checkpoint_every == 0:
+            self.save(state, batches)
+          if config.dist.checksum_every and self.step % config.dist.checksum_every == 0:
+            run.check_replicas(state, self.step)
+          if stop.requested(self.step):
+            self.stop_signal = stop.signum
+            logging.warning("stopping after step %d (%s): saving a checkpoint", self.step,
+                            signal.Signals(stop.signum).name)
+            break
+    finally:
       progress.close()
-  return state, step, last_metrics, time.time() - t_loop - eval_seconds
+    return state
+
+  def save(self, state, batches: BatchIterator, wait: bool = False) -> None:
+    position = {**batches.state(), "seconds": self.seconds_before + self.train_seconds}
+    self.checkpoints.save(self.step, state, position, self.meta, wait=wait)
+
+  def finish(self, state, start_step: int) -> dict[str, Any]:
+    """The final evaluation on the whole test set, recorded and logged."""
+    final = self.evaluator(self.run.predict, state)
+    final.update({
+        "step": self.step, "epoch": self.step / self.steps_per_epoch,
+        "loss": self.last_loss if self.last_loss is not None else float("nan"),
+        "samples_per_sec": (self.step - start_step) * self.config.optim.batch_size / max(self.train_seconds, 1e-9),
+        "seconds": self.seconds_before + self.train_seconds, "train_seconds": self.train_seconds,
+        "num_params": model.num_params(state), "final": True, "num_processes": self.run.num_shards,
+    })
+    if self.writer is not None:
+      self.writer.write(final, curves=[k for k in final if k not in _SUMMARY_FIELDS])
+      self.writer.close()
+    logging.info("final (step %d): P@1 %.4f  P@3 %.4f  P@5 %.4f  (sampled P@1 %s)", self.step, final["p@1"],
+                 final["p@3"], final["p@5"],
+                 f"{final['sampled_p@1']:.4f}" if "sampled_p@1" in final else "n/a")
+    return final
+

@@ -18,7 +18,7 @@ EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _parse(*args: str) -> Config:
   """The validated config of a command line (in-process, fresh flags)."""
   flag_values = flags.FlagValues()
-  cli.define_flags(flag_values)
+  cli.define_flags(cli.TRAIN, flag_values)
   cli.parse_flags(["sparsejax-train", *args], flag_values)
   return cli.config_from_flags(flag_values)
 
