@@ -67,6 +67,8 @@ command with exit status 2 and one line naming it, before any data is loaded.
     Flag("num_processes", None, "Processes in the job (multi-process runs).", int),
     Flag("process_id", None, "This process's rank in [0, num_processes).", int),
     Flag("heartbeat_timeout_seconds", 20, "A peer silent this long ends the job.", int),
+    Flag("initialization_timeout", 45, "Seconds to wait for every process to join the job; then each one ends, "
+         "saying which rank it is and what it waited for.", int),
 ), settings=True)
 
 PREDICT = Command("""\
@@ -298,8 +300,12 @@ def train(argv: list[str]) -> None:
   from sparsejax.stopping import Interrupted
   from sparsejax.train import train_and_evaluate
 
-  distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
-                         heartbeat_timeout_seconds=FLAGS.heartbeat_timeout_seconds)
+  try:
+    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                           heartbeat_timeout_seconds=FLAGS.heartbeat_timeout_seconds,
+                           initialization_timeout=FLAGS.initialization_timeout)
+  except ValueError as e:  # a bad process count, rank or address
+    usage_error(str(e))
   config = config_from_flags()
   defaults = flat_items(Config())
   changed = [f"--{k}={format_value(v)}" for k, v in flat_items(config).items() if v != defaults[k]]

@@ -15,7 +15,7 @@ class Evaluator:
 
   Args:
     test: the test set.
-    inverse_propensity: ``[L]`` PSP weights (:func:`sparsejax.metrics.inverse_propensity` of the training set).
+    propensity: ``[L]`` label propensities (:func:`sparsejax.metrics.propensity_scores` of the training set).
     max_features: features per sample (the training run's padding width).
     batch_size: samples per predict call.
   """
@@ -41,22 +41,29 @@ class Evaluator:
       ``p@k``, ``ndcg@k``, ``psp@k`` (k = 1, 3, 5) and ``sampled_*`` where the prediction has them.
     """
     n = len(self.test) if num_samples is None else min(num_samples, len(self.test))
-    exact, approx, labels = [], [], []
-    for start in range(0, n, self.batch_size):
-      rows = np.arange(start, min(start + self.batch_size, n))
-      fi, fv, lab = self.test.to_padded(rows, self.max_features)
-      pad = self.batch_size - len(rows)  # one compiled shape for every batch
-      fi = np.pad(fi, ((0, pad), (0, 0)), constant_values=PAD_ID)
-      fv = np.pad(fv, ((0, pad), (0, 0)))
-      _, ids, sampled = predict(state, fi, fv)
-      exact.append(ids[:len(rows)])
-      if sampled is not None:
-        approx.append(sampled[:len(rows)])
-      labels.append(lab)
-    width = max(l.shape[1] for l in labels)
-    labels = np.concatenate([np.pad(l, ((0, 0), (0, width - l.shape[1])), constant_values=PAD_ID) for l in labels])
-    result = metrics.evaluate_topk(np.concatenate(exact), labels, self.propensity)
-    if approx:
-      sampled_result = metrics.evaluate_topk(np.concatenate(approx), labels, self.propensity)
+    _, ids, sampled = predict_in_batches(predict, state, self.test, n, self.max_features, self.batch_size)
+    _, _, labels = self.test.to_padded(np.arange(n), 0)  # the labels only
+    result = metrics.evaluate_topk(ids, labels, self.propensity)
+    if sampled is not None:
+      sampled_result = metrics.evaluate_topk(sampled, labels, self.propensity)
       result.update({f"sampled_{key}": v for key, v in sampled_result.items()})
     return result
+
+
+def predict_in_batches(predict: Predict, state, dataset: XCDataset, num_samples: int, max_features: int,
+                       batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+  """``predict`` over the first ``num_samples`` samples, in batches padded to one shape (one compilation).
+
+  Returns:
+    ``(scores, ids, sampled_ids or None)``, each ``[num_samples, top]``.
+  """
+  parts = []
+  for start in range(0, num_samples, batch_size):
+    rows = np.arange(start, min(start + batch_size, num_samples))
+    fi, fv, _ = dataset.to_padded(rows, max_features, 0)
+    pad = batch_size - len(rows)
+    out = predict(state, np.pad(fi, ((0, pad), (0, 0)), constant_values=PAD_ID), np.pad(fv, ((0, pad), (0, 0))))
+    parts.append([None if x is None else x[:len(rows)] for x in out])
+  if not parts:
+    return None, None, None
+  return tuple(None if p[0] is None else np.concatenate(p) for p in zip(*parts))

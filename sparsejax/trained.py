@@ -21,8 +21,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from sparsejax.config import Config
-from sparsejax.data import PAD_ID, LoadedData, XCDataset
+from sparsejax.data import LoadedData, XCDataset
 from sparsejax.data.text import load_vectorizer, save_vectorizer
+from sparsejax.evaluation import Evaluator, predict_in_batches
 
 ASSETS = "assets"
 _LABELS, _VECTORIZER, _FREQUENCIES = "labels.txt", "vectorizer.json", "label_frequencies.npy"
@@ -132,19 +133,11 @@ class TrainedModel:
     if not 1 <= top <= self.num_labels:
       raise ValueError(f"top must be in [1, {self.num_labels}], got {top}")
     data = self.features(inputs)
-    predict = self._predict_fn(top)
-    scores, ids = [], []
-    for start in range(0, len(data), batch_size):
-      rows = np.arange(start, min(start + batch_size, len(data)))
-      fi, fv, _ = data.to_padded(rows, self.max_features, 0)
-      pad = batch_size - len(rows)
-      s, i, _ = predict(self.params, np.pad(fi, ((0, pad), (0, 0)), constant_values=PAD_ID),
-                        np.pad(fv, ((0, pad), (0, 0))))
-      scores.append(s[:len(rows)])
-      ids.append(i[:len(rows)])
-    if not scores:
+    if len(data) == 0:
       return np.zeros((0, top), np.float32), np.zeros((0, top), np.int32)
-    return np.concatenate(scores), np.concatenate(ids)
+    scores, ids, _ = predict_in_batches(self._predict_fn(top), self.params, data, len(data), self.max_features,
+                                        batch_size)
+    return scores, ids
 
   def evaluate(self, dataset: XCDataset, num_samples: int | None = None) -> dict[str, float]:
     """Exact P@k, nDCG@k and PSP@k on ``dataset``, as the training run computes them.
@@ -152,7 +145,6 @@ class TrainedModel:
     On the run's test set this reproduces its final evaluation's exact metrics.
     """
     from sparsejax import metrics
-    from sparsejax.evaluation import Evaluator
 
     propensity = metrics.propensity_scores(self._frequencies, self._num_train, self.config.run.propensity_a,
                                            self.config.run.propensity_b)

@@ -5,22 +5,15 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import numpy as np
 import pytest
 
+from sparsejax.checkpoint import Checkpoints
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "train.py")
-
-
-def _python(script: str, devices: int, timeout: int = 300) -> str:
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-  out = subprocess.run([sys.executable, "-P", "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
-                       timeout=timeout)
-  assert out.returncode == 0, out.stderr[-4000:]
-  return out.stdout
 
 
 SHARDED_VS_SINGLE = """
@@ -57,9 +50,9 @@ SHARDED_VS_SINGLE = """
 
 
 @pytest.mark.parametrize("P,N", [(2, 40), (3, 40)])
-def test_sharded_exact_softmax_equals_single_process(P, N):
+def test_sharded_exact_softmax_equals_single_process(P, N, run_python):
   """All neurons active: sharded losses and weights equal the single-process run's."""
-  out = json.loads(_python(SHARDED_VS_SINGLE.format(P=P, N=N, K=N, STEPS=20), devices=P).splitlines()[-1])
+  out = json.loads(run_python(code=SHARDED_VS_SINGLE.format(P=P, N=N, K=N, STEPS=20), devices=P).stdout.splitlines()[-1])
   assert out["same_init"]
   losses = np.array(out["losses"])
   np.testing.assert_allclose(losses[:, 1], losses[:, 0], rtol=2e-5)
@@ -71,15 +64,15 @@ def test_sharded_exact_softmax_equals_single_process(P, N):
   assert out["pad_unchanged"]  # ...never touched
 
 
-def test_sharded_lsh_sampling_runs_and_learns():
-  out = json.loads(_python(SHARDED_VS_SINGLE.format(P=2, N=300, K=64, STEPS=60), devices=2).splitlines()[-1])
+def test_sharded_lsh_sampling_runs_and_learns(run_python):
+  out = json.loads(run_python(code=SHARDED_VS_SINGLE.format(P=2, N=300, K=64, STEPS=60), devices=2).stdout.splitlines()[-1])
   losses = np.array(out["losses"])
   assert np.all(np.isfinite(losses))
   assert losses[-10:, 1].mean() < 0.8 * losses[:5, 1].mean()
   assert len(set(out["checksums"])) == 1
 
 
-def test_collective_bytes_are_o_batch_times_hidden():
+def test_collective_bytes_are_o_batch_times_hidden(run_python):
   script = """
     import dataclasses, jax, jax.numpy as jnp, numpy as np
     from sparsejax import data, distributed, model, dense
@@ -99,7 +92,7 @@ def test_collective_bytes_are_o_batch_times_hidden():
       out.append((distributed.collective_bytes(step, state, batch), distributed.collective_bytes(dp, dstate, batch)))
     print(out)
   """
-  (sparse_a, dense_a), (sparse_b, dense_b) = eval(_python(script, devices=2).splitlines()[-1])
+  (sparse_a, dense_a), (sparse_b, dense_b) = eval(run_python(code=script, devices=2).stdout.splitlines()[-1])
   B, d = 16, 32
   assert sparse_a == sparse_b  # independent of N
   assert sparse_a <= 4 * (B * d + 8 * B + 8)  # dh [B, d] plus a few [B] vectors and scalars
@@ -127,17 +120,11 @@ def _losses(workdir):
 
 def _final_params(workdir, num_labels):
   """Output and input layer weights from the last checkpoint, unsharded into this process."""
-  import jax
-  import orbax.checkpoint as ocp
-  steps = [int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
-  path = os.path.join(workdir, "checkpoints", str(max(steps)), "state")
-  checkpointer = ocp.StandardCheckpointer()
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                        checkpointer.metadata(path).item_metadata.tree)
-  state = checkpointer.restore(path, target)
-  return max(steps), (np.asarray(state["out"]["w"])[:num_labels], np.asarray(state["out"]["b"])[:num_labels],
-                      np.asarray(state["embed"]["w"]))
+  checkpoints = Checkpoints(workdir, writable=False)
+  step = checkpoints.latest_step()
+  state = checkpoints.restore_arrays(step)
+  return step, (np.asarray(state["out"]["w"])[:num_labels], np.asarray(state["out"]["b"])[:num_labels],
+                np.asarray(state["embed"]["w"]))
 
 
 @pytest.mark.parametrize("P", [2, 3])
@@ -188,7 +175,9 @@ def test_dead_or_hung_rank_ends_the_job(tmp_path, how):
     if "over 2 processes" in line:
       break
   time.sleep(3)
-  pids = subprocess.run(["pgrep", "-f", "--", "--process_id=1"], capture_output=True, text=True).stdout.split()
+  # Rank 1 among the launcher's own children (a bare `pgrep -f` matched any such process on the machine).
+  pids = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "--", "--process_id=1"], capture_output=True,
+                        text=True).stdout.split()
   assert pids, "".join(lines)[-3000:]
   victim = int(pids[0])
   t0 = time.time()
@@ -223,7 +212,7 @@ def test_multiprocess_resume_continues_the_same_run(tmp_path):
     np.testing.assert_array_equal(x, y)
 
 
-def test_checksum_detects_replica_drift():
+def test_checksum_detects_replica_drift(run_python):
   script = """
     import json, jax, numpy as np
     from sparsejax import distributed, model
@@ -241,6 +230,6 @@ def test_checksum_detects_replica_drift():
     diff = np.asarray(checksum(state._replace(embed=state.embed._replace(b=bad)))).tolist()
     print(json.dumps([same, diff]))
   """
-  same, diff = json.loads(_python(script, devices=2).splitlines()[-1])
+  same, diff = json.loads(run_python(code=script, devices=2).stdout.splitlines()[-1])
   assert len(same) == 2 and same[0] == same[1]
   assert diff[0] != diff[1]

@@ -251,3 +251,42 @@ def test_dense_model_and_budget(tmp_path, small_config):
   final = train_and_evaluate(config, str(tmp_path))
   assert 0 < final["step"] and final["train_seconds"] < 30
   assert "sampled_p@1" not in final and 0 <= final["p@1"] <= 1
+
+
+def _events(directory) -> list[tuple[int, str, float]]:
+  """``(step, tag, value)`` as TensorBoard shows them: a session's purge step hides earlier events from it on."""
+  import struct
+
+  from tensorboardX.proto.event_pb2 import Event
+
+  shown = []
+  for name in sorted(os.listdir(directory)):
+    raw = (directory / name).read_bytes()
+    at = 0
+    while at < len(raw):
+      (length,) = struct.unpack("<Q", raw[at:at + 8])
+      event = Event.FromString(raw[at + 12:at + 12 + length])
+      at += 12 + length + 4  # length, its CRC, the record, its CRC
+      if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+        shown = [e for e in shown if e[0] < event.step]
+      for value in event.summary.value:
+        shown.append((event.step, value.tag, value.simple_value))
+  return shown
+
+
+def test_tensorboard_tags_are_the_metrics_keys_without_repeats(tmp_path, small_config, caplog):
+  """Issue 11: 72 'Summary name p@1 is illegal' warnings, tags unlike metrics.jsonl's keys, final/num_params
+  drawn as curves, steps repeated after a restart."""
+  pytest.importorskip("tensorboardX")
+  config = override(small_config, tensorboard=True)
+  train_and_evaluate(config, str(tmp_path))
+  shutil.rmtree(tmp_path / "checkpoints" / "40")  # a crash after step 40's events, before its checkpoint
+  train_and_evaluate(config, str(tmp_path))
+  events = _events(tmp_path / "tensorboard")
+  keys = {k for r in read_records(str(tmp_path)) for k in r}
+  tags = {tag for _, tag, _ in events}
+  assert {"loss", "p@1", "p@5", "psp@5", "sampled_p@1", "samples_per_sec"} <= tags <= keys
+  assert not tags & {"final", "num_params", "num_processes", "step", "train_seconds"}
+  assert len({(step, tag) for step, tag, _ in events}) == len(events)  # each (step, tag) once
+  assert sorted({step for step, tag, _ in events if tag == "loss"}) == [10, 20, 30, 40]
+  assert "illegal" not in caplog.text
