@@ -118,7 +118,9 @@ def apply_row_sparse_adam(
   shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype)
                  for a in (weight, w_state.mu, w_state.nu, bias, b_state.mu, b_state.nu))
   shapes += (jax.ShapeDtypeStruct((grad.ids.size,), jnp.int32),)
-  call = _ffi.ffi_call("row_sparse_adam", shapes, input_output_aliases={i: i for i in range(6)})
+  # One kernel per moment dtype (the C++ handlers are typed).
+  call = _ffi.ffi_call(f"row_sparse_adam_{jnp.dtype(moment_dtype).name}", shapes,
+                       input_output_aliases={i: i for i in range(6)})
   new_w, mu, nu, new_b, b_mu, b_nu, touched = call(
       weight, w_state.mu, w_state.nu, bias, b_state.mu, b_state.nu,
       grad.ids, grad.g, grad.x, lr, count.astype(jnp.int32),
