@@ -24,8 +24,7 @@ import jax.numpy as jnp
 
 from sparsejax import _ffi
 from sparsejax._checks import Dims, check_array
-
-PAD_ID = -1
+from sparsejax.padding import PAD_ID
 
 
 class RowSparseGrad(NamedTuple):

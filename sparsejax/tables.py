@@ -21,6 +21,7 @@ import numpy as np
 from sparsejax import _ffi
 from sparsejax._checks import Dims, check_array
 from sparsejax.lsh import LSHConfig, LSHParams, lsh_hash, num_bits, num_tables
+from sparsejax.padding import PAD_ID
 
 POLICIES = {"fifo": 0, "reservoir": 1}
 
@@ -83,7 +84,7 @@ def init_tables(config: LSHConfig, bucket_size: int, *, policy: str = "fifo", se
     raise ValueError(f"bucket_size must be >= 1, got {bucket_size}")
   L, NB = config.num_tables, 2**config.num_bits
   return HashTables(
-      buckets=jnp.full((L, NB, bucket_size), -1, jnp.int32),
+      buckets=jnp.full((L, NB, bucket_size), PAD_ID, jnp.int32),
       counts=jnp.zeros((L, NB), jnp.int32),
       seed=jnp.asarray(seed, jnp.uint32),
       policy=policy,
@@ -131,7 +132,7 @@ def build_tables(tables: HashTables, params: LSHParams, weight: jax.Array,
   codes = lsh_hash(params, weight)
   ids = jnp.arange(weight.shape[0], dtype=jnp.int32)
   if num_valid is not None:
-    ids = jnp.where(ids < num_valid, ids, -1)
+    ids = jnp.where(ids < num_valid, ids, PAD_ID)
   return _insert(tables, codes, ids, weight.shape[0], reset=True)
 
 
@@ -165,7 +166,7 @@ def query_codes(tables: HashTables, codes: jax.Array, *, k: int, num_rows: int |
   check_array(dims, "tables.counts", tables.counts, jnp.int32, ("L", "num_buckets"))
   B = dims["B"]
   if labels is None:
-    labels = jnp.full((B, 0), -1, jnp.int32)
+    labels = jnp.full((B, 0), PAD_ID, jnp.int32)
   check_array(dims, "labels", labels, jnp.int32, ("B", "max_labels"))
   if isinstance(num_rows, int) and not 1 <= k <= num_rows:
     raise ValueError(f"lsh_query: k = {k} must be in [1, num_rows = {num_rows}]")
