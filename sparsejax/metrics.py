@@ -45,6 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sparsejax._checks import check_int
+
 __all__ = [
     "propensity_scores",
     "inverse_propensity",
@@ -424,19 +426,20 @@ def _exact_topk_jit(h, weight, bias, k, chunk, precision):
 
 
 def _prepare_topk_args(weight, bias, k, row_chunk):
+  op = "exact_topk"
   weight = jnp.asarray(weight)
-  if weight.ndim != 2:
-    raise ValueError(f"weight must be [N, d], got shape {weight.shape}")
+  if weight.ndim != 2 or not jnp.issubdtype(weight.dtype, jnp.floating):
+    raise ValueError(f"{op}: argument 'weight' must be a float array of shape [N, d], got {weight.dtype} {weight.shape}")
   num_out = weight.shape[0]
   if bias is not None:
     bias = jnp.asarray(bias)
     if bias.shape != (num_out,):
-      raise ValueError(f"bias must have shape ({num_out},), got {bias.shape}")
-  if not 1 <= k <= num_out:
-    raise ValueError(f"k={k} must lie in [1, N={num_out}]")
-  if row_chunk < 1:
-    raise ValueError("row_chunk must be positive")
-  chunk = min(max(int(row_chunk), int(k)), num_out)
+      raise ValueError(f"{op}: argument 'bias' must have shape [N] = ({num_out},), got {bias.shape}")
+  k = check_int(op, "k", k, 1)
+  if k > num_out:
+    raise ValueError(f"{op}: argument 'k' = {k} must lie in [1, N = {num_out}]")
+  row_chunk = check_int(op, "row_chunk", row_chunk, 1)
+  chunk = min(max(row_chunk, k), num_out)
   return weight, bias, chunk
 
 
@@ -509,13 +512,15 @@ def exact_topk(
     ``(scores [n, k], ids [n, k] int32)`` with scores in descending order.
   """
   weight, bias, chunk = _prepare_topk_args(weight, bias, k, row_chunk)
+  h = h if hasattr(h, "shape") else np.asarray(h)
   if h.ndim != 2 or h.shape[1] != weight.shape[1]:
-    raise ValueError(f"h must be [n, {weight.shape[1]}], got shape {h.shape}")
+    raise ValueError(f"exact_topk: argument 'h' must have shape [n, d] with d = {weight.shape[1]} (from 'weight'), "
+                     f"got {tuple(h.shape)}")
   n = h.shape[0]
+  if sample_chunk is not None:
+    sample_chunk = check_int("exact_topk", "sample_chunk", sample_chunk, 1)
   if sample_chunk is None or sample_chunk >= n:
     return _exact_topk_jit(jnp.asarray(h), weight, bias, int(k), chunk, precision)
-  if sample_chunk < 1:
-    raise ValueError("sample_chunk must be positive")
   scores, ids = [], []
   for start in range(0, n, sample_chunk):
     hb = h[start : start + sample_chunk]
