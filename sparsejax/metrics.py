@@ -398,6 +398,12 @@ def _exact_topk_jit(h, weight, bias, k, chunk, precision):
   num_chunks = -(-num_out // chunk)
   neg_inf = jnp.array(-jnp.inf, dtype=jnp.result_type(h.dtype, weight.dtype))
 
+  def top_k(scores):
+    # NaN ranks as -inf (top_k alone would put +NaN first and -NaN last,
+    # below the -inf of masked rows); the scores keep their NaNs.
+    _, pos = jax.lax.top_k(jnp.where(jnp.isnan(scores), neg_inf, scores), k)  # ties: lower index first
+    return jnp.take_along_axis(scores, pos, axis=1), pos
+
   def chunk_topk(c):
     # The last chunk is shifted back to stay in bounds; rows it re-reads
     # (ids < c * chunk) were already seen and are masked out.
@@ -408,17 +414,18 @@ def _exact_topk_jit(h, weight, bias, k, chunk, precision):
       logits = logits + jax.lax.dynamic_slice_in_dim(bias, start, chunk)[None, :]
     ids = start + jnp.arange(chunk, dtype=jnp.int32)
     logits = jnp.where(ids[None, :] >= c * chunk, logits, neg_inf)
-    scores, idx = jax.lax.top_k(logits, k)  # ties: lower index (= lower id) first
+    scores, idx = top_k(logits)  # lower index = lower id
     return scores, (start + idx).astype(jnp.int32)
 
   def body(c, carry):
     best_s, best_i = carry
     s, i = chunk_topk(c)
     # Running ids are all < this chunk's ids and come first, so the stable
-    # top_k keeps "lower id wins" on ties across chunks too.
+    # top_k keeps "lower id wins" on ties across chunks too (and a masked
+    # row, at -inf, never displaces one of them).
     merged_s = jnp.concatenate([best_s, s], axis=1)
     merged_i = jnp.concatenate([best_i, i], axis=1)
-    top_s, pos = jax.lax.top_k(merged_s, k)
+    top_s, pos = top_k(merged_s)
     return top_s, jnp.take_along_axis(merged_i, pos, axis=1)
 
   init = chunk_topk(0)
@@ -494,7 +501,7 @@ def exact_topk(
   Output rows are scored ``row_chunk`` at a time inside a jitted
   ``fori_loop`` and merged into a running top-k with ``jax.lax.top_k``.
   Ties are broken deterministically: the lower output id wins (and comes
-  first). NaN logits are not supported.
+  first); NaN logits rank as -inf (below every number; their score stays NaN).
 
   Args:
     h: ``[n, d]`` hidden representations (NumPy or JAX).
