@@ -120,7 +120,7 @@ def apply_row_sparse_adam(
     check_array(dims, "weight", weight, jnp.float32, ("N", "d"))
   moment_dtype = getattr(w_state.mu, "dtype", None)
   if moment_dtype not in MOMENT_DTYPES:
-    raise ValueError(f"row_sparse_adam: moments must be float32 or bfloat16, got {moment_dtype}")
+    raise ValueError(f"row_sparse_adam: argument 'state.mu' must be float32 or bfloat16, got {moment_dtype}")
   moments = [("state.mu", w_state.mu, weight.shape), ("state.nu", w_state.nu, weight.shape)]
   if is_pair:
     check_array(dims, "bias", bias, jnp.float32, ("N",))
