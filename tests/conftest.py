@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-OP_CASES = Path(__file__).with_name("op_cases.py")
+TESTS = Path(__file__).parent
+OP_CASES = TESTS / "op_cases.py"
+# Test modules import shared helpers (references.py) from this directory.
+sys.path.insert(0, str(TESTS))
 
 
 def pytest_addoption(parser):
@@ -35,7 +38,9 @@ def run_op_cases(cases: list[dict], tmp_path: Path, timeout: float = 600) -> lis
   first = 0
   env = {k: v for k, v in os.environ.items() if k != "SPARSEJAX_NUM_THREADS"}
   while first < len(cases):
-    proc = subprocess.Popen([sys.executable, "-P", str(OP_CASES), str(path), str(first)], stdout=subprocess.PIPE,
+    # A script's own directory (tests/, with references.py) leads sys.path, not the source tree: the installed
+    # sparsejax is imported.
+    proc = subprocess.Popen([sys.executable, str(OP_CASES), str(path), str(first)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
       out, err = proc.communicate(timeout=timeout)
