@@ -62,7 +62,7 @@ int64_t Checker::operator[](const char* symbol) const {
 }
 
 void Checker::Fail(const std::string& message) {
-  if (error_.empty()) error_ = std::string(op_) + ": " + message;
+  if (error_.empty()) error_ = op_ + ": " + message;
 }
 
 void Checker::Shape(const char* kind, const char* name, Dims dims, const Spec& shape, const char* note) {
@@ -107,17 +107,18 @@ Checker& Checker::Ids(const char* name, const int32_t* ids, int64_t n, const cha
   return *this;
 }
 
-ffi::Error ExceptionError(const char* op, std::exception_ptr e) {
+ffi::Error ExceptionError(std::string_view op_name, std::exception_ptr e) {
+  const std::string op(op_name);
   try {
     std::rethrow_exception(e);
   } catch (const std::bad_alloc&) {
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      std::string(op) + ": out of memory (std::bad_alloc): the kernel's working memory could not "
+                      op + ": out of memory (std::bad_alloc): the kernel's working memory could not "
                       "be allocated; use smaller inputs (batch, k, num_rows) or free memory");
   } catch (const std::exception& ex) {
-    return ffi::Error::Internal(std::string(op) + ": unexpected C++ exception: " + ex.what());
+    return ffi::Error::Internal(op + ": unexpected C++ exception: " + ex.what());
   } catch (...) {
-    return ffi::Error::Internal(std::string(op) + ": unexpected C++ exception");
+    return ffi::Error::Internal(op + ": unexpected C++ exception");
   }
 }
 

@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -76,8 +77,8 @@ class Checker {
     size_t rank_;
   };
 
-  explicit Checker(const char* op) : op_(op) {}
-  const char* op() const { return op_; }
+  explicit Checker(std::string_view op) : op_(op) {}
+  const char* op() const { return op_.c_str(); }
 
   template <typename Buffer>
   Checker& Arg(const char* name, const Buffer& b, const Spec& shape, const char* note = nullptr) {
@@ -122,7 +123,7 @@ class Checker {
   const Symbol* Find(const char* name) const;
   void Shape(const char* kind, const char* name, Dims dims, const Spec& shape, const char* note);
 
-  const char* op_;
+  std::string op_;
   std::array<Symbol, 16> symbols_{};
   int num_symbols_ = 0;
   std::string error_;
@@ -130,12 +131,12 @@ class Checker {
 
 // The error for an exception that escaped a kernel: "out of memory" for
 // std::bad_alloc. Kernels never let exceptions cross the C API.
-ffi::Error ExceptionError(const char* op, std::exception_ptr e);
+ffi::Error ExceptionError(std::string_view op, std::exception_ptr e);
 
 // Runs fn(checker) for op `op`, turning any exception into an error. Every
 // handler's body runs inside one.
 template <typename Fn>
-ffi::Error Guarded(const char* op, Fn&& fn) {
+ffi::Error Guarded(std::string_view op, Fn&& fn) {
   try {
     Checker c(op);
     return fn(c);

@@ -7,6 +7,9 @@
 // sparse_logits is gather_dot (+ bias) and its input gradient gather_combine;
 // the embedding bag is gather_combine and its value gradient gather_dot.
 // Cost is O(B * k * d) whatever N is. Id -1 is padding (contributes 0).
+#include <string>
+#include <string_view>
+
 #include "common.h"
 
 namespace sparsejax {
@@ -63,9 +66,9 @@ SJ_MULTIVERSION void GatherCombineRows(const float* g, const float* w, const int
 // out, b0, b1, args)` over blocks of samples in parallel. The caller has
 // checked `dense` and `out` (the shapes that differ between the products).
 template <typename RowsFn>
-ffi::Error GatherImpl(Checker& c, ffi::ThreadPool& pool, const F32R2& dense, const F32R2& weight,
-                      const S32R2& ids, const float* bias, ffi::Result<F32R2>& out, RowsFn rows) {
-  c.Ids("ids", ids.typed_data(), ids.element_count(), "N", /*allow_pad=*/true, c["k"]);
+ffi::Error GatherImpl(Checker& c, ffi::ThreadPool& pool, const F32R2& dense, const F32R2& weight, const S32R2& ids,
+                      const char* ids_name, const float* bias, ffi::Result<F32R2>& out, RowsFn rows) {
+  c.Ids(ids_name, ids.typed_data(), ids.element_count(), "N", /*allow_pad=*/true, c["k"]);
   SJ_RETURN_IF_ERROR(c.status());
   const GatherArgs a{c["B"], c["k"], c["d"], c["N"], bias};
   const float* dp = dense.typed_data();
@@ -77,25 +80,36 @@ ffi::Error GatherImpl(Checker& c, ffi::ThreadPool& pool, const F32R2& dense, con
   });
 }
 
+// The products serve several public ops (sparse_logits, embedding_bag and
+// their VJPs): the caller passes its own name and that of its ids argument,
+// which the errors then use.
+constexpr char kOp[] = "op";
+constexpr char kIdsName[] = "ids_name";
+using OpName = ffi::Attr<std::string_view, kOp>;
+using IdsName = ffi::Attr<std::string_view, kIdsName>;
+
 // x [B, d], weight [N, d], ids [B, k], bias [N] or [0] -> out [B, k]
-ffi::Error GatherDotImpl(ffi::ThreadPool pool, F32R2 x, F32R2 weight, S32R2 ids, F32R1 bias,
-                         ffi::Result<F32R2> out) {
-  return Guarded("gather_dot", [&](Checker& c) {
-    c.Arg("weight", weight, {"N", "d"}).Arg("ids", ids, {"B", "k"}).Arg("x", x, {"B", "d"});
+ffi::Error GatherDotImpl(ffi::ThreadPool pool, F32R2 x, F32R2 weight, S32R2 ids, F32R1 bias, OpName op,
+                         IdsName ids_name_attr, ffi::Result<F32R2> out) {
+  const std::string ids_name(*ids_name_attr);
+  return Guarded(*op, [&](Checker& c) {
+    c.Arg("weight", weight, {"N", "d"}).Arg(ids_name.c_str(), ids, {"B", "k"}).Arg("x", x, {"B", "d"});
     c.Ret("out", *out, {"B", "k"});
     const bool has_bias = bias.element_count() != 0;
     if (has_bias) c.Arg("bias", bias, {"N"}, "(or [0] for none)");
-    return GatherImpl(c, pool, x, weight, ids, has_bias ? bias.typed_data() : nullptr, out, GatherDotRows);
+    return GatherImpl(c, pool, x, weight, ids, ids_name.c_str(), has_bias ? bias.typed_data() : nullptr, out,
+                      GatherDotRows);
   });
 }
 
 // g [B, k], weight [N, d], ids [B, k] -> out [B, d]
-ffi::Error GatherCombineImpl(ffi::ThreadPool pool, F32R2 g, F32R2 weight, S32R2 ids,
-                             ffi::Result<F32R2> out) {
-  return Guarded("gather_combine", [&](Checker& c) {
-    c.Arg("weight", weight, {"N", "d"}).Arg("ids", ids, {"B", "k"}).Arg("g", g, {"B", "k"});
+ffi::Error GatherCombineImpl(ffi::ThreadPool pool, F32R2 g, F32R2 weight, S32R2 ids, OpName op,
+                             IdsName ids_name_attr, ffi::Result<F32R2> out) {
+  const std::string ids_name(*ids_name_attr);
+  return Guarded(*op, [&](Checker& c) {
+    c.Arg("weight", weight, {"N", "d"}).Arg(ids_name.c_str(), ids, {"B", "k"}).Arg("g", g, {"B", "k"});
     c.Ret("out", *out, {"B", "d"});
-    return GatherImpl(c, pool, g, weight, ids, nullptr, out, GatherCombineRows);
+    return GatherImpl(c, pool, g, weight, ids, ids_name.c_str(), nullptr, out, GatherCombineRows);
   });
 }
 

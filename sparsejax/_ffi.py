@@ -50,10 +50,12 @@ class Signature(NamedTuple):
     args: the operands, in order.
     results: the results, in order.
     extra_args: whether more (unread) operands may follow ``args``.
+    default_attrs: attributes passed unless the caller gives them.
   """
   args: tuple[Buffer, ...]
   results: tuple[Buffer, ...]
   extra_args: bool = False
+  default_attrs: tuple[tuple[str, Any], ...] = ()
 
 
 def _adam_signature(moments: str) -> Signature:
@@ -68,16 +70,18 @@ def _adam_signature(moments: str) -> Signature:
 
 
 _TABLES = (Buffer("buckets", "int32", (3,)), Buffer("counts", "int32", (2,)), Buffer("codes", "int32", (2,)))
+# The op (and its ids argument) that the gather kernels' errors name: the public op that calls them.
+_GATHER_NAMES = lambda op: (("op", op), ("ids_name", "ids"))
 
 # Mirrors the bindings in ffi/*.cc (tests/test_ffi.py checks that they agree).
 SIGNATURES: dict[str, Signature] = {
     "gather_dot": Signature(
         (Buffer("x", "float32", (2,)), Buffer("weight", "float32", (2,)), Buffer("ids", "int32", (2,)),
          Buffer("bias", "float32", (1,))),
-        (Buffer("out", "float32", (2,)),)),
+        (Buffer("out", "float32", (2,)),), default_attrs=_GATHER_NAMES("gather_dot")),
     "gather_combine": Signature(
         (Buffer("g", "float32", (2,)), Buffer("weight", "float32", (2,)), Buffer("ids", "int32", (2,))),
-        (Buffer("out", "float32", (2,)),)),
+        (Buffer("out", "float32", (2,)),), default_attrs=_GATHER_NAMES("gather_combine")),
     "simhash": Signature(
         (Buffer("x", "float32", (2,)), Buffer("projections_t", "float32", (2,))),
         (Buffer("codes", "int32", (2,)),)),
@@ -125,6 +129,6 @@ def ffi_call(name: str, result_shape_dtypes, **kwargs):
       raise TypeError(f"{name}: expected {len(sig.args)} operands, got {len(args)}")
     for spec, arg in zip(sig.args, args):
       _check(name, "argument", spec, arg)
-    return call(*args, **attrs)
+    return call(*args, **{**dict(sig.default_attrs), **attrs})
 
   return checked_call

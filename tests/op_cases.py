@@ -206,7 +206,7 @@ class GatherCombine(GatherDot):
 
 class SparseLogits(GatherDot):
   """Forward and VJP (h, weight, bias) against dense references."""
-  name, ops = "sparse_logits", ("sparse_logits", "gather_dot", "gather_combine")
+  name, ops = "sparse_logits", ("sparse_logits",)
   shapes = {"h": ("B", "d"), "weight": ("N", "d"), "bias": ("N",), "ids": ("B", "k")}
   batched = ("h", "ids")
 
@@ -235,10 +235,9 @@ class SparseLogits(GatherDot):
 
 class EmbeddingBag(Op):
   """Forward and VJP (feat_vals, weight, bias)."""
-  name, ops = "embedding_bag", ("embedding_bag", "gather_combine", "gather_dot")
+  name, ops = "embedding_bag", ("embedding_bag",)
   shapes = {"feat_ids": ("B", "F"), "feat_vals": ("B", "F"), "weight": ("num_features", "d"), "bias": ("d",)}
   batched = ("feat_ids", "feat_vals")
-  aliases = {"feat_ids": ("ids",)}
 
   def build(self, c, rng):
     nf = c["values"] == "nonfinite"
@@ -247,7 +246,7 @@ class EmbeddingBag(Op):
                 bias=floats(rng, (c["d"],), nf))
 
   def invalid(self, c, a):
-    return {"feat_ids", "ids"} if has_bad_ids(a["feat_ids"], len(a["weight"])) else None
+    return {"feat_ids"} if has_bad_ids(a["feat_ids"], len(a["weight"])) else None
 
   def call(self, c, a):
     def loss(v, w, b):
@@ -550,7 +549,8 @@ def run_raw(c):
   args = [np.full(shape, fill[0] if fill else 0, jnp.dtype(dtype)) for shape, dtype, *fill in c["args"]]
   results = [jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype)) for shape, dtype, *_ in c["results"]]
   results = results if len(results) > 1 else results[0]
-  attrs = {name: getattr(np, dtype)(value) for name, (dtype, value) in c.get("attrs", {}).items()}
+  attrs = {name: value if dtype == "str" else getattr(np, dtype)(value)
+           for name, (dtype, value) in c.get("attrs", {}).items()}
   if c.get("checked", True):
     call = _ffi.ffi_call(c["target"], results)
   else:  # bypassing sparsejax._ffi's checks: only the handler stands guard

@@ -23,9 +23,10 @@ _ADAM = lambda moments: dict(
 _TABLES = [[[2, 4, 3], "int32"], [[2, 4], "int32"], [[5, 2], "int32"]]
 VALID = {
     "gather_dot": dict(args=[[[2, 3], "float32"], [[4, 3], "float32"], [[2, 5], "int32"], [[0], "float32"]],
-                       results=[[[2, 5], "float32"]]),
+                       results=[[[2, 5], "float32"]], attrs=dict(op=("str", "gather_dot"), ids_name=("str", "ids"))),
     "gather_combine": dict(args=[[[2, 5], "float32"], [[4, 3], "float32"], [[2, 5], "int32"]],
-                           results=[[[2, 3], "float32"]]),
+                           results=[[[2, 3], "float32"]],
+                           attrs=dict(op=("str", "gather_combine"), ids_name=("str", "ids"))),
     "simhash": dict(args=[[[2, 3], "float32"], [[3, 8], "float32"]], results=[[[2, 2], "int32"]]),
     "dwta": dict(args=[[[2, 3], "float32"], [[2, 8], "int32"], [[], "uint32"]], results=[[[2, 2], "int32"]]),
     "lsh_tables_insert": dict(args=_TABLES + [[[5], "int32"], [[], "uint32"]], results=_TABLES[:2],
@@ -107,6 +108,22 @@ def test_handlers_agree_with_the_signatures_and_check_result_shapes(op_cases):
   wrong = [(c["target"], c, o) for c, o, (status, text) in zip(cases, outcomes, expect)
            if o["status"] != status or (text is not None and text not in o["message"])]
   assert not wrong, "\n".join(f"{t}: {o['status']}: {o['message'][:300]}\n  {c}" for t, c, o in wrong[:6])
+
+
+def test_kernel_errors_name_the_public_op_and_its_argument():
+  """The gather kernels serve sparse_logits and embedding_bag (and their VJPs): a bad id found at run time is
+  reported against the op the user called, under its argument's name."""
+  import jax
+  import jax.numpy as jnp
+  from sparsejax import ops
+  W, b = jnp.ones((30, 4)), jnp.zeros((4,))
+  fids = jnp.array([[1, 30, -1]], jnp.int32)
+  bag = lambda v, W: ops.embedding_bag(fids, v, W, b).sum()
+  pattern = r"embedding_bag: argument 'feat_ids' has id 30 at flat position 1 \(row 0, column 1\), outside \[0, N = 30\)"
+  with pytest.raises(Exception, match=pattern):
+    jax.block_until_ready(jax.jit(jax.grad(bag, argnums=(0, 1)))(jnp.ones((1, 3)), W))
+  with pytest.raises(Exception, match=r"sparse_logits: argument 'ids' has id -5"):
+    jax.block_until_ready(ops.sparse_logits(jnp.ones((1, 4)), W, jnp.zeros((30,)), jnp.array([[0, -5]], jnp.int32)))
 
 
 def _python(code, timeout=300, **kwargs):
