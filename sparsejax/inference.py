@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparsejax import model, ops, tables
+from sparsejax._checks import check_int
 
 
 def predict_exact(state, feat_ids: jax.Array, feat_vals: jax.Array, *, top: int = 5) -> tuple[jax.Array, jax.Array]:
@@ -49,6 +50,12 @@ def _exact_topk_jit(h, weight, bias, k, chunk, precision):
   num_chunks = -(-num_out // chunk)
   neg_inf = jnp.array(-jnp.inf, dtype=jnp.result_type(h.dtype, weight.dtype))
 
+  def top_k(scores):
+    # NaN ranks as -inf (top_k alone would put +NaN first and -NaN last,
+    # below the -inf of masked rows); the scores keep their NaNs.
+    _, pos = jax.lax.top_k(jnp.where(jnp.isnan(scores), neg_inf, scores), k)  # ties: lower index first
+    return jnp.take_along_axis(scores, pos, axis=1), pos
+
   def chunk_topk(c):
     # The last chunk is shifted back to stay in bounds; rows it re-reads
     # (ids < c * chunk) were already seen and are masked out.
@@ -59,17 +66,18 @@ def _exact_topk_jit(h, weight, bias, k, chunk, precision):
       logits = logits + jax.lax.dynamic_slice_in_dim(bias, start, chunk)[None, :]
     ids = start + jnp.arange(chunk, dtype=jnp.int32)
     logits = jnp.where(ids[None, :] >= c * chunk, logits, neg_inf)
-    scores, idx = jax.lax.top_k(logits, k)  # ties: lower index (= lower id) first
+    scores, idx = top_k(logits)  # lower index = lower id
     return scores, (start + idx).astype(jnp.int32)
 
   def body(c, carry):
     best_s, best_i = carry
     s, i = chunk_topk(c)
     # Running ids are all < this chunk's ids and come first, so the stable
-    # top_k keeps "lower id wins" on ties across chunks too.
+    # top_k keeps "lower id wins" on ties across chunks too (and a masked
+    # row, at -inf, never displaces one of them).
     merged_s = jnp.concatenate([best_s, s], axis=1)
     merged_i = jnp.concatenate([best_i, i], axis=1)
-    top_s, pos = jax.lax.top_k(merged_s, k)
+    top_s, pos = top_k(merged_s)
     return top_s, jnp.take_along_axis(merged_i, pos, axis=1)
 
   init = chunk_topk(0)
@@ -77,19 +85,20 @@ def _exact_topk_jit(h, weight, bias, k, chunk, precision):
 
 
 def _prepare_topk_args(weight, bias, k, row_chunk):
+  op = "exact_topk"
   weight = jnp.asarray(weight)
-  if weight.ndim != 2:
-    raise ValueError(f"weight must be [N, d], got shape {weight.shape}")
+  if weight.ndim != 2 or not jnp.issubdtype(weight.dtype, jnp.floating):
+    raise ValueError(f"{op}: argument 'weight' must be a float array of shape [N, d], got {weight.dtype} {weight.shape}")
   num_out = weight.shape[0]
   if bias is not None:
     bias = jnp.asarray(bias)
     if bias.shape != (num_out,):
-      raise ValueError(f"bias must have shape ({num_out},), got {bias.shape}")
-  if not 1 <= k <= num_out:
-    raise ValueError(f"k={k} must lie in [1, N={num_out}]")
-  if row_chunk < 1:
-    raise ValueError("row_chunk must be positive")
-  chunk = min(max(int(row_chunk), int(k)), num_out)
+      raise ValueError(f"{op}: argument 'bias' must have shape [N] = ({num_out},), got {bias.shape}")
+  k = check_int(op, "k", k, 1)
+  if k > num_out:
+    raise ValueError(f"{op}: argument 'k' = {k} must lie in [1, N = {num_out}]")
+  row_chunk = check_int(op, "row_chunk", row_chunk, 1)
+  chunk = min(max(row_chunk, k), num_out)
   return weight, bias, chunk
 
 
@@ -144,7 +153,7 @@ def exact_topk(
   Output rows are scored ``row_chunk`` at a time inside a jitted
   ``fori_loop`` and merged into a running top-k with ``jax.lax.top_k``.
   Ties are broken deterministically: the lower output id wins (and comes
-  first). NaN logits are not supported.
+  first); NaN logits rank as -inf (below every number; their score stays NaN).
 
   Args:
     h: ``[n, d]`` hidden representations (NumPy or JAX).
@@ -162,13 +171,15 @@ def exact_topk(
     ``(scores [n, k], ids [n, k] int32)`` with scores in descending order.
   """
   weight, bias, chunk = _prepare_topk_args(weight, bias, k, row_chunk)
+  h = h if hasattr(h, "shape") else np.asarray(h)
   if h.ndim != 2 or h.shape[1] != weight.shape[1]:
-    raise ValueError(f"h must be [n, {weight.shape[1]}], got shape {h.shape}")
+    raise ValueError(f"exact_topk: argument 'h' must have shape [n, d] with d = {weight.shape[1]} (from 'weight'), "
+                     f"got {tuple(h.shape)}")
   n = h.shape[0]
+  if sample_chunk is not None:
+    sample_chunk = check_int("exact_topk", "sample_chunk", sample_chunk, 1)
   if sample_chunk is None or sample_chunk >= n:
     return _exact_topk_jit(jnp.asarray(h), weight, bias, int(k), chunk, precision)
-  if sample_chunk < 1:
-    raise ValueError("sample_chunk must be positive")
   scores, ids = [], []
   for start in range(0, n, sample_chunk):
     hb = h[start : start + sample_chunk]

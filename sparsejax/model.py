@@ -24,6 +24,7 @@ import optax
 
 from sparsejax import lsh, ops, optim, tables
 from sparsejax.config import ConfigError, NetworkConfig, OptimizerConfig, TablesConfig
+from sparsejax.padding import PAD_ID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,14 +353,14 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   rows = state.out.w.shape[0]
   offset = shard.index() * rows
   n_valid = jnp.clip(config.num_labels - offset, 0, rows).astype(jnp.int32)
-  local_labels = jnp.where((labels >= offset) & (labels < offset + n_valid), labels - offset, -1)
+  local_labels = jnp.where((labels >= offset) & (labels < offset + n_valid), labels - offset, PAD_ID)
   dense_params = (state.embed.b, state.hidden)
   h, hidden_vjp = jax.vjp(
       lambda dp, tap: hidden_forward(state.embed.w, dp, fids, fvals, tap),
       dense_params, jnp.zeros((B, config.hidden_dims[0]), jnp.float32))
   if config.k >= config.num_labels:  # exact softmax: every (real) row is active
     row_ids = jnp.arange(rows, dtype=jnp.int32)
-    active = jnp.broadcast_to(jnp.where(row_ids < n_valid, row_ids, -1), (B, rows))
+    active = jnp.broadcast_to(jnp.where(row_ids < n_valid, row_ids, PAD_ID), (B, rows))
     from_tables = jnp.zeros((B,), jnp.int32)
   else:
     seed = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
