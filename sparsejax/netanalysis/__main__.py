@@ -1,9 +1,10 @@
 """Command line of sparsejax.netanalysis: ``python -m sparsejax.netanalysis COMMAND [--flags]``.
 
-Each command lives in its own module, which defines its absl flags in ``define_flags()`` and runs in
-``main(argv) -> int``; only the chosen command's flags are defined, so ``COMMAND --help`` lists its
-own. Input errors (:class:`ProfileError`, ``ValueError`` from flag values) print ``error: <message>``
-and exit with status 2, without a traceback.
+Each command lives in its own module, which defines its absl flags in ``define_flags(command)`` and
+runs in ``main(command, argv) -> int``; only the chosen command's flags are defined, so
+``COMMAND --help`` lists its own. Input errors (:class:`ProfileError`, ``ValueError`` from flag values)
+print ``error: <message>`` and exit with status 2, without a traceback. ``main`` can be called
+several times in one process (tests): flags are defined once per command and reset before parsing.
 """
 
 import importlib
@@ -16,6 +17,9 @@ COMMANDS = {
     "probe": ("sparsejax.netanalysis.probe", "measure collective bandwidth and latency between processes"),
     "export-bk": ("sparsejax.netanalysis.report_cli", "write a .bk.log backward profile from a dense run"),
 }
+
+
+_DEFINED: set[str] = set()  # commands whose flags are defined in this process
 
 
 def _usage() -> str:
@@ -34,10 +38,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"error: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
     return 2
   module = importlib.import_module(COMMANDS[command][0])
-  from absl import app, flags
+  from absl import flags
 
   from sparsejax.netanalysis.units import ProfileError
-  module.define_flags(command)
+  if command not in _DEFINED:
+    module.define_flags(command)
+    _DEFINED.add(command)
+  if any(arg in ("-h", "--help", "-help", "--helpfull") for arg in argv[2:]):
+    print(f"usage: python -m sparsejax.netanalysis {command} [--flags]\n  {COMMANDS[command][1]}\n")
+    print(flags.FLAGS.module_help(module.__name__))
+    return 0
+  flags.FLAGS.unparse_flags()
   try:
     rest = flags.FLAGS([f"{argv[0]} {command}"] + argv[2:])
   except flags.Error as e:
