@@ -47,14 +47,20 @@ import time
 
 _TAIL_LINES = 40  # lines of each rank's output kept in memory for failure reports
 _REPORT_LINES = 12  # of which at most this many are printed for the failing rank
+# A console rank's error (traceback, FATAL line) is held back this long: if a peer's death shows up meanwhile, the
+# error is a consequence (a killed process's sockets close before it can be reaped) and is not printed.
+_HOLD_ERRORS_SECONDS = 2.0
 _STOPPED_REPORT_SECONDS = 2.0  # a rank stopped this long is reported as not answering
 _STATE_POLL_SECONDS = 0.5
-_TIE_SECONDS = 0.02  # exits or errors this close together may be seen in either order
 _PR_SET_PDEATHSIG = 1
-# Lines that carry the error of a failed process: a Python exception, an absl FATAL / ERROR line.
+# The line of a failed process's output that says why: a Python exception, an absl FATAL or ERROR line.
 _ERROR_LINE = re.compile(r"^(\w[\w.]*(Error|Exception|Exit|Interrupt)\b|[FE]\d{4} )")
-# Lines that start a failure report: a Python traceback, an absl FATAL line.
-_FAILURE_START = re.compile(r"^(Traceback \(most recent call last\)|F\d{4} )")
+# Lines that start a failure report: a Python traceback, an absl FATAL or ERROR line.
+_FAILURE_START = re.compile(r"^(Traceback \(most recent call last\)|[FE]\d{4} )")
+_ABSL_PREFIX = re.compile(r"^[FEWI]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] (\[\d+\] )?")
+# Errors that say a peer was lost (gloo, the coordination service): consequences, not causes.
+_LOST_PEER = re.compile(r"Connection reset by peer|Connection closed by peer|stopped sending heartbeats|"
+                        r"another task died|unexpectedly tried to connect|Socket closed|Broken pipe", re.I)
 
 
 def free_port() -> int:
@@ -89,10 +95,18 @@ def describe_exit(code: int) -> str:
 
 
 def error_summary(lines) -> str:
-  """The line of a process's output that best says why it failed (its last error line, else its last line)."""
+  """The line of a process's output that best says why it failed (its last error line, else its last line).
+
+  An absl log line loses its prefix, and JAX's fatal "Terminating process ..."
+  preamble is cut down to the status it reports.
+  """
   lines = [l.rstrip() for l in lines if l.strip() and not l.lstrip().startswith(("@ ", "***"))]
-  for line in reversed(lines):
-    if _ERROR_LINE.match(line):
+  for i in range(len(lines) - 1, -1, -1):
+    if _ERROR_LINE.match(lines[i]):
+      line = _ABSL_PREFIX.sub("", lines[i])
+      line = line.split("absl::Status: ", 1)[-1]
+      if line.endswith(":") and i + 1 < len(lines):  # a status continues on the next line
+        line += " " + lines[i + 1].strip()
       return line
   return lines[-1] if lines else "(no output)"
 
@@ -130,8 +144,10 @@ class _Rank:
     self.rank, self.proc, self.log_path = rank, proc, log_path
     self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
     self.code: int | None = None  # return code once it has exited
-    self.exited_at: float | None = None  # time.monotonic() of its exit, from its waiter thread
-    self.error_at: float | None = None  # ...of the first traceback or FATAL line in its output
+    self.exited_at: float | None = None  # time.monotonic() when its exit was seen
+    self.error_at: float | None = None  # ...when the first traceback or FATAL line of its output was
+    self.held: list[str] = []  # console lines held back from its error on (see _HOLD_ERRORS_SECONDS)
+    self.hold_until: float | None = None
     self.stopped_since: float | None = None
     self.reported_stopped = False
     self.pump: threading.Thread | None = None
@@ -144,13 +160,15 @@ class _Rank:
   def failed_at(self) -> float:
     return min(t for t in (self.error_at, self.exited_at, float("inf")) if t is not None)
 
-  def wait_for_exit(self) -> None:
-    """Thread body: records when the process exits, without reaping it (``Popen.poll`` still works)."""
-    try:
-      os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
-    except ChildProcessError:
-      pass
-    self.exited_at = time.monotonic()
+  def failure_kind(self) -> int:
+    """How likely this rank's failure is the cause of a job's failure: 0 (surely) to 3 (a consequence)."""
+    if self.running and self.stopped_since is not None:
+      return 0  # stopped: its peers give up on it
+    if self.code is not None and self.code < 0 and self.code != -signal.SIGABRT:
+      return 1  # killed by an outside signal
+    if self.code == -signal.SIGABRT or _LOST_PEER.search(error_summary(self.tail)):
+      return 3  # JAX aborts a process whose peer is lost; gloo reports a closed connection
+    return 2
 
   def signal(self, signum: int) -> None:
     """Sends ``signum`` to the rank's process group (it is a session leader)."""
@@ -174,6 +192,7 @@ class _Job:
     self.kill_deadline: float | None = None
     self.cause: _Rank | None = None  # the rank whose failure ended the job
     self.cause_stopped = False  # ...by being stopped (its peers gave up on it)
+    self.pending: list[_Rank] = []  # failed ranks whose errors say they lost a peer: waiting for the peer's
     self.next_state_poll = 0.0
 
   # --- Output ---------------------------------------------------------------------
@@ -195,19 +214,32 @@ class _Job:
     self.err.write(f"[launch] {message}\n")
     self.err.flush()
 
-  def echo(self, batch) -> None:
+  def on_console(self, rank: _Rank) -> bool:
+    return self.console == "all" or rank.rank == 0
+
+  def write(self, rank: _Rank, lines) -> None:
+    prefix = f"[rank {rank.rank}] " if self.console == "all" else ""
+    self.out.writelines(prefix + line for line in lines)
+
+  def echo(self, batch, now: float) -> None:
+    """Prints console ranks' lines; holds back a running rank's error, and drops the others' once the job failed."""
     for r, line in batch:
       rank = self.ranks[r]
-      if self.console == "all":
-        shown = True
+      if not self.on_console(rank) or (self.cause is not None and rank is not self.cause):
+        continue
+      if rank.hold_until is None and self.cause is None and _FAILURE_START.match(line):
+        rank.hold_until = now + _HOLD_ERRORS_SECONDS
+      if rank.hold_until is not None:
+        rank.held.append(line)
       else:
-        shown = r == 0
-      # Once the job has failed, the others' errors are consequences: summed up at their exit.
-      if self.cause is not None and rank is not self.cause:
-        shown = False
-      if shown:
-        self.out.write(line if self.console != "all" else f"[rank {r}] {line}")
+        self.write(rank, [line])
     self.out.flush()
+
+  def release(self, rank: _Rank) -> None:
+    """Prints what was held back of ``rank``'s output."""
+    self.write(rank, rank.held)
+    self.out.flush()
+    rank.held, rank.hold_until = [], None
 
   def drain(self, timeout: float) -> list[tuple[int, str]]:
     batch = []
@@ -218,9 +250,6 @@ class _Job:
     except queue.Empty:
       pass
     return batch
-
-  def on_console(self, rank: _Rank) -> bool:
-    return self.console == "all" or rank.rank == 0
 
   # --- Events ---------------------------------------------------------------------
 
@@ -239,13 +268,17 @@ class _Job:
       self.kill_deadline = now + self.stop_timeout
       self.say(f"{signal_name(new[0])}: asking every rank to save a checkpoint and exit (SIGTERM); ranks still "
                f"running in {self.stop_timeout:g} s are killed (Ctrl-C again: kill now)")
-      for rank in self.ranks:
-        rank.signal(signal.SIGTERM)
-        rank.signal(signal.SIGCONT)  # a stopped rank could not act on it
+      self.signal_all(signal.SIGTERM)
       new = new[1:]
     if new and self.kill_deadline > now:
       self.say(f"{signal_name(new[-1])} again: killing every rank now (SIGKILL)")
       self.kill_deadline = now
+
+  def signal_all(self, signum: int) -> None:
+    for rank in self.ranks:
+      rank.signal(signum)
+      if signum != signal.SIGKILL:
+        rank.signal(signal.SIGCONT)  # a stopped rank could not act on it
 
   def watch_states(self, now: float) -> None:
     """Names ranks that are stopped (SIGSTOP, a debugger): they stop answering their peers."""
@@ -262,47 +295,38 @@ class _Job:
                    f"(state {state}: SIGSTOP or a debugger) since {now - rank.stopped_since:.0f} s; its peers "
                    f"give up on it after their heartbeat timeout; log: {rank.log_path}")
       elif rank.stopped_since is not None:
-        if rank.reported_stopped and rank.running:
+        if rank.reported_stopped and rank.running and self.cause is None and self.stop_requested_at is None:
           self.say(f"rank {rank.rank} is running again")
         rank.stopped_since, rank.reported_stopped = None, False
 
-  def reap(self) -> list[_Rank]:
+  def reap(self, now: float) -> list[_Rank]:
     """Ranks that exited since the last call."""
     dead = []
     for rank in self.ranks:
       if rank.running and rank.proc.poll() is not None:
-        rank.code = rank.proc.returncode
-        rank.exited_at = rank.exited_at or time.monotonic()
+        rank.code, rank.exited_at = rank.proc.returncode, now
         dead.append(rank)
     return dead
 
-  def on_exits(self, dead: list[_Rank], batch, now: float) -> None:
-    """Reports exits and echoes ``batch``: the first failure is named first, later ones summed up in a line."""
-    failed = [r for r in dead if r.code != 0]
-    if self.cause is None and failed and self.stop_requested_at is None:
-      stopped = [r for r in self.ranks if r.running and r.stopped_since is not None]
-      cause = stopped[0] if stopped else likely_cause(failed)
-      self.echo([(r, l) for r, l in batch if r == cause.rank])  # its last words come before its death
-      self.cause, self.cause_stopped = cause, bool(stopped)
-      self.report_cause(failed)
-      self.echo([(r, l) for r, l in batch if r != cause.rank])
-      self.kill_deadline = now + self.failure_grace
-      for rank in self.ranks:
-        rank.signal(signal.SIGTERM)
-        rank.signal(signal.SIGCONT)
-      return
-    self.echo(batch)
-    if self.cause is not None or self.stop_requested_at is not None:
-      for rank in dead:
-        if rank is not self.cause:
-          self.report_consequence(rank)
+  def on_failure(self, failed: list[_Rank], batch, now: float) -> None:
+    """The job failed (``failed`` exited non-zero): names the cause first, stops the others.
 
-  def report_cause(self, failed: list[_Rank]) -> None:
-    cause = self.cause
-    if self.cause_stopped:  # its peers gave up waiting for it
+    Of the lines in ``batch``, prints the cause's (they came before its death is reported).
+    """
+    candidates = failed + [r for r in self.ranks if r.running and (r.error_at or r.stopped_since)]
+    self.cause = cause = likely_cause(candidates)
+    self.cause_stopped = cause.failure_kind() == 0
+    self.release(cause)  # its own last words come before its death
+    self.echo([(r, l) for r, l in batch if r == cause.rank], now)
+    for rank in self.ranks:
+      if rank is not cause:
+        rank.held, rank.hold_until = [], None
+    if self.cause_stopped:
       if not cause.reported_stopped:
         self.say(f"rank {cause.rank} is not answering: its process {cause.proc.pid} is stopped (SIGSTOP or a "
-                 f"debugger); log: {cause.log_path}")
+                 f"debugger); its peers gave up on it; log: {cause.log_path}")
+    elif cause.running:
+      self.say(f"rank {cause.rank} failed: {error_summary(cause.tail)[:300]}; log: {cause.log_path}")
     else:
       self.say(f"rank {cause.rank} {'died' if cause.code < 0 else 'failed'} ({describe_exit(cause.code)}); "
                f"log: {cause.log_path}")
@@ -316,6 +340,8 @@ class _Job:
     for rank in failed:
       if rank is not cause:
         self.report_consequence(rank)
+    self.kill_deadline = now + self.failure_grace
+    self.signal_all(signal.SIGTERM)
 
   def report_consequence(self, rank: _Rank) -> None:
     if rank.code == 0:
@@ -330,65 +356,74 @@ class _Job:
 
   # --- Loop -----------------------------------------------------------------------
 
+  def step(self, batch, now: float) -> None:
+    """One turn of the loop: ``batch`` holds the lines that arrived since the last."""
+    self.handle_stop_requests(now)
+    self.watch_states(now)
+    dead = self.reap(now)  # after taking the lines: a death that caused them is visible now
+    for rank in dead:
+      if rank.pump is not None:
+        rank.pump.join(timeout=1.0)  # its last lines
+    if dead:
+      batch = batch + self.drain(0)
+    failed = [r for r in dead if r.code != 0]
+    reported = []
+    if self.cause is None and self.stop_requested_at is None:
+      self.pending += failed
+      if self.pending:
+        candidates = self.pending + [r for r in self.ranks if r.running and (r.error_at or r.stopped_since)]
+        best = likely_cause(candidates)
+        # A rank that lost a peer waits a moment for the peer's own failure to show up.
+        if best.failure_kind() < 3 or now >= best.failed_at + _HOLD_ERRORS_SECONDS:
+          self.on_failure(self.pending, batch, now)
+          batch = [(r, l) for r, l in batch if r != self.cause.rank]
+          reported = self.pending
+    self.echo(batch, now)
+    for rank in self.ranks:
+      if (rank.hold_until is not None and self.cause is None and rank not in self.pending
+          and (now >= rank.hold_until or rank.code == 0)):
+        self.release(rank)  # no peer died meanwhile: its own error
+    if self.cause is not None or self.stop_requested_at is not None:
+      for rank in dead:
+        if rank is not self.cause and rank not in reported:
+          self.report_consequence(rank)
+    if self.kill_deadline is not None and now >= self.kill_deadline:
+      self.signal_all(signal.SIGKILL)
+      self.kill_deadline = float("inf")
+
   def run(self) -> int:
-    while True:
-      batch = self.drain(timeout=0.05)  # lines first: a death that caused them is then already visible
-      now = time.monotonic()
-      self.handle_stop_requests(now)
-      self.watch_states(now)
-      dead = self.reap()
-      if dead:
-        for rank in dead:
-          if rank.pump is not None:
-            rank.pump.join(timeout=1.0)  # its last lines
-        self.on_exits(dead, batch + self.drain(0), now)
-      else:
-        self.echo(batch)
-      if self.kill_deadline is not None and now >= self.kill_deadline:
-        for rank in self.ranks:
-          if rank.running:
-            rank.signal(signal.SIGKILL)
-        self.kill_deadline = float("inf")
-      if not any(rank.running for rank in self.ranks):
-        break
+    while any(rank.running for rank in self.ranks):
+      self.step(self.drain(timeout=0.05), time.monotonic())
     for rank in self.ranks:
       if rank.pump is not None:
         rank.pump.join(timeout=2.0)
-    self.echo(self.drain(0))
+    batch = self.drain(0)
+    if self.pending and self.cause is None:
+      self.on_failure(self.pending, batch, time.monotonic())
+    self.echo(batch, time.monotonic())
+    for rank in self.ranks:
+      if rank.held:
+        self.release(rank)
     return self.status()
 
   def status(self) -> int:
     if self.cause is not None:
-      cause = self.cause
+      cause, logs = self.cause, os.path.dirname(self.cause.log_path)
       if self.cause_stopped:
-        self.say(f"job failed: rank {cause.rank} stopped answering; logs: {os.path.dirname(cause.log_path)}")
+        self.say(f"job failed: rank {cause.rank} stopped answering; logs: {logs}")
         return 1
-      self.say(f"job failed: rank {cause.rank} {describe_exit(cause.code)}; logs: {os.path.dirname(cause.log_path)}")
+      self.say(f"job failed: rank {cause.rank} {describe_exit(cause.code)}; logs: {logs}")
       return cause.code if cause.code > 0 else 128 - cause.code
-    if self.stop_signals or self.stop_requested_at is not None:
+    if self.stop_requested_at is not None:
       codes = {r.rank: r.code for r in self.ranks if r.code != 0}
       self.say("stopped" + (f"; ranks that did not exit cleanly: {codes}" if codes else ": every rank exited"))
-      return 128 + self.stop_signals[-1] if self.stop_signals else 1
+      return 128 + self.stop_signals[-1]
     return 0
 
 
-def likely_cause(failed: list["_Rank"]) -> "_Rank":
-  """Which of several failed ranks failed first, i.e. is the cause and not a consequence.
-
-  A rank failed when it printed an error (a Python traceback or an absl FATAL
-  line) or else when it exited. Within ``_TIE_SECONDS`` (when the order cannot
-  be trusted) a rank killed by an outside signal comes first, then one with an
-  error exit; SIGABRT comes last (JAX aborts a process whose peer was lost).
-  """
-  first = min(r.failed_at for r in failed)
-  tied = [r for r in failed if r.failed_at <= first + _TIE_SECONDS]
-
-  def kind(rank):
-    if rank.code is not None and rank.code < 0 and rank.code != -signal.SIGABRT:
-      return 0
-    return 1 if rank.code is not None and rank.code > 0 else 2
-
-  return min(tied, key=lambda r: (kind(r), r.failed_at, r.rank))
+def likely_cause(candidates: list[_Rank]) -> _Rank:
+  """Which of the failed ranks is the cause of the job's failure: the surest kind first, then the earliest."""
+  return min(candidates, key=lambda r: (r.failure_kind(), r.failed_at, r.rank))
 
 
 def log_directory(command: list[str], log_dir: str | None) -> str:
@@ -453,7 +488,6 @@ def launch(num_processes: int, command: list[str], *, port: int | None = None, l
     for rank, log in zip(job.ranks, logs):  # threads only now: no fork while they run
       rank.pump = threading.Thread(target=job.pump, args=(rank, log), daemon=True)
       rank.pump.start()
-      threading.Thread(target=rank.wait_for_exit, daemon=True).start()
     logs = []  # the pumps close them
     return job.run()
   finally:

@@ -36,10 +36,10 @@ RANK = textwrap.dedent("""
               pass
       return None
 
-    def deep(n):  # a long traceback, as a failing collective gives
-      if n == 0:
-        raise RuntimeError(f"rank {rank}: collective failed: connection reset by peer")
-      deep(n - 1)
+    def deep(n, error=RuntimeError(f"rank {rank}: collective failed: Connection reset by peer")):
+      if n == 0:  # a long traceback, as a failing collective gives
+        raise error
+      deep(n - 1, error)
 
     if mode == "checkpoint_on_sigterm":
       def on_term(signum, frame):
@@ -53,13 +53,19 @@ RANK = textwrap.dedent("""
         print(f"rank {rank} done", flush=True)
         sys.exit(0)
       if rank == 1 and step == 5:
-        if mode == "kill":
+        if mode == "kill":  # a killed process's sockets close a while before it can be reaped
+          fcntl.flock(me, fcntl.LOCK_UN)
+          time.sleep(0.5)
           os.kill(os.getpid(), signal.SIGKILL)
         if mode == "raise":
-          deep(3)
+          deep(3, ValueError("rank 1: bad data in line 7"))
         if mode == "stop":
           os.kill(os.getpid(), signal.SIGSTOP)
       if rank != 1 and mode in ("kill", "raise") and peer_died() is not None:
+        deep(30)
+      if rank == 0 and mode == "raise0" and step == 5:
+        raise ValueError("rank 0: bad data in line 7")
+      if rank == 1 and mode == "raise0" and peer_died() is not None:
         deep(30)
       if rank != 1 and mode == "stop" and step == 5 + 100:  # a heartbeat timeout of ~5 s
         print("F0101 client.h:80] Terminating process: UNAVAILABLE: tasks stopped sending heartbeats: 1", flush=True)
@@ -148,8 +154,18 @@ def test_failing_rank_error_is_shown_with_its_tail(tmp_path, rank_script):
   assert code == 1, out
   lines = _launch_lines(out)
   assert lines[1] == f"[launch] rank 1 failed (exit status 1); log: {tmp_path}/logs/rank1.log", out
-  assert "[rank 1] RuntimeError: rank 1: collective failed" in out  # its last lines, under the naming line
-  assert out.index("[launch] rank 1 failed") < out.index("[rank 1] RuntimeError")
+  assert "[rank 1] ValueError: rank 1: bad data in line 7" in out  # its last lines, under the naming line
+  assert out.index("[launch] rank 1 failed") < out.index("[rank 1] ValueError")
+  assert "Traceback" not in out.replace("[rank 1] Traceback", "")  # not rank 0's
+
+
+def test_console_rank_own_error_is_shown_in_full(tmp_path, rank_script):
+  code, out = _run(rank_script, tmp_path, "raise0")
+  assert code == 1, out
+  assert "Traceback (most recent call last)" in out and "ValueError: rank 0: bad data in line 7" in out
+  assert out.index("ValueError: rank 0: bad") < out.index("[launch] rank 0 failed (exit status 1)")
+  assert "collective failed" not in out.split("[launch] rank 0 failed")[0]
+  assert "[launch] rank 1 exited with" not in out
 
 
 def test_stopped_rank_is_named_as_not_answering(tmp_path, rank_script):
@@ -230,9 +246,12 @@ def test_helpers():
   tail = ["step 1\n", "Traceback (most recent call last):\n", '  File "x", line 1\n', "ValueError: bad x\n",
           "\n"]
   assert launch.error_summary(tail) == "ValueError: bad x"
-  fatal = ["F1123 00:32:00.18 client.h:80] Terminating process: UNAVAILABLE\n", "*** Check failure stack trace\n",
+  fatal = ["F1123 00:32:00.187509   31980 client.h:80] Terminating process because the JAX distributed service "
+           "detected fatal errors. absl::Status: UNAVAILABLE: The following tasks are unhealthy (stopped sending "
+           "heartbeats):\n", "1\n", "The tasks have crashed.\n", "*** Check failure stack trace: ***\n",
            "    @     0x7f1c2da40634  absl::LogMessage\n"]
-  assert launch.error_summary(fatal).startswith("F1123")
+  assert launch.error_summary(fatal) == ("UNAVAILABLE: The following tasks are unhealthy (stopped sending "
+                                         "heartbeats): 1")
   assert launch.process_state(os.getpid()) in ("R", "S")
 
 
