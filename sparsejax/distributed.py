@@ -34,54 +34,15 @@ from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sparsejax import dense, inference, model, ops, tables
+from sparsejax import dense, inference, model, ops, process_group, tables
 
 AXIS = "shard"
 
 
 # --- Process group ---------------------------------------------------------------
 
-def _cluster_env() -> bool:
-  """Whether a SLURM or Open MPI launch with several tasks is visible."""
-  for var in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-    if int(os.environ.get(var, "1") or 1) > 1:
-      return True
-  return False
-
-
-def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, *, heartbeat_timeout_seconds: int = 20,
-               initialization_timeout: int = 60) -> bool:
-  """Joins the process group (a no-op for a single process).
-
-  Explicit arguments win; otherwise a SLURM / Open MPI launch is detected as
-  JAX does (``jax.distributed.initialize()`` with no arguments). Call before
-  anything creates a JAX backend.
-
-  Args:
-    coordinator_address: ``host:port`` of process 0's coordinator.
-    num_processes: P.
-    process_id: this process's rank in ``[0, P)``.
-    heartbeat_timeout_seconds: a peer silent this long is declared dead and
-      the job fails (JAX's default is 100 s).
-    initialization_timeout: seconds to wait for all processes to join.
-
-  Returns:
-    Whether a multi-process group was initialized.
-  """
-  if num_processes is not None and num_processes <= 1:
-    return False
-  if coordinator_address is None and num_processes is None and not _cluster_env():
-    return False
-  # Gloo is JAX's default CPU collective implementation; say so explicitly.
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(
-      coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id,
-      initialization_timeout=initialization_timeout, heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-      shutdown_timeout_seconds=max(10, heartbeat_timeout_seconds))
-  logging.info("process %d of %d joined (%d devices in all)", jax.process_index(), jax.process_count(),
-               jax.device_count())
-  return True
+# Joining the group, with start-up faults reported by rank (re-exported here).
+initialize = process_group.initialize
 
 
 def make_mesh(num_shards: int | None = None) -> jax.sharding.Mesh:

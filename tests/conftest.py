@@ -167,3 +167,21 @@ def pytest_terminal_summary(terminalreporter, config):
       terminalreporter.write_line(f"{label}: {n} cases: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.items())))
     total = sum(n for _, n, _ in tallies)
     terminalreporter.write_line(f"total: {total} cases")
+
+
+FUZZ_LONG_FACTOR = 25  # --fuzz-long: this many times the examples, randomly seeded
+
+
+@pytest.fixture
+def fuzz_settings(request):
+  """``fuzz_settings(n)``: hypothesis settings for n examples (derandomized), or 25 n random ones with --fuzz-long."""
+  from hypothesis import HealthCheck, settings
+
+  long = request.config.getoption("--fuzz-long")
+
+  def make(max_examples: int):
+    return settings(max_examples=max_examples * (FUZZ_LONG_FACTOR if long else 1), derandomize=not long,
+                    deadline=None, database=None, print_blob=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+  return make

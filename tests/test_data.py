@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import threading
 
@@ -177,6 +178,22 @@ def test_xc_reader_accepts_format_variants(tmp_path):
   np.testing.assert_array_equal(ds.label_indices, [0, 4, 3])
 
 
+def test_xc_reader_accepts_bom_and_gzip(tmp_path):
+  ds = _random_dataset(np.random.default_rng(3))
+  save_xc_file(ds, tmp_path / "plain.txt")
+  body = (tmp_path / "plain.txt").read_bytes()
+  (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf" + body.replace(b"\n", b"\r\n"))
+  _assert_same(load_xc_file(tmp_path / "bom.txt"), ds)
+  for name in ("data.txt.gz", "no_suffix.txt"):  # the magic bytes decide, not the name
+    with gzip.open(tmp_path / name, "wb") as f:
+      f.write(body)
+    _assert_same(load_xc_file(tmp_path / name, chunk_bytes=64), ds)
+  whole = (tmp_path / "data.txt.gz").read_bytes()
+  (tmp_path / "cut.gz").write_bytes(whole[: len(whole) // 2])
+  with pytest.raises(XCFormatError, match=r"cut\.gz:\d+: corrupt or truncated gzip data"):
+    load_xc_file(tmp_path / "cut.gz", chunk_bytes=64)
+
+
 def test_fast_and_line_parsers_agree(tmp_path):
   ds = make_synthetic(300, 1000, 50, labels_per_sample=1.8, seed=5)
   path = tmp_path / "x.txt"
@@ -207,6 +224,11 @@ _BAD_FILES = [
     ("1 1:1\n1 1:1\n1 2:nan\n", 4, "non-finite"),
     ("1 1:1\n1.5 1:1\n1 1:1\n", 3, "malformed label id"),
     ("1 1:1\n1 1:1\n1 2.0:1\n", 4, "malformed feature id"),
+    # Finite in float64, inf in float32 (issue 12, defect 10: was read as inf).
+    ("1 1:1\n1 2:1e39\n1 1:1\n", 3, "overflows float32"),
+    ("1 1:1\n1 1:1\n1 2:-3.5e38\n", 4, "overflows float32"),
+    ("1 1:1\n1 2:1_0\n1 1:1\n", 3, "malformed feature value"),  # float() reads 1_0 as 10
+    ("1 1:1\n1\x1c2:1\n1 1:1\n", 3, "malformed feature id"),  # \x1c: not whitespace (str.split() said it was)
 ]
 
 

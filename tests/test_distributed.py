@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -163,23 +164,22 @@ def test_multiprocess_lsh_sampling_matches_single_process_p_at_1(tmp_path):
 
 @pytest.mark.parametrize("how", ["kill", "stop"])
 def test_dead_or_hung_rank_ends_the_job(tmp_path, how):
-  """SIGKILL (dead) or SIGSTOP (hung) one rank mid-run: the launcher fails within 60 s, naming it."""
+  """SIGKILL (dead) or SIGSTOP (hung) rank 1 mid-run: the launcher fails within 60 s, naming rank 1 first.
+
+  Old launcher: a stopped rank 1 was reported as "rank 0 failed (signal 6)".
+  """
   args = _train_args(str(tmp_path), max_steps=10**6, num_epochs=10**5, eval_every=10**6, log_every=100,
                      heartbeat_timeout_seconds=10)
   proc = _launch(2, args, timeout=300)
-  lines = []
+  lines = [proc.stdout.readline()]
+  pids = [int(p) for p in re.search(r"pids (\d+), (\d+)\)", lines[0]).groups()]  # the launcher's first line
   deadline = time.time() + 180
   while time.time() < deadline:  # wait until both ranks train
-    line = proc.stdout.readline()
-    lines.append(line)
-    if "over 2 processes" in line:
+    lines.append(proc.stdout.readline())
+    if "over 2 processes" in lines[-1]:
       break
   time.sleep(3)
-  # Rank 1 among the launcher's own children (a bare `pgrep -f` matched any such process on the machine).
-  pids = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "--", "--process_id=1"], capture_output=True,
-                        text=True).stdout.split()
-  assert pids, "".join(lines)[-3000:]
-  victim = int(pids[0])
+  victim = pids[1]
   t0 = time.time()
   os.kill(victim, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
   try:
@@ -193,7 +193,15 @@ def test_dead_or_hung_rank_ends_the_job(tmp_path, how):
   elapsed = time.time() - t0
   assert proc.returncode != 0
   assert elapsed < 60, elapsed
-  assert "[launch] rank" in rest and "failed" in rest
+  first = next(l for l in rest.splitlines() if l.startswith("[launch]"))
+  if how == "kill":
+    assert first.startswith("[launch] rank 1 died (killed by signal 9 (SIGKILL)); log: "), rest
+    assert elapsed < 10, elapsed
+  else:
+    assert first.startswith("[launch] rank 1 is not answering"), rest
+    assert "rank 0 failed" not in rest and "rank 0 died" not in rest
+  assert "Traceback" not in rest  # rank 0's error: one line
+  assert (tmp_path / "logs" / "rank1.log").exists()
 
 
 def test_multiprocess_resume_continues_the_same_run(tmp_path):
