@@ -13,6 +13,7 @@
 // the same for any thread count.
 #include <cstring>
 
+#include "active_set.h"
 #include "common.h"
 
 namespace sparsejax {
@@ -119,32 +120,6 @@ ffi::Error InsertImpl(ffi::ThreadPool pool, ffi::AnyBuffer buckets,
   return ffi::Error::Success();
 }
 
-// Open-addressing set of non-negative int32 ids with O(capacity) reset.
-class IdSet {
- public:
-  explicit IdSet(int64_t max_size) {
-    int64_t cap = 16;
-    while (cap < 2 * max_size) cap <<= 1;
-    slots_.assign(cap, -1);
-    mask_ = cap - 1;
-  }
-  void Clear() { std::fill(slots_.begin(), slots_.end(), -1); }
-  // Returns true if the id was not yet in the set.
-  bool Insert(int32_t id) {
-    uint64_t h = SplitMix64(static_cast<uint64_t>(id)) & mask_;
-    while (slots_[h] >= 0) {
-      if (slots_[h] == id) return false;
-      h = (h + 1) & mask_;
-    }
-    slots_[h] = id;
-    return true;
-  }
-
- private:
-  std::vector<int32_t> slots_;
-  uint64_t mask_;
-};
-
 ffi::Error QueryImpl(ffi::ThreadPool pool, ffi::AnyBuffer buckets,
                      ffi::AnyBuffer counts, ffi::AnyBuffer codes,
                      ffi::AnyBuffer labels, ffi::AnyBuffer seed,
@@ -191,14 +166,9 @@ ffi::Error QueryImpl(ffi::ThreadPool pool, ffi::AnyBuffer buckets,
     std::vector<int32_t> unused;
     for (int64_t b = b0; b < b1; ++b) {
       int32_t* o = out + b * k;
-      int64_t n = 0;
+      int64_t n;
       set.Clear();
-      for (int64_t j = 0; j < LM; ++j) {
-        const int32_t y = lp[b * LM + j];
-        if (y == kPadId || !set.Insert(y)) continue;
-        if (n == k) { too_many_labels[b] = j; break; }
-        o[n++] = y;
-      }
+      too_many_labels[b] = PutLabels(lp + b * LM, LM, k, set, o, &n);
       if (too_many_labels[b] >= 0) continue;
       // Table candidates, ranked by frequency over the L tables.
       cand.clear();
@@ -231,28 +201,7 @@ ffi::Error QueryImpl(ffi::ThreadPool pool, ffi::AnyBuffer buckets,
         if (set.Insert(r.second)) { o[n++] = r.second; ++taken; }
       }
       from_tables[b] = taken;
-      // Distinct random fill.
-      const int64_t need = k - n;
-      if (need == 0) continue;
-      if (2 * k <= N) {
-        // Rejection sampling: at most half of [0, N) is taken, so each try
-        // succeeds with probability >= 1/2.
-        for (uint64_t a = 0; n < k; ++a) {
-          const int32_t id = static_cast<int32_t>(Bounded(Hash3(s ^ 0x5bd1e995ULL, b, a), N));
-          if (set.Insert(id)) o[n++] = id;
-        }
-      } else {
-        // k > N / 2, so N < 2k: list the unused ids and draw without replacement.
-        std::vector<char> used(N, 0);
-        for (int64_t i = 0; i < n; ++i) used[o[i]] = 1;
-        unused.clear();
-        for (int64_t id = 0; id < N; ++id) if (!used[id]) unused.push_back(static_cast<int32_t>(id));
-        for (int64_t i = 0; n < k; ++i) {
-          const int64_t r = i + Bounded(Hash3(s ^ 0x5bd1e995ULL, b, i), unused.size() - i);
-          std::swap(unused[i], unused[r]);
-          o[n++] = unused[i];
-        }
-      }
+      FillRandom(s, b, N, k, set, o, n, unused);
     }
   });
   for (int64_t b = 0; b < B; ++b) {

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from sparsejax import checkpoint, distributed, memory, model
+from sparsejax import checkpoint, distributed, memory, model, retrieval
 from sparsejax.config import Config, ConfigError
 from sparsejax.data import BatchIterator, load_dataset
 from sparsejax.evaluation import Evaluator
@@ -62,7 +62,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   max_labels = config.data.max_labels or max(train.max_labels_per_sample(), 1)
 
   run = distributed.make_run(config.model_config(train.num_features, train.num_labels), seed=config.run.seed,
-                             num_shards=num_shards)
+                             num_shards=num_shards, sampled_ks=tuple(k for k in [config.run.eval_sampled_k] if k))
   checkpoints = checkpoint.Checkpoints(workdir, config.checkpoint.keep_checkpoints)
   restored = checkpoints.restore(run.abstract_state())
   if restored is None:
@@ -92,7 +92,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   if checkpoints.latest_step() != step:
     checkpoints.save(step, state, batches.state(), wait=True)
   checkpoints.wait()
-  final = evaluator(run.predict, state)
+  final = _evaluate(evaluator, run, state, None)
   final.update({
       "step": step, "epoch": step / steps_per_epoch,
       "loss": float(distributed.local_value(last_metrics["loss"])) if last_metrics is not None else float("nan"),
@@ -103,9 +103,32 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   if writer is not None:
     writer.write(final)
     writer.close()
-  logging.info("final (step %d): P@1 %.4f  P@3 %.4f  P@5 %.4f  (sampled P@1 %s)", step, final["p@1"],
-               final["p@3"], final["p@5"], final.get("sampled_p@1", "n/a"))
+  logging.info("final (step %d): P@1 %.4f  P@3 %.4f  P@5 %.4f  (sampled P@1 %s)%s", step, final["p@1"],
+               final["p@3"], final["p@5"], final.get("sampled_p@1", "n/a"), _retrieval_line(final))
   return final
+
+
+def _evaluate(evaluator: Evaluator, run: distributed.Run, state, num_samples: int | None) -> dict[str, float]:
+  """Test-set metrics, with retrieval diagnostics and the index's fill where the run has them.
+
+  Sampled inference is evaluated with a freshly refreshed index (a copy: training goes on with its own), as a
+  model saved for serving would have it; between refreshes the training index lags the moving rows.
+  """
+  if run.refresh_index is not None:
+    state = run.refresh_index(state)
+  result = evaluator(run.predict, state, num_samples, diagnose=run.diagnose)
+  if run.diagnose is not None:
+    result.update(retrieval.index_fill(state.tables))
+  return result
+
+
+def _retrieval_line(record: dict) -> str:
+  """The retrieval diagnostics of an evaluation, for the log (empty if it has none)."""
+  if "label_recall" not in record:
+    return ""
+  return (f"  | label_recall {record['label_recall']:.3f}  topk_recall@{retrieval.TOP} "
+          f"{record[f'topk_recall@{retrieval.TOP}']:.3f}  candidates {record['mean_candidates']:.0f}  "
+          f"cos(h, label) {record['label_cosine']:.3f}")
 
 
 def _train(config: Config, run: distributed.Run, state, batches: BatchIterator, evaluator: Evaluator,
@@ -146,14 +169,14 @@ def _train(config: Config, run: distributed.Run, state, batches: BatchIterator, 
         progress.update(1)
       if step % config.run.eval_every == 0:
         t_eval = time.time()
-        record = {"step": step, "epoch": step / steps_per_epoch,
+        record = {"step": step, "epoch": step / steps_per_epoch, "train_seconds": t_eval - t_loop - eval_seconds,
                   "loss": float(np.mean(losses)) if losses else float(distributed.local_value(last_metrics["loss"])),
                   "samples_per_sec": window_steps * batch_size / max(time.time() - window_start, 1e-9),
-                  **evaluator(run.predict, state, config.run.eval_samples)}
+                  **_evaluate(evaluator, run, state, config.run.eval_samples)}
         if writer is not None:
           writer.write(record)
-        logging.info("step %d: loss %.4f  P@1 %.4f  P@5 %.4f  %.0f samples/s", step, record["loss"],
-                     record["p@1"], record["p@5"], record["samples_per_sec"])
+        logging.info("step %d: loss %.4f  P@1 %.4f  P@5 %.4f  %.0f samples/s%s", step, record["loss"],
+                     record["p@1"], record["p@5"], record["samples_per_sec"], _retrieval_line(record))
         eval_seconds += time.time() - t_eval
         losses, window_start, window_steps = [], time.time(), 0
       if step % config.checkpoint.checkpoint_every == 0:
