@@ -193,6 +193,11 @@ class DataConfig(Section):
   test_fraction: float = option(
       0.1, "Fraction of the samples held out for testing (icd10, gcide and synthetic).",
       bounds=Range(0, 1, lo_open=True, hi_open=True))
+  validation_fraction: float = option(
+      0.05, "Fraction of the training samples held out for validation (never the test set): periodic evaluations "
+      "score it, it selects the checkpoint evaluated on the test set at the end and drives early stopping; 0: "
+      "no validation split (periodic evaluations score the test set and the last step is reported).",
+      bounds=Range(0, 1, hi_open=True))
   max_features: int | None = option(
       None, "Features kept per sample (those of largest |value|); none: the training set's maximum.",
       bounds=AT_LEAST_ONE)
@@ -346,6 +351,13 @@ class RunConfig(Section):
   eval_samples: int | None = option(
       5000, "Test samples of the periodic evaluations; none: all (the final evaluation always uses all).",
       bounds=AT_LEAST_ONE, identity=False)
+  selection_metric: str = option(
+      "p@1", "Validation metric that selects the best checkpoint (higher is better).",
+      choices=("p@1", "p@3", "p@5", "ndcg@3", "ndcg@5", "psp@1", "psp@3", "psp@5"), identity=False)
+  early_stopping_patience: int | None = option(
+      None, "Stop after this many validation evaluations in a row without a better selection metric; none: "
+      "train the whole budget (the best checkpoint is still the one reported).", bounds=AT_LEAST_ONE,
+      identity=False)
   eval_sampled_k: int | None = option(
       None, "Also evaluate sampled inference with this many active neurons (e.g. 2% of the labels); none: only "
       "with --active_k.", bounds=AT_LEAST_ONE, identity=False)
