@@ -235,6 +235,9 @@ class NetworkConfig(Section):
   random_negatives: float = option(
       0.5, "Fraction of the active neurons kept for uniformly random ones (the rest: labels and index candidates).",
       bounds=Range(0, 1, hi_open=True))
+  dropout: float = option(
+      0.0, "Dropout rate on the last hidden layer during training (SLIDE model; inference uses every unit).",
+      bounds=Range(0, 1, hi_open=True))
   tail_correction: bool = option(
       True, "Weight the random active neurons as the sample of the whole tail they are (sampled softmax: their "
       "logits get + log(tail rows / random rows)), so that the loss estimates the full softmax's.")

@@ -418,8 +418,13 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   n_valid = jnp.clip(config.num_labels - offset, 0, rows).astype(jnp.int32)
   local_labels = jnp.where((labels >= offset) & (labels < offset + n_valid), labels - offset, -1)
   dense_params = (state.embed.b, state.hidden)
+  keep = None
+  if config.network.dropout > 0:  # inverted dropout on the last hidden layer, a mask drawn from (rng, step)
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), 0x0d)
+    keep = jax.random.bernoulli(key, 1.0 - config.network.dropout, (B, config.hidden_dims[-1]))
+    keep = keep.astype(jnp.float32) / (1.0 - config.network.dropout)
   h, hidden_vjp = jax.vjp(
-      lambda dp, tap: hidden_forward(state.embed.w, dp, fids, fvals, tap),
+      lambda dp, tap: hidden_forward(state.embed.w, dp, fids, fvals, tap) * (1.0 if keep is None else keep),
       dense_params, jnp.zeros((B, config.hidden_dims[0]), jnp.float32))
   if config.k >= config.num_labels:  # exact softmax: every (real) row is active
     row_ids = jnp.arange(rows, dtype=jnp.int32)
