@@ -13,6 +13,7 @@
 // the same for any thread count.
 #include <cstring>
 
+#include "active_set.h"
 #include "common.h"
 
 namespace sparsejax {
@@ -137,47 +138,15 @@ ffi::Error InsertImpl(ffi::ThreadPool pool, S32R3 buckets, S32R2 counts, S32R2 c
   });
 }
 
-// Open-addressing set of non-negative int32 ids with O(capacity) reset.
-class IdSet {
- public:
-  explicit IdSet(int64_t max_size) {
-    int64_t cap = 16;
-    while (cap < 2 * max_size) cap <<= 1;
-    slots_.assign(cap, -1);
-    mask_ = cap - 1;
-  }
-  void Clear() { std::fill(slots_.begin(), slots_.end(), -1); }
-  // Returns true if the id was not yet in the set.
-  bool Insert(int32_t id) {
-    uint64_t h = SplitMix64(static_cast<uint64_t>(id)) & mask_;
-    while (slots_[h] >= 0) {
-      if (slots_[h] == id) return false;
-      h = (h + 1) & mask_;
-    }
-    slots_[h] = id;
-    return true;
-  }
-
- private:
-  std::vector<int32_t> slots_;
-  uint64_t mask_;
-};
-
 // One worker's scratch for lsh_query, allocated before the parallel loop.
 struct QueryScratch {
-  QueryScratch(int64_t k, int64_t max_candidates, int64_t N) : set(k) {
+  QueryScratch(int64_t k, int64_t max_candidates, int64_t N) : row(k, N) {
     cand.reserve(max_candidates);
     ranked.reserve(max_candidates);
-    if (2 * k > N) {  // random fill by listing the unused ids
-      used.resize(N);
-      unused.reserve(N);
-    }
   }
-  IdSet set;
+  ActiveSetScratch row;
   std::vector<int32_t> cand;
   std::vector<std::pair<uint64_t, int32_t>> ranked;  // (rank key, id)
-  std::vector<char> used;
-  std::vector<int32_t> unused;
 };
 
 struct QueryArgs {
@@ -191,17 +160,9 @@ struct QueryArgs {
 // or -2 if a table holds an id outside [0, N) (then *bad = that id).
 int32_t QueryRow(const QueryArgs& q, int64_t b, QueryScratch& w, int32_t* out, int64_t* bad) {
   const int64_t k = q.k, N = q.N;
-  int64_t n = 0;
-  w.set.Clear();
-  for (int64_t j = 0; j < q.LM; ++j) {
-    const int32_t y = q.labels[b * q.LM + j];
-    if (y == kPadId || !w.set.Insert(y)) continue;
-    if (n == k) {
-      *bad = j;
-      return -1;
-    }
-    out[n++] = y;
-  }
+  int64_t n;
+  *bad = PutLabels(q.labels + b * q.LM, q.LM, k, w.row, out, &n);
+  if (*bad >= 0) return -1;
   // Table candidates, ranked by frequency over the L tables.
   w.cand.clear();
   for (int64_t l = 0; l < q.L; ++l) {
@@ -232,35 +193,12 @@ int32_t QueryRow(const QueryArgs& q, int64_t b, QueryScratch& w, int32_t* out, i
   int32_t taken = 0;
   for (const auto& r : w.ranked) {
     if (n == k) break;
-    if (w.set.Insert(r.second)) {
+    if (w.row.set.Insert(r.second)) {
       out[n++] = r.second;
       ++taken;
     }
   }
-  // Distinct random fill.
-  if (n == k) return taken;
-  const uint64_t fill_seed = q.seed ^ 0x5bd1e995ULL;
-  if (2 * k <= N) {
-    // Rejection sampling: at most half of [0, N) is taken, so each try
-    // succeeds with probability >= 1/2.
-    for (uint64_t a = 0; n < k; ++a) {
-      const int32_t id = static_cast<int32_t>(Bounded(Hash3(fill_seed, b, a), N));
-      if (w.set.Insert(id)) out[n++] = id;
-    }
-  } else {
-    // k > N / 2, so N < 2k: list the unused ids and draw without replacement.
-    std::fill(w.used.begin(), w.used.end(), 0);
-    for (int64_t i = 0; i < n; ++i) w.used[out[i]] = 1;
-    w.unused.clear();
-    for (int64_t id = 0; id < N; ++id) {
-      if (!w.used[id]) w.unused.push_back(static_cast<int32_t>(id));
-    }
-    for (int64_t i = 0; n < k; ++i) {
-      const int64_t r = i + Bounded(Hash3(fill_seed, b, i), w.unused.size() - i);
-      std::swap(w.unused[i], w.unused[r]);
-      out[n++] = w.unused[i];
-    }
-  }
+  FillRandom(q.seed, b, N, k, w.row, out, n);
   return taken;
 }
 

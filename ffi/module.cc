@@ -16,6 +16,7 @@ XLA_FFI_Error* SimHash(XLA_FFI_CallFrame*);
 XLA_FFI_Error* Dwta(XLA_FFI_CallFrame*);
 XLA_FFI_Error* LshTablesInsert(XLA_FFI_CallFrame*);
 XLA_FFI_Error* LshQuery(XLA_FFI_CallFrame*);
+XLA_FFI_Error* MergeCandidates(XLA_FFI_CallFrame*);
 }
 }  // namespace sparsejax
 
@@ -37,6 +38,7 @@ NB_MODULE(_sparsejax, m) {
     d["sparsejax_dwta"] = Capsule(sparsejax::Dwta);
     d["sparsejax_lsh_tables_insert"] = Capsule(sparsejax::LshTablesInsert);
     d["sparsejax_lsh_query"] = Capsule(sparsejax::LshQuery);
+    d["sparsejax_merge_candidates"] = Capsule(sparsejax::MergeCandidates);
     return d;
   });
 }

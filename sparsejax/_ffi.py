@@ -94,6 +94,10 @@ SIGNATURES: dict[str, Signature] = {
     "lsh_query": Signature(
         _TABLES + (Buffer("labels", "int32", (2,)), Buffer("seed", "uint32", (0,)), Buffer("num_rows", "int32", (0,))),
         (Buffer("active", "int32", (2,)), Buffer("num_from_tables", "int32", (1,)))),
+    "merge_candidates": Signature(
+        (Buffer("candidates", "int32", (2,)), Buffer("labels", "int32", (2,)), Buffer("seed", "uint32", (0,)),
+         Buffer("num_rows", "int32", (0,))),
+        (Buffer("active", "int32", (2,)), Buffer("num_from_candidates", "int32", (1,)))),
     "row_sparse_adam_float32": _adam_signature("float32"),
     "row_sparse_adam_bfloat16": _adam_signature("bfloat16"),
 }

@@ -193,3 +193,42 @@ def check_resume(meta: dict[str, Any] | None, step: int, config: Config, num_sha
     raise ResumeError(f"{where} was trained with other settings: {changes}. Give the same settings to resume it "
                       f"(--config={os.path.join(workdir, 'config.json')} has them), use another --workdir for a new "
                       f"run, or --resume=force to continue it with the new ones")
+
+
+class BestCheckpoint:
+  """The best state by a validation metric, in ``WORKDIR/best_checkpoint`` (orbax ``best_fn``, one kept).
+
+  Args:
+    workdir: the run's work directory.
+    metric: the name of the (higher-is-better) metric it is selected by.
+  """
+
+  def __init__(self, workdir: str, metric: str):
+    import orbax.checkpoint as ocp
+
+    self._ocp, self.metric = ocp, metric
+    self.directory = os.path.abspath(os.path.join(workdir, "best_checkpoint"))
+    self._manager = ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(
+            max_to_keep=1, best_fn=lambda metrics: metrics[metric], best_mode="max", create=True))
+
+  def save(self, step: int, state, value: float) -> None:
+    """Saves ``state`` of step ``step`` whose metric is ``value`` (orbax keeps the best one)."""
+    self._manager.save(step, args=self._ocp.args.Composite(state=self._ocp.args.StandardSave(state)),
+                       metrics={self.metric: float(value)}, force=True)
+
+  def best_step(self) -> int | None:
+    return self._manager.best_step()
+
+  def restore(self, abstract_state):
+    """The best state (None if none was saved)."""
+    self._manager.wait_until_finished()
+    step = self.best_step()
+    if step is None:
+      return None
+    restored = self._manager.restore(step, args=self._ocp.args.Composite(
+        state=self._ocp.args.StandardRestore(abstract_state)))
+    return restored["state"]
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()

@@ -174,9 +174,10 @@ class Section:
 class DataConfig(Section):
   """What to train and evaluate on."""
   dataset: str = option(
-      "icd10", "Training data: icd10 (ICD-10-CM code descriptions -> categories, built in), synthetic "
-      "(generated, with power-law labels and planted structure) or files (--train_file and --test_file).",
-      choices=("icd10", "synthetic", "files"))
+      "icd10", "Training data: icd10 (ICD-10-CM code descriptions -> categories, built in), gcide (dictionary "
+      "definitions -> their headwords, 25K long-tailed labels; needs the gcide extra), synthetic (generated, with "
+      "power-law labels and planted structure) or files (--train_file and --test_file).",
+      choices=("icd10", "gcide", "synthetic", "files"))
   train_file: str | None = option(
       None, "Training set in the Extreme Classification Repository text format (needs --dataset=files).")
   test_file: str | None = option(
@@ -190,8 +191,13 @@ class DataConfig(Section):
   synthetic_labels_per_sample: float = option(
       1.0, "Mean number of labels per synthetic sample.", bounds=POSITIVE)
   test_fraction: float = option(
-      0.1, "Fraction of the samples held out for testing (icd10 and synthetic).",
+      0.1, "Fraction of the samples held out for testing (icd10, gcide and synthetic).",
       bounds=Range(0, 1, lo_open=True, hi_open=True))
+  validation_fraction: float = option(
+      0.05, "Fraction of the training samples held out for validation (never the test set): periodic evaluations "
+      "score it, it selects the checkpoint evaluated on the test set at the end and drives early stopping; 0: "
+      "no validation split (periodic evaluations score the test set and the last step is reported).",
+      bounds=Range(0, 1, hi_open=True))
   max_features: int | None = option(
       None, "Features kept per sample (those of largest |value|); none: the training set's maximum.",
       bounds=AT_LEAST_ONE)
@@ -223,8 +229,18 @@ class NetworkConfig(Section):
       (128,), "Widths of the hidden ReLU layers, comma-separated (the first is the sparse input layer's output).",
       bounds=AT_LEAST_ONE)
   active_k: int = option(
-      1024, "Output neurons computed per sample: its labels, then LSH candidates, then random ones (clamped to the "
-      "number of labels; >= the number of labels computes the exact softmax).", bounds=AT_LEAST_ONE)
+      1024, "Output neurons computed per sample: its labels, then candidates from the index (--candidates), then "
+      "random ones (clamped to the number of labels; >= the number of labels computes the exact softmax).",
+      bounds=AT_LEAST_ONE)
+  random_negatives: float = option(
+      0.5, "Fraction of the active neurons kept for uniformly random ones (the rest: labels and index candidates).",
+      bounds=Range(0, 1, hi_open=True))
+  dropout: float = option(
+      0.0, "Dropout rate on the last hidden layer during training (SLIDE model; inference uses every unit).",
+      bounds=Range(0, 1, hi_open=True))
+  tail_correction: bool = option(
+      True, "Weight the random active neurons as the sample of the whole tail they are (sampled softmax: their "
+      "logits get + log(tail rows / random rows)), so that the loss estimates the full softmax's.")
   init_scale: float = option(
       1.0, "Standard deviation of the output layer's initial weights, in units of 1/sqrt(last hidden width).",
       bounds=POSITIVE)
@@ -232,7 +248,20 @@ class NetworkConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class TablesConfig(Section):
-  """The LSH tables over the output layer's rows and their maintenance."""
+  """The candidate index over the output layer's rows (a clustered index or LSH tables) and its maintenance."""
+  candidates: str = option(
+      "clusters", "Where each sample's candidate neurons come from: clusters (spherical k-means of the rows, the "
+      "best-scoring clusters' members first; finds the largest logits) or lsh (hash tables, as in SLIDE).",
+      choices=("clusters", "lsh"))
+  num_clusters: int | None = option(
+      None, "Clusters of the clustered index; none: about sqrt(rows).", bounds=AT_LEAST_ONE)
+  cluster_probes: int | None = option(
+      None, "Clusters whose members a sample may take, best first; none: all (ranked).", bounds=AT_LEAST_ONE)
+  kmeans_iterations: int = option(
+      2, "Lloyd iterations of each refresh of the clustered index (each a pass over rows x clusters).",
+      bounds=NON_NEGATIVE)
+  lsh_mips: bool = option(
+      False, "LSH: hash rows and queries reduced from inner products to cosines (simple-LSH) instead of raw ones.")
   lsh_family: str = option(
       "simhash", "Hash family: simhash (signed random projections) or dwta (densified winner-take-all).",
       choices=("simhash", "dwta"))
@@ -250,7 +279,7 @@ class TablesConfig(Section):
       "none", "Rows re-inserted into the tables after each step: none, labels (the batch's label rows, cheap) or "
       "all (every row the step updated).", choices=("none", "labels", "all"))
   rebuild_period: int = option(
-      50, "Steps before the first full rebuild of the tables (re-hashing every row); 0: never rebuild.",
+      50, "Steps before the first refresh of the index (re-clustering or re-hashing every row); 0: never.",
       bounds=NON_NEGATIVE)
   rebuild_growth: float = option(
       1.05, "Each period between rebuilds is this times the previous one (1: a fixed period).", bounds=Range(1))
@@ -260,6 +289,11 @@ class TablesConfig(Section):
       0, "Steps between drawing new hash functions (and rebuilding); 0: keep the first ones.", bounds=NON_NEGATIVE)
 
   def check_combinations(self) -> None:
+    if self.reinsert != "none" and (self.candidates == "clusters" or self.lsh_mips):
+      raise ConfigError("reinsert", self.reinsert, "needs --candidates=lsh without --lsh_mips (a clustered or "
+                        "MIPS-reduced index is refreshed as a whole)")
+    if self.lsh_mips and self.lsh_family != "simhash":
+      raise ConfigError("lsh_mips", self.lsh_mips, "needs --lsh_family=simhash")
     if self.rebuild_period and self.rebuild_max_period < self.rebuild_period:
       raise ConfigError("rebuild_max_period", self.rebuild_max_period,
                         f"must be >= --rebuild_period ({self.rebuild_period})")
@@ -320,6 +354,16 @@ class RunConfig(Section):
   eval_samples: int | None = option(
       5000, "Test samples of the periodic evaluations; none: all (the final evaluation always uses all).",
       bounds=AT_LEAST_ONE, identity=False)
+  selection_metric: str = option(
+      "p@1", "Validation metric that selects the best checkpoint (higher is better).",
+      choices=("p@1", "p@3", "p@5", "ndcg@3", "ndcg@5", "psp@1", "psp@3", "psp@5"), identity=False)
+  early_stopping_patience: int | None = option(
+      None, "Stop after this many validation evaluations in a row without a better selection metric; none: "
+      "train the whole budget (the best checkpoint is still the one reported).", bounds=AT_LEAST_ONE,
+      identity=False)
+  eval_sampled_k: int | None = option(
+      None, "Also evaluate sampled inference with this many active neurons (e.g. 2% of the labels); none: only "
+      "with --active_k.", bounds=AT_LEAST_ONE, identity=False)
   log_every: int = option(50, "Steps between training-loss readings (progress bar, logs).", bounds=AT_LEAST_ONE,
                           identity=False)
   propensity_a: float = option(0.55, "Propensity model parameter A of the PSP@k metrics (Jain et al. 2016).",

@@ -22,7 +22,6 @@ unit-tested; across processes it needs :func:`initialize` first.
 
 import dataclasses
 import functools
-import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -34,7 +33,7 @@ from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sparsejax import dense, inference, model, ops, process_group, tables
+from sparsejax import dense, inference, model, ops, process_group, retrieval, tables
 
 AXIS = "shard"
 
@@ -76,14 +75,18 @@ def state_specs(state: model.SlideState):
       out=model.SparseLayer(split, split),
       out_w_opt=specs.out_w_opt._replace(mu=split, nu=split),
       out_b_opt=specs.out_b_opt._replace(mu=split, nu=split),
-      tables=dataclasses.replace(specs.tables, buckets=split, counts=split, seed=split))
+      tables=jax.tree.map(lambda _: split, specs.tables))  # each shard indexes its own rows
 
 
-def _local_tables(state):  # the tables' seed is stacked [P] globally, [] per shard
+def _local_tables(state):  # hash tables' seed is stacked [P] globally, [] per shard
+  if not isinstance(state.tables, tables.HashTables):
+    return state
   return state._replace(tables=dataclasses.replace(state.tables, seed=state.tables.seed.reshape(())))
 
 
 def _stacked_tables(state):
+  if not isinstance(state.tables, tables.HashTables):
+    return state
   return state._replace(tables=dataclasses.replace(state.tables, seed=state.tables.seed.reshape((1,))))
 
 
@@ -161,7 +164,10 @@ def make_rebuild(config: model.ModelConfig, mesh: jax.sharding.Mesh, new_hash_fu
   def local(state):
     state = _local_tables(state)
     n = _num_valid(config, rows)
-    state = model.new_hash_functions(state, config, n) if new_hash_functions else model.rebuild_tables(state, n)
+    if new_hash_functions:
+      state = model.new_hash_functions(state, config, n)
+    else:
+      state = model.rebuild_tables(state, n, kmeans_iterations=config.tables.kmeans_iterations)
     return _stacked_tables(state)
 
   return jax.jit(_shard_map(local, mesh, (specs,), specs), donate_argnums=0)
@@ -190,8 +196,8 @@ def make_predict(config: model.ModelConfig, mesh: jax.sharding.Mesh, top: int = 
     bias = jnp.where(jnp.arange(rows) < n, state.out.b, -jnp.inf)  # padding rows never win
     scores, ids = inference.exact_topk(h, state.out.w, bias, min(top, rows))
     scores, ids = merge(scores, ids + offset)
-    active, _ = tables.lsh_query(state.tables, state.lsh, h, k=model.local_active_k(config, config.num_shards),
-                                 num_rows=n)
+    active, _ = model.query_active(state, h, config=config, k=model.local_active_k(config, config.num_shards),
+                                   num_rows=n)
     logits = ops.sparse_logits(h, state.out.w, state.out.b, active)
     s, pos = jax.lax.top_k(logits, top)
     _, sampled = merge(s, jnp.take_along_axis(active, pos, axis=1) + offset)
@@ -264,6 +270,12 @@ class Run(NamedTuple):
     predict: ``(state, feat_ids, feat_vals) -> (scores, ids, sampled_ids or None)``: numpy ``[n, top]``,
       exact over all outputs and, for SLIDE, over the LSH-sampled active set.
     check_replicas: ``(state, steps) -> None``; raises if replicated parameters differ between processes.
+    diagnose: ``(state, feat_ids, feat_vals, labels) -> (scores, ids, sampled_ids, extra)`` where it is
+      available (single-process SLIDE): ``predict`` plus ``extra = {"sampled": {name: ids [n, top]} of
+      sampled inference at other active set sizes, "retrieval": per-query retrieval diagnostics}``
+      (:func:`sparsejax.retrieval.per_query`), numpy; else None.
+    refresh_index: ``state -> state`` with a freshly rebuilt index (not donated: the training state is left
+      as it is), to evaluate sampled inference as a saved model would serve it; None where unavailable.
   """
   config: model.ModelConfig
   num_shards: int
@@ -273,9 +285,12 @@ class Run(NamedTuple):
   maintain: Callable[[Any, int], Any]
   predict: Callable[[Any, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray | None]]
   check_replicas: Callable[[Any, int], None]
+  diagnose: Callable[[Any, np.ndarray, np.ndarray, np.ndarray], tuple] | None = None
+  refresh_index: Callable[[Any], Any] | None = None
 
 
-def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: int = 5) -> Run:
+def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: int = 5,
+             sampled_ks: tuple[int, ...] = ()) -> Run:
   """The run of ``config`` (SLIDE or dense, by ``config.network.model``) over ``num_shards`` processes.
 
   Args:
@@ -283,13 +298,14 @@ def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: 
     seed: the PRNG seed of the initial state.
     num_shards: 1 (this process) or the processes of the job, one mesh device each.
     top: predictions per sample.
+    sampled_ks: further active set sizes at which sampled inference is evaluated (single-process SLIDE).
   """
   key = jax.random.key(seed)
   top = min(top, config.num_labels)
   schedule = model.TableSchedule.from_config(config.tables)
   slide = config.network.model == "slide"
   if num_shards == 1:
-    return (_single_slide if slide else _single_dense)(config, key, schedule, top)
+    return _single_slide(config, key, schedule, top, sampled_ks) if slide else _single_dense(config, key, schedule, top)
   mesh = make_mesh(num_shards)
   return (_sharded_slide if slide else _data_parallel_dense)(config, key, schedule, top, mesh)
 
@@ -316,17 +332,31 @@ def _no_check(state, steps):
   del state, steps
 
 
-def _single_slide(config, key, schedule, top) -> Run:
+def _single_slide(config, key, schedule, top, sampled_ks) -> Run:
   def predict(state, fi, fv):
     scores, ids = inference.predict_exact(state, fi, fv, top=top)
     return scores, ids, inference.predict_sampled(state, fi, fv, config=config, top=top)[1]
 
+  def diagnose(state, fi, fv, labels):
+    h = model.hidden(state, fi, fv)
+    scores, ids = inference.exact_topk(h, state.out.w, state.out.b, min(max(top, retrieval.TOP), config.num_labels))
+    _, sampled, active, from_index = inference.sampled_topk(state, h, config=config, top=top)
+    extra = {"sampled": {f"sampled_k{k}": inference.sampled_topk(state, h, config=config, top=top, k=k)[1]
+                         for k in sampled_ks},
+             "retrieval": retrieval.per_query(active, from_index, labels, ids[:, :retrieval.TOP], h, state.out.w)}
+    return scores[:, :top], ids[:, :top], sampled, extra
+
   fresh = functools.partial(model.init, key, config)
-  rebuild = jax.jit(model.rebuild_tables, donate_argnums=0)
+  rebuild = jax.jit(functools.partial(model.rebuild_tables, kmeans_iterations=config.tables.kmeans_iterations),
+                    donate_argnums=0)
   rehash = jax.jit(functools.partial(model.new_hash_functions, config=config), donate_argnums=0)
+  jit_diagnose = jax.jit(diagnose)
+  refresh = functools.partial(model.rebuild_tables, kmeans_iterations=config.tables.kmeans_iterations)
   return Run(config, 1, fresh, lambda: jax.eval_shape(fresh),
              jax.jit(functools.partial(model.train_step, config=config), donate_argnums=0),
-             _maintainer(schedule, rebuild, rehash), _host(jax.jit(predict)), _no_check)
+             _maintainer(schedule, rebuild, rehash), _host(jax.jit(predict)), _no_check,
+             lambda state, fi, fv, labels: jax.tree.map(np.asarray, jit_diagnose(state, fi, fv, labels)),
+             jax.jit(refresh))
 
 
 def _exact_only(top):

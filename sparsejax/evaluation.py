@@ -1,10 +1,10 @@
-"""Ranking metrics of a run's predictions on a test set (exact and LSH-sampled P@k, nDCG@k, PSP@k)."""
+"""Ranking metrics of a run's predictions on a test set (exact and sampled P@k, nDCG@k, PSP@k) and retrieval diagnostics."""
 
 from collections.abc import Callable
 
 import numpy as np
 
-from sparsejax import metrics
+from sparsejax import metrics, retrieval
 from sparsejax.data import PAD_ID, XCDataset
 
 Predict = Callable[[object, np.ndarray, np.ndarray], tuple]
@@ -22,6 +22,7 @@ class Evaluator:
 
   def __init__(self, test: XCDataset, propensity: np.ndarray, max_features: int, batch_size: int = 1024):
     self.test, self.propensity, self.max_features, self.batch_size = test, propensity, max_features, batch_size
+    self.max_labels = max(test.max_labels_per_sample(), 1)  # one label width: one compiled shape
 
   @classmethod
   def for_run(cls, test: XCDataset, train: XCDataset, max_features: int, a: float, b: float) -> "Evaluator":
@@ -29,24 +30,45 @@ class Evaluator:
     propensity = metrics.propensity_scores(train.label_frequencies(), len(train), a, b)
     return cls(test, propensity, max_features)
 
-  def __call__(self, predict: Predict, state, num_samples: int | None = None) -> dict[str, float]:
+  def __call__(self, predict: Predict, state, num_samples: int | None = None, diagnose=None) -> dict[str, float]:
     """Metrics of ``predict(state, feat_ids, feat_vals) -> (scores, ids, sampled_ids | None)``.
 
     Args:
       predict: e.g. :attr:`sparsejax.distributed.Run.predict`.
       state: the model state.
       num_samples: the first this many test samples; None: all.
+      diagnose: optional :attr:`sparsejax.distributed.Run.diagnose`, used instead of ``predict``: it also
+        gives sampled inference at other active set sizes and retrieval diagnostics.
 
     Returns:
-      ``p@k``, ``ndcg@k``, ``psp@k`` (k = 1, 3, 5) and ``sampled_*`` where the prediction has them.
+      ``p@k``, ``ndcg@k``, ``psp@k`` (k = 1, 3, 5), ``sampled_*`` (and ``sampled_k{K}_*``) where the prediction
+      has them, and with ``diagnose`` the retrieval diagnostics (:func:`sparsejax.retrieval.summarize`).
     """
     n = len(self.test) if num_samples is None else min(num_samples, len(self.test))
-    _, ids, sampled = predict_in_batches(predict, state, self.test, n, self.max_features, self.batch_size)
-    _, _, labels = self.test.to_padded(np.arange(n), 0)  # the labels only
-    result = metrics.evaluate_topk(ids, labels, self.propensity)
-    if sampled is not None:
-      sampled_result = metrics.evaluate_topk(sampled, labels, self.propensity)
-      result.update({f"sampled_{key}": v for key, v in sampled_result.items()})
+    exact, approx, labels, diagnostics = [], {}, [], []
+    for start in range(0, n, self.batch_size):
+      rows = np.arange(start, min(start + self.batch_size, n))
+      fi, fv, lab = self.test.to_padded(rows, self.max_features, self.max_labels)
+      pad = self.batch_size - len(rows)  # one compiled shape for every batch
+      fi = np.pad(fi, ((0, pad), (0, 0)), constant_values=PAD_ID)
+      fv = np.pad(fv, ((0, pad), (0, 0)))
+      extra = {"sampled": {}}
+      if diagnose is None:
+        _, ids, sampled = predict(state, fi, fv)
+      else:
+        _, ids, sampled, extra = diagnose(state, fi, fv, np.pad(lab, ((0, pad), (0, 0)), constant_values=PAD_ID))
+        diagnostics.append({key: v[:len(rows)] for key, v in extra["retrieval"].items()})
+      exact.append(ids[:len(rows)])
+      for name, top in (({"sampled": sampled} if sampled is not None else {}) | extra["sampled"]).items():
+        approx.setdefault(name, []).append(top[:len(rows)])
+      labels.append(lab)
+    labels = np.concatenate(labels)
+    result = metrics.evaluate_topk(np.concatenate(exact), labels, self.propensity)
+    for name, tops in approx.items():
+      sampled_result = metrics.evaluate_topk(np.concatenate(tops), labels, self.propensity)
+      result.update({f"{name}_{key}": v for key, v in sampled_result.items()})
+    if diagnostics:
+      result.update(retrieval.summarize(diagnostics, retrieval.TOP))
     return result
 
 

@@ -5,6 +5,8 @@
   matrix is never materialised.
 * :func:`predict_exact` / :func:`predict_sampled` -- the top labels of a
   batch for a model state (SLIDE's or the dense baseline's).
+* :func:`sampled_topk` -- the top labels among the index candidates of
+  given hidden vectors, with the active set (for retrieval diagnostics).
 """
 
 from collections.abc import Iterable, Iterator
@@ -14,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsejax import model, ops, tables
+from sparsejax import model, ops
 from sparsejax._checks import check_int
 
 
@@ -31,17 +33,32 @@ def predict_exact(state, feat_ids: jax.Array, feat_vals: jax.Array, *, top: int 
 
 
 def predict_sampled(state: model.SlideState, feat_ids, feat_vals, *, config: model.ModelConfig, top: int = 5,
-                    seed: int = 0) -> tuple[jax.Array, jax.Array]:
-  """Fast inference: top ``top`` outputs among the LSH-sampled active set.
+                    seed: int = 0, k: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """Fast inference: top ``top`` outputs among the index-sampled active set.
+
+  Args:
+    k: active neurons per sample (default: the training ``config.k``).
 
   Returns:
     ``(scores [B, top], ids [B, top])``, scores descending.
   """
-  h = model.hidden(state, feat_ids, feat_vals)
-  active, _ = tables.lsh_query(state.tables, state.lsh, h, k=config.k, num_rows=config.num_labels, seed=seed)
+  scores, ids, _, _ = sampled_topk(state, model.hidden(state, feat_ids, feat_vals), config=config, top=top,
+                                   seed=seed, k=k)
+  return scores, ids
+
+
+def sampled_topk(state: model.SlideState, h: jax.Array, *, config: model.ModelConfig, top: int = 5, seed: int = 0,
+                 k: int | None = None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """Top ``top`` outputs among the index candidates of ``h [B, d]`` (queried without labels).
+
+  Returns:
+    ``(scores [B, top], ids [B, top], active [B, k], num_from_index [B])``.
+  """
+  k = min(k or config.k, config.num_labels)
+  active, from_index = model.query_active(state, h, config=config, k=k, num_rows=config.num_labels, seed=seed)
   logits = ops.sparse_logits(h, state.out.w, state.out.b, active)
   scores, pos = jax.lax.top_k(logits, top)
-  return scores, jnp.take_along_axis(active, pos, axis=1)
+  return scores, jnp.take_along_axis(active, pos, axis=1), active, from_index
 
 
 @partial(jax.jit, static_argnames=("k", "chunk", "precision"))

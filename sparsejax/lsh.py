@@ -152,3 +152,10 @@ def num_bits(params: LSHParams) -> int:
 def num_tables(params: LSHParams) -> int:
   """L, the number of codes per vector."""
   return (params.projections if isinstance(params, SimHashParams) else params.bin_idx).shape[0]
+
+
+def input_dim(params: LSHParams) -> int | None:
+  """The input width the hash functions were drawn for (None for DWTA, whose bins only bound it)."""
+  if isinstance(params, SimHashParams):
+    return params.projections.shape[2]
+  return None

@@ -1,4 +1,4 @@
-"""A SLIDE network: sparse features -> dense ReLU layers -> LSH-sampled output layer.
+"""A SLIDE network: sparse features -> dense ReLU layers -> sampled output layer.
 
 Functional API::
 
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sparsejax import lsh, ops, optim, tables
+from sparsejax import clusters, lsh, mips, ops, optim, tables
 from sparsejax.config import ConfigError, NetworkConfig, OptimizerConfig, TablesConfig
 from sparsejax.padding import PAD_ID
 
@@ -42,8 +42,8 @@ class ModelConfig:
     num_features: F, input feature space.
     num_labels: N, output layer width.
     network: layer widths, active neurons per sample, output init scale.
-    tables: hash family and table sizes (the rebuild schedule is read by the
-      training loop, see :class:`TableSchedule`).
+    tables: the candidate index (clustered or LSH) and its sizes (the
+      refresh schedule is read by the training loop, see :class:`TableSchedule`).
     optim: Adam and learning-rate schedule.
     num_shards: processes the output layer is split across (each holds
       ``ceil(N / num_shards)`` rows, its own tables and optimizer state).
@@ -76,6 +76,19 @@ class ModelConfig:
   @property
   def table_bucket_size(self) -> int:
     return self.tables.bucket_size or tables.default_bucket_size()
+
+  @property
+  def index_sizes(self) -> tuple[int, int, int]:
+    """``(clusters, rows, probes)`` of each shard's clustered index."""
+    rows = shard_rows(self.num_labels, self.num_shards)
+    c = min(self.tables.num_clusters or clusters.default_num_clusters(rows), rows)
+    return c, rows, min(self.tables.cluster_probes or c, c)
+
+  @property
+  def max_from_index(self) -> int:
+    """Active ids per shard that may come from the index (the rest of the non-label ones are random)."""
+    k = local_active_k(self, self.num_shards)
+    return k - int(round(self.network.random_negatives * k))
 
   def schedule(self) -> optax.Schedule:
     """Learning rate as a function of the step."""
@@ -120,8 +133,9 @@ class SlideState(NamedTuple):
     embed_opt: row-sparse Adam state of ``embed.w``.
     out_w_opt, out_b_opt: row-sparse Adam states of ``out.w`` and ``out.b``.
     dense_opt: optax state of ``(embed.b, hidden)``.
-    lsh: hash functions of the output layer's tables.
-    tables: the output layer's LSH tables.
+    lsh: hash functions of the output layer's tables (None for a clustered index).
+    tables: the output layer's candidate index: LSH tables or a
+      :class:`sparsejax.clusters.ClusterIndex`.
   """
   step: jax.Array
   rng: jax.Array
@@ -133,7 +147,7 @@ class SlideState(NamedTuple):
   out_b_opt: optim.RowSparseAdamState
   dense_opt: Any
   lsh: Any
-  tables: tables.HashTables
+  tables: tables.HashTables | clusters.ClusterIndex
 
 
 def dense_optimizer(config: ModelConfig) -> optax.GradientTransformation:
@@ -185,7 +199,7 @@ def init(rng: jax.Array, config: ModelConfig) -> SlideState:
 
 def init_from_params(rng: jax.Array, config: ModelConfig, params: NetworkParams,
                      num_valid: int | jax.Array | None = None) -> SlideState:
-  """The state around given parameters: optimizer states, hash functions, built tables.
+  """The state around given parameters: optimizer states, the built candidate index.
 
   Args:
     rng: the key given to :func:`init_params`.
@@ -196,10 +210,7 @@ def init_from_params(rng: jax.Array, config: ModelConfig, params: NetworkParams,
   k_lsh, k_tables, k_state = jax.random.split(jax.random.fold_in(rng, 1), 3)
   sparse_opt = optim.row_sparse_adam(config.schedule(), **config.adam_args(),
                                      moment_dtype=jnp.dtype(config.optim.moment_dtype))
-  lsh_params = lsh.init_lsh(k_lsh, config.lsh_config, config.hidden_dims[-1])
-  t = tables.init_tables(config.lsh_config, config.table_bucket_size, policy=config.tables.table_policy,
-                         seed=jax.random.bits(k_tables, (), jnp.uint32))
-  t = tables.build_tables(t, lsh_params, params.out.w, num_valid)
+  lsh_params, t = init_index(k_lsh, k_tables, config, params.out, num_valid)
   return SlideState(
       step=jnp.zeros((), jnp.int32),
       rng=jax.random.key_data(k_state),
@@ -208,6 +219,44 @@ def init_from_params(rng: jax.Array, config: ModelConfig, params: NetworkParams,
       out_b_opt=sparse_opt.init(params.out.b),
       dense_opt=dense_optimizer(config).init((params.embed.b, params.hidden)),
       lsh=lsh_params, tables=t)
+
+
+def init_index(k_lsh: jax.Array, k_tables: jax.Array, config: ModelConfig, out: SparseLayer,
+               num_valid: int | jax.Array | None = None):
+  """``(hash functions or None, built index)`` of the output layer, as ``config.tables.candidates`` says."""
+  d = config.hidden_dims[-1]
+  if config.tables.candidates == "clusters":
+    c, rows, _ = config.index_sizes
+    index = clusters.build_index(clusters.init_index(c, rows, d), out.w, out.b,
+                                 iterations=config.tables.kmeans_iterations, num_valid=num_valid, key=k_tables)
+    return None, index
+  lsh_params = lsh.init_lsh(k_lsh, config.lsh_config, d + 2 if config.tables.lsh_mips else d)
+  t = tables.init_tables(config.lsh_config, config.table_bucket_size, policy=config.tables.table_policy,
+                         seed=jax.random.bits(k_tables, (), jnp.uint32))
+  return lsh_params, _build_tables(t, lsh_params, out, num_valid)
+
+
+def _build_tables(t: tables.HashTables, params, out: SparseLayer, num_valid) -> tables.HashTables:
+  if lsh.input_dim(params) == out.w.shape[1] + 2:  # hash functions drawn for MIPS-reduced rows
+    return tables.build_tables(t, params, mips.augment_rows(out.w, out.b), num_valid)
+  return tables.build_tables(t, params, out.w, num_valid)
+
+
+def query_active(state: SlideState, h: jax.Array, *, config: ModelConfig, k: int, num_rows: int | jax.Array,
+                 labels: jax.Array | None = None, seed: jax.Array | int = 0,
+                 max_from_index: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """Each query's ``k`` active ids from the state's index: ``(active [B, k], num_from_index [B])``.
+
+  Labels (if given) come first, then index candidates (at most
+  ``max_from_index``, default ``k``; LSH tables take as many as they have),
+  then distinct random ids.
+  """
+  if isinstance(state.tables, clusters.ClusterIndex):
+    return clusters.index_query(state.tables, h, k=k, num_rows=num_rows, probes=config.index_sizes[2],
+                                labels=labels, seed=seed, max_from_index=max_from_index)
+  if lsh.input_dim(state.lsh) == h.shape[1] + 2:
+    h = mips.augment_queries(h)
+  return tables.lsh_query(state.tables, state.lsh, h, k=k, num_rows=num_rows, labels=labels, seed=seed)
 
 
 def hidden_forward(embed_w: jax.Array, dense_params, feat_ids: jax.Array, feat_vals: jax.Array,
@@ -299,6 +348,21 @@ def num_distinct_labels(labels: jax.Array) -> jax.Array:
   return jnp.sum(new & (s >= 0), axis=1)
 
 
+def tail_log_weights(num_before: jax.Array, k: int, num_rows: jax.Array | int) -> jax.Array:
+  """``[B, k]`` log importance weights of an active set whose last entries are a uniform sample of the rest.
+
+  Row b holds ``num_before[b]`` chosen ids (labels, index candidates) and
+  then ``k - num_before[b]`` ids drawn uniformly from the other
+  ``num_rows - num_before[b]`` rows. Each drawn id stands for
+  ``(num_rows - num_before) / (k - num_before)`` rows: adding the log of that
+  to its logit makes the active set's softmax normalizer an unbiased
+  estimate of the full one (sampled softmax with a uniform proposal).
+  """
+  drawn = k - num_before
+  weight = jnp.log(jnp.maximum(num_rows - num_before, 1) / jnp.maximum(drawn, 1))
+  return jnp.where(jnp.arange(k)[None, :] >= num_before[:, None], weight[:, None], 0.0).astype(jnp.float32)
+
+
 def sharded_softmax_cross_entropy(logits: jax.Array, targets: jax.Array, shard: Shard = Shard()):
   """Softmax cross-entropy over the union of the shards' active sets, and its gradient.
 
@@ -355,8 +419,13 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   n_valid = jnp.clip(config.num_labels - offset, 0, rows).astype(jnp.int32)
   local_labels = jnp.where((labels >= offset) & (labels < offset + n_valid), labels - offset, PAD_ID)
   dense_params = (state.embed.b, state.hidden)
+  keep = None
+  if config.network.dropout > 0:  # inverted dropout on the last hidden layer, a mask drawn from (rng, step)
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), 0x0d)
+    keep = jax.random.bernoulli(key, 1.0 - config.network.dropout, (B, config.hidden_dims[-1]))
+    keep = keep.astype(jnp.float32) / (1.0 - config.network.dropout)
   h, hidden_vjp = jax.vjp(
-      lambda dp, tap: hidden_forward(state.embed.w, dp, fids, fvals, tap),
+      lambda dp, tap: hidden_forward(state.embed.w, dp, fids, fvals, tap) * (1.0 if keep is None else keep),
       dense_params, jnp.zeros((B, config.hidden_dims[0]), jnp.float32))
   if config.k >= config.num_labels:  # exact softmax: every (real) row is active
     row_ids = jnp.arange(rows, dtype=jnp.int32)
@@ -366,11 +435,13 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
     seed = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     if shard.axis is not None:
       seed = jax.random.fold_in(seed, shard.index())
-    active, from_tables = tables.lsh_query(
-        state.tables, state.lsh, h, k=local_active_k(config, config.num_shards), num_rows=n_valid,
-        labels=local_labels, seed=jax.random.bits(seed, (), jnp.uint32))
+    active, from_tables = query_active(
+        state, h, config=config, k=local_active_k(config, config.num_shards), num_rows=n_valid,
+        labels=local_labels, seed=jax.random.bits(seed, (), jnp.uint32), max_from_index=config.max_from_index)
   targets = label_targets(active, local_labels, num_distinct_labels(labels))
   logits = jnp.where(active >= 0, ops.sparse_logits(h, state.out.w, state.out.b, active), -jnp.inf)
+  if config.network.tail_correction and config.k < config.num_labels:
+    logits = logits + tail_log_weights(jnp.sum(targets > 0, axis=1) + from_tables, active.shape[1], n_valid)
   loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
   dh = shard.psum(ops.gather_combine(g_out, state.out.w, active))
   d_dense, d_embed = hidden_vjp(dh)
@@ -401,19 +472,33 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   return new_state, metrics
 
 
-def rebuild_tables(state: SlideState, num_valid: int | jax.Array | None = None) -> SlideState:
-  """Re-hashes every output row into fresh tables (amortized O(N d) work).
+def rebuild_tables(state: SlideState, num_valid: int | jax.Array | None = None, *,
+                   kmeans_iterations: int = 2) -> SlideState:
+  """Refreshes the index from the current rows (amortized work, off the step).
 
-  ``num_valid``: only rows below it are real (a padded shard); default all.
+  Hash tables: every row is re-hashed into fresh tables (O(N d)). A clustered
+  index: ``kmeans_iterations`` Lloyd iterations from fresh seeds, then every
+  row is assigned (O(N C d) each).
+
+  Args:
+    state: the state whose ``tables`` are refreshed.
+    num_valid: only rows below it are real (a padded shard); default all.
+    kmeans_iterations: Lloyd iterations of a clustered index.
   """
-  return state._replace(tables=tables.build_tables(state.tables, state.lsh, state.out.w, num_valid))
+  if isinstance(state.tables, clusters.ClusterIndex):
+    return state._replace(tables=clusters.build_index(state.tables, state.out.w, state.out.b,
+                                                      iterations=kmeans_iterations, num_valid=num_valid))
+  return state._replace(tables=_build_tables(state.tables, state.lsh, state.out, num_valid))
 
 
 def new_hash_functions(state: SlideState, config: ModelConfig,
                        num_valid: int | jax.Array | None = None) -> SlideState:
-  """Draws new hash functions (from the state's key and step) and rebuilds."""
+  """Draws new hash functions (a clustered index: new seeds) and rebuilds."""
   key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), -state.step - 1)
-  params = lsh.init_lsh(key, config.lsh_config, config.hidden_dims[-1])
+  if isinstance(state.tables, clusters.ClusterIndex):
+    return state._replace(tables=clusters.build_index(state.tables, state.out.w, state.out.b, num_valid=num_valid,
+                                                      iterations=config.tables.kmeans_iterations, key=key))
+  params = lsh.init_lsh(key, config.lsh_config, lsh.input_dim(state.lsh) or config.hidden_dims[-1])
   return rebuild_tables(state._replace(lsh=params), num_valid)
 
 

@@ -25,17 +25,17 @@ from typing import Any
 import jax
 from absl import logging
 
-from sparsejax import checkpoint, distributed, memory, model, trained
+from sparsejax import checkpoint, distributed, memory, model, retrieval, trained
 from sparsejax.config import Config, ConfigError
 from sparsejax.console import Progress
-from sparsejax.data import BatchIterator, load_dataset
+from sparsejax.data import BatchIterator, load_dataset, train_test_split
 from sparsejax.evaluation import Evaluator
 from sparsejax.metric_writer import MetricWriter, read_records
 from sparsejax.stopping import Interrupted, StopRequests
 
 # Final-record fields that describe the run rather than a point of a curve.
 _SUMMARY_FIELDS = ("step", "epoch", "loss", "samples_per_sec", "seconds", "train_seconds", "num_params", "final",
-                   "num_processes")
+                   "num_processes", "last_step", "selected_step", "selected_by")
 
 
 def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
@@ -46,9 +46,10 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
     workdir: output directory (created).
 
   Returns:
-    The final evaluation (exact and sampled P@k, nDCG@k, PSP@k) with
-    ``step``, ``samples_per_sec``, ``train_seconds`` and ``num_params``. For a
-    run that had already finished, its recorded final evaluation.
+    The final evaluation on the test set (exact and sampled P@k, nDCG@k, PSP@k) of the selected state (the
+    best on the validation split when there is one, else the last) with ``step`` (the selected one),
+    ``last_step``, ``samples_per_sec``, ``train_seconds`` and ``num_params``. For a run that had already
+    finished, its recorded final evaluation.
 
   Raises:
     ConfigError: an invalid setting or an unwritable work directory (before anything is loaded).
@@ -73,9 +74,12 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
 
   t_start = time.time()
   data = load_dataset(config.data, seed=config.run.seed)
-  train, test = data.train, data.test
-  logging.info("data: %d train / %d test samples, %d features, %d labels (%.1f s)", len(train), len(test),
-               train.num_features, train.num_labels, time.time() - t_start)
+  train, test, validation = data.train, data.test, None
+  if config.data.validation_fraction > 0:
+    train, validation = train_test_split(train, config.data.validation_fraction, seed=config.run.seed + 1)
+  logging.info("data: %d train / %d validation / %d test samples, %d features, %d labels (%.1f s)", len(train),
+               0 if validation is None else len(validation), len(test), train.num_features, train.num_labels,
+               time.time() - t_start)
   steps_per_epoch = len(train) // config.optim.batch_size
   if steps_per_epoch == 0:
     raise ConfigError("batch_size", config.optim.batch_size, f"exceeds the {len(train)} training samples")
@@ -89,7 +93,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
                                  f"now {sizes}. Use another --workdir for a new run")
 
   run = distributed.make_run(config.model_config(train.num_features, train.num_labels), seed=config.run.seed,
-                             num_shards=num_shards)
+                             num_shards=num_shards, sampled_ks=tuple(k for k in [config.run.eval_sampled_k] if k))
   restored = checkpoints.restore(run.abstract_state()) if latest is not None else None
   if restored is None:
     state, position = run.init(), {"epoch": 0, "index": 0, "seconds": 0.0}
@@ -107,9 +111,14 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
                f"training to step {max_steps}" if max_steps is not None else "training on the clock")
   memory.advise_huge_pages(state)
 
+  evaluator = lambda dataset: Evaluator.for_run(dataset, train, sizes["max_features"], config.run.propensity_a,
+                                                config.run.propensity_b)
+  selection = None
+  if validation is not None:
+    selection = _Selection(evaluator(validation), checkpoint.BestCheckpoint(workdir, config.run.selection_metric),
+                           config.run, position.get("selection"))
   loop = _Loop(config, run, checkpoints, checkpoint.make_meta(config, num_shards, jax.process_count(), sizes),
-               Evaluator.for_run(test, train, sizes["max_features"], config.run.propensity_a,
-                                 config.run.propensity_b),
+               evaluator(test), selection,
                MetricWriter(workdir, config.run.tensorboard, resume_step=start_step) if is_chief else None,
                steps_per_epoch, max_steps)
   batches = BatchIterator(train, config.optim.batch_size, seed=config.run.seed, epoch=position["epoch"],
@@ -144,9 +153,10 @@ class _Loop:
   """The training loop's state between steps: budget, measurements, evaluations, checkpoints."""
 
   def __init__(self, config: Config, run: distributed.Run, checkpoints: checkpoint.Checkpoints, meta: dict,
-               evaluator: Evaluator, writer: MetricWriter | None, steps_per_epoch: int, max_steps: int | None):
+               evaluator: Evaluator, selection: "_Selection | None", writer: MetricWriter | None,
+               steps_per_epoch: int, max_steps: int | None):
     self.config, self.run, self.checkpoints, self.meta = config, run, checkpoints, meta
-    self.evaluator, self.writer = evaluator, writer
+    self.evaluator, self.selection, self.writer = evaluator, selection, writer
     self.steps_per_epoch, self.max_steps = steps_per_epoch, max_steps
     self.step, self.last_loss, self.stop_signal = 0, None, None
     self.train_seconds, self.seconds_before = 0.0, 0.0
@@ -184,13 +194,23 @@ class _Loop:
           progress.step(self.step, record.get("loss"), record.get("samples_per_sec"))
           if self.step % config.run.eval_every == 0 and self.step != self.max_steps:  # the final one comes next
             t_eval = time.time()
-            record.update(self.evaluator(run.predict, state, config.run.eval_samples))
-            logging.info("step %d: P@1 %.4f  P@5 %.4f", self.step, record["p@1"], record["p@5"])
+            if self.selection is not None:  # periodic evaluations select the model: on the validation split
+              record.update(self.selection.evaluate(run, state, self.step, config.run.eval_samples))
+            else:
+              record.update(_evaluate(self.evaluator, run, state, config.run.eval_samples))
+            logging.info("step %d: %sP@1 %.4f  P@5 %.4f%s", self.step,
+                         "validation " if self.selection is not None else "", record["p@1"], record["p@5"],
+                         _retrieval_line(record))
             eval_seconds += time.time() - t_eval
             window_start = time.time()
-          if record and self.writer is not None:
-            self.writer.write({"step": self.step, "epoch": self.step / self.steps_per_epoch,
-                               "seconds": self.seconds_before + self.train_seconds, **record})
+            if self.selection is not None and distributed.agree(self.selection.should_stop()):
+              self._write(record)
+              logging.info("early stopping at step %d: no better validation %s in %d evaluations (best: step %d)",
+                           self.step, self.selection.metric, self.selection.bad_evaluations,
+                           self.selection.best_step)
+              break
+          if record:
+            self._write(record)
           if self.step % config.checkpoint.checkpoint_every == 0:
             self.save(state, batches)
           if config.dist.checksum_every and self.step % config.dist.checksum_every == 0:
@@ -204,15 +224,32 @@ class _Loop:
       progress.close()
     return state
 
+  def _write(self, record: dict) -> None:
+    if self.writer is not None:
+      self.writer.write({"step": self.step, "epoch": self.step / self.steps_per_epoch,
+                         "seconds": self.seconds_before + self.train_seconds, **record})
+
   def save(self, state, batches: BatchIterator, wait: bool = False) -> None:
     position = {**batches.state(), "seconds": self.seconds_before + self.train_seconds}
+    if self.selection is not None:
+      position["selection"] = self.selection.to_json()
     self.checkpoints.save(self.step, state, position, self.meta, wait=wait)
 
   def finish(self, state, start_step: int) -> dict[str, Any]:
-    """The final evaluation on the whole test set, recorded and logged."""
-    final = self.evaluator(self.run.predict, state)
+    """The final evaluation on the whole test set, of the selected state, recorded and logged."""
+    step = self.step
+    if self.selection is not None:
+      if self.selection.last_step != step:  # the last state competes too
+        self.selection.evaluate(self.run, state, step, self.config.run.eval_samples)
+      state, step = self.selection.restore_best(self.run, state)
+      logging.info("selected the state of step %d (validation %s %.4f) of %d steps", step,
+                   self.selection.metric, self.selection.best_value, self.step)
+    final = _evaluate(self.evaluator, self.run, state, None)
+    if self.selection is not None:
+      final.update({"selected_step": step, "selected_by": f"validation {self.selection.metric}",
+                    f"validation_{self.selection.metric}": self.selection.best_value})
     final.update({
-        "step": self.step, "epoch": self.step / self.steps_per_epoch,
+        "step": step, "last_step": self.step, "epoch": step / self.steps_per_epoch,
         "loss": self.last_loss if self.last_loss is not None else float("nan"),
         "samples_per_sec": (self.step - start_step) * self.config.optim.batch_size / max(self.train_seconds, 1e-9),
         "seconds": self.seconds_before + self.train_seconds, "train_seconds": self.train_seconds,
@@ -221,8 +258,77 @@ class _Loop:
     if self.writer is not None:
       self.writer.write(final, curves=[k for k in final if k not in _SUMMARY_FIELDS])
       self.writer.close()
-    logging.info("final (step %d): P@1 %.4f  P@3 %.4f  P@5 %.4f  (sampled P@1 %s)", self.step, final["p@1"],
-                 final["p@3"], final["p@5"],
-                 f"{final['sampled_p@1']:.4f}" if "sampled_p@1" in final else "n/a")
+    logging.info("final (%s step %d, test set): P@1 %.4f  P@3 %.4f  P@5 %.4f  (sampled P@1 %s)%s",
+                 "selected" if self.selection is not None else "last", step, final["p@1"], final["p@3"],
+                 final["p@5"], f"{final['sampled_p@1']:.4f}" if "sampled_p@1" in final else "n/a",
+                 _retrieval_line(final))
     return final
 
+
+class _Selection:
+  """Model selection on the validation split: the best checkpoint so far and early stopping.
+
+  Args:
+    evaluator: scores the validation split.
+    best: where the best state is kept.
+    config: the run settings (metric, patience, evaluation size).
+    restored: the selection state of a resumed run (``to_json``), or None.
+  """
+
+  def __init__(self, evaluator: Evaluator, best: checkpoint.BestCheckpoint, config, restored: dict | None):
+    self.evaluator, self.best, self.metric, self.patience = evaluator, best, config.selection_metric, \
+        config.early_stopping_patience
+    restored = restored or {}
+    self.best_value = restored.get("best_value", -float("inf"))
+    self.best_step = restored.get("best_step")
+    self.bad_evaluations = restored.get("bad_evaluations", 0)
+    self.last_step = None
+
+  def to_json(self) -> dict:
+    return {"best_value": self.best_value, "best_step": self.best_step, "bad_evaluations": self.bad_evaluations}
+
+  def evaluate(self, run: distributed.Run, state, step: int, num_samples: int | None) -> dict[str, float]:
+    """Validation metrics of ``state``; keeps it if it is the best so far."""
+    result = _evaluate(self.evaluator, run, state, num_samples)
+    self.last_step = step
+    value = result[self.metric]
+    if value > self.best_value:
+      self.best_value, self.best_step, self.bad_evaluations = value, step, 0
+      self.best.save(step, state, value)
+    else:
+      self.bad_evaluations += 1
+    return {**result, "split": "validation", "best_step": self.best_step}
+
+  def should_stop(self) -> bool:
+    return self.patience is not None and self.bad_evaluations >= self.patience
+
+  def restore_best(self, run: distributed.Run, state):
+    """``(best state, its step)``; the given state if none was saved."""
+    self.best.wait()
+    best = self.best.restore(run.abstract_state())
+    if best is None:
+      return state, int(distributed.local_value(state.step))
+    return best, int(distributed.local_value(best.step))
+
+
+def _evaluate(evaluator: Evaluator, run: distributed.Run, state, num_samples: int | None) -> dict[str, float]:
+  """Test-set metrics, with retrieval diagnostics and the index's fill where the run has them.
+
+  Sampled inference is evaluated with a freshly refreshed index (a copy: training goes on with its own), as a
+  model saved for serving would have it; between refreshes the training index lags the moving rows.
+  """
+  if run.refresh_index is not None:
+    state = run.refresh_index(state)
+  result = evaluator(run.predict, state, num_samples, diagnose=run.diagnose)
+  if run.diagnose is not None:
+    result.update(retrieval.index_fill(state.tables))
+  return result
+
+
+def _retrieval_line(record: dict) -> str:
+  """The retrieval diagnostics of an evaluation, for the log (empty if it has none)."""
+  if "label_recall" not in record:
+    return ""
+  return (f"  | label_recall {record['label_recall']:.3f}  topk_recall@{retrieval.TOP} "
+          f"{record[f'topk_recall@{retrieval.TOP}']:.3f}  candidates {record['mean_candidates']:.0f}  "
+          f"cos(h, label) {record['label_cosine']:.3f}")

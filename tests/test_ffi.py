@@ -33,6 +33,8 @@ VALID = {
                               attrs=dict(policy=("int32", 0), reset=("bool_", False), num_rows=("int64", 10))),
     "lsh_query": dict(args=_TABLES + [[[5, 0], "int32"], [[], "uint32"], [[], "int32", 10]],
                       results=[[[5, 3], "int32"], [[5], "int32"]]),
+    "merge_candidates": dict(args=[[[5, 4], "int32"], [[5, 0], "int32"], [[], "uint32"], [[], "int32", 10]],
+                             results=[[[5, 3], "int32"], [[5], "int32"]], attrs=dict(max_from_candidates=("int64", 3))),
     "row_sparse_adam_float32": _ADAM("float32"),
     "row_sparse_adam_bfloat16": _ADAM("bfloat16"),
 }

@@ -58,10 +58,11 @@ def test_exact_softmax_step_equals_dense_baseline():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
-def test_train_step_does_no_dense_work_on_the_sparse_layers():
+@pytest.mark.parametrize("index", [dict(candidates="lsh", reinsert="labels"),
+                                   dict(candidates="clusters", random_negatives=0.5, tail_correction=True)])
+def test_train_step_does_no_dense_work_on_the_sparse_layers(index):
   N, F, d = 20011, 7919, 16
-  cfg = override(model.ModelConfig(F, N), hidden_dims=(d,), active_k=64, num_tables=4,
-                          reinsert="labels")
+  cfg = override(model.ModelConfig(F, N), hidden_dims=(d,), active_k=64, num_tables=4, **index)
   state = model.init(jax.random.key(0), cfg)
   batch = {"feat_ids": jnp.zeros((8, 5), jnp.int32), "feat_vals": jnp.ones((8, 5)),
            "labels": jnp.zeros((8, 2), jnp.int32)}
@@ -136,8 +137,34 @@ def test_table_schedule_terminates_for_any_values():
 
 
 def test_new_hash_functions_rebuild_tables():
-  cfg = override(model.ModelConfig(50, 200), hidden_dims=(8,), active_k=16, num_tables=4)
+  cfg = override(model.ModelConfig(50, 200), hidden_dims=(8,), active_k=16, num_tables=4, candidates="lsh")
   state = model.init(jax.random.key(0), cfg)
   new = model.new_hash_functions(state._replace(step=jnp.int32(5)), cfg)
   assert not np.array_equal(new.lsh.projections, state.lsh.projections)
   assert int(jnp.sum(new.tables.counts)) == 4 * 200  # every row in every table
+
+
+def test_tail_log_weights_by_hand():
+  # Row 0: 2 chosen ids, then 2 drawn from the other 8 of 10 rows (each stands for 4); row 1: all chosen.
+  w = model.tail_log_weights(jnp.array([2, 4]), 4, 10)
+  np.testing.assert_allclose(w, [[0, 0, np.log(4.0), np.log(4.0)], [0, 0, 0, 0]], rtol=1e-6)
+
+
+def test_tail_corrected_loss_estimates_the_full_softmax():
+  """Labels + the top logits + a uniform sample of the rest: the corrected loss averages to the exact one."""
+  rng = np.random.default_rng(0)
+  N, k, head = 400, 40, 10
+  logits = rng.normal(size=N).astype(np.float32) * 2
+  label = 7
+  order = np.argsort(-logits)
+  chosen = [label] + [i for i in order if i != label][:head - 1]
+  rest = np.setdiff1d(np.arange(N), chosen)
+  exact = float(jax.nn.logsumexp(logits) - logits[label])
+  estimates = []
+  for seed in range(400):
+    drawn = np.random.default_rng(seed).choice(rest, k - head, replace=False)
+    z = jnp.asarray(logits[np.concatenate([chosen, drawn])])[None] + model.tail_log_weights(jnp.array([head]), k, N)
+    estimates.append(float(jax.nn.logsumexp(z) - logits[label]))
+  uncorrected = float(jax.nn.logsumexp(logits[np.concatenate([chosen, drawn])]) - logits[label])
+  assert abs(np.log(np.mean(np.exp(estimates))) - exact) < 0.02 * exact  # unbiased normalizer
+  assert exact - uncorrected > 0.1  # without the weights the loss is far too small

@@ -290,3 +290,36 @@ def test_tensorboard_tags_are_the_metrics_keys_without_repeats(tmp_path, small_c
   assert len({(step, tag) for step, tag, _ in events}) == len(events)  # each (step, tag) once
   assert sorted({step for step, tag, _ in events if tag == "loss"}) == [10, 20, 30, 40]
   assert "illegal" not in caplog.text
+
+
+def test_validation_selects_the_best_checkpoint_and_stops_early(tmp_path, small_config):
+  config = override(small_config, candidates="clusters", reinsert="none", validation_fraction=0.2, max_steps=400,
+                    eval_every=10, early_stopping_patience=2, learning_rate=3e-2, checkpoint_every=1000)
+  final = train_and_evaluate(config, str(tmp_path))
+  lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  periodic, last = lines[:-1], lines[-1]
+  assert all(l["split"] == "validation" for l in periodic) and last["final"]
+  values = [l["p@1"] for l in periodic]
+  best = int(np.argmax(values))  # the first of equal values: later ties are no improvement
+  stopped = final["last_step"] < 400
+  if stopped:  # stopped after `patience` evaluations without a better value
+    assert len(values) - 1 - best == 2 and final["last_step"] == periodic[-1]["step"]
+  else:
+    assert final["last_step"] == 400
+  assert final["selected_step"] == final["step"] == periodic[best]["step"]
+  assert final["validation_p@1"] == pytest.approx(values[best])
+  # The reported test metrics are those of the restored best state, not of the last one.
+  import orbax.checkpoint as ocp
+  manager = ocp.CheckpointManager(str(tmp_path / "best_checkpoint"))
+  assert manager.all_steps() == [final["selected_step"]]
+  state = manager.restore(final["selected_step"], args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+  from sparsejax import inference, metrics, model
+  loaded = data.load_dataset(config.data, seed=config.run.seed)
+  fi, fv, lab = loaded.test.to_padded(None, None)
+  best = model.NetworkParams(model.SparseLayer(state["embed"]["w"], state["embed"]["b"]),
+                             tuple(tuple(layer) for layer in state["hidden"]),
+                             model.SparseLayer(state["out"]["w"], state["out"]["b"]))
+  top = np.asarray(inference.predict_exact(best, fi, fv, top=1)[1])
+  assert final["p@1"] == pytest.approx(metrics.evaluate_topk(top, lab, ks=(1,))["p@1"], abs=1e-9)
+  last_step, last_state = _latest(tmp_path)
+  assert int(last_state["step"]) == final["last_step"]

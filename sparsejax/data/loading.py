@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from .dataset import XCDataset, train_test_split
+from .gcide import load_gcide
 from .icd10 import load_icd10
 from .synthetic import make_synthetic
 from .xc_format import load_xc_file
@@ -15,7 +16,7 @@ class LoadedData(NamedTuple):
 
   Attributes:
     train, test: the splits, over the same features and labels.
-    label_names: ``[L]`` a name per label, where the dataset has them (ICD-10 codes); else None.
+    label_names: ``[L]`` a name per label, where the dataset has them (ICD-10 codes, GCIDE headwords); else None.
     vectorizer: what turns raw text into feature rows (ICD-10's fitted TF-IDF, with a sklearn
       ``transform``), where the dataset has one; else None.
   """
@@ -39,6 +40,9 @@ def load_dataset(config, *, seed: int = 0) -> LoadedData:
   if config.dataset == "icd10":
     train, test, info = load_icd10(label_level=config.icd10_labels, seed=seed, test_fraction=config.test_fraction)
     return LoadedData(train, test, info.label_names, info.vectorizer)
+  if config.dataset == "gcide":
+    train, test, info = load_gcide(seed=seed, test_fraction=config.test_fraction)
+    return LoadedData(train, test, info.label_names, info.vectorizer)
   if config.dataset == "synthetic":
     full = make_synthetic(config.synthetic_samples, config.synthetic_features, config.synthetic_labels,
                           labels_per_sample=config.synthetic_labels_per_sample, seed=seed)
@@ -49,4 +53,4 @@ def load_dataset(config, *, seed: int = 0) -> LoadedData:
       raise ValueError(f"{config.test_file}: header has {test.num_features} features / {test.num_labels} labels, "
                        f"but {config.train_file} has {train.num_features} / {train.num_labels}")
     return LoadedData(train, test)
-  raise ValueError(f"unknown dataset {config.dataset!r}: use 'icd10', 'synthetic' or 'files'")
+  raise ValueError(f"unknown dataset {config.dataset!r}: use 'icd10', 'gcide', 'synthetic' or 'files'")
