@@ -83,13 +83,14 @@ def worker(args) -> None:
   import jax
   import numpy as np
   from sparsejax import dense, model
+  from sparsejax.config import override
   from sparsejax.netanalysis import collect, collectives
 
   P = jax.process_count()
   mesh = distributed.make_mesh()
   sparse = args.job == "sparse"
-  cfg = model.ModelConfig(num_features=args.features, num_labels=args.labels, hidden_dims=(args.hidden,),
-                          active_k=args.active_k, num_shards=P if sparse else 1)
+  cfg = override(model.ModelConfig(args.features, args.labels), hidden_dims=(args.hidden,),
+                 active_k=args.active_k, num_shards=P if sparse else 1)
   rng = np.random.default_rng(0)  # the same batches on every rank
   batches = [{"feat_ids": rng.integers(0, args.features, (args.batch, 32)).astype(np.int32),
               "feat_vals": rng.random((args.batch, 32), np.float32),
@@ -118,7 +119,8 @@ def worker(args) -> None:
     profiler.begin_step(i, lambda: compiled)
     tx0, t = _iface_tx_bytes(), time.perf_counter()
     state, m = step(state, global_batches[i % 4])
-    profiler.end_step(i + 1, (state, m))  # waits for the step
+    profiler.end_step(i + 1, (state, m))
+    jax.block_until_ready((state, m))  # every step is timed on its own
     elapsed, sent = time.perf_counter() - t, _iface_tx_bytes() - tx0
     if args.warmup <= i < args.warmup + args.steps:
       times.append(elapsed)

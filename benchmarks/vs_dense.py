@@ -11,7 +11,6 @@ seconds (--budget, default) or epochs (--epochs).
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -19,7 +18,8 @@ import tempfile
 
 import jax
 
-from sparsejax.train import TrainConfig, train_and_evaluate
+from sparsejax.config import Config, override
+from sparsejax.train import train_and_evaluate
 
 
 def main():
@@ -35,8 +35,8 @@ def main():
   parser.add_argument("--workdir", default=None)
   parser.add_argument("--json", default=None)
   args = parser.parse_args()
-  base = TrainConfig(
-      dataset=args.dataset, synthetic_samples=args.samples, synthetic_features=args.features,
+  base = override(
+      Config(), dataset=args.dataset, synthetic_samples=args.samples, synthetic_features=args.features,
       synthetic_labels=args.labels, test_fraction=0.02 if args.dataset == "synthetic" else 0.1,
       batch_size=args.batch_size, active_k=args.active_k, num_epochs=args.epochs, max_steps=None,
       max_seconds=None if args.epochs else args.budget, eval_every=10**9, checkpoint_every=10**9,
@@ -44,7 +44,7 @@ def main():
   workdir = args.workdir or tempfile.mkdtemp(prefix="vs_dense_")
   results = {}
   for name in ("sparse", "dense"):
-    config = dataclasses.replace(base, model="slide" if name == "sparse" else "dense")
+    config = override(base, model="slide" if name == "sparse" else "dense")
     final = train_and_evaluate(config, os.path.join(workdir, name))
     results[name] = final
     print(f"{name:>6}: {final['step']:,} steps, {final['samples_per_sec']:,.0f} samples/s, "

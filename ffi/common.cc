@@ -1,76 +1,125 @@
 #include "common.h"
 
+#include <cstring>
+#include <new>
+#include <sstream>
+
 namespace sparsejax {
+namespace {
 
-const char* DtypeName(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::PRED: return "bool";
-    case ffi::DataType::S8: return "int8";
-    case ffi::DataType::S16: return "int16";
-    case ffi::DataType::S32: return "int32";
-    case ffi::DataType::S64: return "int64";
-    case ffi::DataType::U8: return "uint8";
-    case ffi::DataType::U16: return "uint16";
-    case ffi::DataType::U32: return "uint32";
-    case ffi::DataType::U64: return "uint64";
-    case ffi::DataType::F16: return "float16";
-    case ffi::DataType::BF16: return "bfloat16";
-    case ffi::DataType::F32: return "float32";
-    case ffi::DataType::F64: return "float64";
-    default: return "other";
-  }
-}
-
-std::string ShapeString(const ffi::AnyBuffer& b) {
+// "[B, d]" from symbols, "[6, 5]" from sizes.
+template <typename Seq>
+std::string Bracketed(const Seq& items) {
   std::ostringstream s;
   s << "[";
-  auto dims = b.dimensions();
-  for (size_t i = 0; i < dims.size(); ++i) s << (i ? ", " : "") << dims[i];
+  bool first = true;
+  for (const auto& item : items) {
+    s << (first ? "" : ", ") << item;
+    first = false;
+  }
   s << "]";
   return s.str();
 }
 
-ffi::Error ArgChecker::Dtype(const ffi::AnyBuffer& b, ffi::DataType t,
-                             const char* name) const {
-  if (b.element_type() == t) return ffi::Error::Success();
-  return Fail(std::string("argument '") + name + "' must have dtype " +
-              DtypeName(t) + ", got " + DtypeName(b.element_type()));
+// A symbol that is a number ("0") is a literal size.
+bool ParseLiteral(const char* symbol, int64_t* value) {
+  char* end = nullptr;
+  const long long v = std::strtoll(symbol, &end, 10);
+  if (end == symbol || *end != '\0') return false;
+  *value = v;
+  return true;
 }
 
-ffi::Error ArgChecker::Shape(const ffi::AnyBuffer& b,
-                             std::vector<int64_t> expected, const char* name,
-                             const char* shape) const {
-  auto dims = b.dimensions();
-  bool ok = dims.size() == expected.size();
-  for (size_t i = 0; ok && i < expected.size(); ++i) {
-    ok = expected[i] < 0 || dims[i] == expected[i];
+}  // namespace
+
+const Checker::Symbol* Checker::Find(const char* name) const {
+  for (int i = 0; i < num_symbols_; ++i) {
+    if (std::strcmp(symbols_[i].name, name) == 0) return &symbols_[i];
   }
-  if (ok) return ffi::Error::Success();
-  std::ostringstream want;
-  want << "[";
-  for (size_t i = 0; i < expected.size(); ++i) {
-    want << (i ? ", " : "");
-    if (expected[i] < 0) want << "*"; else want << expected[i];
-  }
-  want << "]";
-  return Fail(std::string("argument '") + name + "' must have shape " + shape +
-              " = " + want.str() + ", got " + ShapeString(b));
+  return nullptr;
 }
 
-ffi::Error CheckIds(const ArgChecker& c, const int32_t* ids, int64_t n,
-                    int64_t limit, const char* name, const char* limit_name,
-                    bool allow_pad, int64_t row_len) {
+Checker& Checker::Bind(const char* symbol, int64_t value, const char* source) {
+  if (const Symbol* s = Find(symbol)) {
+    if (s->value != value) {
+      Fail(std::string(source) + " gives " + symbol + " = " + std::to_string(value) + ", but " + s->source +
+           " gives " + std::to_string(s->value));
+    }
+    return *this;
+  }
+  if (num_symbols_ == static_cast<int>(symbols_.size())) {
+    Fail("internal error: too many shape symbols");
+    return *this;
+  }
+  symbols_[num_symbols_++] = Symbol{symbol, value, source};
+  return *this;
+}
+
+int64_t Checker::operator[](const char* symbol) const {
+  const Symbol* s = Find(symbol);
+  if (s == nullptr) std::abort();  // a kernel reads a symbol it never bound
+  return s->value;
+}
+
+void Checker::Fail(const std::string& message) {
+  if (error_.empty()) error_ = op_ + ": " + message;
+}
+
+void Checker::Shape(const char* kind, const char* name, Dims dims, const Spec& shape, const char* note) {
+  if (!ok()) return;
+  const std::string want = Bracketed(shape) + (note ? std::string(" ") + note : std::string());
+  auto fail = [&](const std::string& why) {
+    Fail(std::string(kind) + " '" + name + "' must have shape " + want + why + ", got " + Bracketed(dims));
+  };
+  if (dims.size() != shape.size()) return fail(" (rank " + std::to_string(shape.size()) + ")");
+  int64_t axis = 0;
+  for (const char* symbol : shape) {
+    const int64_t got = dims[axis];
+    int64_t literal;
+    if (ParseLiteral(symbol, &literal)) {
+      if (got != literal) return fail(" with axis " + std::to_string(axis) + " = " + symbol);
+    } else if (const Symbol* s = Find(symbol)) {
+      if (got != s->value) {
+        return fail(std::string(" with ") + symbol + " = " + std::to_string(s->value) + " (from '" + s->source + "')");
+      }
+    } else {
+      Bind(symbol, got, name);
+    }
+    ++axis;
+  }
+}
+
+Checker& Checker::Ids(const char* name, const int32_t* ids, int64_t n, const char* limit_symbol, bool allow_pad,
+                      int64_t row_len) {
+  if (!ok()) return *this;
+  const int64_t limit = (*this)[limit_symbol];
   for (int64_t i = 0; i < n; ++i) {
-    int32_t v = ids[i];
+    const int32_t v = ids[i];
     if ((v >= 0 && v < limit) || (allow_pad && v == kPadId)) continue;
     std::ostringstream s;
     s << "argument '" << name << "' has id " << v << " at flat position " << i;
     if (row_len > 0) s << " (row " << i / row_len << ", column " << i % row_len << ")";
-    s << ", outside [0, " << limit_name << " = " << limit << ")";
+    s << ", outside [0, " << limit_symbol << " = " << limit << ")";
     if (allow_pad) s << " (" << kPadId << " is allowed as padding)";
-    return c.Fail(s.str());
+    Fail(s.str());
+    break;
   }
-  return ffi::Error::Success();
+  return *this;
+}
+
+ffi::Error ExceptionError(std::string_view op_name, std::exception_ptr e) {
+  const std::string op(op_name);
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::bad_alloc&) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      op + ": out of memory (std::bad_alloc): the kernel's working memory could not "
+                      "be allocated; use smaller inputs (batch, k, num_rows) or free memory");
+  } catch (const std::exception& ex) {
+    return ffi::Error::Internal(op + ": unexpected C++ exception: " + ex.what());
+  } catch (...) {
+    return ffi::Error::Internal(op + ": unexpected C++ exception");
+  }
 }
 
 int64_t MaxThreads() {
@@ -83,4 +132,39 @@ int64_t MaxThreads() {
   return cap;
 }
 
+ParallelLoop::ParallelLoop(ffi::ThreadPool& pool, int64_t n, int64_t grain)
+    : pool_(pool), n_(n), grain_(std::max<int64_t>(1, grain)) {
+  const int64_t num_chunks = n_ > 0 ? (n_ + grain_ - 1) / grain_ : 0;
+  workers_ = std::max<int64_t>(1, std::min<int64_t>({pool.num_threads() + 1, MaxThreads(), num_chunks}));
+}
+
+namespace internal {
+
+void ParallelState::RunChunks(int64_t worker) noexcept {
+  int64_t finished = 0;
+  for (;;) {
+    const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
+    if (c >= num_chunks) break;
+    ++finished;
+    if (failed.load(std::memory_order_relaxed)) continue;  // skip the rest after a failure
+    try {
+      const int64_t begin = c * grain;
+      invoke(body, worker, begin, std::min(n, begin + grain));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (error_chunk < 0 || c < error_chunk) {
+        error_chunk = c;
+        error = std::current_exception();
+      }
+      failed.store(true, std::memory_order_relaxed);
+    }
+  }
+  if (finished > 0) {
+    std::lock_guard<std::mutex> lock(mu);
+    done += finished;
+    if (done == num_chunks) cv.notify_all();
+  }
+}
+
+}  // namespace internal
 }  // namespace sparsejax

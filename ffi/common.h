@@ -1,18 +1,24 @@
-// Shared helpers for sparsejax's XLA FFI handlers: argument validation with
-// messages that name the argument, a deterministic parallel-for on XLA's
-// intra-op thread pool, and counter-based hashing used as a seeded RNG.
+// Shared helpers for sparsejax's XLA FFI handlers: the checks that buffer
+// types cannot express (sizes that must agree, id ranges), handlers that turn
+// any exception into an error, a deterministic and exception-safe
+// parallel-for on XLA's intra-op thread pool, and counter-based hashing used
+// as a seeded RNG.
 #ifndef SPARSEJAX_FFI_COMMON_H_
 #define SPARSEJAX_FFI_COMMON_H_
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -27,109 +33,199 @@ namespace ffi = xla::ffi;
     if (sj_err_.failure()) return sj_err_;    \
   } while (0)
 
-// Id used for padding in every id array: skipped by all kernels.
+// Id used for padding in every id array: skipped by all kernels. The Python
+// side's one copy is sparsejax.padding.PAD_ID.
 inline constexpr int32_t kPadId = -1;
 
-const char* DtypeName(ffi::DataType t);
-std::string ShapeString(const ffi::AnyBuffer& b);
+// Buffer types by dtype and rank: XLA checks both when it decodes a call.
+// A result buffer is ffi::Result<F32R2> etc.
+using F32R0 = ffi::BufferR0<ffi::F32>;
+using F32R1 = ffi::BufferR1<ffi::F32>;
+using F32R2 = ffi::BufferR2<ffi::F32>;
+using S32R0 = ffi::BufferR0<ffi::S32>;
+using S32R1 = ffi::BufferR1<ffi::S32>;
+using S32R2 = ffi::BufferR2<ffi::S32>;
+using S32R3 = ffi::BufferR3<ffi::S32>;
+using U32R0 = ffi::BufferR0<ffi::U32>;
 
-// Validates the arguments of one op; every message starts with the op's name
-// and names the offending argument.
-class ArgChecker {
+// --- Argument checks ----------------------------------------------------------
+//
+// Buffer types (ffi::BufferR2<ffi::F32>, ...) check dtypes and ranks when XLA
+// decodes a call. A Checker checks the rest, in the idiom of the Python
+// wrappers' sparsejax._checks: each argument's and result's shape is given
+// as symbols ({"B", "d"}), bound by the first buffer that has them and
+// compared for every later one. The first failure is kept (later checks do
+// nothing) and every message names the op, the argument and its expected
+// shape, e.g. "gather_dot: argument 'x' must have shape [B, d] with d = 12
+// (from 'weight'), got [6, 5]". A symbol that is a number is a literal size.
+class Checker {
  public:
-  explicit ArgChecker(const char* op) : op_(op) {}
+  using Dims = ffi::AnyBuffer::Dimensions;
 
-  ffi::Error Dtype(const ffi::AnyBuffer& b, ffi::DataType t,
-                   const char* name) const;
-  // Checks rank and, for each dim with expected >= 0, its size. `shape` is
-  // the human-readable expected shape, e.g. "[B, d]".
-  ffi::Error Shape(const ffi::AnyBuffer& b, std::vector<int64_t> expected,
-                   const char* name, const char* shape) const;
-  ffi::Error Fail(const std::string& msg) const {
-    return ffi::Error::InvalidArgument(std::string(op_) + ": " + msg);
+  // An expected shape: one symbol per axis (up to 4).
+  class Spec {
+   public:
+    Spec(std::initializer_list<const char*> axes) : rank_(std::min<size_t>(axes.size(), 4)) {
+      std::copy(axes.begin(), axes.begin() + rank_, axes_.begin());
+    }
+    const char* const* begin() const { return axes_.data(); }
+    const char* const* end() const { return axes_.data() + rank_; }
+    size_t size() const { return rank_; }
+
+   private:
+    std::array<const char*, 4> axes_{};
+    size_t rank_;
+  };
+
+  explicit Checker(std::string_view op) : op_(op) {}
+  const char* op() const { return op_.c_str(); }
+
+  template <typename Buffer>
+  Checker& Arg(const char* name, const Buffer& b, const Spec& shape, const char* note = nullptr) {
+    Shape("argument", name, b.dimensions(), shape, note);
+    return *this;
   }
-  const char* op() const { return op_; }
+  template <typename Buffer>
+  Checker& Ret(const char* name, const Buffer& b, const Spec& shape) {
+    Shape("result", name, b.dimensions(), shape, nullptr);
+    return *this;
+  }
+  // Binds a symbol to a size that no shape holds (an attribute, a value).
+  Checker& Bind(const char* symbol, int64_t value, const char* source);
+  // The value bound to `symbol` (which must be bound).
+  int64_t operator[](const char* symbol) const;
+
+  // Checks that every id in ids[0..n) is in [0, limit) (limit: the value of
+  // a bound symbol) or, if allow_pad, equal to kPadId. Reports the first
+  // (lowest-index) offender, so the message does not depend on thread count.
+  Checker& Ids(const char* name, const int32_t* ids, int64_t n, const char* limit, bool allow_pad,
+               int64_t row_len = 0);
+
+  // Fails with make_message() unless ok (the message is built only then).
+  template <typename MakeMessage>
+  Checker& Require(bool ok, MakeMessage make_message) {
+    if (error_.empty() && !ok) Fail(make_message());
+    return *this;
+  }
+  void Fail(const std::string& message);
+
+  bool ok() const { return error_.empty(); }
+  ffi::Error status() const {
+    return ok() ? ffi::Error::Success() : ffi::Error::InvalidArgument(error_);
+  }
 
  private:
-  const char* op_;
+  struct Symbol {
+    const char* name;
+    int64_t value;
+    const char* source;
+  };
+  const Symbol* Find(const char* name) const;
+  void Shape(const char* kind, const char* name, Dims dims, const Spec& shape, const char* note);
+
+  std::string op_;
+  std::array<Symbol, 16> symbols_{};
+  int num_symbols_ = 0;
+  std::string error_;
 };
 
-// Checks that every id in ids[0..n) is in [0, limit) or, if allow_pad, equal
-// to kPadId. Reports the first (lowest-index) offender, so the message does
-// not depend on the thread count.
-ffi::Error CheckIds(const ArgChecker& c, const int32_t* ids, int64_t n,
-                    int64_t limit, const char* name, const char* limit_name,
-                    bool allow_pad, int64_t row_len = 0);
+// The error for an exception that escaped a kernel: "out of memory" for
+// std::bad_alloc. Kernels never let exceptions cross the C API.
+ffi::Error ExceptionError(std::string_view op, std::exception_ptr e);
+
+// Runs fn(checker) for op `op`, turning any exception into an error. Every
+// handler's body runs inside one.
+template <typename Fn>
+ffi::Error Guarded(std::string_view op, Fn&& fn) {
+  try {
+    Checker c(op);
+    return fn(c);
+  } catch (...) {
+    return ExceptionError(op, std::current_exception());
+  }
+}
+
+// Starts an in-place output from its input, should XLA ever hand us distinct
+// buffers.
+template <typename Buffer>
+void CopyIfDistinct(const Buffer& in, ffi::Result<Buffer>& out) {
+  if (out->untyped_data() != in.untyped_data() && in.size_bytes() > 0) {
+    std::memcpy(out->untyped_data(), in.untyped_data(), in.size_bytes());
+  }
+}
 
 // --- Deterministic parallel for ---------------------------------------------
 //
 // Splits [0, n) into fixed chunks of `grain` (independent of the thread
-// count) and runs body(begin, end) for each chunk on XLA's intra-op thread
-// pool, the calling thread included. Each output element must be written by
-// exactly one chunk, so results never depend on how many threads ran.
+// count) and Run() calls body(worker, begin, end) for each chunk on XLA's intra-op
+// thread pool, the calling thread included. Each output element must be
+// written by exactly one chunk, so results never depend on how many threads
+// ran. `worker` is in [0, workers()) and is held by one thread at a time: it
+// indexes per-worker scratch allocated before the loop (so that running out
+// of memory is reported before any work starts).
+//
 // The caller only waits for chunks that a running thread has claimed, so it
-// cannot deadlock even if the pool's threads are all busy (or it runs on one).
+// cannot deadlock even if the pool's threads are all busy (or it runs on
+// one). An exception in a chunk is caught there; the chunks not yet started
+// are skipped, Run() waits until no thread runs a chunk (the body's frame
+// stays alive until then) and returns the error.
 
 int64_t MaxThreads();  // SPARSEJAX_NUM_THREADS caps the worker count.
 
 namespace internal {
 struct ParallelState {
   std::atomic<int64_t> next{0};
+  std::atomic<bool> failed{false};
   int64_t num_chunks = 0;
   int64_t n = 0;
   int64_t grain = 0;
+  void* body = nullptr;
+  void (*invoke)(void*, int64_t, int64_t, int64_t) = nullptr;
   std::mutex mu;
   std::condition_variable cv;
-  int64_t done = 0;  // guarded by mu
-  void* body = nullptr;
-  void (*invoke)(void*, int64_t, int64_t) = nullptr;
+  int64_t done = 0;                  // guarded by mu
+  std::exception_ptr error;          // guarded by mu: of the lowest failed chunk
+  int64_t error_chunk = -1;          // guarded by mu
 
-  void RunChunks() {
-    int64_t finished = 0;
-    for (;;) {
-      int64_t c = next.fetch_add(1, std::memory_order_relaxed);
-      if (c >= num_chunks) break;
-      int64_t begin = c * grain;
-      int64_t end = std::min(n, begin + grain);
-      invoke(body, begin, end);
-      ++finished;
-    }
-    if (finished > 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      done += finished;
-      if (done == num_chunks) cv.notify_all();
-    }
-  }
+  void RunChunks(int64_t worker) noexcept;
 };
 }  // namespace internal
 
-template <typename F>
-void ParallelFor(ffi::ThreadPool& pool, int64_t n, int64_t grain, F&& body) {
-  if (n <= 0) return;
-  grain = std::max<int64_t>(1, grain);
-  const int64_t num_chunks = (n + grain - 1) / grain;
-  int64_t threads = std::min<int64_t>({pool.num_threads() + 1, MaxThreads(),
-                                       num_chunks});
-  if (threads <= 1) {
-    for (int64_t b = 0; b < n; b += grain) body(b, std::min(n, b + grain));
-    return;
+class ParallelLoop {
+ public:
+  ParallelLoop(ffi::ThreadPool& pool, int64_t n, int64_t grain);
+  int64_t workers() const { return workers_; }
+
+  template <typename F>
+  ffi::Error Run(const char* op, F&& body) {
+    if (n_ <= 0) return ffi::Error::Success();
+    auto state = std::make_shared<internal::ParallelState>();
+    state->num_chunks = (n_ + grain_ - 1) / grain_;
+    state->n = n_;
+    state->grain = grain_;
+    using Fn = std::remove_reference_t<F>;
+    state->body = const_cast<void*>(static_cast<const void*>(&body));
+    state->invoke = [](void* f, int64_t w, int64_t b, int64_t e) { (*static_cast<Fn*>(f))(w, b, e); };
+    for (int64_t t = 1; t < workers_; ++t) {
+      // A task that starts after all chunks are claimed touches only `state`,
+      // which it co-owns, never `body`.
+      try {
+        pool_.Schedule([state, t] { state->RunChunks(t); });
+      } catch (...) {
+        break;  // Fewer helpers; the calling thread still runs every chunk.
+      }
+    }
+    state->RunChunks(0);
+    std::unique_lock<std::mutex> lock(state->mu);
+    state->cv.wait(lock, [&] { return state->done == state->num_chunks; });
+    if (state->error) return ExceptionError(op, state->error);
+    return ffi::Error::Success();
   }
-  auto state = std::make_shared<internal::ParallelState>();
-  state->num_chunks = num_chunks;
-  state->n = n;
-  state->grain = grain;
-  using Fn = std::remove_reference_t<F>;
-  state->body = const_cast<void*>(static_cast<const void*>(&body));
-  state->invoke = [](void* f, int64_t b, int64_t e) { (*static_cast<Fn*>(f))(b, e); };
-  for (int64_t t = 1; t < threads; ++t) {
-    // A task that starts after all chunks are claimed touches only `state`,
-    // which it co-owns, never `body`.
-    pool.Schedule([state] { state->RunChunks(); });
-  }
-  state->RunChunks();
-  std::unique_lock<std::mutex> lock(state->mu);
-  state->cv.wait(lock, [&] { return state->done == state->num_chunks; });
-}
+
+ private:
+  ffi::ThreadPool& pool_;
+  int64_t n_, grain_, workers_;
+};
 
 // Hot loops are compiled for several ISAs and picked at load time (GCC
 // function multiversioning). No -ffast-math and no FP contraction: every
@@ -198,5 +294,13 @@ inline void Axpy(float alpha, const float* __restrict__ x, float* __restrict__ y
 }
 
 }  // namespace sparsejax
+
+// Lets XLA infer a handler's binding from its signature (the two-argument
+// XLA_FFI_DEFINE_HANDLER_SYMBOL(Name, Impl)) when it takes the intra-op
+// thread pool: each buffer's type is then written once.
+template <>
+struct xla::ffi::CtxBinding<xla::ffi::ThreadPool> {
+  using Ctx = xla::ffi::ThreadPool;
+};
 
 #endif  // SPARSEJAX_FFI_COMMON_H_

@@ -13,287 +13,245 @@
 // the same for any thread count.
 #include <cstring>
 
+#include "active_set.h"
 #include "common.h"
 
 namespace sparsejax {
 namespace {
 
+// Which id a full bucket gives up for a new one (the "policy" attribute).
 enum class Policy : int32_t { kFifo = 0, kReservoir = 1 };
+
+}  // namespace
+}  // namespace sparsejax
+
+XLA_FFI_REGISTER_ENUM_ATTR_DECODING(sparsejax::Policy);
+
+namespace sparsejax {
+namespace {
 
 // Counts are capped so they never overflow; a FIFO count keeps its value mod
 // S (the ring position) and stays >= S (the bucket stays full).
 constexpr int32_t kCountCap = 1 << 30;
 
-struct TableShape {
-  int64_t L, NB, S;
+// Binds L, num_buckets and bucket_size from the tables, `rows` from the codes
+// (one code per table for each of them), and checks the codes' range.
+void CheckTablesAndCodes(Checker& c, const S32R3& buckets, const S32R2& counts, const S32R2& codes,
+                         const char* rows) {
+  c.Arg("buckets", buckets, {"L", "num_buckets", "bucket_size"}).Arg("counts", counts, {"L", "num_buckets"});
+  c.Arg("codes", codes, {rows, "L"});
+  if (!c.ok()) return;
+  c.Require(c["bucket_size"] >= 1, [] { return std::string("bucket_size (buckets.shape[2]) must be >= 1"); });
+  c.Ids("codes", codes.typed_data(), codes.element_count(), "num_buckets", /*allow_pad=*/false, c["L"]);
+}
+
+// Offers rows (ids, codes) to table l's buckets, in order. Returns false if
+// a bucket's count is corrupt (not from init_tables/insert); *bad_count then
+// holds it.
+bool InsertIntoTable(int64_t l, int32_t* table, int32_t* tcount, const int32_t* ids, const int32_t* codes,
+                     int64_t n, int64_t L, int64_t NB, int64_t S, Policy policy, uint64_t seed, int32_t* bad_count) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t id = ids[i];
+    if (id == kPadId) continue;
+    const int64_t bucket = codes[i * L + l];
+    int32_t* slots = table + bucket * S;
+    const int32_t seen = tcount[bucket];
+    if (seen < 0 || seen >= kCountCap) {
+      *bad_count = seen;
+      return false;
+    }
+    const int64_t filled = std::min<int64_t>(seen, S);
+    // A re-inserted row that is still in its bucket is not added twice.
+    if (std::find(slots, slots + filled, id) != slots + filled) continue;
+    int64_t slot = -1;
+    if (seen < S) {
+      slot = seen;
+    } else if (policy == Policy::kFifo) {
+      slot = seen % S;
+    } else {
+      const uint64_t r = Bounded(Hash3(seed, l * NB + bucket, seen), static_cast<uint64_t>(seen) + 1);
+      if (r < static_cast<uint64_t>(S)) slot = static_cast<int64_t>(r);
+    }
+    if (slot >= 0) slots[slot] = id;
+    int32_t next = seen + 1;
+    if (next >= kCountCap) {
+      next = policy == Policy::kFifo ? static_cast<int32_t>(S + next % S) : kCountCap - 1;
+    }
+    tcount[bucket] = next;
+  }
+  return true;
+}
+
+constexpr char kPolicy[] = "policy";
+constexpr char kReset[] = "reset";
+constexpr char kNumRows[] = "num_rows";
+
+// buckets [L, NB, S], counts [L, NB], codes [n, L], ids [n], seed [] -> buckets, counts
+ffi::Error InsertImpl(ffi::ThreadPool pool, S32R3 buckets, S32R2 counts, S32R2 codes, S32R1 ids, U32R0 seed,
+                      ffi::Attr<Policy, kPolicy> policy_attr, ffi::Attr<bool, kReset> reset,
+                      ffi::Attr<int64_t, kNumRows> num_rows_attr, ffi::Result<S32R3> buckets_out,
+                      ffi::Result<S32R2> counts_out) {
+  const Policy policy = *policy_attr;
+  const int64_t num_rows = *num_rows_attr;
+  return Guarded("lsh_tables_insert", [&](Checker& c) {
+    CheckTablesAndCodes(c, buckets, counts, codes, "n");
+    c.Arg("ids", ids, {"n"});
+    c.Ret("buckets", *buckets_out, {"L", "num_buckets", "bucket_size"}).Ret("counts", *counts_out, {"L", "num_buckets"});
+    c.Require(policy == Policy::kFifo || policy == Policy::kReservoir, [&] {
+      return "attribute 'policy' must be 0 (fifo) or 1 (reservoir), got " + std::to_string(static_cast<int>(policy));
+    });
+    c.Require(num_rows >= 0 && num_rows < (int64_t{1} << 31), [&] {
+      return "attribute 'num_rows' must be in [0, 2^31 - 1], got " + std::to_string(num_rows);
+    });
+    c.Bind("num_rows", num_rows, "attribute 'num_rows'");
+    c.Ids("ids", ids.typed_data(), ids.element_count(), "num_rows", /*allow_pad=*/true);
+    SJ_RETURN_IF_ERROR(c.status());
+    const int64_t L = c["L"], NB = c["num_buckets"], S = c["bucket_size"], n = c["n"];
+    int32_t* bk = buckets_out->typed_data();
+    int32_t* cnt = counts_out->typed_data();
+    if (*reset) {
+      std::fill(bk, bk + L * NB * S, kPadId);  // A full build: the old contents are not needed.
+      std::fill(cnt, cnt + L * NB, 0);
+    } else {
+      CopyIfDistinct(buckets, buckets_out);
+      CopyIfDistinct(counts, counts_out);
+    }
+    const int32_t* cp = codes.typed_data();
+    const int32_t* idp = ids.typed_data();
+    const uint64_t s = *seed.typed_data();
+    // Per-table error slots, reported after the parallel loop (lowest table first).
+    std::vector<char> table_ok(L, 1);
+    std::vector<int32_t> bad_count(L, 0);
+    SJ_RETURN_IF_ERROR(ParallelLoop(pool, L, 1).Run(c.op(), [&](int64_t, int64_t l0, int64_t l1) {
+      for (int64_t l = l0; l < l1; ++l) {
+        table_ok[l] = InsertIntoTable(l, bk + l * NB * S, cnt + l * NB, idp, cp, n, L, NB, S, policy, s,
+                                      &bad_count[l]);
+      }
+    }));
+    for (int64_t l = 0; l < L; ++l) {
+      c.Require(table_ok[l], [&] {
+        return "argument 'counts' holds " + std::to_string(bad_count[l]) + " in table " + std::to_string(l) +
+               ", outside [0, 2^30): the tables must come from init_tables";
+      });
+    }
+    return c.status();
+  });
+}
+
+// One worker's scratch for lsh_query, allocated before the parallel loop.
+struct QueryScratch {
+  QueryScratch(int64_t k, int64_t max_candidates, int64_t N) : row(k, N) {
+    cand.reserve(max_candidates);
+    ranked.reserve(max_candidates);
+  }
+  ActiveSetScratch row;
+  std::vector<int32_t> cand;
+  std::vector<std::pair<uint64_t, int32_t>> ranked;  // (rank key, id)
 };
 
-ffi::Error CheckTables(const ArgChecker& c, const ffi::AnyBuffer& buckets,
-                       const ffi::AnyBuffer& counts, TableShape* t) {
-  SJ_RETURN_IF_ERROR(c.Dtype(buckets, ffi::S32, "buckets"));
-  SJ_RETURN_IF_ERROR(c.Dtype(counts, ffi::S32, "counts"));
-  SJ_RETURN_IF_ERROR(c.Shape(buckets, {-1, -1, -1}, "buckets", "[L, num_buckets, bucket_size]"));
-  t->L = buckets.dimensions()[0];
-  t->NB = buckets.dimensions()[1];
-  t->S = buckets.dimensions()[2];
-  SJ_RETURN_IF_ERROR(c.Shape(counts, {t->L, t->NB}, "counts", "[L, num_buckets]"));
-  if (t->S < 1) return c.Fail("bucket_size must be >= 1");
-  return ffi::Error::Success();
-}
+struct QueryArgs {
+  int64_t L, NB, S, LM, k, N;
+  const int32_t *buckets, *counts, *codes, *labels;
+  uint64_t seed;
+};
 
-ffi::Error CheckCodes(const ArgChecker& c, const ffi::AnyBuffer& codes,
-                      const TableShape& t, int64_t* n) {
-  SJ_RETURN_IF_ERROR(c.Dtype(codes, ffi::S32, "codes"));
-  SJ_RETURN_IF_ERROR(c.Shape(codes, {-1, t.L}, "codes", "[n, L]"));
-  *n = codes.dimensions()[0];
-  return CheckIds(c, codes.typed_data<int32_t>(), *n * t.L, t.NB, "codes",
-                  "num_buckets", /*allow_pad=*/false, t.L);
-}
-
-ffi::Error InsertImpl(ffi::ThreadPool pool, ffi::AnyBuffer buckets,
-                      ffi::AnyBuffer counts, ffi::AnyBuffer codes,
-                      ffi::AnyBuffer ids, ffi::AnyBuffer seed, int32_t policy,
-                      bool reset, int64_t num_rows,
-                      ffi::Result<ffi::AnyBuffer> buckets_out,
-                      ffi::Result<ffi::AnyBuffer> counts_out) {
-  ArgChecker c("lsh_tables_insert");
-  TableShape t;
-  SJ_RETURN_IF_ERROR(CheckTables(c, buckets, counts, &t));
+// Fills row b's active set out[0..k) and returns how many came from the
+// tables, or -1 if the labels do not fit (then *bad = the label's column),
+// or -2 if a table holds an id outside [0, N) (then *bad = that id).
+int32_t QueryRow(const QueryArgs& q, int64_t b, QueryScratch& w, int32_t* out, int64_t* bad) {
+  const int64_t k = q.k, N = q.N;
   int64_t n;
-  SJ_RETURN_IF_ERROR(CheckCodes(c, codes, t, &n));
-  SJ_RETURN_IF_ERROR(c.Dtype(ids, ffi::S32, "ids"));
-  SJ_RETURN_IF_ERROR(c.Shape(ids, {n}, "ids", "[n]"));
-  SJ_RETURN_IF_ERROR(c.Dtype(seed, ffi::U32, "seed"));
-  SJ_RETURN_IF_ERROR(c.Shape(seed, {}, "seed", "[]"));
-  if (policy != 0 && policy != 1) return c.Fail("policy must be 0 (fifo) or 1 (reservoir)");
-  const int32_t* idp = ids.typed_data<int32_t>();
-  SJ_RETURN_IF_ERROR(CheckIds(c, idp, n, num_rows, "ids", "num_rows", /*allow_pad=*/true));
-
-  int32_t* bk = buckets_out->typed_data<int32_t>();
-  int32_t* cnt = counts_out->typed_data<int32_t>();
-  if (reset) {
-    // A full build: no need to copy the old contents.
-  } else {
-    if (bk != buckets.typed_data<int32_t>()) std::memcpy(bk, buckets.untyped_data(), buckets.size_bytes());
-    if (cnt != counts.typed_data<int32_t>()) std::memcpy(cnt, counts.untyped_data(), counts.size_bytes());
-  }
-  const int32_t* cp = codes.typed_data<int32_t>();
-  const uint64_t s = *seed.typed_data<uint32_t>();
-  const Policy pol = static_cast<Policy>(policy);
-  const int64_t S = t.S;
-  ParallelFor(pool, t.L, 1, [&](int64_t l0, int64_t l1) {
-    for (int64_t l = l0; l < l1; ++l) {
-      int32_t* table = bk + l * t.NB * S;
-      int32_t* tcount = cnt + l * t.NB;
-      if (reset) {
-        std::fill(table, table + t.NB * S, kPadId);
-        std::fill(tcount, tcount + t.NB, 0);
+  *bad = PutLabels(q.labels + b * q.LM, q.LM, k, w.row, out, &n);
+  if (*bad >= 0) return -1;
+  // Table candidates, ranked by frequency over the L tables.
+  w.cand.clear();
+  for (int64_t l = 0; l < q.L; ++l) {
+    const int64_t bucket = q.codes[b * q.L + l];
+    const int64_t filled = std::min<int64_t>(q.counts[l * q.NB + bucket], q.S);
+    const int32_t* slots = q.buckets + (l * q.NB + bucket) * q.S;
+    for (int64_t i = 0; i < filled; ++i) {
+      // Tables are caller state: they may have been built for another layer.
+      if (slots[i] >= N || slots[i] < kPadId) {
+        *bad = slots[i];
+        return -2;
       }
-      for (int64_t i = 0; i < n; ++i) {
-        const int32_t id = idp[i];
-        if (id == kPadId) continue;
-        const int64_t bucket = cp[i * t.L + l];
-        int32_t* slots = table + bucket * S;
-        const int32_t seen = tcount[bucket];
-        const int64_t filled = std::min<int64_t>(seen, S);
-        // A re-inserted row that is still in its bucket is not added twice.
-        if (std::find(slots, slots + filled, id) != slots + filled) continue;
-        int64_t slot = -1;
-        if (seen < S) {
-          slot = seen;
-        } else if (pol == Policy::kFifo) {
-          slot = seen % S;
-        } else {
-          const uint64_t r = Bounded(Hash3(s, l * t.NB + bucket, seen), static_cast<uint64_t>(seen) + 1);
-          if (r < static_cast<uint64_t>(S)) slot = static_cast<int64_t>(r);
-        }
-        if (slot >= 0) slots[slot] = id;
-        int32_t next = seen + 1;
-        if (next >= kCountCap) {
-          next = pol == Policy::kFifo ? static_cast<int32_t>(S + next % S) : kCountCap - 1;
-        }
-        tcount[bucket] = next;
-      }
+      if (slots[i] != kPadId) w.cand.push_back(slots[i]);
     }
-  });
-  return ffi::Error::Success();
+  }
+  std::sort(w.cand.begin(), w.cand.end());
+  w.ranked.clear();
+  for (size_t i = 0; i < w.cand.size();) {
+    size_t j = i;
+    while (j < w.cand.size() && w.cand[j] == w.cand[i]) ++j;
+    // Higher frequency first; ties in a seeded random order.
+    const uint64_t key = (static_cast<uint64_t>(q.L * q.S - (j - i)) << 40) |
+                         (HashCombine(q.seed, static_cast<uint64_t>(w.cand[i])) >> 24);
+    w.ranked.emplace_back(key, w.cand[i]);
+    i = j;
+  }
+  std::sort(w.ranked.begin(), w.ranked.end());
+  int32_t taken = 0;
+  for (const auto& r : w.ranked) {
+    if (n == k) break;
+    if (w.row.set.Insert(r.second)) {
+      out[n++] = r.second;
+      ++taken;
+    }
+  }
+  FillRandom(q.seed, b, N, k, w.row, out, n);
+  return taken;
 }
 
-// Open-addressing set of non-negative int32 ids with O(capacity) reset.
-class IdSet {
- public:
-  explicit IdSet(int64_t max_size) {
-    int64_t cap = 16;
-    while (cap < 2 * max_size) cap <<= 1;
-    slots_.assign(cap, -1);
-    mask_ = cap - 1;
-  }
-  void Clear() { std::fill(slots_.begin(), slots_.end(), -1); }
-  // Returns true if the id was not yet in the set.
-  bool Insert(int32_t id) {
-    uint64_t h = SplitMix64(static_cast<uint64_t>(id)) & mask_;
-    while (slots_[h] >= 0) {
-      if (slots_[h] == id) return false;
-      h = (h + 1) & mask_;
+// buckets [L, NB, S], counts [L, NB], codes [B, L], labels [B, max_labels],
+// seed [], num_rows [] -> active [B, k], num_from_tables [B]
+ffi::Error QueryImpl(ffi::ThreadPool pool, S32R3 buckets, S32R2 counts, S32R2 codes, S32R2 labels, U32R0 seed,
+                     S32R0 num_rows, ffi::Result<S32R2> active, ffi::Result<S32R1> num_from_tables) {
+  return Guarded("lsh_query", [&](Checker& c) {
+    CheckTablesAndCodes(c, buckets, counts, codes, "B");
+    c.Arg("labels", labels, {"B", "max_labels"});
+    c.Ret("active", *active, {"B", "k"}).Ret("num_from_tables", *num_from_tables, {"B"});
+    SJ_RETURN_IF_ERROR(c.status());
+    // An operand, not an attribute: the shards of a layer split unevenly may
+    // differ in size but run the same program.
+    const int64_t N = *num_rows.typed_data(), k = c["k"];
+    c.Bind("N", N, "argument 'num_rows'");
+    c.Require(k >= 1 && k <= N, [&] {
+      return "k (active set size, active.shape[1]) = " + std::to_string(k) + " must be in [1, N = " +
+             std::to_string(N) + "] (N: argument 'num_rows')";
+    });
+    const int64_t B = c["B"], LM = c["max_labels"];
+    c.Ids("labels", labels.typed_data(), labels.element_count(), "N", /*allow_pad=*/true, LM);
+    SJ_RETURN_IF_ERROR(c.status());
+    const QueryArgs q{c["L"], c["num_buckets"], c["bucket_size"], LM, k, N, buckets.typed_data(),
+                      counts.typed_data(), codes.typed_data(), labels.typed_data(), *seed.typed_data()};
+    int32_t* out = active->typed_data();
+    int32_t* from_tables = num_from_tables->typed_data();
+    // Per-row error slots, reported after the parallel loop (lowest row first).
+    std::vector<int64_t> bad(B, 0);
+    ParallelLoop loop(pool, B, 4);
+    std::vector<QueryScratch> scratch;
+    scratch.reserve(loop.workers());
+    for (int64_t w = 0; w < loop.workers(); ++w) scratch.emplace_back(k, q.L * q.S, N);
+    SJ_RETURN_IF_ERROR(loop.Run(c.op(), [&](int64_t w, int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) from_tables[b] = QueryRow(q, b, scratch[w], out + b * k, &bad[b]);
+    }));
+    for (int64_t b = 0; b < B && c.ok(); ++b) {
+      c.Require(from_tables[b] != -1, [&] {
+        return "row " + std::to_string(b) + " of 'labels' has more distinct labels than k = " + std::to_string(k) +
+               " (the active set must hold all of them)";
+      });
+      c.Require(from_tables[b] != -2, [&] {
+        return "the tables hold id " + std::to_string(bad[b]) + ", outside [0, N = " + std::to_string(N) +
+               "): were they built for a layer of another size?";
+      });
     }
-    slots_[h] = id;
-    return true;
-  }
-
- private:
-  std::vector<int32_t> slots_;
-  uint64_t mask_;
-};
-
-ffi::Error QueryImpl(ffi::ThreadPool pool, ffi::AnyBuffer buckets,
-                     ffi::AnyBuffer counts, ffi::AnyBuffer codes,
-                     ffi::AnyBuffer labels, ffi::AnyBuffer seed,
-                     ffi::AnyBuffer num_rows, ffi::Result<ffi::AnyBuffer> active,
-                     ffi::Result<ffi::AnyBuffer> num_from_tables) {
-  ArgChecker c("lsh_query");
-  TableShape t;
-  SJ_RETURN_IF_ERROR(CheckTables(c, buckets, counts, &t));
-  int64_t B;
-  SJ_RETURN_IF_ERROR(CheckCodes(c, codes, t, &B));
-  SJ_RETURN_IF_ERROR(c.Dtype(labels, ffi::S32, "labels"));
-  SJ_RETURN_IF_ERROR(c.Shape(labels, {B, -1}, "labels", "[B, max_labels]"));
-  SJ_RETURN_IF_ERROR(c.Dtype(seed, ffi::U32, "seed"));
-  SJ_RETURN_IF_ERROR(c.Shape(seed, {}, "seed", "[]"));
-  SJ_RETURN_IF_ERROR(c.Dtype(*active, ffi::S32, "active"));
-  SJ_RETURN_IF_ERROR(c.Shape(*active, {B, -1}, "active", "[B, k]"));
-  const int64_t k = active->dimensions()[1];
-  // An operand, not an attribute: the shards of a layer split unevenly may
-  // differ in size but run the same program.
-  SJ_RETURN_IF_ERROR(c.Dtype(num_rows, ffi::S32, "num_rows"));
-  SJ_RETURN_IF_ERROR(c.Shape(num_rows, {}, "num_rows", "[]"));
-  const int64_t N = *num_rows.typed_data<int32_t>();
-  if (k < 1 || k > N) {
-    return c.Fail("k (active set size) = " + std::to_string(k) + " must be in [1, N = " + std::to_string(N) + "]");
-  }
-  const int64_t LM = labels.dimensions()[1];
-  const int32_t* lp = labels.typed_data<int32_t>();
-  SJ_RETURN_IF_ERROR(CheckIds(c, lp, B * LM, N, "labels", "N", /*allow_pad=*/true, LM));
-  const int32_t* bk = buckets.typed_data<int32_t>();
-  const int32_t* cnt = counts.typed_data<int32_t>();
-  const int32_t* cp = codes.typed_data<int32_t>();
-  const uint64_t s = *seed.typed_data<uint32_t>();
-  int32_t* out = active->typed_data<int32_t>();
-  int32_t* from_tables = num_from_tables->typed_data<int32_t>();
-  // Per-row error slots, reported after the parallel loop (lowest row first).
-  std::vector<int64_t> too_many_labels(B, -1);
-  std::vector<int32_t> bad_table_id(B, 0);
-
-  ParallelFor(pool, B, 4, [&](int64_t b0, int64_t b1) {
-    IdSet set(k);
-    std::vector<int32_t> cand;
-    cand.reserve(t.L * t.S);
-    std::vector<std::pair<uint64_t, int32_t>> ranked;  // (rank key, id)
-    std::vector<int32_t> unused;
-    for (int64_t b = b0; b < b1; ++b) {
-      int32_t* o = out + b * k;
-      int64_t n = 0;
-      set.Clear();
-      for (int64_t j = 0; j < LM; ++j) {
-        const int32_t y = lp[b * LM + j];
-        if (y == kPadId || !set.Insert(y)) continue;
-        if (n == k) { too_many_labels[b] = j; break; }
-        o[n++] = y;
-      }
-      if (too_many_labels[b] >= 0) continue;
-      // Table candidates, ranked by frequency over the L tables.
-      cand.clear();
-      for (int64_t l = 0; l < t.L; ++l) {
-        const int64_t bucket = cp[b * t.L + l];
-        const int64_t filled = std::min<int64_t>(cnt[l * t.NB + bucket], t.S);
-        const int32_t* slots = bk + (l * t.NB + bucket) * t.S;
-        for (int64_t i = 0; i < filled; ++i) {
-          // Tables are caller state: they may have been built for another layer.
-          if (slots[i] >= N || slots[i] < kPadId) bad_table_id[b] = slots[i];
-          else if (slots[i] >= 0) cand.push_back(slots[i]);
-        }
-      }
-      if (bad_table_id[b] != 0) continue;
-      std::sort(cand.begin(), cand.end());
-      ranked.clear();
-      for (size_t i = 0; i < cand.size();) {
-        size_t j = i;
-        while (j < cand.size() && cand[j] == cand[i]) ++j;
-        // Higher frequency first; ties in a seeded random order.
-        const uint64_t key = (static_cast<uint64_t>(t.L * t.S - (j - i)) << 40) |
-                             (HashCombine(s, static_cast<uint64_t>(cand[i])) >> 24);
-        ranked.emplace_back(key, cand[i]);
-        i = j;
-      }
-      std::sort(ranked.begin(), ranked.end());
-      int32_t taken = 0;
-      for (const auto& r : ranked) {
-        if (n == k) break;
-        if (set.Insert(r.second)) { o[n++] = r.second; ++taken; }
-      }
-      from_tables[b] = taken;
-      // Distinct random fill.
-      const int64_t need = k - n;
-      if (need == 0) continue;
-      if (2 * k <= N) {
-        // Rejection sampling: at most half of [0, N) is taken, so each try
-        // succeeds with probability >= 1/2.
-        for (uint64_t a = 0; n < k; ++a) {
-          const int32_t id = static_cast<int32_t>(Bounded(Hash3(s ^ 0x5bd1e995ULL, b, a), N));
-          if (set.Insert(id)) o[n++] = id;
-        }
-      } else {
-        // k > N / 2, so N < 2k: list the unused ids and draw without replacement.
-        std::vector<char> used(N, 0);
-        for (int64_t i = 0; i < n; ++i) used[o[i]] = 1;
-        unused.clear();
-        for (int64_t id = 0; id < N; ++id) if (!used[id]) unused.push_back(static_cast<int32_t>(id));
-        for (int64_t i = 0; n < k; ++i) {
-          const int64_t r = i + Bounded(Hash3(s ^ 0x5bd1e995ULL, b, i), unused.size() - i);
-          std::swap(unused[i], unused[r]);
-          o[n++] = unused[i];
-        }
-      }
-    }
+    return c.status();
   });
-  for (int64_t b = 0; b < B; ++b) {
-    if (too_many_labels[b] >= 0) {
-      return c.Fail("row " + std::to_string(b) + " of 'labels' has more distinct labels than k = " +
-                    std::to_string(k) + " (the active set must hold all of them)");
-    }
-    if (bad_table_id[b] != 0) {
-      return c.Fail("the tables hold id " + std::to_string(bad_table_id[b]) + ", outside [0, N = " +
-                    std::to_string(N) + "): were they built for a layer of another size?");
-    }
-  }
-  return ffi::Error::Success();
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(LshTablesInsert, InsertImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // buckets [L, NB, S]
-                                  .Arg<ffi::AnyBuffer>()  // counts [L, NB]
-                                  .Arg<ffi::AnyBuffer>()  // codes [n, L]
-                                  .Arg<ffi::AnyBuffer>()  // ids [n]
-                                  .Arg<ffi::AnyBuffer>()  // seed []
-                                  .Attr<int32_t>("policy")
-                                  .Attr<bool>("reset")
-                                  .Attr<int64_t>("num_rows")
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(LshQuery, QueryImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // buckets [L, NB, S]
-                                  .Arg<ffi::AnyBuffer>()  // counts [L, NB]
-                                  .Arg<ffi::AnyBuffer>()  // codes [B, L]
-                                  .Arg<ffi::AnyBuffer>()  // labels [B, max_labels]
-                                  .Arg<ffi::AnyBuffer>()  // seed []
-                                  .Arg<ffi::AnyBuffer>()  // num_rows []
-                                  .Ret<ffi::AnyBuffer>()   // active [B, k]
-                                  .Ret<ffi::AnyBuffer>()); // num_from_tables [B]
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LshTablesInsert, InsertImpl);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LshQuery, QueryImpl);
 
 }  // namespace sparsejax

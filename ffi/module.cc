@@ -10,11 +10,13 @@ namespace sparsejax {
 extern "C" {
 XLA_FFI_Error* GatherDot(XLA_FFI_CallFrame*);
 XLA_FFI_Error* GatherCombine(XLA_FFI_CallFrame*);
-XLA_FFI_Error* RowSparseAdam(XLA_FFI_CallFrame*);
+XLA_FFI_Error* RowSparseAdamF32(XLA_FFI_CallFrame*);
+XLA_FFI_Error* RowSparseAdamBF16(XLA_FFI_CallFrame*);
 XLA_FFI_Error* SimHash(XLA_FFI_CallFrame*);
 XLA_FFI_Error* Dwta(XLA_FFI_CallFrame*);
 XLA_FFI_Error* LshTablesInsert(XLA_FFI_CallFrame*);
 XLA_FFI_Error* LshQuery(XLA_FFI_CallFrame*);
+XLA_FFI_Error* MergeCandidates(XLA_FFI_CallFrame*);
 }
 }  // namespace sparsejax
 
@@ -30,11 +32,13 @@ NB_MODULE(_sparsejax, m) {
     nb::dict d;
     d["sparsejax_gather_dot"] = Capsule(sparsejax::GatherDot);
     d["sparsejax_gather_combine"] = Capsule(sparsejax::GatherCombine);
-    d["sparsejax_row_sparse_adam"] = Capsule(sparsejax::RowSparseAdam);
+    d["sparsejax_row_sparse_adam_float32"] = Capsule(sparsejax::RowSparseAdamF32);
+    d["sparsejax_row_sparse_adam_bfloat16"] = Capsule(sparsejax::RowSparseAdamBF16);
     d["sparsejax_simhash"] = Capsule(sparsejax::SimHash);
     d["sparsejax_dwta"] = Capsule(sparsejax::Dwta);
     d["sparsejax_lsh_tables_insert"] = Capsule(sparsejax::LshTablesInsert);
     d["sparsejax_lsh_query"] = Capsule(sparsejax::LshQuery);
+    d["sparsejax_merge_candidates"] = Capsule(sparsejax::MergeCandidates);
     return d;
   });
 }

@@ -100,216 +100,190 @@ struct Rows {
 };
 constexpr int kPrefetchRows = 4;
 
+// Updates the rows of id ranges [r0, r1): keys[start[r] .. start[r + 1]) are
+// range r's (id << 32 | position) keys. `grad` is scratch of d floats.
+// Not inlined: perf (and the prefetch test) can then name it.
 template <typename M>
-void UpdateRanges(ffi::ThreadPool& pool, const Rows<M>& weight, const Rows<M>& bias,
-                  const std::vector<int64_t>& start, std::vector<uint64_t>& keys,
-                  std::vector<int64_t>& unique_in_range, const float* gp, const float* xp,
-                  int64_t k, const AdamConsts& h, int32_t step) {
+[[gnu::noinline]] void UpdateRanges(int64_t r0, int64_t r1, const Rows<M>& weight, const Rows<M>& bias, const int64_t* start,
+                  uint64_t* keys, int64_t* unique_in_range, const float* gp, const float* xp, int64_t k,
+                  const AdamConsts& h, uint64_t step_seed, float* grad) {
   const int64_t d = weight.d;
   const bool has_bias = bias.w != nullptr;
-  const int64_t R = static_cast<int64_t>(unique_in_range.size());
-  const uint64_t step_seed = SplitMix64(static_cast<uint64_t>(step));
-  ParallelFor(pool, R, 1, [&](int64_t r0, int64_t r1) {
-    std::vector<float> grad(d);
-    for (int64_t r = r0; r < r1; ++r) {
-      uint64_t* kb = keys.data() + start[r];
-      uint64_t* ke = keys.data() + start[r + 1];
-      std::sort(kb, ke);
-      int64_t n_unique = 0;
-      // A cursor kPrefetchRows distinct rows ahead prefetches the rows to come.
-      uint64_t* pf = kb;
-      auto prefetch_next = [&] {
-        if (pf == ke) return;
-        const uint64_t row = *pf >> 32;
-        weight.Prefetch(static_cast<int64_t>(row));
-        if (has_bias) bias.Prefetch(static_cast<int64_t>(row));
-        while (pf != ke && (*pf >> 32) == row) ++pf;
-      };
-      for (int i = 0; i < kPrefetchRows; ++i) prefetch_next();
-      for (uint64_t* it = kb; it != ke;) {
-        prefetch_next();
-        const int64_t row = static_cast<int64_t>(*it >> 32);
-        std::fill(grad.begin(), grad.end(), 0.0f);
-        float grad_bias = 0.0f;
-        for (; it != ke && static_cast<int64_t>(*it >> 32) == row; ++it) {
-          const int64_t pos = static_cast<int64_t>(*it & 0xffffffffULL);
-          Axpy(gp[pos], xp + (pos / k) * d, grad.data(), d);
-          grad_bias += gp[pos];
-        }
-        const uint64_t seed = HashCombine(step_seed, static_cast<uint64_t>(row));
-        AdamRow(weight.w + row * d, weight.m + row * d, weight.v + row * d, grad.data(), d, h,
-                static_cast<uint32_t>(seed));
-        if (has_bias) {
-          AdamRow(bias.w + row, bias.m + row, bias.v + row, &grad_bias, 1, h,
-                  static_cast<uint32_t>(seed >> 32));
-        }
-        // Unique ids are written, in order, over the front of this range's
-        // key slots (already consumed): no extra buffer needed.
-        kb[n_unique++] = static_cast<uint64_t>(row);
+  for (int64_t r = r0; r < r1; ++r) {
+    uint64_t* kb = keys + start[r];
+    uint64_t* ke = keys + start[r + 1];
+    std::sort(kb, ke);
+    int64_t n_unique = 0;
+    // A cursor kPrefetchRows distinct rows ahead prefetches the rows to come.
+    uint64_t* pf = kb;
+    auto prefetch_next = [&] {
+      if (pf == ke) return;
+      const uint64_t row = *pf >> 32;
+      weight.Prefetch(static_cast<int64_t>(row));
+      if (has_bias) bias.Prefetch(static_cast<int64_t>(row));
+      while (pf != ke && (*pf >> 32) == row) ++pf;
+    };
+    for (int i = 0; i < kPrefetchRows; ++i) prefetch_next();
+    for (uint64_t* it = kb; it != ke;) {
+      prefetch_next();
+      const int64_t row = static_cast<int64_t>(*it >> 32);
+      std::fill(grad, grad + d, 0.0f);
+      float grad_bias = 0.0f;
+      for (; it != ke && static_cast<int64_t>(*it >> 32) == row; ++it) {
+        const int64_t pos = static_cast<int64_t>(*it & 0xffffffffULL);
+        Axpy(gp[pos], xp + (pos / k) * d, grad, d);
+        grad_bias += gp[pos];
       }
-      unique_in_range[r] = n_unique;
+      const uint64_t seed = HashCombine(step_seed, static_cast<uint64_t>(row));
+      AdamRow(weight.w + row * d, weight.m + row * d, weight.v + row * d, grad, d, h,
+              static_cast<uint32_t>(seed));
+      if (has_bias) {
+        AdamRow(bias.w + row, bias.m + row, bias.v + row, &grad_bias, 1, h, static_cast<uint32_t>(seed >> 32));
+      }
+      // Unique ids are written, in order, over the front of this range's
+      // key slots (already consumed): no extra buffer needed.
+      kb[n_unique++] = static_cast<uint64_t>(row);
     }
+    unique_in_range[r] = n_unique;
+  }
+}
+
+template <ffi::DataType MT>
+using Moments = ffi::Buffer<MT>;  // the weight's shape, [N, d] or [N]
+
+// One handler per moment dtype: XLA checks every buffer's dtype.
+template <ffi::DataType MT>
+ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> weight, Moments<MT> mu, Moments<MT> nu,
+                             F32R1 bias, ffi::BufferR1<MT> bias_mu, ffi::BufferR1<MT> bias_nu, S32R2 ids,
+                             F32R2 g, F32R2 x, F32R0 lr, S32R0 count, ffi::RemainingArgs /*after*/, float b1,
+                             float b2, float eps, float weight_decay, ffi::Result<ffi::Buffer<ffi::F32>> weight_out,
+                             ffi::Result<Moments<MT>> mu_out, ffi::Result<Moments<MT>> nu_out,
+                             ffi::Result<F32R1> bias_out, ffi::Result<ffi::BufferR1<MT>> bias_mu_out,
+                             ffi::Result<ffi::BufferR1<MT>> bias_nu_out, ffi::Result<S32R1> touched) {
+  return Guarded("row_sparse_adam", [&](Checker& c) {
+    // A rank-1 weight (a bias [N] on its own) is a weight of width d = 1.
+    const size_t rank = weight.dimensions().size();
+    c.Require(rank == 1 || rank == 2, [&] {
+      return "argument 'weight' must have shape [N, d] or [N], got rank " + std::to_string(rank);
+    });
+    SJ_RETURN_IF_ERROR(c.status());
+    const bool is_vector = rank == 1;
+    const Checker::Spec wshape = is_vector ? Checker::Spec{"N"} : Checker::Spec{"N", "d"};
+    c.Arg("weight", weight, wshape);
+    if (is_vector) c.Bind("d", 1, "weight");
+    c.Arg("mu", mu, wshape).Arg("nu", nu, wshape);
+    c.Ret("weight", *weight_out, wshape).Ret("mu", *mu_out, wshape).Ret("nu", *nu_out, wshape);
+    // The bias is [N], or [0] for none; its moments and results have its shape.
+    const bool has_bias = bias.element_count() != 0;
+    c.Require(!(has_bias && is_vector), [] { return std::string("a bias needs a rank-2 weight [N, d]"); });
+    const Checker::Spec bshape = has_bias ? Checker::Spec{"N"} : Checker::Spec{"0"};
+    c.Arg("bias", bias, bshape, "(or [0] for none)").Arg("bias_mu", bias_mu, bshape).Arg("bias_nu", bias_nu, bshape);
+    c.Ret("bias", *bias_out, bshape).Ret("bias_mu", *bias_mu_out, bshape).Ret("bias_nu", *bias_nu_out, bshape);
+    c.Arg("ids", ids, {"B", "k"}).Arg("g", g, {"B", "k"}).Arg("x", x, {"B", "d"});
+    SJ_RETURN_IF_ERROR(c.status());
+    const int64_t N = c["N"], d = c["d"], B = c["B"], k = c["k"], M = B * k;
+    c.Bind("B * k", M, "ids").Ret("touched", *touched, {"B * k"});
+    c.Require(M < (int64_t{1} << 31), [] { return std::string("ids has too many entries (B * k must be < 2^31)"); });
+    const int32_t* ip = ids.typed_data();
+    c.Ids("ids", ip, M, "N", /*allow_pad=*/true, k);
+    const int32_t t = *count.typed_data();
+    c.Require(t >= 1, [&] {
+      return "argument 'count' (the step number after this update) must be >= 1, got " + std::to_string(t);
+    });
+    c.Require(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1 && eps >= 0, [&] {
+      return "attributes must satisfy 0 <= b1, b2 < 1 and eps >= 0, got b1 = " + std::to_string(b1) +
+             ", b2 = " + std::to_string(b2) + ", eps = " + std::to_string(eps);
+    });
+    SJ_RETURN_IF_ERROR(c.status());
+
+    CopyIfDistinct(weight, weight_out);
+    CopyIfDistinct(mu, mu_out);
+    CopyIfDistinct(nu, nu_out);
+    CopyIfDistinct(bias, bias_out);
+    CopyIfDistinct(bias_mu, bias_mu_out);
+    CopyIfDistinct(bias_nu, bias_nu_out);
+
+    const float step_size = *lr.typed_data();
+    const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
+    const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), t));
+    const AdamConsts h{b1, b2, eps, weight_decay, step_size, 1.0f / bc1, 1.0f / bc2};
+
+    // Bucket the positions by id range (counting sort: keeps position order).
+    const int64_t R = std::min<int64_t>(kNumRanges, std::max<int64_t>(N, 1));
+    auto range_of = [&](int32_t id) { return static_cast<int64_t>(id) * R / N; };
+    std::vector<int64_t> start(R + 1, 0);
+    for (int64_t p = 0; p < M; ++p) {
+      if (ip[p] != kPadId) ++start[range_of(ip[p]) + 1];
+    }
+    for (int64_t r = 0; r < R; ++r) start[r + 1] += start[r];
+    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    // Key = id << 32 | position: sorting keys orders by id, then by position.
+    std::vector<uint64_t> keys(start[R]);
+    for (int64_t p = 0; p < M; ++p) {
+      if (ip[p] != kPadId) {
+        keys[fill[range_of(ip[p])]++] = (static_cast<uint64_t>(ip[p]) << 32) | static_cast<uint64_t>(p);
+      }
+    }
+    std::vector<int64_t> unique_in_range(R, 0);
+
+    using M_t = ffi::NativeType<MT>;
+    const Rows<M_t> wr{weight_out->typed_data(), mu_out->typed_data(), nu_out->typed_data(), d};
+    const Rows<M_t> br = has_bias ? Rows<M_t>{bias_out->typed_data(), bias_mu_out->typed_data(),
+                                              bias_nu_out->typed_data(), 1}
+                                  : Rows<M_t>{};
+    const uint64_t step_seed = SplitMix64(static_cast<uint64_t>(t));
+    ParallelLoop loop(pool, R, 1);
+    std::vector<float> grad(loop.workers() * d);
+    SJ_RETURN_IF_ERROR(loop.Run(c.op(), [&](int64_t w, int64_t r0, int64_t r1) {
+      UpdateRanges(r0, r1, wr, br, start.data(), keys.data(), unique_in_range.data(), g.typed_data(),
+                   x.typed_data(), k, h, step_seed, grad.data() + w * d);
+    }));
+
+    int32_t* out_ids = touched->typed_data();
+    int64_t n = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t i = 0; i < unique_in_range[r]; ++i) out_ids[n++] = static_cast<int32_t>(keys[start[r] + i]);
+    }
+    std::fill(out_ids + n, out_ids + M, kPadId);
+    return ffi::Error::Success();
   });
 }
 
-// Starts an in-place output from its input, should XLA ever hand us distinct
-// buffers.
-void CopyIfDistinct(const ffi::AnyBuffer& in, ffi::Result<ffi::AnyBuffer>& out) {
-  if (out->untyped_data() != in.untyped_data() && in.size_bytes() > 0) {
-    std::memcpy(out->untyped_data(), in.untyped_data(), in.size_bytes());
-  }
-}
-
-ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::AnyBuffer weight,
-                             ffi::AnyBuffer mu, ffi::AnyBuffer nu,
-                             ffi::AnyBuffer bias, ffi::AnyBuffer bias_mu,
-                             ffi::AnyBuffer bias_nu,
-                             ffi::AnyBuffer ids, ffi::AnyBuffer g,
-                             ffi::AnyBuffer x, ffi::AnyBuffer lr,
-                             ffi::AnyBuffer count, ffi::RemainingArgs /*after*/,
-                             float b1, float b2,
-                             float eps, float weight_decay,
-                             ffi::Result<ffi::AnyBuffer> weight_out,
-                             ffi::Result<ffi::AnyBuffer> mu_out,
-                             ffi::Result<ffi::AnyBuffer> nu_out,
-                             ffi::Result<ffi::AnyBuffer> bias_out,
-                             ffi::Result<ffi::AnyBuffer> bias_mu_out,
-                             ffi::Result<ffi::AnyBuffer> bias_nu_out,
-                             ffi::Result<ffi::AnyBuffer> touched) {
-  ArgChecker c("row_sparse_adam");
-  SJ_RETURN_IF_ERROR(c.Dtype(weight, ffi::F32, "weight"));
-  const ffi::DataType moment_type = mu.element_type();
-  if (moment_type != ffi::F32 && moment_type != ffi::BF16) {
-    return c.Fail(std::string("argument 'mu' must be float32 or bfloat16, got ") + DtypeName(moment_type));
-  }
-  SJ_RETURN_IF_ERROR(c.Dtype(nu, moment_type, "nu"));
-  SJ_RETURN_IF_ERROR(c.Dtype(bias, ffi::F32, "bias"));
-  SJ_RETURN_IF_ERROR(c.Dtype(bias_mu, moment_type, "bias_mu"));
-  SJ_RETURN_IF_ERROR(c.Dtype(bias_nu, moment_type, "bias_nu"));
-  SJ_RETURN_IF_ERROR(c.Dtype(ids, ffi::S32, "ids"));
-  SJ_RETURN_IF_ERROR(c.Dtype(g, ffi::F32, "g"));
-  SJ_RETURN_IF_ERROR(c.Dtype(x, ffi::F32, "x"));
-  SJ_RETURN_IF_ERROR(c.Dtype(lr, ffi::F32, "learning_rate"));
-  SJ_RETURN_IF_ERROR(c.Dtype(count, ffi::S32, "count"));
-  // A rank-1 weight (a bias [N] on its own) is a weight of width d = 1.
-  const bool is_vector = weight.dimensions().size() == 1;
-  if (!is_vector) SJ_RETURN_IF_ERROR(c.Shape(weight, {-1, -1}, "weight", "[N, d] or [N]"));
-  const int64_t N = weight.dimensions()[0], d = is_vector ? 1 : weight.dimensions()[1];
-  const std::vector<int64_t> wshape = is_vector ? std::vector<int64_t>{N} : std::vector<int64_t>{N, d};
-  const char* wspec = is_vector ? "[N]" : "[N, d]";
-  SJ_RETURN_IF_ERROR(c.Shape(mu, wshape, "mu", wspec));
-  SJ_RETURN_IF_ERROR(c.Shape(nu, wshape, "nu", wspec));
-  // The bias is [N], or [0] for none.
-  SJ_RETURN_IF_ERROR(c.Shape(bias, {-1}, "bias", "[N] or [0]"));
-  const bool has_bias = bias.dimensions()[0] != 0;
-  if (has_bias && is_vector) return c.Fail("a bias needs a rank-2 weight [N, d]");
-  const int64_t nb = has_bias ? N : 0;
-  SJ_RETURN_IF_ERROR(c.Shape(bias, {nb}, "bias", "[N] or [0]"));
-  SJ_RETURN_IF_ERROR(c.Shape(bias_mu, {nb}, "bias_mu", "the bias's shape"));
-  SJ_RETURN_IF_ERROR(c.Shape(bias_nu, {nb}, "bias_nu", "the bias's shape"));
-  SJ_RETURN_IF_ERROR(c.Shape(ids, {-1, -1}, "ids", "[B, k]"));
-  const int64_t B = ids.dimensions()[0], k = ids.dimensions()[1];
-  SJ_RETURN_IF_ERROR(c.Shape(g, {B, k}, "g", "[B, k]"));
-  SJ_RETURN_IF_ERROR(c.Shape(x, {B, d}, "x", "[B, d]"));
-  SJ_RETURN_IF_ERROR(c.Shape(lr, {}, "learning_rate", "[]"));
-  SJ_RETURN_IF_ERROR(c.Shape(count, {}, "count", "[]"));
-  const int32_t* ip = ids.typed_data<int32_t>();
-  const int64_t M = B * k;
-  if (M >= (int64_t{1} << 31)) return c.Fail("ids has too many entries (B * k must be < 2^31)");
-  SJ_RETURN_IF_ERROR(CheckIds(c, ip, M, N, "ids", "N", /*allow_pad=*/true, k));
-  const int32_t t = *count.typed_data<int32_t>();
-  if (t < 1) return c.Fail("argument 'count' (the step number after this update) must be >= 1, got " + std::to_string(t));
-  if (!(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1 && eps >= 0)) {
-    return c.Fail("need 0 <= b1, b2 < 1 and eps >= 0");
-  }
-
-  CopyIfDistinct(weight, weight_out);
-  CopyIfDistinct(mu, mu_out);
-  CopyIfDistinct(nu, nu_out);
-  CopyIfDistinct(bias, bias_out);
-  CopyIfDistinct(bias_mu, bias_mu_out);
-  CopyIfDistinct(bias_nu, bias_nu_out);
-
-  const float step_size = *lr.typed_data<float>();
-  const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
-  const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), t));
-  const AdamConsts h{b1, b2, eps, weight_decay, step_size, 1.0f / bc1, 1.0f / bc2};
-  const float* gp = g.typed_data<float>();
-  const float* xp = x.typed_data<float>();
-
-  // Bucket the positions by id range (counting sort: keeps position order).
-  const int64_t R = std::min<int64_t>(kNumRanges, std::max<int64_t>(N, 1));
-  auto range_of = [&](int32_t id) { return static_cast<int64_t>(id) * R / N; };
-  std::vector<int64_t> start(R + 1, 0);
-  for (int64_t p = 0; p < M; ++p) if (ip[p] != kPadId) ++start[range_of(ip[p]) + 1];
-  for (int64_t r = 0; r < R; ++r) start[r + 1] += start[r];
-  std::vector<int64_t> fill(start.begin(), start.end() - 1);
-  // Key = id << 32 | position: sorting keys orders by id, then by position.
-  std::vector<uint64_t> keys(start[R]);
-  for (int64_t p = 0; p < M; ++p) {
-    if (ip[p] != kPadId) {
-      keys[fill[range_of(ip[p])]++] = (static_cast<uint64_t>(ip[p]) << 32) | static_cast<uint64_t>(p);
-    }
-  }
-  std::vector<int64_t> unique_in_range(R, 0);
-
-  auto run = [&](auto* moment_type_tag) {
-    using M = std::remove_pointer_t<decltype(moment_type_tag)>;
-    Rows<M> wr{weight_out->typed_data<float>(), static_cast<M*>(mu_out->untyped_data()),
-               static_cast<M*>(nu_out->untyped_data()), d};
-    Rows<M> br;
-    if (has_bias) {
-      br = Rows<M>{bias_out->typed_data<float>(), static_cast<M*>(bias_mu_out->untyped_data()),
-                   static_cast<M*>(bias_nu_out->untyped_data()), 1};
-    }
-    UpdateRanges(pool, wr, br, start, keys, unique_in_range, gp, xp, k, h, t);
-  };
-  if (moment_type == ffi::F32) {
-    run(static_cast<float*>(nullptr));
-  } else {
-    run(static_cast<bf16*>(nullptr));
-  }
-
-  int32_t* out_ids = touched->typed_data<int32_t>();
-  int64_t n = 0;
-  for (int64_t r = 0; r < R; ++r) {
-    for (int64_t i = 0; i < unique_in_range[r]; ++i) {
-      out_ids[n++] = static_cast<int32_t>(keys[start[r] + i]);
-    }
-  }
-  std::fill(out_ids + n, out_ids + M, kPadId);
-  return ffi::Error::Success();
+// The binding of RowSparseAdamImpl<MT>.
+template <ffi::DataType MT>
+auto RowSparseAdamBinding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .template Arg<ffi::Buffer<ffi::F32>>()  // weight [N, d] or [N]
+      .template Arg<Moments<MT>>()            // mu, weight's shape
+      .template Arg<Moments<MT>>()            // nu, weight's shape
+      .template Arg<F32R1>()                  // bias [N] or [0]
+      .template Arg<ffi::BufferR1<MT>>()      // bias_mu, bias's shape
+      .template Arg<ffi::BufferR1<MT>>()      // bias_nu, bias's shape
+      .template Arg<S32R2>()                  // ids [B, k]
+      .template Arg<F32R2>()                  // g [B, k]
+      .template Arg<F32R2>()                  // x [B, d]
+      .template Arg<F32R0>()                  // learning_rate []
+      .template Arg<S32R0>()                  // count []
+      // Unread operands that order the update after other reads of weight
+      // (so it can be in place).
+      .RemainingArgs()
+      .template Attr<float>("b1")
+      .template Attr<float>("b2")
+      .template Attr<float>("eps")
+      .template Attr<float>("weight_decay")
+      .template Ret<ffi::Buffer<ffi::F32>>()  // weight
+      .template Ret<Moments<MT>>()            // mu
+      .template Ret<Moments<MT>>()            // nu
+      .template Ret<F32R1>()                  // bias
+      .template Ret<ffi::BufferR1<MT>>()      // bias_mu
+      .template Ret<ffi::BufferR1<MT>>()      // bias_nu
+      .template Ret<S32R1>();                 // touched [B * k]
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RowSparseAdam, RowSparseAdamImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // weight [N, d] or [N]
-                                  .Arg<ffi::AnyBuffer>()  // mu, weight's shape
-                                  .Arg<ffi::AnyBuffer>()  // nu, weight's shape
-                                  .Arg<ffi::AnyBuffer>()  // bias [N] or [0]
-                                  .Arg<ffi::AnyBuffer>()  // bias_mu
-                                  .Arg<ffi::AnyBuffer>()  // bias_nu
-                                  .Arg<ffi::AnyBuffer>()  // ids [B, k]
-                                  .Arg<ffi::AnyBuffer>()  // g [B, k]
-                                  .Arg<ffi::AnyBuffer>()  // x [B, d]
-                                  .Arg<ffi::AnyBuffer>()  // learning_rate []
-                                  .Arg<ffi::AnyBuffer>()  // count []
-                                  // Unread operands that order the update after
-                                  // other reads of weight (so it can be in place).
-                                  .RemainingArgs()
-                                  .Attr<float>("b1")
-                                  .Attr<float>("b2")
-                                  .Attr<float>("eps")
-                                  .Attr<float>("weight_decay")
-                                  .Ret<ffi::AnyBuffer>()   // weight
-                                  .Ret<ffi::AnyBuffer>()   // mu
-                                  .Ret<ffi::AnyBuffer>()   // nu
-                                  .Ret<ffi::AnyBuffer>()   // bias
-                                  .Ret<ffi::AnyBuffer>()   // bias_mu
-                                  .Ret<ffi::AnyBuffer>()   // bias_nu
-                                  .Ret<ffi::AnyBuffer>()); // touched [B * k]
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RowSparseAdamF32, RowSparseAdamImpl<ffi::F32>, RowSparseAdamBinding<ffi::F32>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RowSparseAdamBF16, RowSparseAdamImpl<ffi::BF16>, RowSparseAdamBinding<ffi::BF16>());
 
 }  // namespace sparsejax

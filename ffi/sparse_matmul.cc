@@ -7,6 +7,9 @@
 // sparse_logits is gather_dot (+ bias) and its input gradient gather_combine;
 // the embedding bag is gather_combine and its value gradient gather_dot.
 // Cost is O(B * k * d) whatever N is. Id -1 is padding (contributes 0).
+#include <string>
+#include <string_view>
+
 #include "common.h"
 
 namespace sparsejax {
@@ -28,25 +31,6 @@ struct GatherArgs {
   int64_t B, k, d, N;
   const float* bias;  // [N], or null for none
 };
-
-ffi::Error CheckGatherArgs(const ArgChecker& c, const ffi::AnyBuffer& dense,
-                           const char* dense_name, const char* dense_shape,
-                           bool dense_is_x, const ffi::AnyBuffer& weight,
-                           const ffi::AnyBuffer& ids, GatherArgs* a) {
-  SJ_RETURN_IF_ERROR(c.Dtype(dense, ffi::F32, dense_name));
-  SJ_RETURN_IF_ERROR(c.Dtype(weight, ffi::F32, "weight"));
-  SJ_RETURN_IF_ERROR(c.Dtype(ids, ffi::S32, "ids"));
-  SJ_RETURN_IF_ERROR(c.Shape(weight, {-1, -1}, "weight", "[N, d]"));
-  a->N = weight.dimensions()[0];
-  a->d = weight.dimensions()[1];
-  SJ_RETURN_IF_ERROR(c.Shape(ids, {-1, -1}, "ids", "[B, k]"));
-  a->B = ids.dimensions()[0];
-  a->k = ids.dimensions()[1];
-  SJ_RETURN_IF_ERROR(c.Shape(dense, {a->B, dense_is_x ? a->d : a->k},
-                             dense_name, dense_shape));
-  return CheckIds(c, ids.typed_data<int32_t>(), a->B * a->k, a->N, "ids", "N",
-                  /*allow_pad=*/true, a->k);
-}
 
 SJ_MULTIVERSION void GatherDotRows(const float* x, const float* w, const int32_t* ids, float* out,
                                    int64_t b0, int64_t b1, const GatherArgs& a) {
@@ -78,61 +62,60 @@ SJ_MULTIVERSION void GatherCombineRows(const float* g, const float* w, const int
   }
 }
 
-// Validates, then runs `rows(dense, weight, ids, out, b0, b1, args)` over
-// blocks of samples in parallel.
+// Checks the ids against the weight, then runs `rows(dense, weight, ids,
+// out, b0, b1, args)` over blocks of samples in parallel. The caller has
+// checked `dense` and `out` (the shapes that differ between the products).
 template <typename RowsFn>
-ffi::Error GatherImpl(const char* op, const char* dense_name, const char* dense_shape, bool dense_is_x,
-                      ffi::ThreadPool& pool, const ffi::AnyBuffer& dense, const ffi::AnyBuffer& weight,
-                      const ffi::AnyBuffer& ids, const ffi::AnyBuffer* bias,
-                      ffi::Result<ffi::AnyBuffer>& out, RowsFn rows) {
-  ArgChecker c(op);
-  GatherArgs a;
-  SJ_RETURN_IF_ERROR(CheckGatherArgs(c, dense, dense_name, dense_shape, dense_is_x, weight, ids, &a));
-  a.bias = nullptr;
-  if (bias != nullptr) {  // [N], or [0] for none
-    SJ_RETURN_IF_ERROR(c.Dtype(*bias, ffi::F32, "bias"));
-    SJ_RETURN_IF_ERROR(c.Shape(*bias, {-1}, "bias", "[N] or [0]"));
-    if (bias->dimensions()[0] != 0) {
-      SJ_RETURN_IF_ERROR(c.Shape(*bias, {a.N}, "bias", "[N] or [0]"));
-      a.bias = bias->typed_data<float>();
-    }
-  }
-  const float* dp = dense.typed_data<float>();
-  const float* wp = weight.typed_data<float>();
-  const int32_t* ip = ids.typed_data<int32_t>();
-  float* op_data = out->typed_data<float>();
-  ParallelFor(pool, a.B, 1, [&](int64_t b0, int64_t b1) { rows(dp, wp, ip, op_data, b0, b1, a); });
-  return ffi::Error::Success();
+ffi::Error GatherImpl(Checker& c, ffi::ThreadPool& pool, const F32R2& dense, const F32R2& weight, const S32R2& ids,
+                      const char* ids_name, const float* bias, ffi::Result<F32R2>& out, RowsFn rows) {
+  c.Ids(ids_name, ids.typed_data(), ids.element_count(), "N", /*allow_pad=*/true, c["k"]);
+  SJ_RETURN_IF_ERROR(c.status());
+  const GatherArgs a{c["B"], c["k"], c["d"], c["N"], bias};
+  const float* dp = dense.typed_data();
+  const float* wp = weight.typed_data();
+  const int32_t* ip = ids.typed_data();
+  float* op = out->typed_data();
+  return ParallelLoop(pool, a.B, 1).Run(c.op(), [&](int64_t, int64_t b0, int64_t b1) {
+    rows(dp, wp, ip, op, b0, b1, a);
+  });
 }
 
-ffi::Error GatherDotImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::AnyBuffer ids,
-                         ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> out) {
-  return GatherImpl("gather_dot", "x", "[B, d]", true, pool, x, weight, ids, &bias, out, GatherDotRows);
+// The products serve several public ops (sparse_logits, embedding_bag and
+// their VJPs): the caller passes its own name and that of its ids argument,
+// which the errors then use.
+constexpr char kOp[] = "op";
+constexpr char kIdsName[] = "ids_name";
+using OpName = ffi::Attr<std::string_view, kOp>;
+using IdsName = ffi::Attr<std::string_view, kIdsName>;
+
+// x [B, d], weight [N, d], ids [B, k], bias [N] or [0] -> out [B, k]
+ffi::Error GatherDotImpl(ffi::ThreadPool pool, F32R2 x, F32R2 weight, S32R2 ids, F32R1 bias, OpName op,
+                         IdsName ids_name_attr, ffi::Result<F32R2> out) {
+  const std::string ids_name(*ids_name_attr);
+  return Guarded(*op, [&](Checker& c) {
+    c.Arg("weight", weight, {"N", "d"}).Arg(ids_name.c_str(), ids, {"B", "k"}).Arg("x", x, {"B", "d"});
+    c.Ret("out", *out, {"B", "k"});
+    const bool has_bias = bias.element_count() != 0;
+    if (has_bias) c.Arg("bias", bias, {"N"}, "(or [0] for none)");
+    return GatherImpl(c, pool, x, weight, ids, ids_name.c_str(), has_bias ? bias.typed_data() : nullptr, out,
+                      GatherDotRows);
+  });
 }
 
-ffi::Error GatherCombineImpl(ffi::ThreadPool pool, ffi::AnyBuffer g, ffi::AnyBuffer weight, ffi::AnyBuffer ids,
-                             ffi::Result<ffi::AnyBuffer> out) {
-  return GatherImpl("gather_combine", "g", "[B, k]", false, pool, g, weight, ids, nullptr, out,
-                    GatherCombineRows);
+// g [B, k], weight [N, d], ids [B, k] -> out [B, d]
+ffi::Error GatherCombineImpl(ffi::ThreadPool pool, F32R2 g, F32R2 weight, S32R2 ids, OpName op,
+                             IdsName ids_name_attr, ffi::Result<F32R2> out) {
+  const std::string ids_name(*ids_name_attr);
+  return Guarded(*op, [&](Checker& c) {
+    c.Arg("weight", weight, {"N", "d"}).Arg(ids_name.c_str(), ids, {"B", "k"}).Arg("g", g, {"B", "k"});
+    c.Ret("out", *out, {"B", "d"});
+    return GatherImpl(c, pool, g, weight, ids, ids_name.c_str(), nullptr, out, GatherCombineRows);
+  });
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherDot, GatherDotImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()   // x [B, d]
-                                  .Arg<ffi::AnyBuffer>()   // weight [N, d]
-                                  .Arg<ffi::AnyBuffer>()   // ids [B, k]
-                                  .Arg<ffi::AnyBuffer>()   // bias [N] or [0]
-                                  .Ret<ffi::AnyBuffer>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherCombine, GatherCombineImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherDot, GatherDotImpl);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherCombine, GatherCombineImpl);
 
 }  // namespace sparsejax

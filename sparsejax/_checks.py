@@ -49,3 +49,36 @@ def check_array(dims: Dims, name: str, x: Any, dtype, shape: Sequence[str | int]
     else:
       dims[want] = got
       dims.source[want] = name
+
+
+INT32_MAX = 2**31 - 1
+
+
+def check_int(op: str, name: str, value: Any, low: int | None = None, high: int | None = None) -> int:
+  """Checks that a static argument is an integer in ``[low, high]`` and returns it as an ``int``.
+
+  Raises:
+    TypeError: not an integer (a float such as ``2.0`` included, a bool too).
+    ValueError: out of range.
+  """
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise TypeError(f"{op}: argument '{name}' must be an integer, got {type(value).__name__} {value!r}")
+  value = int(value)
+  if (low is not None and value < low) or (high is not None and value > high):
+    bounds = f"[{low if low is not None else '-inf'}, {high if high is not None else 'inf'}]"
+    raise ValueError(f"{op}: argument '{name}' must be in {bounds}, got {value}")
+  return value
+
+
+def check_index(op: str, name: str, value: Any, low: int, high: int = INT32_MAX):
+  """An integer in ``[low, high]`` given either statically or as a traced integer scalar.
+
+  Returns:
+    The ``int``, or the scalar array (its value is checked by the kernel).
+  """
+  if not isinstance(value, (int, np.integer)) and hasattr(value, "shape") and hasattr(value, "dtype"):
+    if value.shape != () or not jnp.issubdtype(value.dtype, jnp.integer):
+      raise TypeError(f"{op}: argument '{name}' must be an integer scalar, got {jnp.dtype(value.dtype).name} "
+                      f"of shape {tuple(value.shape)}")
+    return value
+  return check_int(op, name, value, low, high)

@@ -1,13 +1,21 @@
-"""Lazy registration of the C++ FFI handlers with XLA's CPU backend.
+"""Lazy registration of the C++ FFI handlers with XLA's CPU backend, and their signatures.
 
 Targets are registered on first use, not at import: registering before the CPU
 backend exists fails for stateful types, and creating the backend at import
 time would break a later ``jax.distributed.initialize``.
+
+Each handler declares its buffers' dtypes and ranks in C++ (``ffi/*.cc``);
+XLA enforces them when it decodes a call, but its message names neither the
+op nor the argument. :func:`ffi_call` checks the same dtypes and ranks at
+trace time, from :data:`SIGNATURES`, so that every caller gets an error that
+names both. The kernels check everything else (sizes that must agree, ids).
 """
 
 import threading
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 from sparsejax import _sparsejax
 
@@ -28,7 +36,103 @@ def ensure_registered() -> None:
     _registered = True
 
 
+class Buffer(NamedTuple):
+  """One operand or result of a handler: its name, dtype and allowed ranks."""
+  name: str
+  dtype: str
+  ranks: tuple[int, ...]
+
+
+class Signature(NamedTuple):
+  """A handler's buffers, as its C++ binding declares them.
+
+  Attributes:
+    args: the operands, in order.
+    results: the results, in order.
+    extra_args: whether more (unread) operands may follow ``args``.
+    default_attrs: attributes passed unless the caller gives them.
+  """
+  args: tuple[Buffer, ...]
+  results: tuple[Buffer, ...]
+  extra_args: bool = False
+  default_attrs: tuple[tuple[str, Any], ...] = ()
+
+
+def _adam_signature(moments: str) -> Signature:
+  param = lambda name, dtype: Buffer(name, dtype, (1, 2))  # [N, d], or [N] for a bias alone
+  state = (param("weight", "float32"), param("mu", moments), param("nu", moments), Buffer("bias", "float32", (1,)),
+           Buffer("bias_mu", moments, (1,)), Buffer("bias_nu", moments, (1,)))
+  return Signature(
+      args=state + (Buffer("ids", "int32", (2,)), Buffer("g", "float32", (2,)), Buffer("x", "float32", (2,)),
+                    Buffer("learning_rate", "float32", (0,)), Buffer("count", "int32", (0,))),
+      results=state + (Buffer("touched", "int32", (1,)),),
+      extra_args=True)
+
+
+_TABLES = (Buffer("buckets", "int32", (3,)), Buffer("counts", "int32", (2,)), Buffer("codes", "int32", (2,)))
+# The op (and its ids argument) that the gather kernels' errors name: the public op that calls them.
+_GATHER_NAMES = lambda op: (("op", op), ("ids_name", "ids"))
+
+# Mirrors the bindings in ffi/*.cc (tests/test_ffi.py checks that they agree).
+SIGNATURES: dict[str, Signature] = {
+    "gather_dot": Signature(
+        (Buffer("x", "float32", (2,)), Buffer("weight", "float32", (2,)), Buffer("ids", "int32", (2,)),
+         Buffer("bias", "float32", (1,))),
+        (Buffer("out", "float32", (2,)),), default_attrs=_GATHER_NAMES("gather_dot")),
+    "gather_combine": Signature(
+        (Buffer("g", "float32", (2,)), Buffer("weight", "float32", (2,)), Buffer("ids", "int32", (2,))),
+        (Buffer("out", "float32", (2,)),), default_attrs=_GATHER_NAMES("gather_combine")),
+    "simhash": Signature(
+        (Buffer("x", "float32", (2,)), Buffer("projections_t", "float32", (2,))),
+        (Buffer("codes", "int32", (2,)),)),
+    "dwta": Signature(
+        (Buffer("x", "float32", (2,)), Buffer("bin_idx", "int32", (2,)), Buffer("seed", "uint32", (0,))),
+        (Buffer("codes", "int32", (2,)),)),
+    "lsh_tables_insert": Signature(
+        _TABLES + (Buffer("ids", "int32", (1,)), Buffer("seed", "uint32", (0,))),
+        _TABLES[:2]),
+    "lsh_query": Signature(
+        _TABLES + (Buffer("labels", "int32", (2,)), Buffer("seed", "uint32", (0,)), Buffer("num_rows", "int32", (0,))),
+        (Buffer("active", "int32", (2,)), Buffer("num_from_tables", "int32", (1,)))),
+    "merge_candidates": Signature(
+        (Buffer("candidates", "int32", (2,)), Buffer("labels", "int32", (2,)), Buffer("seed", "uint32", (0,)),
+         Buffer("num_rows", "int32", (0,))),
+        (Buffer("active", "int32", (2,)), Buffer("num_from_candidates", "int32", (1,)))),
+    "row_sparse_adam_float32": _adam_signature("float32"),
+    "row_sparse_adam_bfloat16": _adam_signature("bfloat16"),
+}
+
+
+def _check(op: str, kind: str, spec: Buffer, x: Any) -> None:
+  if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+    raise TypeError(f"{op}: {kind} '{spec.name}' must be an array, got {type(x).__name__}")
+  if jnp.dtype(x.dtype) != jnp.dtype(spec.dtype):
+    raise TypeError(f"{op}: {kind} '{spec.name}' must have dtype {spec.dtype}, got {jnp.dtype(x.dtype).name}")
+  if len(x.shape) not in spec.ranks:
+    ranks = " or ".join(str(r) for r in spec.ranks)
+    raise ValueError(f"{op}: {kind} '{spec.name}' must have rank {ranks}, got shape {tuple(x.shape)}")
+
+
 def ffi_call(name: str, result_shape_dtypes, **kwargs):
-  """``jax.ffi.ffi_call`` for target ``sparsejax_<name>``, registering first."""
+  """``jax.ffi.ffi_call`` for target ``sparsejax_<name>``, registering first.
+
+  Operands and results are checked against ``SIGNATURES[name]`` (dtypes and
+  ranks) when the returned function is called.
+  """
+  sig = SIGNATURES[name]
+  results = result_shape_dtypes if isinstance(result_shape_dtypes, (tuple, list)) else (result_shape_dtypes,)
+  if len(results) != len(sig.results):
+    raise ValueError(f"{name}: expected {len(sig.results)} results, got {len(results)}")
+  for spec, result in zip(sig.results, results):
+    _check(name, "result", spec, result)
   ensure_registered()
-  return jax.ffi.ffi_call(f"sparsejax_{name}", result_shape_dtypes, **kwargs)
+  call = jax.ffi.ffi_call(f"sparsejax_{name}", result_shape_dtypes, **kwargs)
+
+  def checked_call(*args, **attrs):
+    if len(args) < len(sig.args) or (len(args) > len(sig.args) and not sig.extra_args):
+      raise TypeError(f"{name}: expected {len(sig.args)} operands, got {len(args)}")
+    for spec, arg in zip(sig.args, args):
+      _check(name, "argument", spec, arg)
+    return call(*args, **{**dict(sig.default_attrs), **attrs})
+
+  return checked_call

@@ -1,8 +1,9 @@
 """Dense full-softmax baseline of the same network (what a plain JAX user writes).
 
-Same layers, initialization and data as :mod:`sparsejax.model`, but every
-step computes all N logits and ``optax.adam`` updates every parameter: the
-cost sparsejax is measured against.
+Same layers, initialization, targets, loss and optimizer as
+:mod:`sparsejax.model`, but every step computes all N logits and AdamW
+(:func:`sparsejax.model.dense_optimizer`) updates every parameter: the cost
+sparsejax is measured against.
 """
 
 from typing import Any, NamedTuple
@@ -24,17 +25,12 @@ class DenseState(NamedTuple):
   opt: Any
 
 
-def _optimizer(config: model.ModelConfig) -> optax.GradientTransformation:
-  return optax.adamw(config.schedule(), b1=config.b1, b2=config.b2, eps=config.eps,
-                     weight_decay=config.weight_decay)
-
-
 def init(rng: jax.Array, config: model.ModelConfig) -> DenseState:
   """The same initial parameters as :func:`sparsejax.model.init` with the same key."""
   p = model.init_params(rng, config)
   rng_data = jax.random.key_data(jax.random.fold_in(rng, 2))
   return DenseState(jnp.zeros((), jnp.int32), rng_data, p.embed, p.hidden, p.out,
-                    _optimizer(config).init((p.embed, p.hidden, p.out)))
+                    model.dense_optimizer(config).init((p.embed, p.hidden, p.out)))
 
 
 def full_logits(params, feat_ids, feat_vals) -> jax.Array:
@@ -58,20 +54,16 @@ def train_step(state: DenseState, batch: dict, *, config: model.ModelConfig,
   the same update.
   """
   labels = batch["labels"]
-  N = config.num_labels
   psum = (lambda x: x) if axis is None else (lambda x: jax.lax.psum(x, axis))
   with jax.named_scope("forward"):
-    # The same target as the sparse model: 1/|y| on each label.
-    onehot = jnp.zeros((labels.shape[0], N + 1), jnp.float32).at[
-        jnp.arange(labels.shape[0])[:, None], jnp.where(labels < 0, N, labels)].set(1.0)[:, :N]
-    targets = onehot / jnp.maximum(onehot.sum(1, keepdims=True), 1.0)
-    labeled = jnp.sum(targets, axis=1) > 0
-    count = jnp.maximum(psum(jnp.sum(labeled)), 1)
+    every_output = jnp.broadcast_to(jnp.arange(config.num_labels, dtype=jnp.int32),
+                                    (labels.shape[0], config.num_labels))
+    targets = model.label_targets(every_output, labels)  # the sparse model's target: 1/|y| on each label
+    num_labeled = psum(jnp.sum(jnp.sum(targets, axis=1) > 0))
 
     def loss_fn(params):  # this slice's share of the mean over all labeled samples
       logits = full_logits(params, batch["feat_ids"], batch["feat_vals"])
-      per_sample = -jnp.sum(targets * jax.nn.log_softmax(logits, axis=-1), axis=-1)
-      return jnp.sum(jnp.where(labeled, per_sample, 0.0)) / count
+      return model.softmax_cross_entropy(logits, targets, num_labeled)
 
     params = (state.embed, state.hidden, state.out)
     loss, loss_vjp = jax.vjp(loss_fn, params)
@@ -80,7 +72,7 @@ def train_step(state: DenseState, batch: dict, *, config: model.ModelConfig,
   with jax.named_scope("grad_reduce"):
     loss, grads = psum((loss, grads))
   with jax.named_scope("adam"):
-    updates, opt = _optimizer(config).update(grads, state.opt, params)
+    updates, opt = model.dense_optimizer(config).update(grads, state.opt, params)
     embed, hidden, out = optax.apply_updates(params, updates)
   lr = config.schedule()(state.step)
   return state._replace(step=state.step + 1, embed=embed, hidden=hidden, out=out, opt=opt), {

@@ -12,6 +12,9 @@ For comparison, :func:`make_dp_train_step` is the dense data-parallel
 baseline (Horovod-style): every process holds the whole model, takes a slice
 of each batch and all-reduces every gradient, ``O(params)`` bytes per step.
 
+:func:`make_run` packs one kind of run (one process or several, SLIDE or
+dense) into a :class:`Run`: the few functions a training loop calls.
+
 Everything here also runs in one process over several (virtual) CPU devices
 (``--xla_force_host_platform_device_count``), which is how the sharded math is
 unit-tested; across processes it needs :func:`initialize` first.
@@ -19,8 +22,8 @@ unit-tested; across processes it needs :func:`initialize` first.
 
 import dataclasses
 import functools
-import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,54 +32,15 @@ from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sparsejax import dense, metrics, model, ops, tables
+from sparsejax import dense, inference, model, ops, process_group, retrieval, tables
 
 AXIS = "shard"
 
 
 # --- Process group ---------------------------------------------------------------
 
-def _cluster_env() -> bool:
-  """Whether a SLURM or Open MPI launch with several tasks is visible."""
-  for var in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-    if int(os.environ.get(var, "1") or 1) > 1:
-      return True
-  return False
-
-
-def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, *, heartbeat_timeout_seconds: int = 20,
-               initialization_timeout: int = 60) -> bool:
-  """Joins the process group (a no-op for a single process).
-
-  Explicit arguments win; otherwise a SLURM / Open MPI launch is detected as
-  JAX does (``jax.distributed.initialize()`` with no arguments). Call before
-  anything creates a JAX backend.
-
-  Args:
-    coordinator_address: ``host:port`` of process 0's coordinator.
-    num_processes: P.
-    process_id: this process's rank in ``[0, P)``.
-    heartbeat_timeout_seconds: a peer silent this long is declared dead and
-      the job fails (JAX's default is 100 s).
-    initialization_timeout: seconds to wait for all processes to join.
-
-  Returns:
-    Whether a multi-process group was initialized.
-  """
-  if num_processes is not None and num_processes <= 1:
-    return False
-  if coordinator_address is None and num_processes is None and not _cluster_env():
-    return False
-  # Gloo is JAX's default CPU collective implementation; say so explicitly.
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(
-      coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id,
-      initialization_timeout=initialization_timeout, heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-      shutdown_timeout_seconds=max(10, heartbeat_timeout_seconds))
-  logging.info("process %d of %d joined (%d devices in all)", jax.process_index(), jax.process_count(),
-               jax.device_count())
-  return True
+# Joining the group, with start-up faults reported by rank (re-exported here).
+initialize = process_group.initialize
 
 
 def make_mesh(num_shards: int | None = None) -> jax.sharding.Mesh:
@@ -110,14 +74,18 @@ def state_specs(state: model.SlideState):
       out=model.SparseLayer(split, split),
       out_w_opt=specs.out_w_opt._replace(mu=split, nu=split),
       out_b_opt=specs.out_b_opt._replace(mu=split, nu=split),
-      tables=dataclasses.replace(specs.tables, buckets=split, counts=split, seed=split))
+      tables=jax.tree.map(lambda _: split, specs.tables))  # each shard indexes its own rows
 
 
-def _local_tables(state):  # the tables' seed is stacked [P] globally, [] per shard
+def _local_tables(state):  # hash tables' seed is stacked [P] globally, [] per shard
+  if not isinstance(state.tables, tables.HashTables):
+    return state
   return state._replace(tables=dataclasses.replace(state.tables, seed=state.tables.seed.reshape(())))
 
 
 def _stacked_tables(state):
+  if not isinstance(state.tables, tables.HashTables):
+    return state
   return state._replace(tables=dataclasses.replace(state.tables, seed=state.tables.seed.reshape((1,))))
 
 
@@ -195,14 +163,17 @@ def make_rebuild(config: model.ModelConfig, mesh: jax.sharding.Mesh, new_hash_fu
   def local(state):
     state = _local_tables(state)
     n = _num_valid(config, rows)
-    state = model.new_hash_functions(state, config, n) if new_hash_functions else model.rebuild_tables(state, n)
+    if new_hash_functions:
+      state = model.new_hash_functions(state, config, n)
+    else:
+      state = model.rebuild_tables(state, n, kmeans_iterations=config.tables.kmeans_iterations)
     return _stacked_tables(state)
 
   return jax.jit(_shard_map(local, mesh, (specs,), specs), donate_argnums=0)
 
 
 def make_predict(config: model.ModelConfig, mesh: jax.sharding.Mesh, top: int = 5):
-  """``predict(state, feat_ids, feat_vals) -> (exact [n, top], sampled [n, top])`` global ids.
+  """``predict(state, feat_ids, feat_vals) -> (scores, ids, sampled_ids)``, each ``[n, top]``, global ids.
 
   Exact: each shard's exact top-``top`` over its rows, all-gathered and
   merged. Sampled: the same over each shard's LSH-sampled active set.
@@ -214,7 +185,7 @@ def make_predict(config: model.ModelConfig, mesh: jax.sharding.Mesh, top: int = 
     scores = jax.lax.all_gather(scores, AXIS, axis=1, tiled=True)
     ids = jax.lax.all_gather(ids, AXIS, axis=1, tiled=True)
     best, pos = jax.lax.top_k(scores, top)
-    return jnp.take_along_axis(ids, pos, axis=1)
+    return best, jnp.take_along_axis(ids, pos, axis=1)
 
   def local(state, fids, fvals):
     state = _local_tables(state)
@@ -222,16 +193,16 @@ def make_predict(config: model.ModelConfig, mesh: jax.sharding.Mesh, top: int = 
     n = _num_valid(config, rows)
     h = model.hidden(state, fids, fvals)
     bias = jnp.where(jnp.arange(rows) < n, state.out.b, -jnp.inf)  # padding rows never win
-    scores, ids = metrics.exact_topk(h, state.out.w, bias, min(top, rows))
-    exact = merge(scores, ids + offset)
-    active, _ = tables.lsh_query(state.tables, state.lsh, h, k=model.local_active_k(config, config.num_shards),
-                                 num_rows=n)
+    scores, ids = inference.exact_topk(h, state.out.w, bias, min(top, rows))
+    scores, ids = merge(scores, ids + offset)
+    active, _ = model.query_active(state, h, config=config, k=model.local_active_k(config, config.num_shards),
+                                   num_rows=n)
     logits = ops.sparse_logits(h, state.out.w, state.out.b, active)
     s, pos = jax.lax.top_k(logits, top)
-    sampled = merge(s, jnp.take_along_axis(active, pos, axis=1) + offset)
-    return exact, sampled
+    _, sampled = merge(s, jnp.take_along_axis(active, pos, axis=1) + offset)
+    return scores, ids, sampled
 
-  return jax.jit(_shard_map(local, mesh, (specs, P(), P()), (P(), P())))
+  return jax.jit(_shard_map(local, mesh, (specs, P(), P()), (P(), P(), P())))
 
 
 def make_checksum(mesh: jax.sharding.Mesh):
@@ -264,6 +235,188 @@ def make_dp_train_step(config: model.ModelConfig, mesh: jax.sharding.Mesh):
   specs = dense_state_specs(abstract)
   local = functools.partial(dense.train_step, config=config, axis=AXIS)
   return jax.jit(_shard_map(local, mesh, (specs, P(AXIS)), (specs, P())), donate_argnums=0)
+
+
+# --- Runs: one interface for the four kinds ------------------------------------------
+
+
+def local_value(x) -> np.ndarray:
+  """This process's copy of a (replicated) array, as numpy."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    x = x.addressable_data(0)
+  return np.asarray(x)
+
+
+def agree(flag: bool) -> bool:
+  """Process 0's ``flag``, on every process (for decisions that change control flow)."""
+  if jax.process_count() == 1:
+    return flag
+  from jax.experimental import multihost_utils
+  return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
+
+
+class Run(NamedTuple):
+  """How one kind of run initializes, steps, maintains and predicts (built by :func:`make_run`).
+
+  Attributes:
+    config: the model (``num_shards`` set for a sharded SLIDE run).
+    num_shards: processes the run is spread over (1: this process alone).
+    init: ``() -> state``, a fresh state.
+    abstract_state: ``() -> state`` of ``jax.ShapeDtypeStruct`` with shardings, to restore a checkpoint into.
+    step: ``(state, batch) -> (state, metrics)``; the state is donated, the batch is host arrays (the same
+      on every process).
+    maintain: ``(state, steps) -> state``: the table refreshes due after ``steps`` steps.
+    predict: ``(state, feat_ids, feat_vals) -> (scores, ids, sampled_ids or None)``: numpy ``[n, top]``,
+      exact over all outputs and, for SLIDE, over the LSH-sampled active set.
+    check_replicas: ``(state, steps) -> None``; raises if replicated parameters differ between processes.
+    diagnose: ``(state, feat_ids, feat_vals, labels) -> (scores, ids, sampled_ids, extra)`` where it is
+      available (single-process SLIDE): ``predict`` plus ``extra = {"sampled": {name: ids [n, top]} of
+      sampled inference at other active set sizes, "retrieval": per-query retrieval diagnostics}``
+      (:func:`sparsejax.retrieval.per_query`), numpy; else None.
+    refresh_index: ``state -> state`` with a freshly rebuilt index (not donated: the training state is left
+      as it is), to evaluate sampled inference as a saved model would serve it; None where unavailable.
+    describe_step: ``(state, batch) -> CompiledStep``: the step as XLA compiles it for these arguments (its
+      collectives and named scopes, :func:`sparsejax.netanalysis.collectives.compile_step`); compiles, does not
+      run (the step reuses that compilation).
+  """
+  config: model.ModelConfig
+  num_shards: int
+  init: Callable[[], Any]
+  abstract_state: Callable[[], Any]
+  step: Callable[[Any, dict], tuple[Any, dict]]
+  maintain: Callable[[Any, int], Any]
+  predict: Callable[[Any, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray | None]]
+  check_replicas: Callable[[Any, int], None]
+  diagnose: Callable[[Any, np.ndarray, np.ndarray, np.ndarray], tuple] | None = None
+  refresh_index: Callable[[Any], Any] | None = None
+  describe_step: Callable[[Any, dict], Any] | None = None
+
+
+def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: int = 5,
+             sampled_ks: tuple[int, ...] = ()) -> Run:
+  """The run of ``config`` (SLIDE or dense, by ``config.network.model``) over ``num_shards`` processes.
+
+  Args:
+    config: the model, ``num_shards == 1`` (set here for a sharded run).
+    seed: the PRNG seed of the initial state.
+    num_shards: 1 (this process) or the processes of the job, one mesh device each.
+    top: predictions per sample.
+    sampled_ks: further active set sizes at which sampled inference is evaluated (single-process SLIDE).
+  """
+  key = jax.random.key(seed)
+  top = min(top, config.num_labels)
+  schedule = model.TableSchedule.from_config(config.tables)
+  slide = config.network.model == "slide"
+  if num_shards == 1:
+    return _single_slide(config, key, schedule, top, sampled_ks) if slide else _single_dense(config, key, schedule, top)
+  mesh = make_mesh(num_shards)
+  return (_sharded_slide if slide else _data_parallel_dense)(config, key, schedule, top, mesh)
+
+
+def _maintainer(schedule: model.TableSchedule, rebuild, rehash):
+  def maintain(state, steps: int):
+    if schedule.rehash_due(steps):
+      logging.info("step %d: new hash functions, tables rebuilt", steps)
+      return rehash(state)
+    if schedule.rebuild_due(steps):
+      return rebuild(state)
+    return state
+  return maintain
+
+
+def _host(predict):
+  """``predict`` with numpy results (this process's copy)."""
+  def call(state, fi, fv):
+    return tuple(None if x is None else local_value(x) for x in predict(state, fi, fv))
+  return call
+
+
+def _no_check(state, steps):
+  del state, steps
+
+
+def _describer(jitted, step_scopes: dict, place=lambda batch: batch):
+  """``describe_step`` of a run whose step is ``jitted(state, place(batch))``."""
+  def describe(state, batch):
+    from sparsejax.netanalysis import collectives  # only when a run is measured
+    return collectives.compile_step(jitted, state, place(batch), known_scopes=tuple(step_scopes))
+  return describe
+
+
+def _single_slide(config, key, schedule, top, sampled_ks) -> Run:
+  def predict(state, fi, fv):
+    scores, ids = inference.predict_exact(state, fi, fv, top=top)
+    return scores, ids, inference.predict_sampled(state, fi, fv, config=config, top=top)[1]
+
+  def diagnose(state, fi, fv, labels):
+    h = model.hidden(state, fi, fv)
+    scores, ids = inference.exact_topk(h, state.out.w, state.out.b, min(max(top, retrieval.TOP), config.num_labels))
+    _, sampled, active, from_index = inference.sampled_topk(state, h, config=config, top=top)
+    extra = {"sampled": {f"sampled_k{k}": inference.sampled_topk(state, h, config=config, top=top, k=k)[1]
+                         for k in sampled_ks},
+             "retrieval": retrieval.per_query(active, from_index, labels, ids[:, :retrieval.TOP], h, state.out.w)}
+    return scores[:, :top], ids[:, :top], sampled, extra
+
+  fresh = functools.partial(model.init, key, config)
+  rebuild = jax.jit(functools.partial(model.rebuild_tables, kmeans_iterations=config.tables.kmeans_iterations),
+                    donate_argnums=0)
+  rehash = jax.jit(functools.partial(model.new_hash_functions, config=config), donate_argnums=0)
+  jit_diagnose = jax.jit(diagnose)
+  refresh = functools.partial(model.rebuild_tables, kmeans_iterations=config.tables.kmeans_iterations)
+  step = jax.jit(functools.partial(model.train_step, config=config), donate_argnums=0)
+  return Run(config, 1, fresh, lambda: jax.eval_shape(fresh), step,
+             _maintainer(schedule, rebuild, rehash), _host(jax.jit(predict)), _no_check,
+             lambda state, fi, fv, labels: jax.tree.map(np.asarray, jit_diagnose(state, fi, fv, labels)),
+             jax.jit(refresh), _describer(step, model.STEP_SCOPES))
+
+
+def _exact_only(top):
+  def predict(state, fi, fv):
+    return (*inference.predict_exact(state, fi, fv, top=top), None)
+  return predict
+
+
+def _single_dense(config, key, schedule, top) -> Run:
+  fresh = functools.partial(dense.init, key, config)
+  step = jax.jit(functools.partial(dense.train_step, config=config), donate_argnums=0)
+  return Run(config, 1, fresh, lambda: jax.eval_shape(fresh), step,
+             lambda state, steps: state, _host(jax.jit(_exact_only(top))), _no_check,
+             describe_step=_describer(step, dense.STEP_SCOPES))
+
+
+def _global_abstract(init):
+  return lambda: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), init())
+
+
+def _sharded_slide(config, key, schedule, top, mesh) -> Run:
+  config = dataclasses.replace(config, num_shards=mesh.size)
+  fresh = functools.partial(init, key, config, mesh)
+  step = make_train_step(config, mesh)
+  predict = make_predict(config, mesh, top)
+  checksum = make_checksum(mesh)
+
+  def check_replicas(state, steps):
+    sums = local_value(checksum(state))
+    if len(set(sums.tolist())) != 1:
+      raise RuntimeError(f"step {steps}: replicated parameters differ between processes "
+                         f"(checksums {sums.tolist()}): replicas drifted")
+
+  return Run(config, mesh.size, fresh, _global_abstract(fresh),
+             lambda state, batch: step(state, to_global(batch, mesh)),
+             _maintainer(schedule, make_rebuild(config, mesh), make_rebuild(config, mesh, new_hash_functions=True)),
+             _host(lambda state, fi, fv: predict(state, *to_global((fi, fv), mesh))), check_replicas,
+             describe_step=_describer(step, model.STEP_SCOPES, lambda batch: to_global(batch, mesh)))
+
+
+def _data_parallel_dense(config, key, schedule, top, mesh) -> Run:
+  replicated = NamedSharding(mesh, P())
+  fresh = jax.jit(functools.partial(dense.init, key, config), out_shardings=replicated)
+  step = make_dp_train_step(config, mesh)
+  predict = jax.jit(_exact_only(top))  # the model is replicated
+  return Run(config, mesh.size, fresh, _global_abstract(fresh),
+             lambda state, batch: step(state, to_global(batch, mesh, P(AXIS))), lambda state, steps: state,
+             _host(lambda state, fi, fv: predict(state, *to_global((fi, fv), mesh))), _no_check,
+             describe_step=_describer(step, dense.STEP_SCOPES, lambda batch: to_global(batch, mesh, P(AXIS))))
 
 
 # --- Communication accounting ----------------------------------------------------

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from sparsejax import _ffi
-from sparsejax._checks import Dims, check_array
+from sparsejax._checks import INT32_MAX, Dims, check_array, check_int
 
 
 class LSHConfig(NamedTuple):
@@ -43,12 +43,14 @@ class LSHConfig(NamedTuple):
   def validate(self) -> None:
     if self.family not in ("simhash", "dwta"):
       raise ValueError(f"LSHConfig.family must be 'simhash' or 'dwta', got {self.family!r}")
+    for field in ("num_tables", "num_bits", "bin_size"):
+      check_int("LSHConfig", field, getattr(self, field))
     if self.num_tables < 1:
       raise ValueError(f"LSHConfig.num_tables must be >= 1, got {self.num_tables}")
     if not 1 <= self.num_bits <= 30:
       raise ValueError(f"LSHConfig.num_bits must be in [1, 30], got {self.num_bits}")
     if self.family == "dwta":
-      bits = int(math.log2(self.bin_size))
+      bits = int(math.log2(max(self.bin_size, 1)))
       if self.bin_size < 2 or 2**bits != self.bin_size:
         raise ValueError(f"LSHConfig.bin_size must be a power of two >= 2, got {self.bin_size}")
       if self.num_bits % bits:
@@ -91,6 +93,8 @@ def init_lsh(key: jax.Array, config: LSHConfig, dim: int) -> LSHParams:
     :class:`SimHashParams` or :class:`DWTAParams`.
   """
   config.validate()
+  # DWTA bins draw input dims: it needs at least one.
+  dim = check_int("init_lsh", "dim", dim, 1 if config.family == "dwta" else 0, INT32_MAX)
   L, K = config.num_tables, config.num_bits
   if config.family == "simhash":
     m = max(1, min(dim, round(dim * config.projection_fraction)))
@@ -148,3 +152,10 @@ def num_bits(params: LSHParams) -> int:
 def num_tables(params: LSHParams) -> int:
   """L, the number of codes per vector."""
   return (params.projections if isinstance(params, SimHashParams) else params.bin_idx).shape[0]
+
+
+def input_dim(params: LSHParams) -> int | None:
+  """The input width the hash functions were drawn for (None for DWTA, whose bins only bound it)."""
+  if isinstance(params, SimHashParams):
+    return params.projections.shape[2]
+  return None

@@ -9,9 +9,9 @@ This module provides:
  precision from top-k predictions (vectorised NumPy).
 * :func:`evaluate_topk` -- dataset-level means as a flat ``dict`` of floats.
 * :func:`ranking_metrics_jax` -- a jittable variant for on-device evaluation.
-* :func:`exact_topk` / :func:`exact_topk_batches` -- exact top-k over all
- ``N`` outputs of a linear layer, computed in chunks of output rows so the
- full ``[n, N]`` logit matrix is never materialised.
+
+The predictions they score come from :mod:`sparsejax.inference` (exact
+chunked top-k over all ``N`` outputs, or LSH-sampled).
 
 Conventions (shared by every function here):
 
@@ -38,7 +38,7 @@ Conventions (shared by every function here):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from functools import partial
 
 import jax
@@ -52,8 +52,6 @@ __all__ = [
     "ranking_metrics",
     "evaluate_topk",
     "ranking_metrics_jax",
-    "exact_topk",
-    "exact_topk_batches",
 ]
 
 DEFAULT_KS: tuple[int, ...] = (1, 3, 5)
@@ -64,12 +62,8 @@ DEFAULT_KS: tuple[int, ...] = (1, 3, 5)
 # ---------------------------------------------------------------------------
 
 
-def propensity_scores(
-    label_frequencies: np.ndarray | Sequence[float],
-    num_samples: int,
-    A: float = 0.55,
-    B: float = 1.5,
-) -> np.ndarray:
+def propensity_scores(label_frequencies: np.ndarray | Sequence[float], num_samples: int, A: float = 0.55,
+                      B: float = 1.5) -> np.ndarray:
   """Label propensities ``p_l`` of Jain et al. (2016).
 
   ``p_l = 1 / (1 + C * exp(-A * log(N_l + B)))`` with
@@ -78,11 +72,7 @@ def propensity_scores(
   ``l``. The XC repository uses ``A=0.55, B=1.5`` for most data sets
   (``A=0.6, B=2.6`` for Amazon-* and ``A=0.5, B=0.4`` for Wikipedia-*).
 
-  Args:
-    label_frequencies: ``[L]`` training frequency ``N_l`` of every label.
-    num_samples: ``N``, the number of training samples.
-    A: Propensity model parameter.
-    B: Propensity model parameter.
+  Takes the arguments of :func:`inverse_propensity`.
 
   Returns:
     ``[L]`` float64 propensities in ``(0, 1]``; the inverse propensity
@@ -91,12 +81,8 @@ def propensity_scores(
   return 1.0 / inverse_propensity(label_frequencies, num_samples, A, B)
 
 
-def inverse_propensity(
-    label_frequencies: np.ndarray | Sequence[float],
-    num_samples: int,
-    A: float = 0.55,
-    B: float = 1.5,
-) -> np.ndarray:
+def inverse_propensity(label_frequencies: np.ndarray | Sequence[float], num_samples: int, A: float = 0.55,
+                       B: float = 1.5) -> np.ndarray:
   """Inverse propensities ``1 / p_l = 1 + C * (N_l + B) ** -A``.
 
   Args:
@@ -383,147 +369,3 @@ def ranking_metrics_jax(
     for k in ks:
       out[f"psp_ideal@{k}"] = ideal[:, k - 1] / k
   return out
-
-
-# ---------------------------------------------------------------------------
-# Exact chunked top-k over a huge output layer
-# ---------------------------------------------------------------------------
-
-
-@partial(jax.jit, static_argnames=("k", "chunk", "precision"))
-def _exact_topk_jit(h, weight, bias, k, chunk, precision):
-  num_out = weight.shape[0]
-  num_chunks = -(-num_out // chunk)
-  neg_inf = jnp.array(-jnp.inf, dtype=jnp.result_type(h.dtype, weight.dtype))
-
-  def chunk_topk(c):
-    # The last chunk is shifted back to stay in bounds; rows it re-reads
-    # (ids < c * chunk) were already seen and are masked out.
-    start = jnp.minimum(c * chunk, num_out - chunk)
-    w = jax.lax.dynamic_slice_in_dim(weight, start, chunk, axis=0)
-    logits = jnp.dot(h, w.T, precision=precision)
-    if bias is not None:
-      logits = logits + jax.lax.dynamic_slice_in_dim(bias, start, chunk)[None, :]
-    ids = start + jnp.arange(chunk, dtype=jnp.int32)
-    logits = jnp.where(ids[None, :] >= c * chunk, logits, neg_inf)
-    scores, idx = jax.lax.top_k(logits, k)  # ties: lower index (= lower id) first
-    return scores, (start + idx).astype(jnp.int32)
-
-  def body(c, carry):
-    best_s, best_i = carry
-    s, i = chunk_topk(c)
-    # Running ids are all < this chunk's ids and come first, so the stable
-    # top_k keeps "lower id wins" on ties across chunks too.
-    merged_s = jnp.concatenate([best_s, s], axis=1)
-    merged_i = jnp.concatenate([best_i, i], axis=1)
-    top_s, pos = jax.lax.top_k(merged_s, k)
-    return top_s, jnp.take_along_axis(merged_i, pos, axis=1)
-
-  init = chunk_topk(0)
-  return jax.lax.fori_loop(1, num_chunks, body, init)
-
-
-def _prepare_topk_args(weight, bias, k, row_chunk):
-  weight = jnp.asarray(weight)
-  if weight.ndim != 2:
-    raise ValueError(f"weight must be [N, d], got shape {weight.shape}")
-  num_out = weight.shape[0]
-  if bias is not None:
-    bias = jnp.asarray(bias)
-    if bias.shape != (num_out,):
-      raise ValueError(f"bias must have shape ({num_out},), got {bias.shape}")
-  if not 1 <= k <= num_out:
-    raise ValueError(f"k={k} must lie in [1, N={num_out}]")
-  if row_chunk < 1:
-    raise ValueError("row_chunk must be positive")
-  chunk = min(max(int(row_chunk), int(k)), num_out)
-  return weight, bias, chunk
-
-
-def exact_topk_batches(
-    h_batches: Iterable[np.ndarray | jax.Array],
-    weight: jax.Array,
-    bias: jax.Array | None,
-    k: int,
-    *,
-    row_chunk: int = 65536,
-    precision: jax.lax.Precision | str | None = "highest",
-) -> Iterator[tuple[jax.Array, jax.Array]]:
-  """Exact top-k of ``h @ weight.T + bias`` for a stream of sample batches.
-
-  Each batch is processed by one jitted call (batches of equal shape share a
-  compilation; pad the last batch yourself to avoid a recompile, or use
-  :func:`exact_topk` with ``sample_chunk``).
-
-  Args:
-    h_batches: iterable of ``[b, d]`` hidden representations.
-    weight: ``[N, d]`` output-layer weights.
-    bias: ``[N]`` output-layer bias, or ``None``.
-    k: number of outputs to keep per sample (``1 <= k <= N``).
-    row_chunk: output rows scored per step; peak memory is
-      ``O(b * row_chunk + b * k)`` besides the weights.
-    precision: ``jnp.dot`` precision. The default ``"highest"`` gives
-      true float32 products; ``None`` (backend default) lets recent GPUs
-      use TF32, which is faster (~25% end to end on an H100) but can
-      reorder near-tied outputs (~0.3% of top-5 ids differed in a
-      670K-output test).
-
-  Yields:
-    ``(scores [b, k], ids [b, k] int32)`` per batch, scores descending.
-  """
-  weight, bias, chunk = _prepare_topk_args(weight, bias, k, row_chunk)
-  for h in h_batches:
-    yield _exact_topk_jit(jnp.asarray(h), weight, bias, int(k), chunk, precision)
-
-
-def exact_topk(
-    h: np.ndarray | jax.Array,
-    weight: jax.Array,
-    bias: jax.Array | None,
-    k: int,
-    *,
-    row_chunk: int = 65536,
-    sample_chunk: int | None = None,
-    precision: jax.lax.Precision | str | None = "highest",
-) -> tuple[jax.Array, jax.Array]:
-  """Exact top-k of ``logits = h @ weight.T + bias`` without materialising ``[n, N]``.
-
-  Output rows are scored ``row_chunk`` at a time inside a jitted
-  ``fori_loop`` and merged into a running top-k with ``jax.lax.top_k``.
-  Ties are broken deterministically: the lower output id wins (and comes
-  first). NaN logits are not supported.
-
-  Args:
-    h: ``[n, d]`` hidden representations (NumPy or JAX).
-    weight: ``[N, d]`` output-layer weights.
-    bias: ``[N]`` output-layer bias, or ``None``.
-    k: number of outputs to keep per sample (``1 <= k <= N``).
-    row_chunk: output rows scored per step (raised to ``k`` if smaller,
-      capped at ``N``). ``N`` need not be divisible by it.
-    sample_chunk: if given, samples are processed in batches of this size
-      (the last batch is padded, so there is a single compilation);
-      memory is then ``O(sample_chunk * row_chunk)`` regardless of ``n``.
-    precision: ``jnp.dot`` precision, see :func:`exact_topk_batches`.
-
-  Returns:
-    ``(scores [n, k], ids [n, k] int32)`` with scores in descending order.
-  """
-  weight, bias, chunk = _prepare_topk_args(weight, bias, k, row_chunk)
-  if h.ndim != 2 or h.shape[1] != weight.shape[1]:
-    raise ValueError(f"h must be [n, {weight.shape[1]}], got shape {h.shape}")
-  n = h.shape[0]
-  if sample_chunk is None or sample_chunk >= n:
-    return _exact_topk_jit(jnp.asarray(h), weight, bias, int(k), chunk, precision)
-  if sample_chunk < 1:
-    raise ValueError("sample_chunk must be positive")
-  scores, ids = [], []
-  for start in range(0, n, sample_chunk):
-    hb = h[start : start + sample_chunk]
-    rows = hb.shape[0]
-    if rows < sample_chunk:
-      pad = [(0, sample_chunk - rows), (0, 0)]
-      hb = jnp.pad(jnp.asarray(hb), pad) if isinstance(hb, jax.Array) else np.pad(hb, pad)
-    s, i = _exact_topk_jit(jnp.asarray(hb), weight, bias, int(k), chunk, precision)
-    scores.append(s[:rows])
-    ids.append(i[:rows])
-  return jnp.concatenate(scores, axis=0), jnp.concatenate(ids, axis=0)

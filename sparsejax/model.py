@@ -1,4 +1,4 @@
-"""A SLIDE network: sparse features -> dense ReLU layers -> LSH-sampled output layer.
+"""A SLIDE network: sparse features -> dense ReLU layers -> sampled output layer.
 
 Functional API::
 
@@ -22,98 +22,96 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sparsejax import lsh, metrics, ops, optim, tables
+from sparsejax import clusters, lsh, mips, ops, optim, tables
+from sparsejax.config import ConfigError, NetworkConfig, OptimizerConfig, TablesConfig
+from sparsejax.padding import PAD_ID
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Sizes and hyper-parameters of a SLIDE network (hashable: a static jit arg).
+  """Sizes and hyper-parameters of a SLIDE network (hashable: a static jit argument).
+
+  The settings are those of the run's ``network``, ``tables`` and ``optim``
+  sections (documented in :mod:`sparsejax.config`); a training run builds this
+  with :meth:`sparsejax.config.Config.model_config`. For scripts::
+
+    config = ModelConfig(num_features=F, num_labels=N, network=NetworkConfig(hidden_dims=(64,)))
+    config = override(ModelConfig(F, N), hidden_dims=(64,), learning_rate=1e-2)   # the same, by name
 
   Attributes:
     num_features: F, input feature space.
     num_labels: N, output layer width.
-    hidden_dims: widths of the dense ReLU layers (the first is the sparse
-      input layer's output).
-    active_k: output neurons per sample (labels + LSH candidates + random);
-      clamped to N. ``active_k >= N`` computes the exact full softmax.
-    lsh_family: ``"simhash"`` or ``"dwta"``.
-    num_tables: L.
-    num_bits: K bits per code; None: chosen from N (~8 rows per bucket).
-    bucket_size: ids per bucket; None: a default that scales table memory with N.
-    table_policy: ``"fifo"`` or ``"reservoir"``.
-    learning_rate: peak learning rate.
-    warmup_steps: linear warm-up steps; 0 for a constant rate.
-    decay_steps: cosine decay to 10% after warm-up over this many steps; 0 = none.
-    b1, b2, eps: Adam constants (sparse and dense layers alike).
-    weight_decay: decoupled weight decay.
-    moment_dtype: ``"float32"`` or ``"bfloat16"`` Adam moments for the sparse
-      layers (bfloat16 halves their memory; rounded stochastically).
-    reinsert: after each step re-insert into the tables ``"none"``, the rows
-      of the batch's ``"labels"`` (cheap), or ``"all"`` rows the step updated.
-    init_scale: output layer init std multiplier (``1/sqrt(d)`` scaled).
+    network: layer widths, active neurons per sample, output init scale.
+    tables: the candidate index (clustered or LSH) and its sizes (the
+      refresh schedule is read by the training loop, see :class:`TableSchedule`).
+    optim: Adam and learning-rate schedule.
     num_shards: processes the output layer is split across (each holds
       ``ceil(N / num_shards)`` rows, its own tables and optimizer state).
   """
   num_features: int
   num_labels: int
-  hidden_dims: tuple[int, ...] = (128,)
-  active_k: int = 1024
-  lsh_family: str = "simhash"
-  num_tables: int = 32
-  num_bits: int | None = None
-  bucket_size: int | None = None
-  table_policy: str = "fifo"
-  learning_rate: float = 1e-3
-  warmup_steps: int = 0
-  decay_steps: int = 0
-  b1: float = 0.9
-  b2: float = 0.999
-  eps: float = 1e-8
-  weight_decay: float = 0.0
-  moment_dtype: str = "float32"
-  reinsert: str = "none"
-  init_scale: float = 1.0
+  network: NetworkConfig = dataclasses.field(default_factory=NetworkConfig)
+  tables: TablesConfig = dataclasses.field(default_factory=TablesConfig)
+  optim: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
   num_shards: int = 1
 
   @property
+  def hidden_dims(self) -> tuple[int, ...]:
+    return tuple(self.network.hidden_dims)
+
+  @property
   def k(self) -> int:
-    return min(self.active_k, self.num_labels)
+    """Active output neurons per sample."""
+    return min(self.network.active_k, self.num_labels)
 
   @property
   def lsh_config(self) -> lsh.LSHConfig:
     # Each shard's tables index its own rows: size them for those.
     rows = shard_rows(self.num_labels, self.num_shards)
-    default = tables.default_lsh_config(rows, self.lsh_family, self.num_tables)
-    if self.num_bits is None:
+    default = tables.default_lsh_config(rows, self.tables.lsh_family, self.tables.num_tables)
+    if self.tables.num_bits is None:
       return default
-    return default._replace(num_bits=self.num_bits)
+    return default._replace(num_bits=self.tables.num_bits)
 
   @property
   def table_bucket_size(self) -> int:
-    return self.bucket_size or tables.default_bucket_size()
+    return self.tables.bucket_size or tables.default_bucket_size()
+
+  @property
+  def index_sizes(self) -> tuple[int, int, int]:
+    """``(clusters, rows, probes)`` of each shard's clustered index."""
+    rows = shard_rows(self.num_labels, self.num_shards)
+    c = min(self.tables.num_clusters or clusters.default_num_clusters(rows), rows)
+    return c, rows, min(self.tables.cluster_probes or c, c)
+
+  @property
+  def max_from_index(self) -> int:
+    """Active ids per shard that may come from the index (the rest of the non-label ones are random)."""
+    k = local_active_k(self, self.num_shards)
+    return k - int(round(self.network.random_negatives * k))
 
   def schedule(self) -> optax.Schedule:
     """Learning rate as a function of the step."""
-    if self.decay_steps > 0:
-      return optax.warmup_cosine_decay_schedule(0.0 if self.warmup_steps else self.learning_rate,
-                                                self.learning_rate, max(self.warmup_steps, 0),
-                                                self.warmup_steps + self.decay_steps,
-                                                end_value=0.1 * self.learning_rate)
-    if self.warmup_steps > 0:
-      return optax.linear_schedule(0.0, self.learning_rate, self.warmup_steps)
-    return optax.constant_schedule(self.learning_rate)
+    o = self.optim
+    if o.decay_steps > 0:
+      return optax.warmup_cosine_decay_schedule(0.0 if o.warmup_steps else o.learning_rate, o.learning_rate,
+                                                o.warmup_steps, o.warmup_steps + o.decay_steps,
+                                                end_value=0.1 * o.learning_rate)
+    if o.warmup_steps > 0:
+      return optax.linear_schedule(0.0, o.learning_rate, o.warmup_steps)
+    return optax.constant_schedule(o.learning_rate)
+
+  def adam_args(self) -> dict[str, float]:
+    """Adam's constants as keyword arguments (shared by every optimizer of the model)."""
+    return dict(b1=self.optim.b1, b2=self.optim.b2, eps=self.optim.eps, weight_decay=self.optim.weight_decay)
 
   def validate(self) -> None:
-    if self.num_features < 1 or self.num_labels < 1:
-      raise ValueError(f"num_features and num_labels must be >= 1, got {self.num_features}, {self.num_labels}")
-    if not self.hidden_dims or min(self.hidden_dims) < 1:
-      raise ValueError(f"hidden_dims must be non-empty positive widths, got {self.hidden_dims}")
-    if self.active_k < 1:
-      raise ValueError(f"active_k must be >= 1, got {self.active_k}")
-    if self.reinsert not in ("none", "labels", "all"):
-      raise ValueError(f"reinsert must be 'none', 'labels' or 'all', got {self.reinsert!r}")
-    if self.moment_dtype not in [t.name for t in optim.MOMENT_DTYPES]:
-      raise ValueError(f"moment_dtype must be 'float32' or 'bfloat16', got {self.moment_dtype!r}")
+    """Raises :class:`sparsejax.config.ConfigError` (a ``ValueError``) naming a bad setting."""
+    for name in ("num_features", "num_labels", "num_shards"):
+      if getattr(self, name) < 1:
+        raise ConfigError(name, getattr(self, name), "must be >= 1")
+    for section in (self.network, self.tables, self.optim):
+      section.validate()
     self.lsh_config.validate()
 
 
@@ -135,8 +133,9 @@ class SlideState(NamedTuple):
     embed_opt: row-sparse Adam state of ``embed.w``.
     out_w_opt, out_b_opt: row-sparse Adam states of ``out.w`` and ``out.b``.
     dense_opt: optax state of ``(embed.b, hidden)``.
-    lsh: hash functions of the output layer's tables.
-    tables: the output layer's LSH tables.
+    lsh: hash functions of the output layer's tables (None for a clustered index).
+    tables: the output layer's candidate index: LSH tables or a
+      :class:`sparsejax.clusters.ClusterIndex`.
   """
   step: jax.Array
   rng: jax.Array
@@ -148,12 +147,12 @@ class SlideState(NamedTuple):
   out_b_opt: optim.RowSparseAdamState
   dense_opt: Any
   lsh: Any
-  tables: tables.HashTables
+  tables: tables.HashTables | clusters.ClusterIndex
 
 
-def _dense_optimizer(config: ModelConfig) -> optax.GradientTransformation:
-  return optax.adamw(config.schedule(), b1=config.b1, b2=config.b2, eps=config.eps,
-                     weight_decay=config.weight_decay)
+def dense_optimizer(config: ModelConfig) -> optax.GradientTransformation:
+  """optax AdamW with the model's schedule and constants (the dense layers; every layer of the dense baseline)."""
+  return optax.adamw(config.schedule(), **config.adam_args())
 
 
 class NetworkParams(NamedTuple):
@@ -179,7 +178,8 @@ def init_params(rng: jax.Array, config: ModelConfig) -> NetworkParams:
       for i, k in enumerate(jax.random.split(k_hidden, len(dims) - 1)))
   # Random (not zero) output rows: the LSH tables need rows that hash apart.
   out = SparseLayer(
-      jax.random.normal(k_out, (config.num_labels, dims[-1]), jnp.float32) * (config.init_scale / math.sqrt(dims[-1])),
+      jax.random.normal(k_out, (config.num_labels, dims[-1]), jnp.float32)
+      * (config.network.init_scale / math.sqrt(dims[-1])),
       jnp.zeros((config.num_labels,), jnp.float32))
   return NetworkParams(embed, hidden, out)
 
@@ -199,7 +199,7 @@ def init(rng: jax.Array, config: ModelConfig) -> SlideState:
 
 def init_from_params(rng: jax.Array, config: ModelConfig, params: NetworkParams,
                      num_valid: int | jax.Array | None = None) -> SlideState:
-  """The state around given parameters: optimizer states, hash functions, built tables.
+  """The state around given parameters: optimizer states, the built candidate index.
 
   Args:
     rng: the key given to :func:`init_params`.
@@ -208,20 +208,55 @@ def init_from_params(rng: jax.Array, config: ModelConfig, params: NetworkParams,
     num_valid: rows of ``params.out`` that are real (the rest padding).
   """
   k_lsh, k_tables, k_state = jax.random.split(jax.random.fold_in(rng, 1), 3)
-  sparse_opt = optim.row_sparse_adam(config.schedule(), config.b1, config.b2, config.eps, config.weight_decay,
-                                     moment_dtype=jnp.dtype(config.moment_dtype))
-  lsh_params = lsh.init_lsh(k_lsh, config.lsh_config, config.hidden_dims[-1])
-  t = tables.init_tables(config.lsh_config, config.table_bucket_size, policy=config.table_policy,
-                         seed=jax.random.bits(k_tables, (), jnp.uint32))
-  t = tables.build_tables(t, lsh_params, params.out.w, num_valid)
+  sparse_opt = optim.row_sparse_adam(config.schedule(), **config.adam_args(),
+                                     moment_dtype=jnp.dtype(config.optim.moment_dtype))
+  lsh_params, t = init_index(k_lsh, k_tables, config, params.out, num_valid)
   return SlideState(
       step=jnp.zeros((), jnp.int32),
       rng=jax.random.key_data(k_state),
       embed=params.embed, hidden=params.hidden, out=params.out,
       embed_opt=sparse_opt.init(params.embed.w), out_w_opt=sparse_opt.init(params.out.w),
       out_b_opt=sparse_opt.init(params.out.b),
-      dense_opt=_dense_optimizer(config).init((params.embed.b, params.hidden)),
+      dense_opt=dense_optimizer(config).init((params.embed.b, params.hidden)),
       lsh=lsh_params, tables=t)
+
+
+def init_index(k_lsh: jax.Array, k_tables: jax.Array, config: ModelConfig, out: SparseLayer,
+               num_valid: int | jax.Array | None = None):
+  """``(hash functions or None, built index)`` of the output layer, as ``config.tables.candidates`` says."""
+  d = config.hidden_dims[-1]
+  if config.tables.candidates == "clusters":
+    c, rows, _ = config.index_sizes
+    index = clusters.build_index(clusters.init_index(c, rows, d), out.w, out.b,
+                                 iterations=config.tables.kmeans_iterations, num_valid=num_valid, key=k_tables)
+    return None, index
+  lsh_params = lsh.init_lsh(k_lsh, config.lsh_config, d + 2 if config.tables.lsh_mips else d)
+  t = tables.init_tables(config.lsh_config, config.table_bucket_size, policy=config.tables.table_policy,
+                         seed=jax.random.bits(k_tables, (), jnp.uint32))
+  return lsh_params, _build_tables(t, lsh_params, out, num_valid)
+
+
+def _build_tables(t: tables.HashTables, params, out: SparseLayer, num_valid) -> tables.HashTables:
+  if lsh.input_dim(params) == out.w.shape[1] + 2:  # hash functions drawn for MIPS-reduced rows
+    return tables.build_tables(t, params, mips.augment_rows(out.w, out.b), num_valid)
+  return tables.build_tables(t, params, out.w, num_valid)
+
+
+def query_active(state: SlideState, h: jax.Array, *, config: ModelConfig, k: int, num_rows: int | jax.Array,
+                 labels: jax.Array | None = None, seed: jax.Array | int = 0,
+                 max_from_index: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """Each query's ``k`` active ids from the state's index: ``(active [B, k], num_from_index [B])``.
+
+  Labels (if given) come first, then index candidates (at most
+  ``max_from_index``, default ``k``; LSH tables take as many as they have),
+  then distinct random ids.
+  """
+  if isinstance(state.tables, clusters.ClusterIndex):
+    return clusters.index_query(state.tables, h, k=k, num_rows=num_rows, probes=config.index_sizes[2],
+                                labels=labels, seed=seed, max_from_index=max_from_index)
+  if lsh.input_dim(state.lsh) == h.shape[1] + 2:
+    h = mips.augment_queries(h)
+  return tables.lsh_query(state.tables, state.lsh, h, k=k, num_rows=num_rows, labels=labels, seed=seed)
 
 
 def hidden_forward(embed_w: jax.Array, dense_params, feat_ids: jax.Array, feat_vals: jax.Array,
@@ -258,11 +293,20 @@ def label_targets(active: jax.Array, labels: jax.Array, num_labels: jax.Array | 
   return jnp.where(is_label, 1.0 / jnp.maximum(count, 1)[:, None], 0.0).astype(jnp.float32)
 
 
-def softmax_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-  """Mean over labeled samples of ``-sum_j t_j log softmax(logits)_j``."""
+def softmax_cross_entropy(logits: jax.Array, targets: jax.Array, num_labeled: jax.Array | None = None) -> jax.Array:
+  """Mean over labeled samples of ``-sum_j t_j log softmax(logits)_j``.
+
+  Args:
+    logits: ``[B, k]``.
+    targets: ``[B, k]`` target distributions (all-zero rows: unlabeled samples).
+    num_labeled: the mean's denominator when the batch is split over
+      processes (data parallelism): the labeled samples of the whole batch.
+      Default: those of this one.
+  """
   per_sample = -jnp.sum(targets * jax.nn.log_softmax(logits, axis=-1), axis=-1)
   labeled = jnp.sum(targets, axis=-1) > 0
-  return jnp.sum(jnp.where(labeled, per_sample, 0.0)) / jnp.maximum(jnp.sum(labeled), 1)
+  count = jnp.sum(labeled) if num_labeled is None else num_labeled
+  return jnp.sum(jnp.where(labeled, per_sample, 0.0)) / jnp.maximum(count, 1)
 
 
 class Shard(NamedTuple):
@@ -302,6 +346,21 @@ def num_distinct_labels(labels: jax.Array) -> jax.Array:
   s = jnp.sort(labels, axis=1)
   new = jnp.concatenate([jnp.ones_like(s[:, :1], bool), s[:, 1:] != s[:, :-1]], axis=1)
   return jnp.sum(new & (s >= 0), axis=1)
+
+
+def tail_log_weights(num_before: jax.Array, k: int, num_rows: jax.Array | int) -> jax.Array:
+  """``[B, k]`` log importance weights of an active set whose last entries are a uniform sample of the rest.
+
+  Row b holds ``num_before[b]`` chosen ids (labels, index candidates) and
+  then ``k - num_before[b]`` ids drawn uniformly from the other
+  ``num_rows - num_before[b]`` rows. Each drawn id stands for
+  ``(num_rows - num_before) / (k - num_before)`` rows: adding the log of that
+  to its logit makes the active set's softmax normalizer an unbiased
+  estimate of the full one (sampled softmax with a uniform proposal).
+  """
+  drawn = k - num_before
+  weight = jnp.log(jnp.maximum(num_rows - num_before, 1) / jnp.maximum(drawn, 1))
+  return jnp.where(jnp.arange(k)[None, :] >= num_before[:, None], weight[:, None], 0.0).astype(jnp.float32)
 
 
 def sharded_softmax_cross_entropy(logits: jax.Array, targets: jax.Array, shard: Shard = Shard()):
@@ -374,27 +433,34 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   rows = state.out.w.shape[0]
   offset = shard.index() * rows
   n_valid = jnp.clip(config.num_labels - offset, 0, rows).astype(jnp.int32)
-  local_labels = jnp.where((labels >= offset) & (labels < offset + n_valid), labels - offset, -1)
+  local_labels = jnp.where((labels >= offset) & (labels < offset + n_valid), labels - offset, PAD_ID)
   dense_params = (state.embed.b, state.hidden)
+  keep = None
+  if config.network.dropout > 0:  # inverted dropout on the last hidden layer, a mask drawn from (rng, step)
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), 0x0d)
+    keep = jax.random.bernoulli(key, 1.0 - config.network.dropout, (B, config.hidden_dims[-1]))
+    keep = keep.astype(jnp.float32) / (1.0 - config.network.dropout)
   with jax.named_scope("hidden_fwd"):
     h, hidden_vjp = jax.vjp(
-        lambda dp, tap: hidden_forward(state.embed.w, dp, fids, fvals, tap),
+        lambda dp, tap: hidden_forward(state.embed.w, dp, fids, fvals, tap) * (1.0 if keep is None else keep),
         dense_params, jnp.zeros((B, config.hidden_dims[0]), jnp.float32))
   with jax.named_scope("lsh_query"):
     if config.k >= config.num_labels:  # exact softmax: every (real) row is active
       row_ids = jnp.arange(rows, dtype=jnp.int32)
-      active = jnp.broadcast_to(jnp.where(row_ids < n_valid, row_ids, -1), (B, rows))
+      active = jnp.broadcast_to(jnp.where(row_ids < n_valid, row_ids, PAD_ID), (B, rows))
       from_tables = jnp.zeros((B,), jnp.int32)
     else:
       seed = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
       if shard.axis is not None:
         seed = jax.random.fold_in(seed, shard.index())
-      active, from_tables = tables.lsh_query(
-          state.tables, state.lsh, h, k=local_active_k(config, config.num_shards), num_rows=n_valid,
-          labels=local_labels, seed=jax.random.bits(seed, (), jnp.uint32))
+      active, from_tables = query_active(
+          state, h, config=config, k=local_active_k(config, config.num_shards), num_rows=n_valid,
+          labels=local_labels, seed=jax.random.bits(seed, (), jnp.uint32), max_from_index=config.max_from_index)
   with jax.named_scope("out_logits"):
     targets = label_targets(active, local_labels, num_distinct_labels(labels))
     logits = jnp.where(active >= 0, ops.sparse_logits(h, state.out.w, state.out.b, active), -jnp.inf)
+    if config.network.tail_correction and config.k < config.num_labels:
+      logits = logits + tail_log_weights(jnp.sum(targets > 0, axis=1) + from_tables, active.shape[1], n_valid)
   with jax.named_scope("softmax_reduce"):
     loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
   with jax.named_scope("dh_reduce"):  # the step's metric rides along in the same all-reduce
@@ -404,23 +470,23 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
     d_dense, d_embed = hidden_vjp(dh)
 
   lr = config.schedule()(state.step)
-  adam = dict(b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay)
+  adam = config.adam_args()
   with jax.named_scope("out_adam"):
     # The output layer's weight and bias share their rows: one pass updates both.
     (out_w, out_b), (out_w_opt, out_b_opt), touched = optim.apply_row_sparse_adam(
         (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt), ops.RowSparseGrad(active, g_out, h),
         lr, after=dh, **adam)
     t = state.tables  # re-inserting updated rows is part of updating this shard's rows
-    if config.reinsert == "labels":
+    if config.tables.reinsert == "labels":
       ids = local_labels.reshape(-1)
       t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(ids, 0), axis=0), ids, rows)
-    elif config.reinsert == "all":
+    elif config.tables.reinsert == "all":
       t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(touched, 0), axis=0), touched, rows)
   with jax.named_scope("embed_adam"):
     embed_w, embed_opt, _ = optim.apply_row_sparse_adam(
         state.embed.w, state.embed_opt, ops.RowSparseGrad(fids, fvals, d_embed), lr, **adam)
   with jax.named_scope("dense_adam"):
-    updates, dense_opt = _dense_optimizer(config).update(d_dense, state.dense_opt, dense_params)
+    updates, dense_opt = dense_optimizer(config).update(d_dense, state.dense_opt, dense_params)
     embed_b, hidden = optax.apply_updates(dense_params, updates)
 
   new_state = state._replace(
@@ -431,19 +497,33 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   return new_state, metrics
 
 
-def rebuild_tables(state: SlideState, num_valid: int | jax.Array | None = None) -> SlideState:
-  """Re-hashes every output row into fresh tables (amortized O(N d) work).
+def rebuild_tables(state: SlideState, num_valid: int | jax.Array | None = None, *,
+                   kmeans_iterations: int = 2) -> SlideState:
+  """Refreshes the index from the current rows (amortized work, off the step).
 
-  ``num_valid``: only rows below it are real (a padded shard); default all.
+  Hash tables: every row is re-hashed into fresh tables (O(N d)). A clustered
+  index: ``kmeans_iterations`` Lloyd iterations from fresh seeds, then every
+  row is assigned (O(N C d) each).
+
+  Args:
+    state: the state whose ``tables`` are refreshed.
+    num_valid: only rows below it are real (a padded shard); default all.
+    kmeans_iterations: Lloyd iterations of a clustered index.
   """
-  return state._replace(tables=tables.build_tables(state.tables, state.lsh, state.out.w, num_valid))
+  if isinstance(state.tables, clusters.ClusterIndex):
+    return state._replace(tables=clusters.build_index(state.tables, state.out.w, state.out.b,
+                                                      iterations=kmeans_iterations, num_valid=num_valid))
+  return state._replace(tables=_build_tables(state.tables, state.lsh, state.out, num_valid))
 
 
 def new_hash_functions(state: SlideState, config: ModelConfig,
                        num_valid: int | jax.Array | None = None) -> SlideState:
-  """Draws new hash functions (from the state's key and step) and rebuilds."""
+  """Draws new hash functions (a clustered index: new seeds) and rebuilds."""
   key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), -state.step - 1)
-  params = lsh.init_lsh(key, config.lsh_config, config.hidden_dims[-1])
+  if isinstance(state.tables, clusters.ClusterIndex):
+    return state._replace(tables=clusters.build_index(state.tables, state.out.w, state.out.b, num_valid=num_valid,
+                                                      iterations=config.tables.kmeans_iterations, key=key))
+  params = lsh.init_lsh(key, config.lsh_config, lsh.input_dim(state.lsh) or config.hidden_dims[-1])
   return rebuild_tables(state._replace(lsh=params), num_valid)
 
 
@@ -454,53 +534,42 @@ class TableSchedule:
   Rebuilds happen after ``period`` steps, then each period is ``growth``
   times the previous one (capped at ``max_period``), as SLIDE does. New hash
   functions are drawn every ``rehash_period`` steps (0: never). A pure
-  function of the step, so a resumed run keeps the same schedule.
+  function of the step, so a resumed run keeps the same schedule. Any values
+  give an answer (periods are at least one step); :class:`TablesConfig`
+  rejects the meaningless ones (``growth < 1``, ``max_period < period``).
   """
-  period: int = 50
-  growth: float = 1.0
-  max_period: int = 10_000
+  period: int
+  growth: float
+  max_period: int
   rehash_period: int = 0
+
+  @classmethod
+  def from_config(cls, config: TablesConfig) -> "TableSchedule":
+    return cls(config.rebuild_period, config.rebuild_growth, config.rebuild_max_period, config.rehash_period)
 
   def rebuild_due(self, step: int) -> bool:
     """Whether the tables are rebuilt after step ``step`` (1-based count)."""
-    if self.period <= 0:
+    if self.period <= 0 or step <= 0:
       return False
-    if self.growth == 1.0:
-      return step % self.period == 0
-    at, p = 0.0, float(self.period)
-    while at < step:
-      at += round(p)
-      p = min(p * self.growth, self.max_period)
-    return at == step
+    cap = max(float(self.max_period), 1.0)
+    at, p = 0, min(float(self.period), cap)
+    while True:
+      length = max(1, round(p))
+      following = min(max(p * self.growth, 1.0), cap)
+      if following == p:  # fixed from here on: no need to walk the remaining periods
+        return step > at and (step - at) % length == 0
+      at += length
+      if at >= step:  # every loop advances: at most `step` rounds, ~log(cap/period)/log(growth) in practice
+        return at == step
+      p = following
 
   def rehash_due(self, step: int) -> bool:
-    return self.rehash_period > 0 and step % self.rehash_period == 0
+    return self.rehash_period > 0 and step > 0 and step % self.rehash_period == 0
 
-
-# --- Inference -----------------------------------------------------------------
 
 def hidden(state: SlideState, feat_ids: jax.Array, feat_vals: jax.Array) -> jax.Array:
-  """Last hidden layer activations ``[B, d]`` for a batch."""
+  """Last hidden layer activations ``[B, d]`` for a batch (any state with ``embed`` and ``hidden``)."""
   return hidden_forward(state.embed.w, (state.embed.b, state.hidden), feat_ids, feat_vals)
-
-
-def predict_exact(state, feat_ids: jax.Array, feat_vals: jax.Array, *, top: int = 5) -> jax.Array:
-  """Top ``top`` ids ``[B, top]`` over all N outputs (chunked, never ``[B, N]``).
-
-  Works for any state with ``embed``, ``hidden`` and ``out`` (the dense
-  baseline's too).
-  """
-  return metrics.exact_topk(hidden(state, feat_ids, feat_vals), state.out.w, state.out.b, top)[1]
-
-
-def predict_sampled(state: SlideState, feat_ids, feat_vals, *, config: ModelConfig, top: int = 5,
-                    seed: int = 0) -> jax.Array:
-  """Fast inference: top ``top`` ids among the LSH-sampled active set ``[B, top]``."""
-  h = hidden(state, feat_ids, feat_vals)
-  active, _ = tables.lsh_query(state.tables, state.lsh, h, k=config.k, num_rows=config.num_labels, seed=seed)
-  logits = ops.sparse_logits(h, state.out.w, state.out.b, active)
-  _, pos = jax.lax.top_k(logits, top)
-  return jnp.take_along_axis(active, pos, axis=1)
 
 
 def num_params(state: SlideState) -> int:

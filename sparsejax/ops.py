@@ -21,11 +21,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sparsejax import _ffi
 from sparsejax._checks import Dims, check_array
-
-PAD_ID = -1
+from sparsejax.padding import PAD_ID
 
 
 class RowSparseGrad(NamedTuple):
@@ -50,6 +50,21 @@ class RowSparseGrad(NamedTuple):
     return jnp.zeros((num_rows, self.x.shape[-1]), self.x.dtype).at[safe].add(rows, mode="drop")
 
 
+def _gather_dot(x, weight, ids, bias, op, ids_name):
+  """The gather_dot kernel (arguments checked by the caller); its errors name `op` and its ids `ids_name`."""
+  out = jax.ShapeDtypeStruct(ids.shape, jnp.float32)
+  return _ffi.ffi_call("gather_dot", out, vmap_method="sequential")(x, weight, ids, bias, op=op, ids_name=ids_name)
+
+
+def _gather_combine(g, weight, ids, op, ids_name):
+  """The gather_combine kernel (arguments checked by the caller); its errors name `op` and `ids_name`."""
+  out = jax.ShapeDtypeStruct((ids.shape[0], weight.shape[1]), jnp.float32)
+  return _ffi.ffi_call("gather_combine", out, vmap_method="sequential")(g, weight, ids, op=op, ids_name=ids_name)
+
+
+_NO_BIAS = np.zeros((0,), np.float32)  # NumPy: no JAX array (nor backend) at import
+
+
 def _check_gather(op, dense, dense_name, dense_shape, weight, ids):
   dims = Dims(op)
   check_array(dims, "ids", ids, jnp.int32, ("B", "k"))
@@ -72,11 +87,10 @@ def gather_dot(x: jax.Array, weight: jax.Array, ids: jax.Array, bias: jax.Array 
   """
   dims = _check_gather("gather_dot", x, "x", ("B", "d"), weight, ids)
   if bias is None:
-    bias = jnp.zeros((0,), jnp.float32)
+    bias = _NO_BIAS
   else:
     check_array(dims, "bias", bias, jnp.float32, ("N",))
-  out = jax.ShapeDtypeStruct((dims["B"], dims["k"]), jnp.float32)
-  return _ffi.ffi_call("gather_dot", out, vmap_method="sequential")(x, weight, ids, bias)
+  return _gather_dot(x, weight, ids, bias, "gather_dot", "ids")
 
 
 def gather_combine(g: jax.Array, weight: jax.Array, ids: jax.Array) -> jax.Array:
@@ -90,9 +104,8 @@ def gather_combine(g: jax.Array, weight: jax.Array, ids: jax.Array) -> jax.Array
   Returns:
     ``[B, d]`` float32.
   """
-  dims = _check_gather("gather_combine", g, "g", ("B", "k"), weight, ids)
-  out = jax.ShapeDtypeStruct((dims["B"], dims["d"]), jnp.float32)
-  return _ffi.ffi_call("gather_combine", out, vmap_method="sequential")(g, weight, ids)
+  _check_gather("gather_combine", g, "g", ("B", "k"), weight, ids)
+  return _gather_combine(g, weight, ids, "gather_combine", "ids")
 
 
 def _scatter_bias(g, ids, n):
@@ -104,7 +117,7 @@ def _scatter_bias(g, ids, n):
 
 @jax.custom_vjp
 def _sparse_logits(h, weight, bias, ids):
-  return gather_dot(h, weight, ids, bias)
+  return _gather_dot(h, weight, ids, bias, "sparse_logits", "ids")
 
 
 def _sparse_logits_fwd(h, weight, bias, ids):
@@ -114,7 +127,7 @@ def _sparse_logits_fwd(h, weight, bias, ids):
 def _sparse_logits_bwd(res, g):
   h, weight, bias, ids = res
   g = jnp.where(ids == PAD_ID, 0.0, g)
-  dh = gather_combine(g, weight, ids)
+  dh = _gather_combine(g, weight, ids, "sparse_logits", "ids")
   dweight = RowSparseGrad(ids, g, h).to_dense(weight.shape[0])  # DCE'd unless asked for
   dbias = _scatter_bias(g, ids, bias.shape[0])
   return dh, dweight, dbias, None
@@ -147,7 +160,7 @@ def sparse_logits(h: jax.Array, weight: jax.Array, bias: jax.Array, ids: jax.Arr
 
 @jax.custom_vjp
 def _embedding_bag(feat_ids, feat_vals, weight, bias):
-  return gather_combine(feat_vals, weight, feat_ids) + bias
+  return _gather_combine(feat_vals, weight, feat_ids, "embedding_bag", "feat_ids") + bias
 
 
 def _embedding_bag_fwd(feat_ids, feat_vals, weight, bias):
@@ -156,7 +169,7 @@ def _embedding_bag_fwd(feat_ids, feat_vals, weight, bias):
 
 def _embedding_bag_bwd(res, dout):
   feat_ids, feat_vals, weight = res
-  dvals = gather_dot(dout, weight, feat_ids)
+  dvals = _gather_dot(dout, weight, feat_ids, _NO_BIAS, "embedding_bag", "feat_ids")
   dweight = RowSparseGrad(feat_ids, feat_vals, dout).to_dense(weight.shape[0])  # DCE'd unless asked for
   return None, dvals, dweight, dout.sum(axis=0)
 

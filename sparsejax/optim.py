@@ -18,6 +18,7 @@ Example::
 Dense parameters keep using plain optax.
 """
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -57,6 +58,18 @@ class RowSparseOptimizer(NamedTuple):
   update: Callable
 
 
+def _check_hyperparameters(learning_rate, b1, b2, eps, weight_decay) -> None:
+  """Static hyperparameters: Adam's constants in range, all finite (a traced learning rate is not checked)."""
+  for name, value, low, high in (("b1", b1, 0.0, 1.0), ("b2", b2, 0.0, 1.0), ("eps", eps, 0.0, math.inf),
+                                 ("weight_decay", weight_decay, -math.inf, math.inf)):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+      raise TypeError(f"row_sparse_adam: argument '{name}' must be a float, got {type(value).__name__}")
+    if not (math.isfinite(value) and low <= value < high):
+      raise ValueError(f"row_sparse_adam: argument '{name}' must be finite and in [{low}, {high}), got {value}")
+  if isinstance(learning_rate, (int, float, np.integer, np.floating)) and not math.isfinite(learning_rate):
+    raise ValueError(f"row_sparse_adam: argument 'learning_rate' must be finite, got {learning_rate}")
+
+
 def apply_row_sparse_adam(
     params, state, grad: RowSparseGrad, learning_rate: jax.Array | float, *,
     b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
@@ -86,18 +99,28 @@ def apply_row_sparse_adam(
     ``params`` and ``state``; ``touched`` is ``[B * k]`` int32: the distinct
     updated row ids in increasing order, then -1s.
   """
+  op = "row_sparse_adam"
   is_pair = isinstance(params, (tuple, list))
+  if is_pair and (len(params) != 2 or not isinstance(state, (tuple, list)) or len(state) != 2):
+    raise TypeError(f"{op}: a (weight, bias) pair of params needs a pair of states, got {len(params)} params "
+                    f"and a state of type {type(state).__name__}")
   weight, bias = params if is_pair else (params, None)
   w_state, b_state = state if is_pair else (state, None)
-  dims = Dims("row_sparse_adam")
-  if weight.ndim == 1 and not is_pair:  # a bias on its own: rows of width 1
+  for name, s in (("state", w_state), ("bias state", b_state)):
+    if s is not None and not isinstance(s, RowSparseAdamState):
+      raise TypeError(f"{op}: argument '{name}' must be a RowSparseAdamState, got {type(s).__name__}")
+  if not isinstance(grad, RowSparseGrad):
+    raise TypeError(f"{op}: argument 'grad' must be a RowSparseGrad, got {type(grad).__name__}")
+  _check_hyperparameters(learning_rate, b1, b2, eps, weight_decay)
+  dims = Dims(op)
+  if getattr(weight, "ndim", None) == 1 and not is_pair:  # a bias on its own: rows of width 1
     check_array(dims, "weight", weight, jnp.float32, ("N",))
     dims["d"], dims.source["d"] = 1, "weight"
   else:
     check_array(dims, "weight", weight, jnp.float32, ("N", "d"))
-  moment_dtype = w_state.mu.dtype
+  moment_dtype = getattr(w_state.mu, "dtype", None)
   if moment_dtype not in MOMENT_DTYPES:
-    raise ValueError(f"row_sparse_adam: moments must be float32 or bfloat16, got {moment_dtype}")
+    raise ValueError(f"row_sparse_adam: argument 'state.mu' must be float32 or bfloat16, got {moment_dtype}")
   moments = [("state.mu", w_state.mu, weight.shape), ("state.nu", w_state.nu, weight.shape)]
   if is_pair:
     check_array(dims, "bias", bias, jnp.float32, ("N",))
@@ -106,10 +129,10 @@ def apply_row_sparse_adam(
     empty = jnp.zeros((0,), jnp.float32)
     bias, b_state = empty, RowSparseAdamState(w_state.count, empty.astype(moment_dtype), empty.astype(moment_dtype))
   for name, moment, shape in moments:
-    if moment.shape != shape or moment.dtype != moment_dtype:
+    if getattr(moment, "shape", None) != shape or getattr(moment, "dtype", None) != moment_dtype:
       raise ValueError(f"row_sparse_adam: argument '{name}' must be {moment_dtype} of shape "
                        f"{tuple(shape)} (its parameter's shape and the moments' dtype), "
-                       f"got {moment.dtype} {tuple(moment.shape)}")
+                       f"got {getattr(moment, 'dtype', type(moment).__name__)} {getattr(moment, 'shape', '')}")
   check_array(dims, "grad.ids", grad.ids, jnp.int32, ("B", "k"))
   check_array(dims, "grad.g", grad.g, jnp.float32, ("B", "k"))
   check_array(dims, "grad.x", grad.x, jnp.float32, ("B", "d"))
@@ -118,7 +141,9 @@ def apply_row_sparse_adam(
   shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype)
                  for a in (weight, w_state.mu, w_state.nu, bias, b_state.mu, b_state.nu))
   shapes += (jax.ShapeDtypeStruct((grad.ids.size,), jnp.int32),)
-  call = _ffi.ffi_call("row_sparse_adam", shapes, input_output_aliases={i: i for i in range(6)})
+  # One kernel per moment dtype (the C++ handlers are typed).
+  call = _ffi.ffi_call(f"row_sparse_adam_{jnp.dtype(moment_dtype).name}", shapes,
+                       input_output_aliases={i: i for i in range(6)}, vmap_method="sequential")
   new_w, mu, nu, new_b, b_mu, b_nu, touched = call(
       weight, w_state.mu, w_state.nu, bias, b_state.mu, b_state.nu,
       grad.ids, grad.g, grad.x, lr, count.astype(jnp.int32),
@@ -160,6 +185,7 @@ def row_sparse_adam(
 
   if jnp.dtype(moment_dtype) not in MOMENT_DTYPES:
     raise ValueError(f"row_sparse_adam: moment_dtype must be float32 or bfloat16, got {jnp.dtype(moment_dtype)}")
+  _check_hyperparameters(None if callable(learning_rate) else learning_rate, b1, b2, eps, weight_decay)
 
   def init_one(p: jax.Array) -> RowSparseAdamState:
     # Two distinct buffers: both are donated to the in-place update.

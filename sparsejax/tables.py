@@ -19,8 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparsejax import _ffi
-from sparsejax._checks import Dims, check_array
+from sparsejax._checks import INT32_MAX, Dims, check_array, check_index, check_int
 from sparsejax.lsh import LSHConfig, LSHParams, lsh_hash, num_bits, num_tables
+from sparsejax.padding import PAD_ID
 
 POLICIES = {"fifo": 0, "reservoir": 1}
 
@@ -77,22 +78,35 @@ def init_tables(config: LSHConfig, bucket_size: int, *, policy: str = "fifo", se
       (keeps a uniform sample of all rows offered).
     seed: seed of reservoir sampling.
   """
-  if policy not in POLICIES:
-    raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {policy!r}")
-  if bucket_size < 1:
-    raise ValueError(f"bucket_size must be >= 1, got {bucket_size}")
+  _check_policy("init_tables", policy)
+  bucket_size = check_int("init_tables", "bucket_size", bucket_size, 1)
+  seed = check_index("init_tables", "seed", seed, 0, 2**32 - 1)  # an int, or a (traced) integer scalar
+  config.validate()
   L, NB = config.num_tables, 2**config.num_bits
   return HashTables(
-      buckets=jnp.full((L, NB, bucket_size), -1, jnp.int32),
+      buckets=jnp.full((L, NB, bucket_size), PAD_ID, jnp.int32),
       counts=jnp.zeros((L, NB), jnp.int32),
       seed=jnp.asarray(seed, jnp.uint32),
       policy=policy,
   )
 
 
-def _check_tables(dims: Dims, tables: HashTables, params: LSHParams):
+def _check_policy(op: str, policy):
+  if policy not in POLICIES:
+    raise ValueError(f"{op}: argument 'policy' must be one of {sorted(POLICIES)}, got {policy!r}")
+
+
+def _check_table_arrays(dims: Dims, tables: HashTables):
+  if not isinstance(tables, HashTables):
+    raise TypeError(f"{dims.op}: argument 'tables' must be HashTables, got {type(tables).__name__}")
   check_array(dims, "tables.buckets", tables.buckets, jnp.int32, ("L", "num_buckets", "bucket_size"))
   check_array(dims, "tables.counts", tables.counts, jnp.int32, ("L", "num_buckets"))
+  check_array(dims, "tables.seed", tables.seed, jnp.uint32, ())
+  _check_policy(dims.op, tables.policy)
+
+
+def _check_tables(dims: Dims, tables: HashTables, params: LSHParams):
+  _check_table_arrays(dims, tables)
   L, NB = num_tables(params), 2 ** num_bits(params)
   if (dims["L"], dims["num_buckets"]) != (L, NB):
     raise ValueError(
@@ -105,7 +119,7 @@ def _insert(tables: HashTables, codes, ids, num_rows: int, reset: bool) -> HashT
       "lsh_tables_insert",
       (jax.ShapeDtypeStruct(tables.buckets.shape, jnp.int32),
        jax.ShapeDtypeStruct(tables.counts.shape, jnp.int32)),
-      input_output_aliases={0: 0, 1: 1})
+      input_output_aliases={0: 0, 1: 1}, vmap_method="sequential")
   buckets, counts = call(tables.buckets, tables.counts, codes, ids, tables.seed,
                          policy=np.int32(POLICIES[tables.policy]), reset=reset, num_rows=num_rows)
   return dataclasses.replace(tables, buckets=buckets, counts=counts)
@@ -127,11 +141,13 @@ def build_tables(tables: HashTables, params: LSHParams, weight: jax.Array,
   """
   dims = Dims("build_tables")
   check_array(dims, "weight", weight, jnp.float32, ("N", "d"))
+  check_int(dims.op, "weight.shape[0]", dims["N"], 0, INT32_MAX)
   _check_tables(dims, tables, params)
   codes = lsh_hash(params, weight)
   ids = jnp.arange(weight.shape[0], dtype=jnp.int32)
   if num_valid is not None:
-    ids = jnp.where(ids < num_valid, ids, -1)
+    num_valid = check_index(dims.op, "num_valid", num_valid, 0, dims["N"])
+    ids = jnp.where(ids < num_valid, ids, PAD_ID)
   return _insert(tables, codes, ids, weight.shape[0], reset=True)
 
 
@@ -152,6 +168,7 @@ def insert_rows(tables: HashTables, params: LSHParams, rows: jax.Array, ids: jax
   dims = Dims("insert_rows")
   check_array(dims, "rows", rows, jnp.float32, ("n", "d"))
   check_array(dims, "ids", ids, jnp.int32, ("n",))
+  num_rows = check_int(dims.op, "num_rows", num_rows, 0, INT32_MAX)
   _check_tables(dims, tables, params)
   return _insert(tables, lsh_hash(params, rows), ids, num_rows, reset=False)
 
@@ -161,15 +178,18 @@ def query_codes(tables: HashTables, codes: jax.Array, *, k: int, num_rows: int |
   """Active sets from precomputed codes (see :func:`lsh_query`)."""
   dims = Dims("lsh_query")
   check_array(dims, "codes", codes, jnp.int32, ("B", "L"))
-  check_array(dims, "tables.buckets", tables.buckets, jnp.int32, ("L", "num_buckets", "bucket_size"))
-  check_array(dims, "tables.counts", tables.counts, jnp.int32, ("L", "num_buckets"))
+  _check_table_arrays(dims, tables)
   B = dims["B"]
   if labels is None:
-    labels = jnp.full((B, 0), -1, jnp.int32)
+    labels = jnp.full((B, 0), PAD_ID, jnp.int32)
   check_array(dims, "labels", labels, jnp.int32, ("B", "max_labels"))
-  if isinstance(num_rows, int) and not 1 <= k <= num_rows:
+  k = check_int(dims.op, "k", k, 1, INT32_MAX)
+  num_rows = check_index(dims.op, "num_rows", num_rows, 1)
+  if isinstance(num_rows, int) and k > num_rows:
     raise ValueError(f"lsh_query: k = {k} must be in [1, num_rows = {num_rows}]")
-  seed = jnp.asarray(seed).astype(jnp.uint32)
+  # Any integer seed: only its low 32 bits are used.
+  seed = check_index(dims.op, "seed", seed, -(2**63), 2**64 - 1)
+  seed = np.uint32(seed % 2**32) if isinstance(seed, int) else seed.astype(jnp.uint32)
   call = _ffi.ffi_call(
       "lsh_query",
       (jax.ShapeDtypeStruct((B, k), jnp.int32), jax.ShapeDtypeStruct((B,), jnp.int32)),

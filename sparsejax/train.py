@@ -1,470 +1,351 @@
-"""Training loop: data, steps, table maintenance, evaluation, logging, checkpoints.
+"""``train_and_evaluate(config, workdir)``: the training loop of a SLIDE network or its dense baseline.
 
-``train_and_evaluate(config, workdir)`` trains a SLIDE network (or, with
-``model="dense"``, the dense full-softmax baseline of the same network) and
-returns the final evaluation. It resumes from the newest checkpoint in
-``workdir`` and then continues exactly as an uninterrupted run would.
+It validates the config and the work directory, loads the data
+(:func:`sparsejax.data.load_dataset`), builds the run
+(:func:`sparsejax.distributed.make_run`: one process or several, SLIDE or
+dense), resumes from the newest checkpoint when it continues the same run
+(:mod:`sparsejax.checkpoint`), trains until the budget is spent or a signal
+asks it to stop (:mod:`sparsejax.stopping`), evaluating
+(:mod:`sparsejax.evaluation`) and writing metrics
+(:mod:`sparsejax.metric_writer`) on the way, and returns the final
+evaluation. A resumed run continues exactly as an uninterrupted one would.
 
-Files in ``workdir``: ``metrics.jsonl`` (one JSON object per evaluation),
-``checkpoints/`` (orbax; a save interrupted by a crash never replaces the last
-good one), ``config.json``, and TensorBoard events if asked for.
+Files in ``workdir``: ``metrics.jsonl``, ``checkpoints/``, ``config.json``
+(written once the run has started or resumed), ``assets/`` (label names,
+vectorizer: what :func:`sparsejax.load` needs) and, if asked for,
+``tensorboard/``.
 """
 
-import dataclasses
-import functools
 import json
-import math
 import os
+import signal
 import time
 from typing import Any
 
 import jax
-import numpy as np
 from absl import logging
 
-from sparsejax import data as xcdata
-from sparsejax import dense, distributed, memory, metrics
-from sparsejax import model as slide
-from sparsejax.netanalysis import collect as netanalysis
+from sparsejax import checkpoint, dense, distributed, memory, model, retrieval, trained
+from sparsejax.config import Config, ConfigError
+from sparsejax.console import Progress
+from sparsejax.data import BatchIterator, load_dataset, train_test_split
+from sparsejax.evaluation import Evaluator
+from sparsejax.metric_writer import MetricWriter, read_records
+from sparsejax.netanalysis.collect import StepProfiler
+from sparsejax.stopping import Interrupted, StopRequests
+
+# Final-record fields that describe the run rather than a point of a curve.
+_SUMMARY_FIELDS = ("step", "epoch", "loss", "samples_per_sec", "seconds", "train_seconds", "num_params", "final",
+                   "num_processes", "last_step", "selected_step", "selected_by")
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  """A training run. Every field has a flag of the same name in ``examples/train.py``."""
-  # Data.
-  dataset: str = "icd10"  # "icd10", "synthetic" or "files"
-  train_file: str | None = None
-  test_file: str | None = None
-  icd10_labels: str = "category"  # or "hierarchy" (chapter + block + category)
-  synthetic_samples: int = 100_000
-  synthetic_features: int = 20_000
-  synthetic_labels: int = 10_000
-  synthetic_labels_per_sample: float = 1.0
-  test_fraction: float = 0.1
-  max_features: int | None = None  # per-sample padding width; None: data max
-  max_labels: int | None = None
-  # Model.
-  model: str = "slide"  # or "dense" (full softmax baseline)
-  hidden_dims: tuple[int, ...] = (128,)
-  active_k: int = 1024
-  lsh_family: str = "simhash"
-  num_tables: int = 32
-  num_bits: int | None = None
-  bucket_size: int | None = None
-  table_policy: str = "fifo"
-  reinsert: str = "none"
-  rebuild_period: int = 50
-  rebuild_growth: float = 1.05
-  rebuild_max_period: int = 2000
-  rehash_period: int = 0
-  # Optimization.
-  batch_size: int = 128
-  learning_rate: float = 3e-3
-  warmup_steps: int = 0
-  decay_steps: int = 0
-  weight_decay: float = 0.0
-  moment_dtype: str = "float32"  # sparse layers' Adam moments: float32 or bfloat16
-  # Budget: training stops at whichever comes first.
-  max_steps: int | None = None
-  num_epochs: float | None = 5.0
-  max_seconds: float | None = None
-  # Evaluation, logging, checkpoints.
-  eval_every: int = 500
-  eval_samples: int | None = 5000  # test samples of periodic evaluations; final uses all
-  log_every: int = 50
-  checkpoint_every: int = 1000
-  keep_checkpoints: int = 2
-  propensity_a: float = 0.55
-  propensity_b: float = 1.5
-  tensorboard: bool = False
-  progress: bool = True
-  seed: int = 0
-  # Distribution: the output layer is split over this many processes
-  # (None: all processes of the jax.distributed job; the dense model then runs
-  # data-parallel). Replicated parameters are compared every checksum_every steps.
-  num_shards: int | None = None
-  checksum_every: int = 500
-  # Network analysis (sparsejax.netanalysis.collect): profile netanalysis_steps steps from step
-  # netanalysis_start (0: off; the window waits for every step) into workdir/netanalysis/.
-  netanalysis_steps: int = 0
-  netanalysis_start: int = 20
-  link_capacity: str | None = None  # the link's rate, e.g. "1gbit", for utilisations
-  netanalysis_iface: str = "auto"  # interface whose tx/rx to count; auto: the one this process advertises
-  netanalysis_keep_raw: bool = False  # keep the profiler's raw output
-
-  def model_config(self, num_features: int, num_labels: int) -> slide.ModelConfig:
-    return slide.ModelConfig(
-        num_features=num_features, num_labels=num_labels, hidden_dims=tuple(self.hidden_dims),
-        active_k=self.active_k, lsh_family=self.lsh_family, num_tables=self.num_tables, num_bits=self.num_bits,
-        bucket_size=self.bucket_size, table_policy=self.table_policy, learning_rate=self.learning_rate,
-        warmup_steps=self.warmup_steps, decay_steps=self.decay_steps, weight_decay=self.weight_decay,
-        moment_dtype=self.moment_dtype, reinsert=self.reinsert)
-
-  def table_schedule(self) -> slide.TableSchedule:
-    return slide.TableSchedule(self.rebuild_period, self.rebuild_growth, self.rebuild_max_period,
-                               self.rehash_period)
-
-
-def load_data(config: TrainConfig) -> tuple[xcdata.XCDataset, xcdata.XCDataset]:
-  """The (train, test) sets named by the config."""
-  if config.dataset == "icd10":
-    train, test, _ = xcdata.load_icd10(label_level=config.icd10_labels, seed=config.seed,
-                                       test_fraction=config.test_fraction)
-  elif config.dataset == "synthetic":
-    full = xcdata.make_synthetic(config.synthetic_samples, config.synthetic_features, config.synthetic_labels,
-                                 labels_per_sample=config.synthetic_labels_per_sample, seed=config.seed)
-    train, test = xcdata.train_test_split(full, config.test_fraction, seed=config.seed)
-  elif config.dataset == "files":
-    if not config.train_file or not config.test_file:
-      raise ValueError("dataset='files' needs train_file and test_file (extreme classification repository format)")
-    train, test = xcdata.load_xc_file(config.train_file), xcdata.load_xc_file(config.test_file)
-    if (train.num_features, train.num_labels) != (test.num_features, test.num_labels):
-      raise ValueError(f"{config.test_file}: header has {test.num_features} features / {test.num_labels} labels, "
-                       f"but {config.train_file} has {train.num_features} / {train.num_labels}")
-  else:
-    raise ValueError(f"unknown dataset {config.dataset!r}: use 'icd10', 'synthetic' or 'files'")
-  return train, test
-
-
-class Evaluator:
-  """Exact (all N outputs, chunked) and LSH-sampled ranking metrics on a test set."""
-
-  def __init__(self, test: xcdata.XCDataset, train: xcdata.XCDataset, config: TrainConfig, runner: "Runner",
-               max_features: int, batch_size: int = 1024):
-    self.test, self.runner, self.max_features, self.batch_size = test, runner, max_features, batch_size
-    freqs = train.label_frequencies()
-    self.propensity = metrics.propensity_scores(freqs, len(train), config.propensity_a, config.propensity_b)
-
-  def __call__(self, state, num_samples: int | None = None) -> dict[str, float]:
-    n = len(self.test) if num_samples is None else min(num_samples, len(self.test))
-    rows = np.arange(n)
-    exact, approx, labels = [], [], []
-    for start in range(0, n, self.batch_size):
-      idx = rows[start:start + self.batch_size]
-      fi, fv, lab = self.test.to_padded(idx, self.max_features)
-      pad = self.batch_size - len(idx)  # one compiled shape for every batch
-      fi = np.pad(fi, ((0, pad), (0, 0)), constant_values=-1)
-      fv = np.pad(fv, ((0, pad), (0, 0)))
-      top, sampled = self.runner.predict(state, fi, fv)
-      exact.append(top[:len(idx)])
-      if sampled is not None:
-        approx.append(sampled[:len(idx)])
-      labels.append(lab)
-    width = max(l.shape[1] for l in labels)
-    labels = np.concatenate([np.pad(l, ((0, 0), (0, width - l.shape[1])), constant_values=-1) for l in labels])
-    result = metrics.evaluate_topk(np.concatenate(exact), labels, self.propensity)
-    if approx:
-      sampled_result = metrics.evaluate_topk(np.concatenate(approx), labels, self.propensity)
-      result.update({f"sampled_{key}": v for key, v in sampled_result.items()})
-    return result
-
-
-def _local_value(x) -> np.ndarray:
-  """This process's copy of a (replicated) array."""
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    x = x.addressable_data(0)
-  return np.asarray(x)
-
-
-class Runner:
-  """How one kind of run initializes, steps, maintains and predicts.
-
-  Single process: the SLIDE model or the dense baseline. Several shards
-  (processes): the output layer split over a mesh, or the dense baseline run
-  data-parallel.
-  """
-
-  def __init__(self, config: TrainConfig, mcfg: slide.ModelConfig, num_shards: int):
-    self.config, self.num_shards = config, num_shards
-    self.is_slide = config.model == "slide"
-    self.mcfg = dataclasses.replace(mcfg, num_shards=num_shards) if self.is_slide else mcfg
-    self.key = jax.random.key(config.seed)
-    self.top = min(5, mcfg.num_labels)
-    self.schedule = config.table_schedule()
-    if num_shards == 1:
-      impl = slide if self.is_slide else dense
-      self._step = jax.jit(functools.partial(impl.train_step, config=self.mcfg), donate_argnums=0)
-      self._predict = jax.jit(self._local_predict)
-      if self.is_slide:
-        self._rebuild = jax.jit(slide.rebuild_tables, donate_argnums=0)
-        self._rehash = jax.jit(functools.partial(slide.new_hash_functions, config=self.mcfg), donate_argnums=0)
-      return
-    self.mesh = distributed.make_mesh(num_shards)
-    if self.is_slide:
-      self._step = distributed.make_train_step(self.mcfg, self.mesh)
-      self._rebuild = distributed.make_rebuild(self.mcfg, self.mesh)
-      self._rehash = distributed.make_rebuild(self.mcfg, self.mesh, new_hash_functions=True)
-      self._predict = distributed.make_predict(self.mcfg, self.mesh, self.top)
-      self._checksum = distributed.make_checksum(self.mesh)
-    else:
-      if config.batch_size % num_shards:
-        raise ValueError(f"data-parallel: batch_size {config.batch_size} must divide by {num_shards} processes")
-      self._step = distributed.make_dp_train_step(self.mcfg, self.mesh)
-      self._predict = jax.jit(self._local_predict)  # the model is replicated
-      self._checksum = None
-
-  def _local_predict(self, state, fi, fv):
-    exact = slide.predict_exact(state, fi, fv, top=self.top)
-    if not self.is_slide:
-      return exact, None
-    return exact, slide.predict_sampled(state, fi, fv, config=self.mcfg, top=self.top)
-
-  def init(self):
-    if self.num_shards == 1:
-      return (slide if self.is_slide else dense).init(self.key, self.mcfg)
-    if self.is_slide:
-      return distributed.init(self.key, self.mcfg, self.mesh)
-    replicated = jax.sharding.NamedSharding(self.mesh, distributed.P())
-    return jax.jit(lambda: dense.init(self.key, self.mcfg), out_shardings=replicated)()
-
-  def abstract_state(self):
-    """Shapes, dtypes and shardings of the state, to restore a checkpoint into."""
-    if self.num_shards == 1:
-      return jax.eval_shape(self.init)
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.init())
-
-  def put_batch(self, batch):
-    if self.num_shards == 1:
-      return batch
-    spec = distributed.P() if self.is_slide else distributed.P(distributed.AXIS)
-    return distributed.to_global(batch, self.mesh, spec)
-
-  def step(self, state, batch):
-    return self._step(state, self.put_batch(batch))
-
-  def step_scopes(self) -> dict:
-    """The step's named scopes and how each scales with P (netanalysis)."""
-    return slide.STEP_SCOPES if self.is_slide else dense.STEP_SCOPES
-
-  def compiled_step(self, state, batch):
-    """The step as compiled for these arguments: module, collectives, scopes (netanalysis)."""
-    from sparsejax.netanalysis import collectives
-    return collectives.compile_step(self._step, state, self.put_batch(batch), known_scopes=tuple(self.step_scopes()))
-
-  def maintain(self, state, step: int):
-    """Table refreshes due after ``step`` steps (SLIDE only)."""
-    if not self.is_slide:
-      return state
-    if self.schedule.rehash_due(step):
-      logging.info("step %d: new hash functions, tables rebuilt", step)
-      return self._rehash(state)
-    if self.schedule.rebuild_due(step):
-      return self._rebuild(state)
-    return state
-
-  def predict(self, state, fi, fv):
-    if self.num_shards > 1:
-      fi, fv = distributed.to_global((fi, fv), self.mesh)
-    exact, sampled = self._predict(state, fi, fv)
-    return _local_value(exact), None if sampled is None else _local_value(sampled)
-
-  def agree(self, flag: bool) -> bool:
-    """Process 0's ``flag``, on every process (decisions that change control flow)."""
-    if jax.process_count() == 1:
-      return flag
-    from jax.experimental import multihost_utils
-    return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
-
-  def check_replicas(self, state, step: int):
-    """Raises if the replicated parameters differ between processes."""
-    if self.num_shards == 1 or self._checksum is None:
-      return
-    sums = _local_value(self._checksum(state))
-    if len(set(sums.tolist())) != 1:
-      raise RuntimeError(f"step {step}: replicated parameters differ between processes "
-                         f"(checksums {sums.tolist()}): replicas drifted")
-
-
-def _checkpoint_manager(workdir: str, keep: int):
-  import orbax.checkpoint as ocp  # imported lazily: heavy
-  return ocp.CheckpointManager(
-      os.path.abspath(os.path.join(workdir, "checkpoints")),
-      options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
-
-
-def _save(manager, step: int, state, data_state: dict, wait: bool):
-  import orbax.checkpoint as ocp
-  manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                             data=ocp.args.JsonSave(data_state)))
-  if wait:
-    manager.wait_until_finished()
-
-
-def _restore(manager, abstract_state):
-  import orbax.checkpoint as ocp
-  step = manager.latest_step()
-  if step is None:
-    return None
-  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
-                                                           data=ocp.args.JsonRestore()))
-  return restored["state"], restored["data"]
-
-
-class _DropOrbaxInfo:
-  """absl logging filter: orbax logs every step of every save at INFO."""
-
-  def filter(self, record) -> bool:
-    return record.levelno > 20 or "orbax" not in record.pathname
-
-
-def _quiet_orbax_logs():
-  handler = logging.get_absl_handler()
-  if not any(isinstance(f, _DropOrbaxInfo) for f in handler.filters):
-    handler.addFilter(_DropOrbaxInfo())
-
-
-class _MetricsWriter:
-  """Appends evaluations to metrics.jsonl (and TensorBoard, if enabled)."""
-
-  def __init__(self, workdir: str, tensorboard: bool):
-    self.path = os.path.join(workdir, "metrics.jsonl")
-    self.tb = None
-    if tensorboard:
-      try:
-        from tensorboardX import SummaryWriter
-        self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-      except ImportError:
-        logging.warning("tensorboard=True but tensorboardX is not installed (pip install tensorboardX); skipping")
-
-  def write(self, record: dict):
-    with open(self.path, "a") as f:
-      f.write(json.dumps(record) + "\n")
-    if self.tb is not None:
-      for key, value in record.items():
-        if isinstance(value, (int, float)) and key != "step":
-          self.tb.add_scalar(key, value, record["step"])
-      self.tb.flush()
-
-
-def train_and_evaluate(config: TrainConfig, workdir: str) -> dict[str, Any]:
-  """Trains and evaluates; resumes from ``workdir`` if it holds a checkpoint.
+def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
+  """Trains and evaluates; continues the run in ``workdir`` if it holds one.
 
   Args:
-    config: the run.
+    config: the run (validated here, before any data is loaded).
     workdir: output directory (created).
 
   Returns:
-    The final evaluation (exact and sampled P@k, nDCG@k, PSP@k) with
-    ``step``, ``samples_per_sec``, ``train_seconds`` and ``num_params``.
-  """
-  os.makedirs(workdir, exist_ok=True)
-  _quiet_orbax_logs()
-  t_start = time.time()
-  train, test = load_data(config)
-  logging.info("data: %d train / %d test samples, %d features, %d labels (%.1f s)",
-               len(train), len(test), train.num_features, train.num_labels, time.time() - t_start)
-  mcfg = config.model_config(train.num_features, train.num_labels)
-  max_features = config.max_features or max(int(np.diff(train.indptr).max(initial=1)), 1)
-  max_labels = config.max_labels or max(int(np.diff(train.label_indptr).max(initial=1)), 1)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    json.dump(dataclasses.asdict(config), f, indent=1)
+    The final evaluation on the test set (exact and sampled P@k, nDCG@k, PSP@k) of the selected state (the
+    best on the validation split when there is one, else the last) with ``step`` (the selected one),
+    ``last_step``, ``samples_per_sec``, ``train_seconds`` and ``num_params``. For a run that had already
+    finished, its recorded final evaluation.
 
-  if config.model not in ("slide", "dense"):
-    raise ValueError(f"unknown model {config.model!r}: use 'slide' or 'dense'")
-  num_shards = config.num_shards or jax.process_count()
-  runner = Runner(config, mcfg, num_shards)
-  is_chief = jax.process_index() == 0
-  manager = _checkpoint_manager(workdir, config.keep_checkpoints)
-  restored = _restore(manager, runner.abstract_state())
+  Raises:
+    ConfigError: an invalid setting or an unwritable work directory (before anything is loaded).
+    ResumeError: ``workdir`` holds checkpoints of another run.
+    Interrupted: SIGINT or SIGTERM stopped the run (after saving a checkpoint).
+  """
+  config.validate()
+  num_shards = config.dist.num_shards or jax.process_count()
+  if config.network.model == "dense" and config.optim.batch_size % num_shards:
+    raise ConfigError("batch_size", config.optim.batch_size,
+                      f"data-parallel training splits each batch over {num_shards} processes: must divide by it")
+  checkpoint.check_writable(workdir)
+  checkpoint.quiet_orbax_logs()
+  checkpoints = checkpoint.Checkpoints(workdir, config.checkpoint.keep_checkpoints)
+  latest = checkpoints.latest_step()
+  meta = None if latest is None else checkpoints.meta(latest)
+  if latest is not None:
+    checkpoint.check_resume(meta, latest, config, num_shards, workdir)
+    finished = _recorded_final(workdir, config, latest, meta)
+    if finished is not None:
+      return finished
+
+  t_start = time.time()
+  data = load_dataset(config.data, seed=config.run.seed)
+  train, test, validation = data.train, data.test, None
+  if config.data.validation_fraction > 0:
+    train, validation = train_test_split(train, config.data.validation_fraction, seed=config.run.seed + 1)
+  logging.info("data: %d train / %d validation / %d test samples, %d features, %d labels (%.1f s)", len(train),
+               0 if validation is None else len(validation), len(test), train.num_features, train.num_labels,
+               time.time() - t_start)
+  steps_per_epoch = len(train) // config.optim.batch_size
+  if steps_per_epoch == 0:
+    raise ConfigError("batch_size", config.optim.batch_size, f"exceeds the {len(train)} training samples")
+  max_steps = config.budget.max_steps_for(steps_per_epoch)
+  sizes = {"num_features": train.num_features, "num_labels": train.num_labels, "num_train": len(train),
+           "steps_per_epoch": steps_per_epoch,
+           "max_features": config.data.max_features or max(train.max_features_per_sample(), 1),
+           "max_labels": config.data.max_labels or max(train.max_labels_per_sample(), 1)}
+  if meta is not None and meta["data"] != sizes and config.checkpoint.resume != "force":
+    raise checkpoint.ResumeError(f"{checkpoints.directory}/{latest} was trained on other data: {meta['data']}, "
+                                 f"now {sizes}. Use another --workdir for a new run")
+
+  run = distributed.make_run(config.model_config(train.num_features, train.num_labels), seed=config.run.seed,
+                             num_shards=num_shards, sampled_ks=tuple(k for k in [config.run.eval_sampled_k] if k))
+  restored = checkpoints.restore(run.abstract_state()) if latest is not None else None
   if restored is None:
-    state, data_state = runner.init(), {"epoch": 0, "index": 0}
+    state, position = run.init(), {"epoch": 0, "index": 0, "seconds": 0.0}
   else:
-    state, data_state = restored
-    logging.info("resumed from step %d (epoch %d, index %d)", int(_local_value(state.step)),
-                 data_state["epoch"], data_state["index"])
-  logging.info("%s model: %s parameters%s", config.model, f"{slide.num_params(state):,}",
-               f" over {num_shards} processes" if num_shards > 1 else "")
+    state, position = restored
+    logging.info("resumed from step %d (epoch %d, index %d)", latest, position["epoch"], position["index"])
+  start_step = int(distributed.local_value(state.step))
+  is_chief = jax.process_index() == 0
+  if is_chief:  # only now: a refused or failed start leaves the work directory as it was
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      json.dump(config.to_dict(), f, indent=1)
+    trained.save_assets(workdir, data)
+  logging.info("%s model: %s parameters%s; %s", config.network.model, f"{model.num_params(state):,}",
+               f" over {num_shards} processes" if num_shards > 1 else "",
+               f"training to step {max_steps}" if max_steps is not None else "training on the clock")
   memory.advise_huge_pages(state)
 
-  steps_per_epoch = len(train) // config.batch_size
-  if steps_per_epoch == 0:
-    raise ValueError(f"batch_size {config.batch_size} exceeds the {len(train)} training samples")
-  max_steps = config.max_steps
-  if config.num_epochs is not None:
-    by_epochs = int(math.ceil(config.num_epochs * steps_per_epoch))
-    max_steps = by_epochs if max_steps is None else min(max_steps, by_epochs)
-  if max_steps is None and config.max_seconds is None:
-    raise ValueError("set a budget: max_steps, num_epochs or max_seconds")
-
-  evaluator = Evaluator(test, train, config, runner, max_features)
-  writer = _MetricsWriter(workdir, config.tensorboard) if is_chief else None
-  batches = xcdata.BatchIterator(train, config.batch_size, seed=config.seed, epoch=data_state["epoch"],
-                                 index=data_state["index"], max_features=max_features, max_labels=max_labels)
-  step = start_step = int(_local_value(state.step))
-  progress = None
-  if config.progress and is_chief:
-    from tqdm.auto import tqdm
-    progress = tqdm(total=max_steps, initial=step, unit="step", dynamic_ncols=True, mininterval=1.0)
-
-  losses, window_start, window_steps = [], time.time(), 0
-  t_loop, eval_seconds = time.time(), 0.0
-  last_metrics = None
-  per_process_batch = config.batch_size // (1 if runner.is_slide else num_shards)
-  netprof = netanalysis.StepProfiler.from_config(config, workdir, job="sparse" if runner.is_slide else "dense",
-                                                 per_process_batch=per_process_batch,
-                                                 scope_scaling=runner.step_scopes())
+  evaluator = lambda dataset: Evaluator.for_run(dataset, train, sizes["max_features"], config.run.propensity_a,
+                                                config.run.propensity_b)
+  selection = None
+  if validation is not None:
+    selection = _Selection(evaluator(validation), checkpoint.BestCheckpoint(workdir, config.run.selection_metric),
+                           config.run, position.get("selection"))
+  loop = _Loop(config, run, checkpoints, checkpoint.make_meta(config, num_shards, jax.process_count(), sizes),
+               evaluator(test), selection,
+               MetricWriter(workdir, config.run.tensorboard, resume_step=start_step) if is_chief else None,
+               steps_per_epoch, max_steps, _step_profiler(config, run, workdir))
+  batches = BatchIterator(train, config.optim.batch_size, seed=config.run.seed, epoch=position["epoch"],
+                          index=position["index"], max_features=sizes["max_features"],
+                          max_labels=sizes["max_labels"])
   try:
-    while max_steps is None or step < max_steps:
-      # Every process must take the same steps: the budget is checked every
-      # log_every steps and process 0's verdict is followed by all.
-      if (config.max_seconds is not None and step % config.log_every == 0
-          and runner.agree(time.time() - t_loop >= config.max_seconds)):
-        logging.info("wall-clock budget of %.0f s reached at step %d", config.max_seconds, step)
-        break
-      batch = next(batches)
-      netprof.begin_step(step, lambda: runner.compiled_step(state, batch))
-      state, last_metrics = runner.step(state, batch)
-      step += 1
-      netprof.end_step(step, (state, last_metrics))
-      window_steps += 1
-      state = netprof.maintenance("tables", runner.maintain, state, step)
-      if step % config.log_every == 0 or step == max_steps:
-        losses.append(float(_local_value(last_metrics["loss"])))
-        step_times = netprof.log_record(step)
-        if writer is not None and step_times is not None:
-          writer.write(step_times)
-        elapsed = time.time() - window_start
-        samples_per_sec = window_steps * config.batch_size / max(elapsed, 1e-9)
-        if progress is not None:
-          progress.set_postfix(loss=f"{losses[-1]:.4f}", samples_per_s=f"{samples_per_sec:,.0f}")
-      if progress is not None:
-        progress.update(1)
-      if step % config.eval_every == 0:
-        t_eval = time.time()
-        record = {"step": step, "epoch": step / steps_per_epoch,
-                  "loss": float(np.mean(losses)) if losses else float(last_metrics["loss"]),
-                  "samples_per_sec": window_steps * config.batch_size / max(time.time() - window_start, 1e-9),
-                  **netprof.maintenance("eval", evaluator, state, config.eval_samples)}
-        if writer is not None:
-          writer.write(record)
-        logging.info("step %d: loss %.4f  P@1 %.4f  P@5 %.4f  %.0f samples/s", step, record["loss"],
-                     record["p@1"], record["p@5"], record["samples_per_sec"])
-        eval_seconds += time.time() - t_eval
-        losses, window_start, window_steps = [], time.time(), 0
-      if step % config.checkpoint_every == 0:
-        netprof.maintenance("checkpoint", _save, manager, step, state, batches.state(), wait=False)
-      if config.checksum_every and step % config.checksum_every == 0:
-        netprof.maintenance("checksum", runner.check_replicas, state, step)
-    netprof.finish()
+    state = loop.train(state, batches, position.get("seconds", 0.0), show_progress=is_chief)
   finally:
-    netprof.close()
-    if progress is not None:
-      progress.close()
     batches.close()
-  train_seconds = time.time() - t_loop - eval_seconds  # budget used by training (periodic evals excluded)
-  if manager.latest_step() != step:
-    _save(manager, step, state, batches.state(), wait=True)
-  manager.wait_until_finished()
-  final = evaluator(state, None)
-  final.update({
-      "step": step, "epoch": step / steps_per_epoch,
-      "loss": float(_local_value(last_metrics["loss"])) if last_metrics is not None else float("nan"),
-      "samples_per_sec": (step - start_step) * config.batch_size / max(train_seconds, 1e-9),
-      "train_seconds": train_seconds, "num_params": slide.num_params(state), "final": True,
-      "num_processes": num_shards,
-  })
-  if writer is not None:
-    writer.write(final)
-  logging.info("final (step %d): P@1 %.4f  P@3 %.4f  P@5 %.4f  (sampled P@1 %s)", step, final["p@1"],
-               final["p@3"], final["p@5"], final.get("sampled_p@1", "n/a"))
-  return final
+  if checkpoints.latest_step() != loop.step:
+    loop.save(state, batches, wait=True)
+  checkpoints.wait()
+  if loop.stop_signal is not None:
+    raise Interrupted(loop.stop_signal, loop.step, checkpoints.directory)
+  return loop.finish(state, start_step)
+
+
+def _recorded_final(workdir: str, config: Config, latest: int, meta: dict | None) -> dict | None:
+  """The recorded final evaluation if the run in ``workdir`` has spent this config's budget, else None."""
+  if meta is None:
+    return None
+  max_steps = config.budget.max_steps_for(meta["data"]["steps_per_epoch"])
+  finals = [r for r in read_records(workdir) if r.get("final") and r["step"] == latest]
+  if max_steps is None or latest < max_steps or not finals:
+    return None
+  logging.warning("the run in %s is finished (step %d of %d): nothing to train. To train further, raise "
+                  "--max_steps or --num_epochs; for a new run, use another --workdir", workdir, latest, max_steps)
+  return finals[-1]
+
+
+def _step_profiler(config: Config, run: distributed.Run, workdir: str) -> StepProfiler:
+  """Step times for metrics.jsonl and the profiled window of ``config.netanalysis`` (sparsejax.netanalysis)."""
+  slide = config.network.model == "slide"
+  return StepProfiler.from_config(
+      config.netanalysis, workdir, job="sparse" if slide else "dense",
+      per_process_batch=config.optim.batch_size // (1 if slide else run.num_shards),
+      scope_scaling=model.STEP_SCOPES if slide else dense.STEP_SCOPES)
+
+
+class _Loop:
+  """The training loop's state between steps: budget, measurements, evaluations, checkpoints."""
+
+  def __init__(self, config: Config, run: distributed.Run, checkpoints: checkpoint.Checkpoints, meta: dict,
+               evaluator: Evaluator, selection: "_Selection | None", writer: MetricWriter | None,
+               steps_per_epoch: int, max_steps: int | None, profiler: StepProfiler):
+    self.config, self.run, self.checkpoints, self.meta = config, run, checkpoints, meta
+    self.evaluator, self.selection, self.writer, self.profiler = evaluator, selection, writer, profiler
+    self.steps_per_epoch, self.max_steps = steps_per_epoch, max_steps
+    self.step, self.last_loss, self.stop_signal = 0, None, None
+    self.train_seconds, self.seconds_before = 0.0, 0.0
+
+  def train(self, state, batches: BatchIterator, seconds_before: float, show_progress: bool):
+    """Steps until the budget is spent or a signal asks to stop; returns the state."""
+    config, run, prof = self.config, self.run, self.profiler
+    self.step = int(distributed.local_value(state.step))
+    self.seconds_before = seconds_before
+    self.batches = batches
+    batch_size, max_seconds, log_every = config.optim.batch_size, config.budget.max_seconds, config.run.log_every
+    progress = Progress(config.run.progress and show_progress, self.max_steps, self.step)
+    t_loop, eval_seconds = time.time(), 0.0
+    window_start, window_steps, metrics = time.time(), 0, None
+    try:
+      with StopRequests() as stop:
+        while self.max_steps is None or self.step < self.max_steps:
+          # Every process must take the same steps: the wall-clock budget is checked every
+          # log_every steps and process 0's verdict is followed by all.
+          if (max_seconds is not None and self.step % log_every == 0
+              and distributed.agree(time.time() - t_loop - eval_seconds >= max_seconds)):
+            logging.info("wall-clock budget of %.0f s reached at step %d", max_seconds, self.step)
+            break
+          batch = next(batches)
+          prof.begin_step(self.step, lambda: run.describe_step(state, batch))
+          state, metrics = run.step(state, batch)
+          self.step += 1
+          prof.end_step(self.step, (state, metrics))
+          window_steps += 1
+          state = prof.maintenance("tables", run.maintain, state, self.step)
+          self.train_seconds = time.time() - t_loop - eval_seconds
+          record = {}
+          if self.step % log_every == 0 or self.step == self.max_steps:
+            self.last_loss = float(distributed.local_value(metrics["loss"]))  # syncs: only every log_every steps
+            record = {"loss": self.last_loss, "learning_rate": float(distributed.local_value(metrics["learning_rate"])),
+                      "samples_per_sec": window_steps * batch_size / max(time.time() - window_start, 1e-9),
+                      **prof.log_record()}
+            window_start, window_steps = time.time(), 0
+          progress.step(self.step, record.get("loss"), record.get("samples_per_sec"))
+          if self.step % config.run.eval_every == 0 and self.step != self.max_steps:  # the final one comes next
+            t_eval = time.time()
+            if self.selection is not None:  # periodic evaluations select the model: on the validation split
+              record.update(prof.maintenance("eval", self.selection.evaluate, run, state, self.step,
+                                             config.run.eval_samples))
+            else:
+              record.update(prof.maintenance("eval", _evaluate, self.evaluator, run, state, config.run.eval_samples))
+            logging.info("step %d: %sP@1 %.4f  P@5 %.4f%s", self.step,
+                         "validation " if self.selection is not None else "", record["p@1"], record["p@5"],
+                         _retrieval_line(record))
+            eval_seconds += time.time() - t_eval
+            window_start = time.time()
+            if self.selection is not None and distributed.agree(self.selection.should_stop()):
+              self._write(record)
+              logging.info("early stopping at step %d: no better validation %s in %d evaluations (best: step %d)",
+                           self.step, self.selection.metric, self.selection.bad_evaluations,
+                           self.selection.best_step)
+              break
+          if record:
+            self._write(record)
+          if self.step % config.checkpoint.checkpoint_every == 0:
+            prof.maintenance("checkpoint", self.save, state, batches)
+          if config.dist.checksum_every and self.step % config.dist.checksum_every == 0:
+            prof.maintenance("checksum", run.check_replicas, state, self.step)
+          if stop.requested(self.step):
+            self.stop_signal = stop.signum
+            logging.warning("stopping after step %d (%s): saving a checkpoint", self.step,
+                            signal.Signals(stop.signum).name)
+            break
+      prof.finish()  # a window the loop cut short (every process gets here together)
+    finally:
+      prof.close()
+      progress.close()
+    return state
+
+  def _write(self, record: dict) -> None:
+    if self.writer is not None:
+      self.writer.write({"step": self.step, "epoch": self.step / self.steps_per_epoch,
+                         "seconds": self.seconds_before + self.train_seconds, **record})
+
+  def save(self, state, batches: BatchIterator, wait: bool = False) -> None:
+    position = {**batches.state(), "seconds": self.seconds_before + self.train_seconds}
+    if self.selection is not None:
+      position["selection"] = self.selection.to_json()
+    self.checkpoints.save(self.step, state, position, self.meta, wait=wait)
+
+  def finish(self, state, start_step: int) -> dict[str, Any]:
+    """The final evaluation on the whole test set, of the selected state, recorded and logged."""
+    step = self.step
+    if self.selection is not None:
+      if self.selection.last_step != step:  # the last state competes too
+        self.selection.evaluate(self.run, state, step, self.config.run.eval_samples)
+      state, step = self.selection.restore_best(self.run, state)
+      logging.info("selected the state of step %d (validation %s %.4f) of %d steps", step,
+                   self.selection.metric, self.selection.best_value, self.step)
+    final = _evaluate(self.evaluator, self.run, state, None)
+    if self.selection is not None:
+      final.update({"selected_step": step, "selected_by": f"validation {self.selection.metric}",
+                    f"validation_{self.selection.metric}": self.selection.best_value})
+    final.update({
+        "step": step, "last_step": self.step, "epoch": step / self.steps_per_epoch,
+        "loss": self.last_loss if self.last_loss is not None else float("nan"),
+        "samples_per_sec": (self.step - start_step) * self.config.optim.batch_size / max(self.train_seconds, 1e-9),
+        "seconds": self.seconds_before + self.train_seconds, "train_seconds": self.train_seconds,
+        "num_params": model.num_params(state), "final": True, "num_processes": self.run.num_shards,
+    })
+    if self.writer is not None:
+      self.writer.write(final, curves=[k for k in final if k not in _SUMMARY_FIELDS])
+      self.writer.close()
+    logging.info("final (%s step %d, test set): P@1 %.4f  P@3 %.4f  P@5 %.4f  (sampled P@1 %s)%s",
+                 "selected" if self.selection is not None else "last", step, final["p@1"], final["p@3"],
+                 final["p@5"], f"{final['sampled_p@1']:.4f}" if "sampled_p@1" in final else "n/a",
+                 _retrieval_line(final))
+    return final
+
+
+class _Selection:
+  """Model selection on the validation split: the best checkpoint so far and early stopping.
+
+  Args:
+    evaluator: scores the validation split.
+    best: where the best state is kept.
+    config: the run settings (metric, patience, evaluation size).
+    restored: the selection state of a resumed run (``to_json``), or None.
+  """
+
+  def __init__(self, evaluator: Evaluator, best: checkpoint.BestCheckpoint, config, restored: dict | None):
+    self.evaluator, self.best, self.metric, self.patience = evaluator, best, config.selection_metric, \
+        config.early_stopping_patience
+    restored = restored or {}
+    self.best_value = restored.get("best_value", -float("inf"))
+    self.best_step = restored.get("best_step")
+    self.bad_evaluations = restored.get("bad_evaluations", 0)
+    self.last_step = None
+
+  def to_json(self) -> dict:
+    return {"best_value": self.best_value, "best_step": self.best_step, "bad_evaluations": self.bad_evaluations}
+
+  def evaluate(self, run: distributed.Run, state, step: int, num_samples: int | None) -> dict[str, float]:
+    """Validation metrics of ``state``; keeps it if it is the best so far."""
+    result = _evaluate(self.evaluator, run, state, num_samples)
+    self.last_step = step
+    value = result[self.metric]
+    if value > self.best_value:
+      self.best_value, self.best_step, self.bad_evaluations = value, step, 0
+      self.best.save(step, state, value)
+    else:
+      self.bad_evaluations += 1
+    return {**result, "split": "validation", "best_step": self.best_step}
+
+  def should_stop(self) -> bool:
+    return self.patience is not None and self.bad_evaluations >= self.patience
+
+  def restore_best(self, run: distributed.Run, state):
+    """``(best state, its step)``; the given state if none was saved."""
+    self.best.wait()
+    best = self.best.restore(run.abstract_state())
+    if best is None:
+      return state, int(distributed.local_value(state.step))
+    return best, int(distributed.local_value(best.step))
+
+
+def _evaluate(evaluator: Evaluator, run: distributed.Run, state, num_samples: int | None) -> dict[str, float]:
+  """Test-set metrics, with retrieval diagnostics and the index's fill where the run has them.
+
+  Sampled inference is evaluated with a freshly refreshed index (a copy: training goes on with its own), as a
+  model saved for serving would have it; between refreshes the training index lags the moving rows.
+  """
+  if run.refresh_index is not None:
+    state = run.refresh_index(state)
+  result = evaluator(run.predict, state, num_samples, diagnose=run.diagnose)
+  if run.diagnose is not None:
+    result.update(retrieval.index_fill(state.tables))
+  return result
+
+
+def _retrieval_line(record: dict) -> str:
+  """The retrieval diagnostics of an evaluation, for the log (empty if it has none)."""
+  if "label_recall" not in record:
+    return ""
+  return (f"  | label_recall {record['label_recall']:.3f}  topk_recall@{retrieval.TOP} "
+          f"{record[f'topk_recall@{retrieval.TOP}']:.3f}  candidates {record['mean_candidates']:.0f}  "
+          f"cos(h, label) {record['label_cosine']:.3f}")

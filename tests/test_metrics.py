@@ -2,16 +2,12 @@
 
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sparsejax import metrics
 from sparsejax.metrics import (
     evaluate_topk,
-    exact_topk,
-    exact_topk_batches,
     inverse_propensity,
     label_frequencies,
     propensity_scores,
@@ -226,112 +222,3 @@ def test_jax_variant_matches_numpy():
     np.testing.assert_allclose(np.asarray(got[key]), want[key], rtol=1e-5, atol=1e-6, err_msg=key)
   no_psp = ranking_metrics_jax(jnp.asarray(TOPK), jnp.asarray(LABELS))
   np.testing.assert_allclose(np.asarray(no_psp["p@3"]), [2 / 3, 1 / 3, 0.0], rtol=1e-6)
-
-
-# ---------------------------------------------------------------------------
-# Exact chunked top-k
-# ---------------------------------------------------------------------------
-
-
-def _brute_topk(h, w, b, k):
-  logits = h.astype(np.float64) @ w.astype(np.float64).T
-  if b is not None:
-    logits = logits + b
-  order = np.argsort(-logits, axis=1, kind="stable")[:, :k]  # ties: lower id first
-  return np.take_along_axis(logits, order, axis=1), order
-
-
-def _int_problem(seed, n, num_out, d, lo=-2, hi=3):
-  # Small integers: float32 products are exact and ties are plentiful.
-  rng = np.random.default_rng(seed)
-  h = rng.integers(lo, hi, size=(n, d)).astype(np.float32)
-  w = rng.integers(lo, hi, size=(num_out, d)).astype(np.float32)
-  b = rng.integers(lo, hi, size=num_out).astype(np.float32)
-  return h, w, b
-
-
-@pytest.mark.parametrize(
-    "num_out,row_chunk,k",
-    [(1000, 128, 7), (1000, 1000, 5), (1000, 4096, 5), (130, 128, 5), (64, 3, 5), (5, 2, 5)],
-)
-def test_exact_topk_matches_brute_force(num_out, row_chunk, k):
-  h, w, b = _int_problem(num_out, n=17, num_out=num_out, d=6)
-  scores, ids = exact_topk(h, w, b, k, row_chunk=row_chunk)
-  want_s, want_i = _brute_topk(h, w, b, k)
-  assert ids.dtype == jnp.int32 and ids.shape == (17, k)
-  np.testing.assert_array_equal(np.asarray(ids), want_i)
-  np.testing.assert_array_equal(np.asarray(scores), want_s)
-
-
-def test_exact_topk_ties_lower_id_wins_across_chunks():
-  num_out, k = 300, 5
-  w = np.zeros((num_out, 4), np.float32)
-  h = np.ones((2, 4), np.float32)
-  b = np.zeros(num_out, np.float32)
-  b[[3, 130, 260, 299]] = 5.0  # tied maxima in three different chunks of 128
-  b[[1, 200]] = 4.0
-  _, ids = exact_topk(h, w, b, k, row_chunk=128)
-  np.testing.assert_array_equal(np.asarray(ids), [[3, 130, 260, 299, 1]] * 2)
-  # All equal: ids 0..k-1 in order.
-  _, ids = exact_topk(h, w, None, k, row_chunk=7)
-  np.testing.assert_array_equal(np.asarray(ids), [[0, 1, 2, 3, 4]] * 2)
-
-
-def test_exact_topk_last_chunk_overlap_not_duplicated():
-  # N=130, chunk=128: the last chunk re-reads rows 2..127, which must stay masked.
-  num_out = 130
-  w = np.zeros((num_out, 2), np.float32)
-  h = np.ones((3, 2), np.float32)
-  b = np.arange(num_out, dtype=np.float32)[::-1].copy()  # row 0 best, row 129 worst
-  b[129] = 1000.0
-  _, ids = exact_topk(h, w, b, 5, row_chunk=128)
-  np.testing.assert_array_equal(np.asarray(ids), [[129, 0, 1, 2, 3]] * 3)
-
-
-def test_exact_topk_sample_batching_and_iterator():
-  h, w, b = _int_problem(7, n=53, num_out=500, d=5)
-  want_s, want_i = _brute_topk(h, w, b, 6)
-  for sample_chunk in (10, 53, 1000):
-    s, i = exact_topk(h, w, b, 6, row_chunk=64, sample_chunk=sample_chunk)
-    np.testing.assert_array_equal(np.asarray(i), want_i)
-    np.testing.assert_array_equal(np.asarray(s), want_s)
-  parts = list(exact_topk_batches((h[:20], h[20:]), w, b, 6, row_chunk=64))
-  np.testing.assert_array_equal(np.concatenate([np.asarray(p[1]) for p in parts]), want_i)
-  # JAX inputs, random floats (no ties): same as brute force.
-  rng = np.random.default_rng(3)
-  hf = rng.standard_normal((9, 16)).astype(np.float32)
-  wf = rng.standard_normal((777, 16)).astype(np.float32)
-  _, i = exact_topk(jnp.asarray(hf), jnp.asarray(wf), None, 5, row_chunk=100, precision="highest")
-  np.testing.assert_array_equal(np.asarray(i), _brute_topk(hf, wf, None, 5)[1])
-
-
-def test_exact_topk_never_materialises_full_logits():
-  n, num_out, chunk = 8, 1000, 128
-  h, w, b = _int_problem(0, n=n, num_out=num_out, d=4)
-  jaxpr = str(jax.make_jaxpr(lambda h, w, b: metrics._exact_topk_jit(h, w, b, 5, chunk, None))(h, w, b))
-  assert f"f32[{n},{chunk}]" in jaxpr
-  assert f"f32[{n},{num_out}]" not in jaxpr
-
-
-def test_exact_topk_validation():
-  h, w, b = _int_problem(0, n=2, num_out=10, d=3)
-  with pytest.raises(ValueError):
-    exact_topk(h, w, b, 11)
-  with pytest.raises(ValueError):
-    exact_topk(h, w, b[:5], 3)
-  with pytest.raises(ValueError):
-    exact_topk(h[:, :2], w, b, 3)
-
-
-def test_end_to_end_topk_then_evaluate():
-  # Labels equal to the brute-force top-3 -> P@3 = nDCG@3 = PSP@3 = 1.
-  rng = np.random.default_rng(5)
-  h = rng.standard_normal((20, 8)).astype(np.float32)
-  w = rng.standard_normal((300, 8)).astype(np.float32)
-  _, ids = exact_topk(h, w, None, 5, row_chunk=64, precision="highest")
-  labels = np.asarray(ids)[:, :3]
-  prop = propensity_scores(np.full(300, 5), 1000)  # uniform propensity
-  out = evaluate_topk(np.asarray(ids), labels, prop)
-  for key in ("p@1", "p@3", "ndcg@1", "ndcg@3", "ndcg@5", "psp@1", "psp@3", "psp@5"):
-    assert out[key] == pytest.approx(1.0), key
-  assert out["p@5"] == pytest.approx(3 / 5)

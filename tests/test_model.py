@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sparsejax import data, dense, metrics, model
+from sparsejax import data, dense, inference, metrics, model
+from sparsejax.config import override
 
 
 def _batch(ds, n, rng_seed=0, max_features=None, max_labels=None):
@@ -46,7 +47,7 @@ def test_sharded_softmax_gradient_matches_autodiff():
 def test_exact_softmax_step_equals_dense_baseline():
   """With every output active, one sparse step equals one dense full-softmax step."""
   ds = data.make_synthetic(500, 300, 40, labels_per_sample=2, seed=1)
-  cfg = model.ModelConfig(num_features=300, num_labels=40, hidden_dims=(16, 8), active_k=40, num_tables=4,
+  cfg = override(model.ModelConfig(300, 40), hidden_dims=(16, 8), active_k=40, num_tables=4,
                           learning_rate=1e-2)
   batch = _batch(ds, 32)
   s_state, s_metrics = jax.jit(functools.partial(model.train_step, config=cfg))(model.init(jax.random.key(0), cfg), batch)
@@ -57,10 +58,11 @@ def test_exact_softmax_step_equals_dense_baseline():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
-def test_train_step_does_no_dense_work_on_the_sparse_layers():
+@pytest.mark.parametrize("index", [dict(candidates="lsh", reinsert="labels"),
+                                   dict(candidates="clusters", random_negatives=0.5, tail_correction=True)])
+def test_train_step_does_no_dense_work_on_the_sparse_layers(index):
   N, F, d = 20011, 7919, 16
-  cfg = model.ModelConfig(num_features=F, num_labels=N, hidden_dims=(d,), active_k=64, num_tables=4,
-                          reinsert="labels")
+  cfg = override(model.ModelConfig(F, N), hidden_dims=(d,), active_k=64, num_tables=4, **index)
   state = model.init(jax.random.key(0), cfg)
   batch = {"feat_ids": jnp.zeros((8, 5), jnp.int32), "feat_vals": jnp.ones((8, 5)),
            "labels": jnp.zeros((8, 2), jnp.int32)}
@@ -78,12 +80,12 @@ def test_train_step_does_no_dense_work_on_the_sparse_layers():
 def test_training_lifts_p_at_1_far_above_chance(moment_dtype):
   ds = data.make_synthetic(6000, 2000, 300, seed=2)
   train, test = data.train_test_split(ds, 0.2, seed=0)
-  cfg = model.ModelConfig(num_features=2000, num_labels=300, hidden_dims=(64,), active_k=32, num_tables=8,
+  cfg = override(model.ModelConfig(2000, 300), hidden_dims=(64,), active_k=32, num_tables=8,
                           learning_rate=3e-3, moment_dtype=moment_dtype)
   state = model.init(jax.random.key(0), cfg)
   assert state.out_w_opt.nu.dtype == state.embed_opt.mu.dtype == jnp.dtype(moment_dtype)
   step = jax.jit(functools.partial(model.train_step, config=cfg), donate_argnums=0)
-  schedule = model.TableSchedule(period=20)
+  schedule = model.TableSchedule(period=20, growth=1.0, max_period=20)
   it = data.BatchIterator(train, 64, seed=0, max_features=ds.max_features_per_sample(), max_labels=1)
   losses = []
   for i in range(300):
@@ -94,25 +96,75 @@ def test_training_lifts_p_at_1_far_above_chance(moment_dtype):
   it.close()
   fi, fv, lab = test.to_padded(None, ds.max_features_per_sample(), 1)
   h = model.hidden(state, jnp.asarray(fi), jnp.asarray(fv))
-  _, top = metrics.exact_topk(h, state.out.w, state.out.b, 5)
+  _, top = inference.exact_topk(h, state.out.w, state.out.b, 5)
   p1 = metrics.evaluate_topk(np.asarray(top), lab)["p@1"]
   assert p1 > 0.5, p1  # chance is ~1/300 (0.3%), the most frequent label ~15%
   assert np.mean(losses[-20:]) < 0.5 * np.mean(losses[:5])
-  sampled = model.predict_sampled(state, jnp.asarray(fi), jnp.asarray(fv), config=cfg)
+  _, sampled = inference.predict_sampled(state, jnp.asarray(fi), jnp.asarray(fv), config=cfg)
   assert metrics.evaluate_topk(np.asarray(sampled), lab)["p@1"] > 0.15  # 50x chance
 
 
+def _due(schedule, steps):
+  return [t for t in range(1, steps) if schedule.rebuild_due(t)]
+
+
 def test_table_schedule():
-  s = model.TableSchedule(period=10, growth=2.0, max_period=30)
-  due = [t for t in range(1, 150) if s.rebuild_due(t)]
-  assert due == [10, 30, 60, 90, 120]  # periods 10, 20, 30 (capped), 30, 30
-  assert [t for t in range(1, 40) if model.TableSchedule(period=10).rebuild_due(t)] == [10, 20, 30]
-  assert [t for t in range(1, 40) if model.TableSchedule(rehash_period=15).rehash_due(t)] == [15, 30]
+  assert _due(model.TableSchedule(period=10, growth=2.0, max_period=30), 150) == [10, 30, 60, 90, 120]  # 10, 20, 30
+  assert _due(model.TableSchedule(period=10, growth=1.0, max_period=10), 40) == [10, 20, 30]
+  assert _due(model.TableSchedule(period=0, growth=1.0, max_period=10), 40) == []
+  rehash = model.TableSchedule(period=0, growth=1.0, max_period=1, rehash_period=15)
+  assert [t for t in range(1, 40) if rehash.rehash_due(t)] == [15, 30]
+
+
+def test_table_schedule_matches_slides_growing_periods():
+  """The default growth (1.05, cap 2000) against a direct simulation of SLIDE's rule."""
+  s = model.TableSchedule(period=50, growth=1.05, max_period=2000)
+  want, at, p = [], 0.0, 50.0
+  while at < 60_000:
+    at += round(p)
+    p = min(p * 1.05, 2000)
+    want.append(int(at))
+  assert _due(s, 60_000) == [t for t in want if t < 60_000]
+
+
+def test_table_schedule_terminates_for_any_values():
+  """Issue 12 defect 6: growth < 1 or max_period = 0 looped forever (TableSchedule(50, 0.9, 2000).rebuild_due(497))."""
+  assert model.TableSchedule(50, 0.9, 2000).rebuild_due(497) in (True, False)
+  shrinking = _due(model.TableSchedule(50, 0.9, 2000), 2000)
+  assert shrinking[:3] == [50, 95, 135] and np.all(np.diff(shrinking) >= 1)  # 50, 45, 40.5 ... down to 1
+  assert _due(model.TableSchedule(50, 1.05, 0), 10) == list(range(1, 10))  # capped at one step
+  assert _due(model.TableSchedule(50, 1.0 + 1e-12, 2000), 200) == [50, 100, 150]
 
 
 def test_new_hash_functions_rebuild_tables():
-  cfg = model.ModelConfig(num_features=50, num_labels=200, hidden_dims=(8,), active_k=16, num_tables=4)
+  cfg = override(model.ModelConfig(50, 200), hidden_dims=(8,), active_k=16, num_tables=4, candidates="lsh")
   state = model.init(jax.random.key(0), cfg)
   new = model.new_hash_functions(state._replace(step=jnp.int32(5)), cfg)
   assert not np.array_equal(new.lsh.projections, state.lsh.projections)
   assert int(jnp.sum(new.tables.counts)) == 4 * 200  # every row in every table
+
+
+def test_tail_log_weights_by_hand():
+  # Row 0: 2 chosen ids, then 2 drawn from the other 8 of 10 rows (each stands for 4); row 1: all chosen.
+  w = model.tail_log_weights(jnp.array([2, 4]), 4, 10)
+  np.testing.assert_allclose(w, [[0, 0, np.log(4.0), np.log(4.0)], [0, 0, 0, 0]], rtol=1e-6)
+
+
+def test_tail_corrected_loss_estimates_the_full_softmax():
+  """Labels + the top logits + a uniform sample of the rest: the corrected loss averages to the exact one."""
+  rng = np.random.default_rng(0)
+  N, k, head = 400, 40, 10
+  logits = rng.normal(size=N).astype(np.float32) * 2
+  label = 7
+  order = np.argsort(-logits)
+  chosen = [label] + [i for i in order if i != label][:head - 1]
+  rest = np.setdiff1d(np.arange(N), chosen)
+  exact = float(jax.nn.logsumexp(logits) - logits[label])
+  estimates = []
+  for seed in range(400):
+    drawn = np.random.default_rng(seed).choice(rest, k - head, replace=False)
+    z = jnp.asarray(logits[np.concatenate([chosen, drawn])])[None] + model.tail_log_weights(jnp.array([head]), k, N)
+    estimates.append(float(jax.nn.logsumexp(z) - logits[label]))
+  uncorrected = float(jax.nn.logsumexp(logits[np.concatenate([chosen, drawn])]) - logits[label])
+  assert abs(np.log(np.mean(np.exp(estimates))) - exact) < 0.02 * exact  # unbiased normalizer
+  assert exact - uncorrected > 0.1  # without the weights the loss is far too small

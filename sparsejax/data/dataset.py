@@ -12,8 +12,7 @@ from typing import Iterable
 
 import numpy as np
 
-PAD_ID = -1
-"""Id used for padded feature / label slots (the kernels skip id -1)."""
+from sparsejax.padding import PAD_ID
 
 
 def _gather_csr(indptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

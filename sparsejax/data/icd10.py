@@ -20,9 +20,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .dataset import XCDataset
-
-# Keep 1-character tokens: they matter here ("type 1" vs "type 2", "C1").
-_TOKEN_PATTERN = r"(?u)\b\w+\b"
+from .text import stratified_split, tfidf_datasets
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -75,25 +73,6 @@ def _collect_samples(icd) -> tuple[list[str], list[str], list[tuple[str, str, st
   return texts, codes, paths
 
 
-def _stratified_split(groups: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
-  """Boolean ``[n]`` test mask; every group keeps at least one train sample.
-
-  Per group of size ``c`` the test count is ``floor(test_fraction * c + u)``
-  (``u ~ U[0, 1)``, unbiased rounding) capped at ``c - 1``.
-  """
-  rng = np.random.default_rng(seed)
-  n = len(groups)
-  _, group_id, sizes = np.unique(groups, return_inverse=True, return_counts=True)
-  num_test = np.floor(test_fraction * sizes + rng.random(len(sizes))).astype(np.int64)
-  num_test = np.minimum(num_test, sizes - 1)
-  # Random order within each group, then rank of each sample in its group.
-  order = np.lexsort((rng.random(n), group_id))
-  group_start = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-  rank = np.empty(n, dtype=np.int64)
-  rank[order] = np.arange(n) - group_start[group_id[order]]
-  return rank < num_test[group_id]
-
-
 def load_icd10(
     label_level: Literal["category", "hierarchy"] = "category",
     *,
@@ -132,15 +111,13 @@ def load_icd10(
   import warnings
   from importlib.metadata import version
 
-  from sklearn.feature_extraction.text import TfidfVectorizer
-
   with warnings.catch_warnings():  # it uses deprecated importlib.resources calls
     warnings.simplefilter("ignore", DeprecationWarning)
     import simple_icd_10_cm as icd
 
   texts, codes, paths = _collect_samples(icd)
   categories = np.array([p[2] for p in paths])
-  is_test = _stratified_split(categories, test_fraction, seed)
+  is_test = stratified_split(categories, test_fraction, seed)
 
   # Label space: only nodes that have samples, each kind in sorted order.
   kinds = ("chapter", "block", "category")
@@ -159,32 +136,9 @@ def load_icd10(
   label_id = {key: i for i, key in enumerate(label_keys)}
   sample_labels = np.array([[label_id[(kinds[lv], p[lv])] for lv in levels] for p in paths], dtype=np.int32)
 
-  vectorizer = TfidfVectorizer(
-      ngram_range=(1, 2),
-      token_pattern=_TOKEN_PATTERN,
-      max_features=max_features,
-      min_df=min_df,
-      sublinear_tf=True,
-      dtype=np.float32,
-  )
+  train, test, vectorizer = tfidf_datasets(texts, sample_labels.tolist(), is_test, len(label_keys),
+                                           max_features=max_features, min_df=min_df)
   train_idx, test_idx = np.flatnonzero(~is_test), np.flatnonzero(is_test)
-  x_train = vectorizer.fit_transform([texts[i] for i in train_idx])
-  x_test = vectorizer.transform([texts[i] for i in test_idx])
-  num_features = len(vectorizer.vocabulary_)
-
-  def to_dataset(x, rows) -> XCDataset:
-    x = x.tocsr()
-    x.sort_indices()
-    labels = sample_labels[rows]
-    return XCDataset(
-        x.indptr,
-        x.indices,
-        x.data,
-        np.arange(0, labels.size + 1, labels.shape[1]),
-        labels.reshape(-1),
-        num_features,
-        len(label_keys),
-    )
 
   info = ICD10Info(
       label_names=tuple(name for _, name in label_keys),
@@ -200,4 +154,4 @@ def load_icd10(
       vectorizer=vectorizer,
       package_version=version("simple-icd-10-cm"),
   )
-  return to_dataset(x_train, train_idx), to_dataset(x_test, test_idx), info
+  return train, test, info

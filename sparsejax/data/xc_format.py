@@ -8,7 +8,10 @@ Format (e.g. Amazon-670K ``train.txt``)::
 
 Labels and feature ids are 0-based. As a convenience, a line whose first item
 contains ``:`` is also read as a label-less sample. Trailing whitespace-only
-lines at the end of the file are ignored; CR/LF line ends are accepted.
+lines at the end of the file are ignored; CR/LF line ends, a UTF-8 byte order
+mark and gzip compression (``.gz`` or not: the magic bytes decide) are
+accepted. Whitespace is ASCII's (space, tab, CR, VT, FF); values must be
+finite in float32 (``1e39`` is an error, not ``inf``).
 
 Speed: the file is processed in chunks of whole lines with a vectorised numpy
 tokenizer (byte classes, token boundaries, structural checks) and a single
@@ -20,8 +23,10 @@ reports the first bad line (file name and 1-based line number, header = line
 
 from __future__ import annotations
 
+import gzip
 import os
 import warnings
+import zlib
 from typing import NamedTuple
 
 import numpy as np
@@ -29,6 +34,9 @@ import numpy as np
 from .dataset import XCDataset
 
 _CHUNK_BYTES = 32 << 20
+_BOM = b"\xef\xbb\xbf"
+_GZIP_MAGIC = b"\x1f\x8b"
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 # Byte -> class tables, applied with ``bytes.translate`` (several times faster
 # than numpy fancy indexing on uint8 arrays).
@@ -173,7 +181,7 @@ def _parse_chunk_fast(chunk: bytes, num_features: int, num_labels: int) -> _Rows
   if (
       (label_ids.size and label_ids.max() >= num_labels)
       or (feat_ids.size and feat_ids.max() >= num_features)
-      or not np.all(np.isfinite(feat_vals))
+      or not np.all(np.abs(feat_vals) <= _FLOAT32_MAX)  # also false for NaN: finite in float32
   ):
     return None
   return _Rows(
@@ -214,12 +222,10 @@ def _parse_chunk_slow(chunk: bytes, first_line: int, num_features: int, num_labe
     def err(msg, _line_no=line_no):
       return XCFormatError(path, _line_no, msg)
 
-    try:
-      line = raw.decode("ascii")
-    except UnicodeDecodeError:
-      raise err("non-ASCII bytes in line") from None
-    items = line.split()
-    if items and line[:1].strip() and ":" not in items[0]:
+    if not raw.isascii():
+      raise err("non-ASCII bytes in line")
+    items = [t.decode("ascii") for t in raw.split()]  # bytes.split(): the fast path's whitespace
+    if items and raw[:1].strip() and ":" not in items[0]:
       label_field, items = items[0], items[1:]
       labels = label_field.split(",")
       label_ids.extend(_parse_id(t, num_labels, "label id", err) for t in labels)
@@ -234,11 +240,15 @@ def _parse_chunk_slow(chunk: bytes, first_line: int, num_features: int, num_labe
       if not value_text:
         raise err(f"missing feature value in {item!r}")
       try:
+        if "_" in value_text:  # float() would read "1_0" as 10
+          raise ValueError
         value = float(value_text)
       except ValueError:
         raise err(f"malformed feature value in {item!r}") from None
       if not np.isfinite(value):
         raise err(f"non-finite feature value in {item!r}")
+      if abs(value) > _FLOAT32_MAX:
+        raise err(f"feature value in {item!r} overflows float32 (|value| > {_FLOAT32_MAX:.4g})")
       feat_vals.append(value)
     feat_counts.append(len(items))
   return _Rows(
@@ -282,21 +292,32 @@ def load_xc_file(path: str | os.PathLike, *, chunk_bytes: int = _CHUNK_BYTES) ->
   Raises:
     XCFormatError: (a ``ValueError``) naming file and line on a malformed
       header, malformed ``id:value`` pair or label, negative or
-      out-of-range id, non-finite value, or a number of data lines that
-      differs from the header's ``num_points``.
+      out-of-range id, a value that is not finite in float32, a number of
+      data lines that differs from the header's ``num_points``, or corrupt
+      gzip data (the line where it broke off).
   """
   parts: list[_Rows] = []
-  with open(path, "rb") as f:
-    header = f.readline()
-    num_points, num_features, num_labels = _parse_header(header, path)
-    lines_done = 0
-    for chunk in _iter_line_chunks(f, chunk_bytes):
-      first_line = 2 + lines_done
-      rows = _parse_chunk_fast(chunk, num_features, num_labels)
-      if rows is None:
-        rows = _parse_chunk_slow(chunk, first_line, num_features, num_labels, path)
-      parts.append(rows)
-      lines_done += len(rows.feat_counts)
+  lines_done = 0
+  with open(path, "rb") as raw:
+    compressed = raw.read(2) == _GZIP_MAGIC
+    raw.seek(0)
+    f = gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw
+    first_line = 1  # of what is being read
+    try:
+      header = f.readline()
+      num_points, num_features, num_labels = _parse_header(header.removeprefix(_BOM), path)
+      first_line = 2
+      for chunk in _iter_line_chunks(f, chunk_bytes):
+        rows = _parse_chunk_fast(chunk, num_features, num_labels)
+        if rows is None:
+          rows = _parse_chunk_slow(chunk, first_line, num_features, num_labels, path)
+        parts.append(rows)
+        lines_done += len(rows.feat_counts)
+        first_line = 2 + lines_done
+    except (EOFError, OSError, zlib.error) as e:
+      if not compressed:
+        raise
+      raise XCFormatError(path, first_line, f"corrupt or truncated gzip data ({e})") from None
 
   feat_counts = np.concatenate([p.feat_counts for p in parts] or [np.zeros(0, np.int64)])
   label_counts = np.concatenate([p.label_counts for p in parts] or [np.zeros(0, np.int64)])

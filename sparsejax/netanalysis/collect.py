@@ -6,16 +6,19 @@ A training loop drives a :class:`StepProfiler` through four hooks::
   while training:
     profiler.begin_step(step, describe)           # describe() -> CompiledStep, called once
     state, metrics = train_step(state, batch)
-    profiler.end_step(step + 1, (state, metrics))  # waits for the step: per-step wall time
+    profiler.end_step(step + 1, (state, metrics))  # a timestamp (with a window: waits for the step)
     state = profiler.maintenance("tables", rebuild, state)   # timed as its own row in the window
-    if step % log_every == 0: write(profiler.log_record(step))
+    if step % log_every == 0: record.update(profiler.log_record())   # after the loop's own sync
   profiler.finish()                               # every process; writes the files
 
-**Always (nearly free).** Each step's wall time, from its dispatch until its outputs are ready
-(the hook waits for them, so the loop keeps at most one step in flight; the host work of the next
-step is no longer hidden behind this one, well under 1% of a step for the benchmark jobs), and
-the analytic collective bytes of the compiled step; :meth:`StepProfiler.log_record` gives the
-median and p90 over the last ``log_every`` window for ``metrics.jsonl``.
+**Always (nearly free).** Two timestamps per step and nothing else: the loop is not synchronized.
+:meth:`StepProfiler.log_record`, called right after the loop's own sync every ``log_every`` steps,
+gives the mean step time over that window (wall time since the previous record over the steps
+taken: exact, since the loop waits for the last step's loss) and the analytic collective bytes of
+the compiled step, for ``metrics.jsonl``. With a profiled window requested (``steps > 0``), every
+step of the run is waited for, so that each step's own wall time is known (median and p90 per
+``log_every`` window too) and the steps inside and outside the window are timed alike; the loop
+then keeps at most one step in flight (its host work is no longer hidden behind the previous step).
 
 **The profiled window** (``steps > 0``): ``steps`` steps from step ``start`` (at least two steps
 after this process started, so compilation is never profiled; process 0 decides, every process
@@ -157,8 +160,10 @@ class StepProfiler:
     self.scope_scaling = dict(scope_scaling or {})
     self.compiled: CompiledStep | None = None
     self.window_start: int | None = None
-    self._times: list[float] = []
+    self._times: list[float] = []  # each step's wall time (only when every step is waited for)
     self._t0 = 0.0
+    self._record_t0: float | None = None  # first step's start since the last log_record
+    self._record_steps = 0
     self._active = False
     self._done = False
     self._annotation = None
@@ -174,7 +179,7 @@ class StepProfiler:
   @classmethod
   def from_config(cls, config, workdir: str, *, job: str, per_process_batch: int | None,
                   scope_scaling: Mapping[str, str] | None) -> "StepProfiler":
-    """A profiler from a config's ``netanalysis_*`` and ``link_capacity`` fields."""
+    """A profiler from the ``netanalysis`` section (:class:`sparsejax.config.NetanalysisConfig`)."""
     return cls(workdir, steps=config.netanalysis_steps, start=config.netanalysis_start,
                link_capacity=config.link_capacity, iface=config.netanalysis_iface,
                keep_raw=config.netanalysis_keep_raw, job=job, per_process_batch=per_process_batch,
@@ -207,18 +212,23 @@ class StepProfiler:
       self._steps.append((step, time.time(), math.nan))
       self._annotation.__enter__()
     self._t0 = time.perf_counter()
+    if self._record_t0 is None:
+      self._record_t0 = self._t0
 
   def end_step(self, step: int, outputs) -> None:
-    """After the step's dispatch: waits for ``outputs`` and records the step's wall time.
+    """After the step's dispatch; with a window requested, waits for ``outputs`` and records the step's time.
 
     Args:
       step: steps taken, this one included.
-      outputs: the step's results (e.g. ``(state, metrics)``), waited for.
+      outputs: the step's results (e.g. ``(state, metrics)``), waited for only if ``steps > 0``.
     """
+    self._step = step
+    self._record_steps += 1
+    if not self.steps:
+      return
     import jax
     jax.block_until_ready(outputs)
     self._times.append(time.perf_counter() - self._t0)
-    self._step = step
     if not self._active:
       return
     self._annotation.__exit__(None, None, None)
@@ -242,13 +252,22 @@ class StepProfiler:
     self._maintenance.append((label, self._step, begin, time.time()))
     return result
 
-  def log_record(self, step: int) -> dict | None:
-    """The always-on record for ``metrics.jsonl``: step times since the last call, analytic bytes."""
+  def log_record(self) -> dict:
+    """The always-on fields for ``metrics.jsonl``; call right after the loop waited for its last step.
+
+    ``step_seconds_mean`` (wall time since the previous record's first step over the steps taken since),
+    ``steps_timed``; with a window requested also ``step_seconds_median`` and ``step_seconds_p90`` of the
+    single steps; with a described step ``collective_bytes_per_step`` and ``wire_bytes_per_step``
+    (ring bytes one process sends). Empty if no step was taken since the last record.
+    """
     times, self._times = self._times, []
-    if not times:
-      return None
-    record = {"step": step, "step_seconds_median": float(np.median(times)),
-              "step_seconds_p90": float(np.percentile(times, 90)), "steps_timed": len(times)}
+    steps, t0 = self._record_steps, self._record_t0
+    self._record_steps, self._record_t0 = 0, None
+    if not steps or t0 is None:
+      return {}
+    record = {"step_seconds_mean": (time.perf_counter() - t0) / steps, "steps_timed": steps}
+    if times:
+      record.update(step_seconds_median=float(np.median(times)), step_seconds_p90=float(np.percentile(times, 90)))
     if self.compiled is not None:
       import jax
       record["collective_bytes_per_step"] = sum(c.operand_bytes for c in self.compiled.collectives)

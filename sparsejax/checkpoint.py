@@ -1,0 +1,234 @@
+"""A work directory's checkpoints (orbax): the state, the data position, and what made them.
+
+``WORKDIR/checkpoints/<step>/`` holds one checkpoint: ``state`` (every array of
+the training state; each process writes its shards), ``data`` (the batch
+iterator's position) and ``meta`` (the run's config, the sparsejax version, the
+process count and the data's sizes). A save runs in the background; one
+interrupted by a crash never replaces the last complete checkpoint.
+
+Before a run resumes, :func:`check_resume` compares the newest checkpoint's
+``meta`` with the new run and refuses a resume that would not continue the same
+run (other settings, another process count), naming what differs.
+"""
+
+import contextlib
+import importlib.metadata
+import logging as pylogging
+import os
+import tempfile
+from typing import Any
+
+from absl import logging
+
+from sparsejax.config import Config, ConfigError, flat_items, format_value, identity_fields
+
+
+class ResumeError(RuntimeError):
+  """The work directory holds a run that this one must not continue (the message says why and what to do)."""
+
+
+class _DropOrbaxInfo:
+  """absl logging filter: orbax logs every step of every save at INFO."""
+
+  def filter(self, record) -> bool:
+    return record.levelno > 20 or "orbax" not in record.pathname
+
+
+def quiet_orbax_logs() -> None:
+  """Keeps orbax's INFO lines out of the log (warnings and errors still show)."""
+  handler = logging.get_absl_handler()
+  if not any(isinstance(f, _DropOrbaxInfo) for f in handler.filters):
+    handler.addFilter(_DropOrbaxInfo())
+
+
+@contextlib.contextmanager
+def _quiet(level: int = pylogging.ERROR):
+  """Raises absl's threshold (a Python logging level) for a while: orbax warns about read-only directories."""
+  logger = logging.get_absl_logger()
+  previous = logger.level
+  logger.setLevel(max(level, previous))
+  try:
+    yield
+  finally:
+    logger.setLevel(previous)
+
+
+def package_version() -> str:
+  try:
+    return importlib.metadata.version("sparsejax")
+  except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+    return "unknown"
+
+
+def check_writable(directory: str, flag: str = "workdir") -> None:
+  """Creates ``directory`` and writes a file there, or raises a ConfigError naming ``flag``.
+
+  A checkpoint directory that cannot be written used to stall the first save
+  for minutes and then fail with an unrelated timeout.
+  """
+  try:
+    os.makedirs(directory, exist_ok=True)
+    with tempfile.TemporaryFile(dir=directory):
+      pass
+  except OSError as e:
+    raise ConfigError(flag, directory, f"cannot write there ({e.strerror or e})") from None
+
+
+class Checkpoints:
+  """Save and restore training states in ``WORKDIR/checkpoints``.
+
+  Args:
+    workdir: the run's work directory.
+    keep: newest checkpoints kept (None: all).
+    writable: for saving (the directory is created and checked); False: read only.
+  """
+
+  def __init__(self, workdir: str, keep: int | None = None, *, writable: bool = True):
+    import orbax.checkpoint as ocp  # imported lazily: heavy
+
+    self._ocp = ocp
+    self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    if writable:
+      check_writable(self.directory)
+    elif not os.path.isdir(self.directory):
+      raise FileNotFoundError(f"{self.directory}: no checkpoints (nothing was trained with --workdir={workdir})")
+    with _quiet(pylogging.ERROR if not writable else pylogging.WARNING):
+      options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=writable, read_only=not writable)
+      self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def latest_step(self) -> int | None:
+    """The newest complete checkpoint's step (None: none yet)."""
+    return self._manager.latest_step()
+
+  def meta(self, step: int | None = None) -> dict[str, Any] | None:
+    """The ``meta`` record of checkpoint ``step`` (default: the newest); None if it has none."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      return None
+    try:
+      return self._manager.restore(step, args=self._ocp.args.Composite(meta=self._ocp.args.JsonRestore()))["meta"]
+    except KeyError:  # written before checkpoints recorded their config
+      return None
+
+  def save(self, step: int, state, data_state: dict, meta: dict, *, wait: bool = False) -> None:
+    """Saves ``state``, the data position and ``meta`` as checkpoint ``step`` (in the background unless ``wait``)."""
+    ocp = self._ocp
+    self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                     data=ocp.args.JsonSave(data_state),
+                                                     meta=ocp.args.JsonSave(meta)))
+    if wait:
+      self.wait()
+
+  def restore(self, abstract_state):
+    """``(state, data_state)`` of the newest checkpoint, or None if there is none.
+
+    Args:
+      abstract_state: shapes, dtypes and shardings to restore into.
+    """
+    step = self.latest_step()
+    if step is None:
+      return None
+    ocp = self._ocp
+    restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                                                   data=ocp.args.JsonRestore()))
+    return restored["state"], restored["data"]
+
+  def restore_arrays(self, step: int | None = None):
+    """The newest (or ``step``'s) state as a plain tree of host arrays, whatever the run's layout.
+
+    Sharded arrays come back whole (global shape); named tuples come back as dicts and tuples as lists.
+    """
+    import jax
+
+    step = self.latest_step() if step is None else step
+    path = os.path.join(self.directory, str(step), "state")
+    checkpointer = self._ocp.StandardCheckpointer()
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    with _quiet():  # it warns that the step's own metadata file is not in the item's directory
+      target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                            checkpointer.metadata(path).item_metadata.tree)
+      return checkpointer.restore(path, target)
+
+  def wait(self) -> None:
+    """Blocks until background saves are on disk."""
+    self._manager.wait_until_finished()
+
+
+def make_meta(config: Config, num_shards: int, num_processes: int, data: dict[str, int]) -> dict[str, Any]:
+  """What a checkpoint records about the run that wrote it."""
+  return {"config": config.to_dict(), "version": package_version(), "num_shards": num_shards,
+          "num_processes": num_processes, "data": data}
+
+
+def check_resume(meta: dict[str, Any] | None, step: int, config: Config, num_shards: int, workdir: str) -> None:
+  """Raises :class:`ResumeError` unless the run of ``config`` may continue from checkpoint ``step``.
+
+  Args:
+    meta: the checkpoint's record (None for checkpoints that have none: not checked).
+    step: the checkpoint's step.
+    config: the new run's settings (``config.checkpoint.resume``: ``auto`` compares the settings that define
+      the run, ``force`` does not, ``never`` refuses any checkpoint).
+    num_shards: the new run's output layer split.
+    workdir: named in the messages.
+  """
+  where = os.path.join(workdir, "checkpoints", str(step))
+  policy = config.checkpoint.resume
+  if policy == "never":
+    raise ResumeError(f"{where} exists and --resume=never: use another --workdir for a new run "
+                      "(or --resume=auto to continue this one)")
+  if meta is None:
+    logging.warning("%s records no settings (an older sparsejax wrote it): resuming without checking them", where)
+    return
+  if meta.get("num_shards") != num_shards:
+    raise ResumeError(f"{where} was written by a run over {meta.get('num_processes')} process(es) with the output "
+                      f"layer split {meta.get('num_shards')} way(s); this one splits it {num_shards} way(s). Resume "
+                      f"it with {meta.get('num_processes')} process(es), or use another --workdir")
+  if policy == "force":
+    return
+  saved = flat_items(Config.from_dict(meta["config"]))
+  now = flat_items(config)
+  differ = [name for name in sorted(identity_fields()) if saved[name] != now[name]]
+  if differ:
+    changes = ", ".join(f"--{n}={format_value(saved[n])} (now {format_value(now[n])})" for n in differ)
+    raise ResumeError(f"{where} was trained with other settings: {changes}. Give the same settings to resume it "
+                      f"(--config={os.path.join(workdir, 'config.json')} has them), use another --workdir for a new "
+                      f"run, or --resume=force to continue it with the new ones")
+
+
+class BestCheckpoint:
+  """The best state by a validation metric, in ``WORKDIR/best_checkpoint`` (orbax ``best_fn``, one kept).
+
+  Args:
+    workdir: the run's work directory.
+    metric: the name of the (higher-is-better) metric it is selected by.
+  """
+
+  def __init__(self, workdir: str, metric: str):
+    import orbax.checkpoint as ocp
+
+    self._ocp, self.metric = ocp, metric
+    self.directory = os.path.abspath(os.path.join(workdir, "best_checkpoint"))
+    self._manager = ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(
+            max_to_keep=1, best_fn=lambda metrics: metrics[metric], best_mode="max", create=True))
+
+  def save(self, step: int, state, value: float) -> None:
+    """Saves ``state`` of step ``step`` whose metric is ``value`` (orbax keeps the best one)."""
+    self._manager.save(step, args=self._ocp.args.Composite(state=self._ocp.args.StandardSave(state)),
+                       metrics={self.metric: float(value)}, force=True)
+
+  def best_step(self) -> int | None:
+    return self._manager.best_step()
+
+  def restore(self, abstract_state):
+    """The best state (None if none was saved)."""
+    self._manager.wait_until_finished()
+    step = self.best_step()
+    if step is None:
+      return None
+    restored = self._manager.restore(step, args=self._ocp.args.Composite(
+        state=self._ocp.args.StandardRestore(abstract_state)))
+    return restored["state"]
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()

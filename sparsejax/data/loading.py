@@ -1,0 +1,56 @@
+"""The train and test sets a run's data settings name (:class:`sparsejax.config.DataConfig`)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from .dataset import XCDataset, train_test_split
+from .gcide import load_gcide
+from .icd10 import load_icd10
+from .synthetic import make_synthetic
+from .xc_format import load_xc_file
+
+
+class LoadedData(NamedTuple):
+  """A dataset ready for training.
+
+  Attributes:
+    train, test: the splits, over the same features and labels.
+    label_names: ``[L]`` a name per label, where the dataset has them (ICD-10 codes, GCIDE headwords); else None.
+    vectorizer: what turns raw text into feature rows (ICD-10's fitted TF-IDF, with a sklearn
+      ``transform``), where the dataset has one; else None.
+  """
+  train: XCDataset
+  test: XCDataset
+  label_names: tuple[str, ...] | None = None
+  vectorizer: Any = None
+
+
+def load_dataset(config, *, seed: int = 0) -> LoadedData:
+  """Loads (or generates) the dataset of ``config``.
+
+  Args:
+    config: a :class:`sparsejax.config.DataConfig` (validated).
+    seed: seed of the synthetic data and of the train/test split.
+
+  Raises:
+    XCFormatError: a malformed file (naming file and line).
+    ValueError: train and test files of different shapes.
+  """
+  if config.dataset == "icd10":
+    train, test, info = load_icd10(label_level=config.icd10_labels, seed=seed, test_fraction=config.test_fraction)
+    return LoadedData(train, test, info.label_names, info.vectorizer)
+  if config.dataset == "gcide":
+    train, test, info = load_gcide(seed=seed, test_fraction=config.test_fraction)
+    return LoadedData(train, test, info.label_names, info.vectorizer)
+  if config.dataset == "synthetic":
+    full = make_synthetic(config.synthetic_samples, config.synthetic_features, config.synthetic_labels,
+                          labels_per_sample=config.synthetic_labels_per_sample, seed=seed)
+    return LoadedData(*train_test_split(full, config.test_fraction, seed=seed))
+  if config.dataset == "files":
+    train, test = load_xc_file(config.train_file), load_xc_file(config.test_file)
+    if (train.num_features, train.num_labels) != (test.num_features, test.num_labels):
+      raise ValueError(f"{config.test_file}: header has {test.num_features} features / {test.num_labels} labels, "
+                       f"but {config.train_file} has {train.num_features} / {train.num_labels}")
+    return LoadedData(train, test)
+  raise ValueError(f"unknown dataset {config.dataset!r}: use 'icd10', 'gcide', 'synthetic' or 'files'")

@@ -1,0 +1,80 @@
+"""Writes a run's metrics: ``WORKDIR/metrics.jsonl`` and, if asked for, TensorBoard events.
+
+``metrics.jsonl`` holds one JSON object per line: a record per step at which
+something was measured (the training loss every ``log_every`` steps, the test
+metrics every ``eval_every`` steps) and a last record with ``"final": true``.
+TensorBoard tags are the record keys, unchanged (``p@1`` stays ``p@1``).
+When a run resumes from a checkpoint at step ``s``, records after ``s`` (written
+before a crash, by steps that will be taken again) are dropped from both, so
+no step appears twice.
+"""
+
+import json
+import os
+from collections.abc import Iterable
+
+from absl import logging
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def read_records(workdir: str) -> list[dict]:
+  """The records of ``WORKDIR/metrics.jsonl`` (empty if there is none)."""
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+class MetricWriter:
+  """Appends records to metrics.jsonl, and their curves to TensorBoard.
+
+  Args:
+    workdir: the run's work directory.
+    tensorboard: also write TensorBoard events to ``WORKDIR/tensorboard`` (needs tensorboardX).
+    resume_step: the step the run continues from; later records are dropped.
+  """
+
+  def __init__(self, workdir: str, tensorboard: bool = False, resume_step: int = 0):
+    self.path = os.path.join(workdir, METRICS_FILE)
+    kept = [r for r in read_records(workdir) if r["step"] <= resume_step]
+    if os.path.exists(self.path):
+      tmp = self.path + ".tmp"
+      with open(tmp, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in kept)
+      os.replace(tmp, self.path)
+    self.tb = None
+    if tensorboard:
+      try:
+        from tensorboardX import SummaryWriter
+      except ImportError:
+        logging.warning("--tensorboard needs tensorboardX (pip install tensorboardX): not writing events")
+      else:
+        # purge_step: TensorBoard hides events at and after it from earlier (crashed) sessions.
+        self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=resume_step + 1)
+
+  def write(self, record: dict, curves: Iterable[str] | None = None) -> None:
+    """Appends ``record`` (it must hold ``step``).
+
+    Args:
+      record: JSON-ready values.
+      curves: the keys drawn in TensorBoard (default: every number but ``step``).
+    """
+    with open(self.path, "a") as f:
+      f.write(json.dumps(record) + "\n")
+    if self.tb is None:
+      return
+    from tensorboardX.proto.summary_pb2 import Summary
+
+    keys = [k for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"]
+    if curves is not None:
+      keys = [k for k in keys if k in set(curves)]
+    # The Summary proto directly: add_scalar would rename tags such as "p@1" (with a warning each time).
+    summary = Summary(value=[Summary.Value(tag=k, simple_value=float(record[k])) for k in keys])
+    self.tb._get_file_writer().add_summary(summary, record["step"])  # noqa: SLF001
+    self.tb.flush()
+
+  def close(self) -> None:
+    if self.tb is not None:
+      self.tb.close()

@@ -1,0 +1,141 @@
+"""Retrieval diagnostics: does the candidate index find the neurons that matter?
+
+Pure functions of arrays, computed at every evaluation. Per query they say
+how much of what the exact model ranks first the index returns:
+
+* :func:`label_recall` - fraction of the true labels among the candidates
+  (before any label forcing: the index is queried without labels).
+* :func:`topk_recall` - fraction of the exact top-``t`` outputs among them.
+* :func:`label_cosine` - cosine between ``h`` and its label rows (low cosine
+  is where sign-random-projection hashing of raw inner products fails).
+* :func:`candidate_mask` - which entries of an active set came from the index.
+* :func:`index_fill` - bucket / cluster fill of the index itself.
+
+:func:`summarize` turns per-query sums into the scalars written to
+``metrics.jsonl``.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sparsejax import clusters, tables
+
+TOP = 10  # topk_recall@TOP: how many of the exact top outputs the evaluation looks for among the candidates
+
+
+def candidate_mask(active: jax.Array, num_from_index: jax.Array) -> jax.Array:
+  """``[B, k]`` bool: the first ``num_from_index[b]`` ids of row b (an active set queried without labels)."""
+  return jnp.arange(active.shape[1])[None, :] < num_from_index[:, None]
+
+
+def _found(ids: jax.Array, among: jax.Array, among_mask: jax.Array) -> jax.Array:
+  """``[B, m]`` bool: whether ``ids[b, j] >= 0`` is one of the masked ``among[b, :]``."""
+  hit = (ids[:, :, None] == among[:, None, :]) & among_mask[:, None, :]
+  return jnp.any(hit, axis=2) & (ids >= 0)
+
+
+def _distinct(ids: jax.Array) -> jax.Array:
+  """``[B, m]`` bool: non-padding entries that do not repeat an earlier entry of their row."""
+  m = ids.shape[1]
+  earlier = jnp.tril(jnp.ones((m, m), bool), k=-1)
+  repeat = jnp.any((ids[:, :, None] == ids[:, None, :]) & earlier, axis=2)
+  return (ids >= 0) & ~repeat
+
+
+def label_recall(candidates: jax.Array, mask: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Per query, the fraction of its distinct true labels among its candidates.
+
+  Args:
+    candidates: ``[B, k]`` int32 ids.
+    mask: ``[B, k]`` bool, which ids are candidates (see :func:`candidate_mask`).
+    labels: ``[B, M]`` int32 true labels, -1 padded.
+
+  Returns:
+    ``(recall [B] float32, has_labels [B] bool)``; recall is 0 where a query has no labels.
+  """
+  distinct = _distinct(labels)
+  count = jnp.sum(distinct, axis=1)
+  found = jnp.sum(_found(labels, candidates, mask) & distinct, axis=1)
+  return jnp.where(count > 0, found / jnp.maximum(count, 1), 0.0).astype(jnp.float32), count > 0
+
+
+def topk_recall(candidates: jax.Array, mask: jax.Array, top_ids: jax.Array) -> jax.Array:
+  """``[B]`` fraction of the exact top outputs ``top_ids [B, t]`` (distinct ids) among the candidates."""
+  valid = top_ids >= 0
+  found = jnp.sum(_found(top_ids, candidates, mask), axis=1)
+  return (found / jnp.maximum(jnp.sum(valid, axis=1), 1)).astype(jnp.float32)
+
+
+def label_cosine(h: jax.Array, weight: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Per query, the mean cosine between ``h [B, d]`` and the rows of its labels.
+
+  Returns:
+    ``(cosine [B] float32, has_labels [B] bool)``; 0 where a query has no labels.
+  """
+  distinct = _distinct(labels)
+  rows = weight[jnp.maximum(labels, 0)]  # [B, M, d]
+  dots = jnp.einsum("bd,bmd->bm", h, rows, precision="highest")
+  norms = jnp.linalg.norm(h, axis=1)[:, None] * jnp.linalg.norm(rows, axis=2)
+  cos = jnp.where(distinct & (norms > 0), dots / jnp.maximum(norms, 1e-30), 0.0)
+  count = jnp.sum(distinct, axis=1)
+  return (jnp.sum(cos, axis=1) / jnp.maximum(count, 1)).astype(jnp.float32), count > 0
+
+
+def per_query(active: jax.Array, num_from_index: jax.Array, labels: jax.Array, top_ids: jax.Array, h: jax.Array,
+              weight: jax.Array) -> dict[str, jax.Array]:
+  """All per-query diagnostics of one batch, as ``[B]`` arrays (jittable).
+
+  Args:
+    active: ``[B, k]`` active sets from the index queried without labels.
+    num_from_index: ``[B]`` how many of them came from the index.
+    labels: ``[B, M]`` true labels, -1 padded.
+    top_ids: ``[B, t]`` exact top-t output ids.
+    h: ``[B, d]`` queries.
+    weight: ``[N, d]`` output rows.
+
+  Returns:
+    ``label_recall``, ``topk_recall``, ``label_cosine``, ``num_candidates``
+    (float32) and ``has_labels`` (bool).
+  """
+  mask = candidate_mask(active, num_from_index)
+  recall, has_labels = label_recall(active, mask, labels)
+  cosine, _ = label_cosine(h, weight, labels)
+  return {"label_recall": recall, "topk_recall": topk_recall(active, mask, top_ids), "label_cosine": cosine,
+          "num_candidates": num_from_index.astype(jnp.float32), "has_labels": has_labels}
+
+
+def summarize(batches: list[dict], top: int) -> dict[str, float]:
+  """Dataset means of :func:`per_query` outputs (label metrics over labelled queries only).
+
+  Args:
+    batches: per-batch dicts of ``[b]`` arrays (already trimmed of padding rows).
+    top: the ``t`` of ``topk_recall@t`` (names the key).
+  """
+  cat = {key: np.concatenate([np.asarray(b[key]) for b in batches]) for key in batches[0]}
+  labelled = cat["has_labels"]
+  denom = max(int(labelled.sum()), 1)
+  return {"label_recall": float(cat["label_recall"][labelled].sum() / denom),
+          f"topk_recall@{top}": float(cat["topk_recall"].mean()),
+          "mean_candidates": float(cat["num_candidates"].mean()),
+          "label_cosine": float(cat["label_cosine"][labelled].sum() / denom)}
+
+
+def index_fill(index) -> dict[str, float]:
+  """Fill statistics of hash tables or a clustered index (host-side, cheap).
+
+  Hash tables: mean and max ids per bucket, the fraction of empty buckets and
+  of buckets that overflowed (more rows offered than slots). Clustered index:
+  mean and max cluster size and the fraction of empty clusters.
+  """
+  if isinstance(index, tables.HashTables):
+    counts = np.asarray(index.counts)
+    slots = index.buckets.shape[2]
+    held = np.minimum(counts, slots)
+    return {"bucket_mean": float(held.mean()), "bucket_max": float(held.max()),
+            "buckets_empty": float(np.mean(counts == 0)), "buckets_overflowed": float(np.mean(counts > slots))}
+  if isinstance(index, clusters.ClusterIndex):
+    sizes = np.asarray(index.sizes)
+    return {"cluster_mean": float(sizes.mean()), "cluster_max": float(sizes.max()),
+            "clusters_empty": float(np.mean(sizes == 0))}
+  raise TypeError(f"index_fill: expected HashTables or ClusterIndex, got {type(index).__name__}")

@@ -1,0 +1,62 @@
+"""Stopping a run cleanly on SIGINT (Ctrl-C) or SIGTERM: finish the step, save a checkpoint, exit.
+
+One process: a Python handler notes the signal; the loop asks
+:meth:`StopRequests.requested` after every step. A second signal of the same
+kind acts at once (Ctrl-C twice: KeyboardInterrupt). Several processes:
+``jax.distributed`` catches SIGTERM itself (its preemption notifier) and tells
+every process, and ``reached_preemption_sync_point`` is true on all of them at
+the same step, so they all save the same checkpoint. No Python handler is
+installed there: it would replace the notifier and the processes would stop at
+different steps.
+"""
+
+import signal
+import threading
+
+import jax
+
+
+class Interrupted(Exception):
+  """The run stopped on a signal after saving a checkpoint at ``step``."""
+
+  def __init__(self, signum: int, step: int, checkpoint_dir: str):
+    self.signum, self.step, self.checkpoint_dir = signum, step, checkpoint_dir
+    name = signal.Signals(signum).name
+    super().__init__(f"stopped by {name} after step {step}: checkpoint saved in {checkpoint_dir}; run the same "
+                     "command again to continue")
+
+
+class StopRequests:
+  """Context manager that turns SIGINT/SIGTERM into a request to stop after the current step."""
+
+  def __init__(self):
+    self.signum: int | None = None
+    self._previous: dict[int, object] = {}
+    self._multi = jax.process_count() > 1
+
+  def __enter__(self) -> "StopRequests":
+    if not self._multi and threading.current_thread() is threading.main_thread():
+      for signum in (signal.SIGINT, signal.SIGTERM):
+        self._previous[signum] = signal.signal(signum, self._note)
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
+    self._previous.clear()
+
+  def _note(self, signum, frame) -> None:
+    del frame
+    self.signum = signum
+    signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))  # a second one acts at once
+
+  def requested(self, step: int) -> bool:
+    """Whether to stop after ``step`` (the same answer on every process)."""
+    if self._multi:
+      from jax.experimental import multihost_utils
+
+      if multihost_utils.reached_preemption_sync_point(step):
+        self.signum = signal.SIGTERM
+        return True
+      return False
+    return self.signum is not None

@@ -1,0 +1,187 @@
+"""Shared test helpers and options, as fixtures: the repository's paths, Python subprocesses, small training
+configs, the fuzzing budget and a crash-proof runner of op cases.
+
+Tests import the installed package (``--import-mode=importlib``; subprocesses
+run ``python -P``), so helpers live here (and in references.py, put on sys.path below).
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def root() -> pathlib.Path:
+  """The repository's root directory."""
+  return ROOT
+
+
+def _run_python(*args: str, code: str | None = None, devices: int | None = None, env: dict | None = None,
+                timeout: float = 300, cwd=None, check: bool = True, isolated: bool = True):
+  """Runs ``python [-P] [-c code] args`` and returns the CompletedProcess (text).
+
+  Args:
+    args: the script and its arguments (or further arguments after ``code``).
+    code: a program (dedented) to run with ``-c``.
+    devices: virtual CPU devices for JAX (``--xla_force_host_platform_device_count``).
+    env: extra environment variables.
+    timeout: seconds.
+    cwd: working directory.
+    check: assert a zero exit status (showing the end of stderr otherwise).
+    isolated: ``-P``: do not put the current directory first on the path (import the installed package).
+  """
+  full_env = dict(os.environ, **(env or {}))
+  if devices:
+    full_env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  command = [sys.executable, *(["-P"] if isolated else []), *(["-c", textwrap.dedent(code)] if code else []), *args]
+  out = subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+  if check:
+    assert out.returncode == 0, out.stderr[-4000:]
+  return out
+
+
+@pytest.fixture(scope="session")
+def run_python():
+  """``run_python(*args, code=None, devices=None, env=None, timeout=300, cwd=None, check=True, isolated=True)``."""
+  return _run_python
+
+
+@pytest.fixture(scope="session")
+def installed_command():
+  """``installed_command(name)``: the path of a console script installed next to this Python."""
+  def path(name: str) -> str:
+    found = os.path.join(os.path.dirname(sys.executable), name)
+    assert os.path.exists(found), f"{name} is not installed (pip install .)"
+    return found
+  return path
+
+
+@pytest.fixture(scope="session")
+def small_config():
+  """A config that trains a small synthetic problem in a few seconds (override what a test needs)."""
+  from sparsejax.config import Config, override
+
+  return override(
+      Config(), dataset="synthetic", synthetic_samples=3000, synthetic_features=1000, synthetic_labels=200,
+      hidden_dims=(32,), active_k=32, num_tables=8, batch_size=64, max_steps=40, eval_every=20, eval_samples=300,
+      log_every=10, checkpoint_every=15, rebuild_period=7, rebuild_growth=1.3, rehash_period=25, reinsert="labels",
+      progress=False, learning_rate=3e-3, candidates="lsh", validation_fraction=0.0)
+
+
+TESTS = Path(__file__).parent
+OP_CASES = TESTS / "op_cases.py"
+# Test modules import shared helpers (references.py) from this directory.
+sys.path.insert(0, str(TESTS))
+
+
+def pytest_addoption(parser):
+  parser.addoption("--fuzz-long", action="store_true", default=False,
+                   help="fuzz with many more examples, from a random seed (for local runs; minutes)")
+
+
+@pytest.fixture
+def fuzz_long(request) -> bool:
+  return request.config.getoption("--fuzz-long")
+
+
+def run_op_cases(cases: list[dict], tmp_path: Path, timeout: float = 600) -> list[dict]:
+  """Runs cases through tests/op_cases.py in subprocesses; a crash or hang fails only its case.
+
+  Returns one outcome per case: ``{"i", "status", "message"}`` with status
+  ``ok``, ``error`` (a due, well-named error), ``fail``, ``crash`` (the process
+  died: signal or abort) or ``hang``. After a crash or hang the rest of the
+  cases run in a new process.
+  """
+  path = tmp_path / "cases.json"
+  path.write_text(json.dumps(cases))
+  outcomes: dict[int, dict] = {}
+  first = 0
+  env = {k: v for k, v in os.environ.items() if k != "SPARSEJAX_NUM_THREADS"}
+  while first < len(cases):
+    # A script's own directory (tests/, with references.py) leads sys.path, not the source tree: the installed
+    # sparsejax is imported.
+    proc = subprocess.Popen([sys.executable, str(OP_CASES), str(path), str(first)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+      out, err = proc.communicate(timeout=timeout)
+      hung = False
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      out, err = proc.communicate()
+      hung = True
+    started = None
+    for line in out.splitlines():
+      if line.startswith("start "):
+        started = int(line.split()[1])
+      elif line.startswith("{"):
+        outcome = json.loads(line)
+        outcomes[outcome["i"]] = outcome
+        started = None
+    if started is None:
+      missing = [i for i in range(first, len(cases)) if i not in outcomes]
+      if proc.returncode == 0 and not missing:
+        break
+      # Died between cases: blame the next case, or the last one if none is left.
+      started = missing[0] if missing else len(cases) - 1
+    status = "hang" if hung else "crash"
+    outcomes[started] = {"i": started, "status": status,
+                         "message": f"exit status {proc.returncode}; stderr: {err[-1500:]}"}
+    first = started + 1
+  return [outcomes.get(i, {"i": i, "status": "crash", "message": "never ran"}) for i in range(len(cases))]
+
+
+@pytest.fixture
+def op_cases(tmp_path, request):
+  """Runs op cases (see run_op_cases), records tallies for the session summary, and returns the outcomes.
+
+  `label` names the tally: a string, or a function of a case (one tally per value).
+  """
+  def run(cases, label, timeout=600):
+    outcomes = run_op_cases(cases, tmp_path, timeout)
+    tallies: dict[str, dict[str, int]] = {}
+    for case, outcome in zip(cases, outcomes):
+      tally = tallies.setdefault(label(case) if callable(label) else label, {})
+      tally[outcome["status"]] = tally.get(outcome["status"], 0) + 1
+    for name, tally in tallies.items():
+      request.config.stash.setdefault(_TALLIES, []).append((name, sum(tally.values()), tally))
+    return outcomes
+  return run
+
+
+_TALLIES = pytest.StashKey[list]()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+  tallies = config.stash.get(_TALLIES, [])
+  if tallies:
+    terminalreporter.section("op cases tried (fuzzing)")
+    for label, n, tally in tallies:
+      terminalreporter.write_line(f"{label}: {n} cases: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.items())))
+    total = sum(n for _, n, _ in tallies)
+    terminalreporter.write_line(f"total: {total} cases")
+
+
+FUZZ_LONG_FACTOR = 25  # --fuzz-long: this many times the examples, randomly seeded
+
+
+@pytest.fixture
+def fuzz_settings(request):
+  """``fuzz_settings(n)``: hypothesis settings for n examples (derandomized), or 25 n random ones with --fuzz-long."""
+  from hypothesis import HealthCheck, settings
+
+  long = request.config.getoption("--fuzz-long")
+
+  def make(max_examples: int):
+    return settings(max_examples=max_examples * (FUZZ_LONG_FACTOR if long else 1), derandomize=not long,
+                    deadline=None, database=None, print_blob=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+  return make

@@ -1,0 +1,179 @@
+"""The one config and its command line: documented flags, validation before anything loads, exit status 2."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+
+from sparsejax import cli, model
+from sparsejax.config import BudgetConfig, Config, ConfigError, iter_fields, override
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train.py")
+
+
+def _parse(*args: str) -> Config:
+  """The validated config of a command line (in-process, fresh flags)."""
+  flag_values = flags.FlagValues()
+  cli.define_flags(cli.TRAIN, flag_values)
+  cli.parse_flags(["sparsejax-train", *args], flag_values)
+  return cli.config_from_flags(flag_values)
+
+
+def _usage_error(capsys, *args: str) -> str:
+  """The one line a bad command line prints (and checks that it exits with status 2)."""
+  with pytest.raises(SystemExit) as exit_info:
+    _parse(*args)
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1, err
+  return err
+
+
+# Issue 12 defects 6, 9 and 12 and issue 11's typo'd enum: each exits 2 naming its flag, before loading data.
+BAD = [
+    ("--learning_rate=nan", "--learning_rate=nan: must be a finite number"),
+    ("--learning_rate=inf", "--learning_rate=inf: must be a finite number"),
+    ("--learning_rate=-0.1", "--learning_rate=-0.1: must be > 0"),
+    ("--weight_decay=nan", "--weight_decay=nan: must be a finite number"),
+    ("--batch_size=0", "--batch_size=0: must be >= 1"),
+    ("--eval_every=0", "--eval_every=0"),
+    ("--log_every=0", "--log_every=0"),
+    ("--checkpoint_every=0", "--checkpoint_every=0"),
+    ("--test_fraction=0", "--test_fraction=0.0: must be > 0 and < 1"),
+    ("--eval_samples=0", "--eval_samples=0: must be >= 1 or none"),
+    ("--max_steps=-5", "--max_steps=-5"),
+    ("--num_epochs=-1", "--num_epochs=-1.0"),
+    ("--max_seconds=0", "--max_seconds=0.0"),
+    ("--warmup_steps=-1", "--warmup_steps=-1"),
+    ("--decay_steps=-1", "--decay_steps=-1"),
+    ("--rebuild_period=-1", "--rebuild_period=-1"),
+    ("--rehash_period=-3", "--rehash_period=-3"),
+    ("--rebuild_growth=0.9", "--rebuild_growth=0.9: must be >= 1"),
+    ("--rebuild_max_period=0", "--rebuild_max_period=0: must be >= 1"),
+    ("--rebuild_max_period=10", "--rebuild_max_period=10: must be >= --rebuild_period (50)"),
+    ("--keep_checkpoints=0", "--keep_checkpoints=0: must be >= 1 or none"),
+    ("--lsh_family=wta", "--lsh_family=wta: value should be one of <simhash|dwta>"),
+    ("--moment_dtype=float16", "--moment_dtype=float16"),
+    ("--hidden_dims=128,x", "--hidden_dims=128,x: must be a comma-separated list of integers"),
+    ("--hidden_dims=0", "--hidden_dims=0: must be >= 1"),
+    ("--batch_size=12.5", "--batch_size=12.5: must be an integer"),
+    ("--b1=1", "--b1=1.0: must be >= 0 and < 1"),
+    ("--eps=0", "--eps=0.0: must be > 0"),
+    ("--num_bits=31", "--num_bits=31: must be >= 1 and <= 30 or none"),
+    ("--lsh_family=dwta --num_bits=8", "--num_bits=8: dwta packs 3-bit bins"),
+    ("--active_k=0", "--active_k=0"),
+    ("--seed=-1", "--seed=-1"),
+    ("--progress=maybe", "--progress=maybe"),
+    ("--num_shards=0", "--num_shards=0"),
+    ("--synthetic_labels_per_sample=nan", "--synthetic_labels_per_sample=nan"),
+    ("--dataset=synthetic --synthetic_samples=100 --batch_size=200", "--batch_size=200: exceeds the 90"),
+    ("--train_file=/etc/hostname", "--train_file=/etc/hostname: only read with --dataset=files"),
+    ("--dataset=files --test_file=/etc/hostname", "--train_file=none: --dataset=files needs --train_file"),
+    ("--dataset=files --train_file=/no/such --test_file=/etc/hostname", "--train_file=/no/such: no such file"),
+    ("--lerning_rate=1", "Unknown command line flag 'lerning_rate'"),
+    ("positional", "unexpected argument 'positional'"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD, ids=[b[0] for b in BAD])
+def test_invalid_flags_exit_2_with_one_line_naming_the_flag(capsys, args, message):
+  assert message in _usage_error(capsys, *args.split())
+
+
+def test_bad_flag_exits_2_from_the_script_before_loading_anything(tmp_path):
+  """Issue 11: --lsh_family=wta used to fail after the data loaded, with a 38-line traceback."""
+  workdir = tmp_path / "wd"
+  out = subprocess.run([sys.executable, "-P", EXAMPLE, "--lsh_family=wta", f"--workdir={workdir}"],
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2
+  assert out.stderr.strip().splitlines() == [
+      "train.py: error: --lsh_family=wta: value should be one of <simhash|dwta> (--help lists the flags)"]
+  assert not workdir.exists()  # nothing was started
+
+
+def test_train_file_without_dataset_files_is_refused(tmp_path, capsys):
+  """Issue 11: --train_file/--test_file without --dataset=files silently trained on ICD-10."""
+  train = tmp_path / "train.txt"
+  train.write_text("1 3 2\n0 1:0.5\n")
+  err = _usage_error(capsys, f"--train_file={train}", f"--test_file={train}")
+  assert "--train_file" in err and "add --dataset=files" in err
+  config = _parse("--dataset=files", f"--train_file={train}", f"--test_file={train}")
+  assert config.data.train_file == str(train)
+
+
+def test_help_documents_every_flag_and_lists_every_choice(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    _parse("--help")
+  assert exit_info.value.code == 0
+  text = capsys.readouterr().out
+  for section, field in iter_fields(Config):
+    heading = next(line for line in text.splitlines() if line.startswith(f"  --{field.name}=")
+                   or line.startswith(f"  --{field.name} "))
+    body = text.split(heading, 1)[1].split("\n  --", 1)[0].split("\n\n", 1)[0]
+    assert len(body.split()) >= 4 and body.strip().endswith("."), (field.name, body)  # a sentence
+    if field.metadata.get("choices"):
+      assert f"<{'|'.join(field.metadata['choices'])}>" in heading
+    assert f"\n{section}: " in text
+  for name in ("workdir", "config", "coordinator_address", "num_processes", "process_id"):
+    assert f"  --{name}  (default:" in text
+
+
+def test_every_setting_is_settable_by_flag_and_none_where_optional():
+  config = _parse("--b1=0.8", "--b2=0.99", "--eps=1e-6", "--init_scale=0.5", "--hidden_dims=64,32",
+                  "--num_epochs=none", "--max_steps=1e3", "--keep_checkpoints=none", "--noprogress",
+                  "--model=dense")
+  assert (config.optim.b1, config.optim.b2, config.optim.eps, config.network.init_scale) == (0.8, 0.99, 1e-6, 0.5)
+  assert config.network.hidden_dims == (64, 32) and config.network.model == "dense"
+  assert config.budget.num_epochs is None and config.budget.max_steps == 1000
+  assert config.checkpoint.keep_checkpoints is None and not config.run.progress
+  assert _parse() == Config()  # the flags' defaults are the config's
+
+
+def test_flag_names_are_unique_across_sections():
+  names = [f.name for _, f in iter_fields(Config)]
+  assert len(names) == len(set(names))
+
+
+def test_config_and_flag_files(tmp_path):
+  first = override(Config(), dataset="synthetic", learning_rate=1e-2, hidden_dims=(16, 8))
+  (tmp_path / "config.json").write_text(json.dumps(first.to_dict()))
+  config = _parse(f"--config={tmp_path / 'config.json'}", "--learning_rate=0.02")
+  assert config == override(first, learning_rate=0.02)  # the file, then the flags given
+  (tmp_path / "run.flags").write_text("--dataset=synthetic\n--active_k=77\n")
+  assert _parse(f"--flagfile={tmp_path / 'run.flags'}") == override(Config(), dataset="synthetic", active_k=77)
+  assert Config.from_dict(json.loads(json.dumps(first.to_dict()))) == first
+  with pytest.raises(ConfigError, match="--learning_rat=0.1: unknown setting"):
+    Config.from_dict({"optim": {"learning_rat": 0.1}})
+
+
+def test_budgets_never_cap_each_other_by_default():
+  """Issue 11: the default --num_epochs=5 silently capped --max_steps and --max_seconds."""
+  assert BudgetConfig(max_steps=1000).max_steps_for(steps_per_epoch=10) == 1000
+  assert BudgetConfig(max_seconds=60.0).max_steps_for(10) is None  # wall clock only
+  assert BudgetConfig().max_steps_for(10) == 50  # nothing set: 5 epochs
+  assert BudgetConfig(max_steps=1000, num_epochs=2.5).max_steps_for(10) == 25  # both set: the first reached
+
+
+def test_model_config_is_derived_not_repeated():
+  """Issue 11: TrainConfig repeated 14 ModelConfig fields with drifted defaults."""
+  config = override(Config(), learning_rate=0.5, num_tables=3, active_k=9)
+  mcfg = config.model_config(100, 200)
+  assert mcfg.optim is config.optim and mcfg.tables is config.tables and mcfg.network is config.network
+  assert {f.name for f in dataclasses.fields(model.ModelConfig)} == {
+      "num_features", "num_labels", "network", "tables", "optim", "num_shards"}
+  assert model.ModelConfig(1, 2).optim == Config().optim  # one set of defaults
+  assert mcfg.k == 9 and mcfg.lsh_config.num_tables == 3 and float(mcfg.schedule()(0)) == 0.5
+
+
+def test_train_and_evaluate_validates_before_touching_the_workdir(tmp_path):
+  from sparsejax.train import train_and_evaluate
+
+  with pytest.raises(ConfigError, match="--learning_rate=nan"):
+    train_and_evaluate(override(Config(), learning_rate=float("nan")), str(tmp_path / "wd"))
+  assert not (tmp_path / "wd").exists()
+  with pytest.raises(TypeError, match="no setting 'learning_rat'"):
+    override(Config(), learning_rat=1.0)

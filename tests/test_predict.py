@@ -1,0 +1,137 @@
+"""Using a trained model: sparsejax.load, sparsejax-predict, sparsejax-plot, the installed commands."""
+
+import json
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+import sparsejax
+from sparsejax import data
+from sparsejax.config import override
+from sparsejax.metric_writer import read_records
+from sparsejax.train import train_and_evaluate
+
+
+@pytest.fixture(scope="module")
+def synthetic_run(tmp_path_factory, small_config):
+  """200 steps on a small synthetic set: ``(workdir, final evaluation, test set)``."""
+  workdir = tmp_path_factory.mktemp("synthetic")
+  config = override(small_config, max_steps=200, eval_every=100, log_every=50, checkpoint_every=100)
+  final = train_and_evaluate(config, str(workdir))
+  return workdir, final, data.load_dataset(config.data, seed=config.run.seed).test
+
+
+def _pairs(line: str) -> list[tuple[str, float]]:
+  return [(label, float(score)) for label, score in (pair.rsplit(":", 1) for pair in line.split())]
+
+
+def test_predict_command_writes_top_labels_per_sample(synthetic_run, tmp_path, installed_command):
+  workdir, _, test = synthetic_run
+  data.save_xc_file(test, tmp_path / "test.txt")
+  out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={workdir}",
+                        f"--input={tmp_path / 'test.txt'}", "--top=5"], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = out.stdout.splitlines()
+  assert len(lines) == len(test) == 300
+  scores, ids = sparsejax.load(str(workdir)).predict(test, top=5)
+  for line, want_ids, want_scores in zip(lines, ids, scores):
+    pairs = _pairs(line)
+    assert [int(label) for label, _ in pairs] == want_ids.tolist()
+    np.testing.assert_allclose([s for _, s in pairs], want_scores, rtol=1e-4)
+    assert all(a >= b for (_, a), (_, b) in zip(pairs, pairs[1:]))
+  # svmlight (the same lines without the header) gives the same predictions.
+  (tmp_path / "test.svm").write_text("".join((tmp_path / "test.txt").read_text().splitlines(True)[1:]))
+  out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={workdir}",
+                        f"--input={tmp_path / 'test.svm'}", "--top=5", f"--output={tmp_path / 'pred.txt'}"],
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert (tmp_path / "pred.txt").read_text().splitlines() == lines
+
+
+def test_load_evaluate_reproduces_the_final_evaluation(synthetic_run):
+  workdir, final, test = synthetic_run
+  model = sparsejax.load(str(workdir))
+  assert model.step == 200 and model.label_names is None
+  result = model.evaluate(test)
+  for key in ("p@1", "p@3", "p@5", "ndcg@5", "psp@5"):
+    assert result[key] == final[key], key  # exactly: the same computation on the same parameters
+  assert final["p@1"] > 0.3  # it learned (chance: 1/200)
+
+
+def test_predict_errors_are_one_line(synthetic_run, tmp_path, installed_command):
+  workdir, _, _ = synthetic_run
+  predict = installed_command("sparsejax-predict")
+  out = subprocess.run([predict, f"--workdir={tmp_path / 'nothing'}", "--input=x"], capture_output=True, text=True)
+  assert out.returncode == 1
+  assert out.stderr.strip().splitlines() == [f"sparsejax-predict: error: {tmp_path / 'nothing' / 'checkpoints'}: no "
+                                             f"checkpoints (nothing was trained with --workdir={tmp_path / 'nothing'})"]
+  out = subprocess.run([predict, f"--workdir={workdir}", "--input=x", "--top=0"], capture_output=True, text=True)
+  assert out.returncode == 2 and "--top=0: must be in [1, 200]" in out.stderr
+  (tmp_path / "bad.svm").write_text("1 0:0.5 999999:1\n")
+  out = subprocess.run([predict, f"--workdir={workdir}", f"--input={tmp_path / 'bad.svm'}"], capture_output=True,
+                       text=True)
+  assert out.returncode == 1 and f"{tmp_path / 'bad.svm'}: not a svmlight file" in out.stderr
+
+
+def test_icd10_text_in_codes_out(tmp_path, small_config, installed_command):
+  config = override(small_config, dataset="icd10", hidden_dims=(16,), active_k=64, max_steps=30, eval_every=1000,
+                    eval_samples=500, batch_size=128, learning_rate=1e-2)
+  train_and_evaluate(config, str(tmp_path))
+  loaded = data.load_dataset(config.data, seed=config.run.seed)
+  model = sparsejax.load(str(tmp_path))
+  assert model.label_names == loaded.label_names
+  texts = ["Type 2 diabetes mellitus without complications", "Fracture of neck of right femur"]
+  want = loaded.vectorizer.transform(texts)
+  got = model.vectorizer.transform(texts)
+  assert (want != got).nnz == 0  # the saved vectorizer featurizes text exactly as the fitted one
+  out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={tmp_path}", "--input=-", "--top=3"],
+                       input="\n".join(texts) + "\n", capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = out.stdout.splitlines()
+  assert len(lines) == 2
+  _, ids = model.predict(texts, top=3)
+  for line, row in zip(lines, ids):
+    codes = [code for code, _ in _pairs(line)]
+    assert codes == [loaded.label_names[i] for i in row]
+    assert all(re.fullmatch(r"[A-Z][0-9][0-9A-Z]", code) for code in codes), codes  # ICD-10-CM categories
+
+
+def test_plot_draws_learning_curves(synthetic_run, tmp_path, installed_command, run_python):
+  workdir, _, _ = synthetic_run
+  out = subprocess.run([installed_command("sparsejax-plot"), str(workdir), f"--output={tmp_path / 'c.png'}"],
+                       capture_output=True, text=True, timeout=300)
+  if out.returncode == 1 and "needs matplotlib" in out.stderr:
+    pytest.skip("matplotlib is not installed")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  records = read_records(str(workdir))
+  assert all("seconds" in r for r in records)  # the wall-clock axis
+  # Without matplotlib: one line saying what to install.
+  (tmp_path / "fake" / "matplotlib").mkdir(parents=True)
+  (tmp_path / "fake" / "matplotlib" / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+  out = run_python(str(workdir), code="from sparsejax import cli; cli.plot_main()",
+                   env={"PYTHONPATH": str(tmp_path / "fake")}, check=False, isolated=False, cwd=tmp_path)
+  assert out.returncode == 1
+  assert out.stderr.strip().splitlines()[-1].endswith("error: sparsejax-plot needs matplotlib: pip install matplotlib")
+
+
+def test_installed_commands_answer_help(installed_command):
+  for name in ("sparsejax-train", "sparsejax-predict", "sparsejax-plot"):
+    out = subprocess.run([installed_command(name), "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith(f"{name}: "), (name, out.stderr[-2000:])
+
+
+def test_import_from_the_repository_root_uses_the_installed_extension(root, run_python):
+  """Issue 11: `python -c "from sparsejax import ops"` in the repository failed (the source tree shadowed the
+  installed package, which alone has the compiled _sparsejax)."""
+  out = run_python(code="""
+      import jax.numpy as jnp, sparsejax
+      from sparsejax import ops
+      h, w, ids = jnp.ones((2, 3)), jnp.ones((5, 3)), jnp.array([[0, 4], [1, -1]], jnp.int32)
+      print(sparsejax.__file__, ops.gather_dot(h, w, ids).tolist())
+  """, cwd=root, isolated=False)
+  path, values = out.stdout.strip().split(" ", 1)
+  assert path == str(root / "sparsejax" / "__init__.py")  # the source tree, as before
+  assert json.loads(values) == [[3.0, 3.0], [3.0, 0.0]]

@@ -1,0 +1,93 @@
+"""Start-up faults of a multi-process job: every process ends soon, naming its rank and what it expected."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from sparsejax import launch, process_group
+
+TIMEOUT = 6  # initialization_timeout of these jobs, seconds
+
+JOIN = textwrap.dedent("""
+    import sys
+    from sparsejax import distributed
+    address, n, rank, timeout = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    distributed.initialize(address, n, rank, initialization_timeout=timeout, heartbeat_timeout_seconds=5)
+    import jax
+    print(f"rank {rank} joined a job of {jax.process_count()}", flush=True)
+""")
+
+
+def _job(ranks, port=None):
+  """Starts one process per (num_processes, process_id); returns their (exit status, output) and the seconds taken."""
+  address = f"127.0.0.1:{port or launch.free_port()}"
+  t0 = time.time()
+  procs = [subprocess.Popen([sys.executable, "-P", "-c", JOIN, address, str(n), str(r), str(TIMEOUT)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for n, r in ranks]
+  try:
+    outs = [p.communicate(timeout=TIMEOUT + 60)[0] for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  return [(p.returncode, out) for p, out in zip(procs, outs)], time.time() - t0, address
+
+
+def test_a_rank_with_another_num_processes_fails_every_rank():
+  """Old code: the job silently ran with the coordinator's count (rank 1 believed there were 3)."""
+  results, seconds, _ = _job([(2, 0), (3, 1)])
+  for code, out in results:
+    assert code != 0, out
+    assert ("StartupError: rank" in out and "runs a job of --num_processes=2, but rank 1 (host" in out
+            and "was started with --num_processes=3" in out), out
+    assert "joined a job" not in out
+  assert seconds < TIMEOUT + 30
+
+
+def test_unreachable_coordinator_names_the_rank_and_address():
+  """Old code: a bare DEADLINE_EXCEEDED abort from C++ after JAX's timeout."""
+  [(code, out)], seconds, address = _job([(2, 1)])
+  assert code == 1
+  assert f"StartupError: rank 1 of 2: could not join the job within {TIMEOUT} s: no answer from the coordinator " \
+         f"(rank 0) at {address}" in out, out
+  assert "DEADLINE_EXCEEDED" not in out and seconds < TIMEOUT + 30
+
+
+def test_a_rank_that_never_starts_ends_the_others():
+  results, seconds, address = _job([(3, 0), (3, 1)])  # rank 2 never starts
+  (code0, out0), (code1, out1) = results
+  assert code0 == code1 == 1, (out0, out1)
+  assert f"rank 0 of 3 (the coordinator, at {address}): the job did not assemble within {TIMEOUT} s: expected " \
+         "ranks 0..2" in out0, out0
+  assert "rank 1 of 3: could not join the job" in out1, out1
+  assert seconds < TIMEOUT + 30
+
+
+def test_a_duplicate_process_id_ends_or_is_left_out():
+  """Ranks 0, 1, 1: one of the two rank-1 processes joins, the other ends with a message naming rank 1."""
+  results, seconds, _ = _job([(2, 0), (2, 1), (2, 1)])
+  joined = [out for code, out in results if code == 0 and "joined a job of 2" in out]
+  failed = [out for code, out in results if code != 0]
+  assert len(joined) + len(failed) == 3 and len(failed) >= 1, results
+  assert all("rank 1" in out or "task=1" in out or "1 unexpectedly" in out for out in failed), failed
+  assert seconds < TIMEOUT + 30
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (("127.0.0.1:1234", 0, 0), "num_processes must be >= 1, got 0"),
+    (("127.0.0.1:1234", 2, 2), "process_id must be in [0, num_processes = 2), got 2"),
+    (("127.0.0.1:1234", 2, -1), "process_id must be in [0, num_processes = 2), got -1"),
+    (("127.0.0.1", 2, 0), "coordinator_address must be 'host:port'"),
+    (("host:99999", 2, 0), "coordinator_address must be 'host:port'"),
+])
+def test_arguments_that_cannot_be_right(args, fragment):
+  with pytest.raises(ValueError, match=fragment.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+    process_group.initialize(*args)
+
+
+def test_single_process_needs_no_group():
+  assert process_group.initialize("127.0.0.1:1234", 1, 0) is False
+  assert process_group.initialize() is False or os.environ.get("SLURM_NTASKS")

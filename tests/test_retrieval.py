@@ -1,0 +1,161 @@
+"""Candidate retrieval: MIPS reduction, clustered index, merge kernel and diagnostics against brute force."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sparsejax import clusters, lsh, mips, retrieval, tables
+
+
+def test_mips_reduction_ranks_like_inner_products():
+  rng = np.random.default_rng(0)
+  w = rng.normal(size=(300, 12)).astype(np.float32) * rng.uniform(0.1, 3.0, size=(300, 1)).astype(np.float32)
+  b = rng.normal(size=300).astype(np.float32)
+  h = np.maximum(rng.normal(size=(20, 12)), 0).astype(np.float32)
+  x = mips.augment_rows(jnp.asarray(w), jnp.asarray(b))
+  q = mips.augment_queries(jnp.asarray(h))
+  np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, rtol=1e-5)
+  np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, rtol=1e-5)
+  cosine = np.asarray(q, np.float64) @ np.asarray(x, np.float64).T
+  logits = h.astype(np.float64) @ w.T.astype(np.float64) + b
+  # <q, x_i> = logit_i / (M |[h, 1]|): the same ranking, up to float rounding.
+  scale = np.max(np.linalg.norm(np.concatenate([w, b[:, None]], 1), axis=1)) * np.linalg.norm(
+      np.concatenate([h, np.ones((20, 1))], 1), axis=1)
+  np.testing.assert_allclose(cosine * scale[:, None], logits, rtol=1e-4, atol=1e-4)
+  np.testing.assert_array_equal(np.argsort(-cosine, axis=1, kind="stable")[:, :50],
+                                np.argsort(-logits, axis=1, kind="stable")[:, :50])
+
+
+def _merge_reference(candidates, labels, k, max_from):
+  """Labels, then distinct candidates (at most max_from); the random fill is checked separately."""
+  out = []
+  for y in labels:
+    if y >= 0 and y not in out:
+      out.append(int(y))
+  taken = 0
+  for c in candidates:
+    if taken == max_from or len(out) == k:
+      break
+    if c >= 0 and c not in out:
+      out.append(int(c))
+      taken += 1
+  return out, taken
+
+
+@pytest.mark.parametrize("max_from", [None, 5])
+def test_merge_candidates_against_reference(max_from):
+  rng = np.random.default_rng(1)
+  B, C, k, N = 16, 30, 12, 200
+  cand = rng.integers(-1, 40, size=(B, C)).astype(np.int32)  # repeats and padding
+  labels = rng.integers(-1, 60, size=(B, 3)).astype(np.int32)
+  active, n = clusters.merge_candidates(jnp.asarray(cand), k=k, num_rows=N, labels=jnp.asarray(labels), seed=7,
+                                        max_from_candidates=max_from)
+  active, n = np.asarray(active), np.asarray(n)
+  for b in range(B):
+    want, taken = _merge_reference(cand[b], labels[b], k, k if max_from is None else max_from)
+    assert active[b, :len(want)].tolist() == want
+    assert n[b] == taken
+    assert len(set(active[b].tolist())) == k and active[b].min() >= 0 and active[b].max() < N  # distinct fill
+  again, _ = clusters.merge_candidates(jnp.asarray(cand), k=k, num_rows=N, labels=jnp.asarray(labels), seed=7,
+                                       max_from_candidates=max_from)
+  np.testing.assert_array_equal(again, active)
+
+
+def test_merge_candidates_rejects_bad_ids_and_too_many_labels():
+  with pytest.raises(Exception, match="candidates"):
+    jax.block_until_ready(clusters.merge_candidates(jnp.array([[3, 250]], jnp.int32), k=2, num_rows=200))
+  with pytest.raises(Exception, match="more distinct labels than k"):
+    jax.block_until_ready(clusters.merge_candidates(jnp.array([[3]], jnp.int32), k=2, num_rows=200,
+                                                    labels=jnp.array([[1, 2, 3]], jnp.int32)))
+  with pytest.raises(TypeError, match="candidates"):
+    clusters.merge_candidates(jnp.array([[3.0]]), k=1, num_rows=200)
+
+
+def _index(n=500, d=8, c=20, num_valid=None, seed=0):
+  rng = np.random.default_rng(seed)
+  w = (rng.normal(size=(n, d)) * rng.uniform(0.2, 2.0, size=(n, 1))).astype(np.float32)
+  b = rng.normal(size=n).astype(np.float32) * 0.3
+  index = clusters.build_index(clusters.init_index(c, n, d), jnp.asarray(w), jnp.asarray(b), iterations=5,
+                               num_valid=num_valid, key=jax.random.key(seed))
+  return index, w, b
+
+
+def test_build_index_is_a_partition_by_best_centroid():
+  index, w, b = _index(num_valid=470)
+  offsets, rows, cent = np.asarray(index.offsets), np.asarray(index.rows), np.asarray(index.centroids)
+  assert offsets[0] == 0 and offsets[-1] == 470 and np.all(np.diff(offsets) >= 0)
+  assert sorted(rows[:470].tolist()) == list(range(470)) and np.all(rows[470:] == -1)  # padding rows left out
+  np.testing.assert_allclose(np.linalg.norm(cent, axis=1), 1.0, rtol=1e-5)
+  x = np.asarray(mips.augment_rows(jnp.asarray(w[:470]), jnp.asarray(b[:470])))
+  scores = x @ cent.T
+  for c in range(cent.shape[0]):
+    members = rows[offsets[c]:offsets[c + 1]]
+    assert np.all(np.argmax(scores[members], axis=1) == c)  # each row sits in its best cluster
+    assert np.all(np.diff(scores[members, c]) <= 1e-6)  # closest first
+  stats = retrieval.index_fill(index)
+  assert stats["cluster_mean"] == pytest.approx(470 / 20) and stats["cluster_max"] == np.diff(offsets).max()
+
+
+def test_probe_takes_the_best_clusters_members_in_order():
+  index, w, b = _index()
+  h = np.maximum(np.random.default_rng(5).normal(size=(6, 8)), 0).astype(np.float32)
+  got = np.asarray(clusters.probe(index, jnp.asarray(h), probes=4, count=60))
+  cent, offsets, rows = (np.asarray(index.centroids, np.float64), np.asarray(index.offsets), np.asarray(index.rows))
+  q = np.concatenate([h, np.ones((6, 1))], 1)
+  for i in range(6):
+    best = np.argsort(-(q @ cent[:, :-1].T)[i], kind="stable")[:4]
+    want = np.concatenate([rows[offsets[c]:offsets[c + 1]] for c in best])[:60]
+    assert got[i, :len(want)].tolist() == want.tolist()
+    assert np.all(got[i, len(want):] == -1)
+
+
+def test_index_query_finds_the_top_logits():
+  index, w, b = _index(n=2000, d=16, c=45, seed=3)
+  h = np.maximum(np.random.default_rng(6).normal(size=(32, 16)), 0).astype(np.float32)
+  active, n = clusters.index_query(index, jnp.asarray(h), k=200, num_rows=2000, probes=20)
+  top = np.argsort(-(h @ w.T + b), axis=1)[:, :10]
+  found = np.mean([len(set(top[i]) & set(np.asarray(active)[i, :int(n[i])].tolist())) / 10 for i in range(32)])
+  assert found > 0.5, found  # 10% of the rows (random ones would hold 10% of the top 10)
+
+
+def test_diagnostics_against_brute_force():
+  rng = np.random.default_rng(2)
+  B, k, N, d = 9, 7, 40, 5
+  active = np.stack([rng.permutation(N)[:k] for _ in range(B)]).astype(np.int32)
+  n = rng.integers(0, k + 1, size=B).astype(np.int32)
+  labels = rng.integers(-1, N, size=(B, 3)).astype(np.int32)
+  labels[0] = [active[0, 0], active[0, 0], -1]  # a repeated label counts once
+  labels[1] = -1  # no labels: excluded from the label metrics
+  top = np.stack([rng.permutation(N)[:4] for _ in range(B)]).astype(np.int32)
+  h = rng.normal(size=(B, d)).astype(np.float32)
+  w = rng.normal(size=(N, d)).astype(np.float32)
+  got = jax.tree.map(np.asarray, retrieval.per_query(*map(jnp.asarray, (active, n, labels, top, h, w))))
+  for b in range(B):
+    cands = set(active[b, :n[b]].tolist())
+    ys = {int(y) for y in labels[b] if y >= 0}
+    assert got["has_labels"][b] == bool(ys)
+    if ys:
+      assert got["label_recall"][b] == pytest.approx(len(ys & cands) / len(ys))
+      cos = [h[b] @ w[y] / np.linalg.norm(h[b]) / np.linalg.norm(w[y]) for y in ys]
+      assert got["label_cosine"][b] == pytest.approx(np.mean(cos), rel=1e-5)
+    assert got["topk_recall"][b] == pytest.approx(len(set(top[b].tolist()) & cands) / 4)
+    assert got["num_candidates"][b] == n[b]
+  summary = retrieval.summarize([{key: v[:4] for key, v in got.items()}, {key: v[4:] for key, v in got.items()}], 4)
+  labelled = got["has_labels"]
+  assert summary["label_recall"] == pytest.approx(got["label_recall"][labelled].mean())
+  assert summary["topk_recall@4"] == pytest.approx(got["topk_recall"].mean())
+  assert summary["mean_candidates"] == pytest.approx(n.mean())
+
+
+def test_table_fill_against_counts():
+  cfg = lsh.LSHConfig("simhash", num_tables=3, num_bits=3)
+  params = lsh.init_lsh(jax.random.key(0), cfg, 6)
+  w = jax.random.normal(jax.random.key(1), (100, 6))
+  t = tables.build_tables(tables.init_tables(cfg, 16), params, w)
+  codes = np.asarray(lsh.lsh_hash(params, w))
+  counts = np.stack([np.bincount(codes[:, l], minlength=8) for l in range(3)])
+  stats = retrieval.index_fill(t)
+  assert stats["bucket_mean"] == pytest.approx(np.minimum(counts, 16).mean())
+  assert stats["buckets_empty"] == pytest.approx(np.mean(counts == 0))
+  assert stats["buckets_overflowed"] == pytest.approx(np.mean(counts > 16))
