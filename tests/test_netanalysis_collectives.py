@@ -24,6 +24,7 @@ distributed.initialize(args.get("coordinator_address"), int(args.get("num_proces
                        int(args.get("process_id", 0)))
 import jax, jax.extend, jax.numpy as jnp
 from sparsejax import dense, model
+from sparsejax.config import override
 from sparsejax.netanalysis import collectives
 
 def jaxpr_bytes(fn, *a):
@@ -57,8 +58,8 @@ out = {}
 for P in ([jax.process_count()] if jax.process_count() > 1 else [2, 3]):
   mesh = distributed.make_mesh(P)
   for N in (600, 4800):
-    cfg = model.ModelConfig(num_features=300, num_labels=N, hidden_dims=(16,), active_k=48, num_tables=4,
-                            num_shards=P)
+    cfg = override(model.ModelConfig(300, N, num_shards=P), hidden_dims=(16,), active_k=48, num_tables=4,
+                   candidates="lsh")
     # Abstract states (shapes and shardings): compiling needs no initialised weights or tables.
     jobs = {"sparse": (distributed.make_train_step(cfg, mesh),
                        jax.eval_shape(lambda: distributed.init(jax.random.key(0), cfg, mesh)))}

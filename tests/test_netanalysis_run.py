@@ -30,7 +30,8 @@ def profiled_run(tmp_path_factory):
               "--synthetic_labels=300", "--hidden_dims=16", "--active_k=32", "--num_tables=4", "--batch_size=32",
               "--max_steps=16", "--eval_every=10", "--eval_samples=64", "--log_every=8", "--progress=false",
               "--checkpoint_every=1000", f"--netanalysis_start={WINDOW[0]}", f"--netanalysis_steps={WINDOW[1]}",
-              "--link_capacity=1gbit", "--rebuild_period=9", f"--workdir={workdir}"])
+              "--link_capacity=1gbit", "--rebuild_period=9", "--candidates=lsh", "--validation_fraction=0",
+              f"--workdir={workdir}"])
   return str(workdir)
 
 

@@ -47,21 +47,21 @@ ELEMENT_BYTES = 4  # float32
 def define_flags(command: str) -> None:
   """Define the flags of ``probe`` (including the launcher's)."""
   del command
-  from sparsejax.netanalysis.report_cli import define_flag as define
-  define("string", "out", None, "Write the probe (schema sparsejax.netanalysis.probe/1) here.")
-  define("integer", "max_bytes", 256 * 1024 * 1024, "Largest message S, bytes.")
-  define("float", "max_call_seconds", 2.0, "Stop growing a kind's messages once one call takes longer.")
-  define("integer", "iters", 5, "Timed calls per size (at least; more while a size costs < 0.2 s).")
-  define("integer", "warmup", 2, "Untimed calls per size.")
-  define("float", "budget_seconds", 60.0, "Time for the collectives, shared equally by the kinds: a kind stops "
-         "growing its messages when its share (plus what earlier kinds left) is spent.")
-  define("list", "kinds", ",".join(KINDS), "Collectives to probe.")
-  define("string", "link_capacity", None, "The link's nominal rate (tc units), recorded with the probe.")
-  define("string", "reduce_cost_out", None, "Where to write the bytes,seconds reduction cost (default: OUT's "
-         "name with .reduce_cost.log).")
-  define("string", "coordinator_address", None, "host:port of process 0 (multi-process).")
-  define("integer", "num_processes", None, "Processes in the job.")
-  define("integer", "process_id", None, "This process's rank.")
+  from sparsejax.netanalysis.flagdefs import define_flag
+  define_flag("string", "out", None, "Write the probe (schema sparsejax.netanalysis.probe/1) here.")
+  define_flag("integer", "max_bytes", 256 * 1024 * 1024, "Largest message S, bytes.")
+  define_flag("float", "max_call_seconds", 2.0, "Stop growing a kind's messages once one call takes longer.")
+  define_flag("integer", "iters", 5, "Timed calls per size (at least; more while a size costs < 0.2 s).")
+  define_flag("integer", "warmup", 2, "Untimed calls per size.")
+  define_flag("float", "budget_seconds", 60.0, "Time for the collectives, shared equally by the kinds: a kind stops "
+              "growing its messages when its share (plus what earlier kinds left) is spent.")
+  define_flag("list", "kinds", ",".join(KINDS), "Collectives to probe.")
+  define_flag("string", "link_capacity", None, "The link's nominal rate (tc units), recorded with the probe.")
+  define_flag("string", "reduce_cost_out", None, "Where to write the bytes,seconds reduction cost (default: OUT's "
+              "name with .reduce_cost.log).")
+  define_flag("string", "coordinator_address", None, "host:port of process 0 (multi-process).")
+  define_flag("integer", "num_processes", None, "Processes in the job.")
+  define_flag("integer", "process_id", None, "This process's rank.")
 
 
 def sizes(max_bytes: int, processes: int, kind: str) -> list[int]:

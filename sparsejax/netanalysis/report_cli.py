@@ -21,6 +21,7 @@ from absl import flags
 
 from sparsejax.netanalysis import breakdown, collect, profiles, report, timeline
 from sparsejax.netanalysis.collectives import Collective
+from sparsejax.netanalysis.flagdefs import define_flag
 from sparsejax.netanalysis.units import ProfileError, parse_rate
 
 FLAGS = flags.FLAGS
@@ -30,27 +31,22 @@ _RUN_KEYS = ("job", "processes", "per_process_batch", "link_capacity_bps", "modu
              "scopes")
 
 
-def define_flag(kind: str, name: str, default, help_text: str) -> None:
-  """``flags.DEFINE_<kind>`` unless a flag of that name exists: commands share names (``--link_capacity``)
-  and may run one after another in one process."""
-  if name not in FLAGS:
-    getattr(flags, f"DEFINE_{kind}")(name, default, help_text)
-
-
 def define_flags(command: str) -> None:
   """Define the flags of ``report`` or ``export-bk``."""
-  define = define_flag
-  define("string", "run", None, "The run's workdir (or its netanalysis/ directory), written with --netanalysis_steps.")
+  define_flag("string", "run", None,
+              "The run's workdir (or its netanalysis/ directory), written with --netanalysis_steps.")
   if command == "export-bk":
-    define("string", "out", None, "The .bk.log to write (default: RUN/netanalysis/backward.bk.log).")
-    define("integer", "rank", 0, "The rank whose timeline to export.")
+    define_flag("string", "out", None, "The .bk.log to write (default: RUN/netanalysis/backward.bk.log).")
+    define_flag("integer", "rank", 0, "The rank whose timeline to export.")
     return
-  define("string", "link_capacity", None, "The link's capacity (tc units, e.g. 1gbit); overrides --probe and the run's.")
-  define("string", "probe", None, "A probe file (netanalysis probe --out): capacity = its fitted all-reduce bandwidth.")
-  define("string", "baseline_run", None, "A one-process run of the same per-process work: report T_n / (n T_1).")
-  define("string", "json", None, f"Write the report as JSON (schema {REPORT_SCHEMA}) here.")
-  define("string", "png", None, "Write PREFIX-breakdown.png (a directory: DIR/breakdown.png).")
-  define("string", "trace", None, "Write a Chrome trace (ui.perfetto.dev, chrome://tracing) of the window here.")
+  define_flag("string", "link_capacity", None,
+              "The link's capacity (tc units, e.g. 1gbit); overrides --probe and the run's.")
+  define_flag("string", "probe", None,
+              "A probe file (netanalysis probe --out): capacity = its fitted all-reduce bandwidth.")
+  define_flag("string", "baseline_run", None, "A one-process run of the same per-process work: report T_n / (n T_1).")
+  define_flag("string", "json", None, f"Write the report as JSON (schema {REPORT_SCHEMA}) here.")
+  define_flag("string", "png", None, "Write PREFIX-breakdown.png (a directory: DIR/breakdown.png).")
+  define_flag("string", "trace", None, "Write a Chrome trace (ui.perfetto.dev, chrome://tracing) of the window here.")
 
 
 # --- Reading a run ---------------------------------------------------------------------------------
