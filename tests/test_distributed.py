@@ -116,8 +116,7 @@ def _train_args(workdir, **kw):
 
 
 def _losses(workdir):
-  return [r["loss"] for r in map(json.loads, open(os.path.join(workdir, "metrics.jsonl")))
-          if "loss" in r and not r.get("final")]
+  return [r["loss"] for r in map(json.loads, open(os.path.join(workdir, "metrics.jsonl"))) if not r.get("final")]
 
 
 def _final_params(workdir, num_labels):
