@@ -291,7 +291,10 @@ def run_probe(args, addrs: list[str] | None, out: str, rate: str | None, process
 
   t0 = time.time()
   run_ranks(f"probe_p{processes}", processes, addrs, out, args.timeout, args.pin, command)
-  print(f"[{rate or 'loopback'}] probe ({processes} processes): {time.time() - t0:.0f} s", flush=True)
+  seconds = time.time() - t0
+  print(f"[{rate or 'loopback'}] probe ({processes} processes): {seconds:.0f} s", flush=True)
+  with open(path + ".seconds", "w") as f:  # the probe's wall time, process start included (issue 8: < 90 s)
+    f.write(f"{seconds}\n")
   return path
 
 
@@ -431,8 +434,52 @@ def validate_whatif(args) -> dict:
     p = profiles.read_probe(path)
     probe_fits[rate] = {kind: {"alpha_s": f.alpha_s, "bw_bps": f.bw_bps, "r2": f.r2,
                                "bw_over_rate": f.bw_bps / parse_rate(rate)} for kind, f in p.collectives.items()}
-  return {"validation": table, "transfer": transfers, "probes": probe_fits, "directory": keep,
+    probe_fits[rate]["seconds"] = float(open(path + ".seconds").read())
+  checks = acceptance_checks(table, transfers, probe_fits, {k: r for k, r in runs.items() if k[2] == P})
+  for c in checks:
+    print(f"[validate] {'PASS' if c['passed'] else 'FAIL'} {c['check']}: {c['value']:.4g} (want {c['want']})",
+          flush=True)
+  return {"validation": table, "transfer": transfers, "probes": probe_fits, "acceptance": checks, "directory": keep,
           "runs": {f"{job}/{rate}/p{n}": run for (job, rate, n), run in runs.items()}}
+
+
+def acceptance_checks(table: list[dict], transfers: list[dict], probe_fits: dict, runs: dict) -> list[dict]:
+  """Issue 8's emulated-cluster acceptance items 7-9, each as ``{check, value, want, passed}``."""
+  checks = []
+
+  def check(name: str, value: float, lo: float | None, hi: float | None):
+    want = " and ".join(s for s in (lo is not None and f">= {lo:g}", hi is not None and f"<= {hi:g}") if s)
+    passed = (lo is None or value >= lo) and (hi is None or value <= hi)
+    checks.append({"check": name, "value": value, "want": want, "passed": bool(passed)})
+
+  for rate, fits in probe_fits.items():  # 7: the probe
+    if "all-reduce" in fits:
+      check(f"probe {rate}: all-reduce bw / tbf rate", fits["all-reduce"]["bw_over_rate"], 0.8, 1.0)
+      check(f"probe {rate}: all-reduce fit R^2 (sizes >= 64 KiB)", fits["all-reduce"]["r2"] or 0.0, 0.99, None)
+    check(f"probe {rate}: seconds", fits["seconds"], None, 90)
+  for (job, rate, _), run in runs.items():  # 8: attribution
+    n = run.get("netanalysis")
+    if not n:
+      continue
+    s = n["summary"]
+    if job == "dense" and rate == "100mbit":
+      check("dense 100mbit: exposed comm / step", s["exposed_comm_seconds_mean"] / s["step_seconds_mean"], 0.85, None)
+    if job == "sparse" and rate == "1gbit":
+      check("sparse 1gbit: transfer / step", s["transfer_seconds_mean"] / s["step_seconds_mean"], None, 0.10)
+    if job == "dense" and n.get("interface") and n["interface"].get("tx_over_analytic"):
+      check(f"dense {rate}: measured tx / analytic ring wire bytes", n["interface"]["tx_over_analytic"], 0.95, 1.15)
+  for row in table:  # 9: predictions vs measurements
+    if "error" not in row:
+      continue
+    if row["job"] == "sparse" and row["rate"] == "100mbit":
+      # within 15% or 3 ms, whichever is larger
+      slack = max(0.15, 0.003 / row["measured_step_seconds"])
+      check("sparse 100mbit: |predicted / measured - 1| (bound: 15% or 3 ms)", abs(row["error"]), None, slack)
+    else:
+      check(f"{row['job']} {row['rate']}: |predicted / measured - 1|", abs(row["error"]), None, 0.15)
+  for t in transfers:
+    check(f"dense P={t['workers']} {t['rate']}: |predicted / measured transfer - 1|", abs(t["error"]), None, 0.20)
+  return checks
 
 
 def main():
