@@ -82,6 +82,7 @@ def worker(args) -> None:
                          initialization_timeout=300)
   import jax
   import numpy as np
+
   from sparsejax import dense, model
   from sparsejax.config import override
   from sparsejax.netanalysis import collect, collectives

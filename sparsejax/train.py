@@ -191,7 +191,7 @@ class _Loop:
             logging.info("wall-clock budget of %.0f s reached at step %d", max_seconds, self.step)
             break
           batch = next(batches)
-          prof.begin_step(self.step, lambda: run.describe_step(state, batch))
+          prof.begin_step(self.step, lambda state=state, batch=batch: run.describe_step(state, batch))
           state, metrics = run.step(state, batch)
           self.step += 1
           prof.end_step(self.step, (state, metrics))

@@ -144,7 +144,8 @@ def test_no_capacity_no_utilisation():
 @pytest.mark.parametrize("shares,start", [
     (dict(compute=0.8, exposed_comm=0.1, wait=0.05, transfer=0.05, other=0.1), "Compute-bound"),
     (dict(compute=0.1, exposed_comm=0.85, wait=0.05, transfer=0.8, other=0.05), "Network-bound"),
-    (dict(compute=0.1, exposed_comm=0.85, wait=0.6, transfer=0.25, other=0.05), "Communication-bound, but mostly waiting"),
+    (dict(compute=0.1, exposed_comm=0.85, wait=0.6, transfer=0.25, other=0.05),
+     "Communication-bound, but mostly waiting"),
     (dict(compute=0.1, exposed_comm=0.2, wait=0.1, transfer=0.1, other=0.7), "Host-bound"),
 ])
 def test_bottleneck_sentence(shares, start):

@@ -44,7 +44,8 @@ SIZES = {"f32": 4, "s32": 4, "u32": 4, "pred": 1, "bf16": 2}
 def hlo_result_bytes(fn, *a):
   total = 0
   for line in fn.lower(*a).compile().as_text().splitlines():
-    m = re.match(r"\\s*(?:ROOT )?%\\S+ = (.*?) (all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all)\\(", line)
+    m = re.match(r"\\s*(?:ROOT )?%\\S+ = (.*?) "
+                 r"(all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all)\\(", line)
     if m:
       size = sum(SIZES[t] * int(np.prod([int(d) for d in dims.split(",") if d]))
                  for t, dims in re.findall(r"([a-z0-9]+)\\[([0-9,]*)\\]", m.group(1)))
@@ -166,7 +167,7 @@ HLO = textwrap.dedent("""\
       %cpd = f32[8,4]{1,0} collective-permute-done(%cp)
       ROOT %rs = f32[2,4]{1,0} reduce-scatter(%p0), channel_id=4, replica_groups={{0,1,2,3}}, dimensions={0}, to_apply=%add
     }
-    """)
+    """)  # noqa: E501 (compiled HLO lines as XLA prints them)
 
 
 def test_parse_compiled_hand_written_module():

@@ -388,4 +388,5 @@ def bottleneck(analysis: Mapping) -> str:
             f"{share['exposed_comm']:.0%} ({share['transfer']:.0%} transfer, {share['wait']:.0%} waiting for peers)"
             f"{link}{cpu_text}.")
   return (f"Host-bound: {share['other']:.0%} of the step is neither XLA compute nor communication (dispatch, "
-          f"Python, data); compute {share['compute']:.0%}, exposed communication {share['exposed_comm']:.0%}{cpu_text}.")
+          f"Python, data); compute {share['compute']:.0%}, "
+          f"exposed communication {share['exposed_comm']:.0%}{cpu_text}.")

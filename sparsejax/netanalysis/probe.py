@@ -24,7 +24,6 @@ with the ring's wire bytes (all-reduce ``2 (P-1)/P S``, all-gather ``(P-1)/P S``
 the NCCL tests' definition.
 """
 
-import math
 import os
 import sys
 import time
@@ -106,7 +105,8 @@ def probe_row(kind: str, processes: int, nbytes: int, times: list[float]) -> pro
   median = float(np.median(t))
   return profiles.ProbeRow(bytes=nbytes, elements=nbytes // ELEMENT_BYTES, seconds_median=median,
                            seconds_p10=float(np.percentile(t, 10)), seconds_p90=float(np.percentile(t, 90)),
-                           algbw_bps=nbytes * 8 / median, busbw_bps=ring_wire_bytes(kind, nbytes, processes) * 8 / median)
+                           algbw_bps=nbytes * 8 / median,
+                           busbw_bps=ring_wire_bytes(kind, nbytes, processes) * 8 / median)
 
 
 def format_table(probe: profiles.Probe) -> str:
@@ -120,7 +120,8 @@ def format_table(probe: profiles.Probe) -> str:
   for kind, f in probe.collectives.items():
     for r in f.rows:
       lines.append(f"  {r.bytes:>12} {r.elements:>11} {'float':>7} {kind:>18} {r.seconds_median * 1e6:>10.1f} "
-                   f"{r.seconds_p10 * 1e6:>10.1f} {r.seconds_p90 * 1e6:>10.1f} {r.algbw_bps:>10.4g} {r.busbw_bps:>10.4g}")
+                   f"{r.seconds_p10 * 1e6:>10.1f} {r.seconds_p90 * 1e6:>10.1f} "
+                   f"{r.algbw_bps:>10.4g} {r.busbw_bps:>10.4g}")
   lines.append("#")
   for kind, f in probe.collectives.items():
     r2 = "-" if f.r2 is None else f"{f.r2:.4f}"

@@ -157,9 +157,10 @@ def format_run_report(analysis: dict, run: dict, directory: str, capacity_source
   """The ``report`` text: breakdown (median and p90), per rank, per collective, utilisation, SF, bottleneck."""
   s = analysis["summary"]
   steps = [x["step"] for x in analysis["steps"]]
+  capacity = report.rate_label(analysis["capacity_bps"]) + " bit/s" if analysis["capacity_bps"] else "-"
   lines = [f"Run {os.path.dirname(os.path.abspath(directory))}: {run['job']} job, P = {run['processes']}, "
            f"{len(steps)} profiled steps ({steps[0]}-{steps[-1]}), per-process batch {run['per_process_batch']}",
-           f"Link capacity: {report.rate_label(analysis['capacity_bps']) + ' bit/s' if analysis['capacity_bps'] else '-'}"
+           f"Link capacity: {capacity}"
            f" ({capacity_source})", "",
            "Step breakdown (the job's step is its slowest rank's), ms:"]
   rows = []
@@ -202,7 +203,8 @@ def format_run_report(analysis: dict, run: dict, directory: str, capacity_source
                  f"{i['rx_bytes_per_step_median']:,.0f} B/step; measured tx / analytic wire bytes = {ratio} "
                  "(counters include all traffic on the interface)")
   a = analysis["alignment"]["residual"]
-  lines.append(f"Clock alignment residual: median {a['median_seconds'] * 1e3:.3f} ms, max {a['max_seconds'] * 1e3:.3f} ms "
+  lines.append(f"Clock alignment residual: median {a['median_seconds'] * 1e3:.3f} ms, "
+               f"max {a['max_seconds'] * 1e3:.3f} ms "
                f"over {a['instances']} collective completions")
   if analysis["missing_collective_events"]:
     lines.append(f"Warning: {analysis['missing_collective_events']} (rank, step, collective) without trace events")
@@ -309,7 +311,7 @@ def backward_rows(window: breakdown.RankWindow, run: dict) -> tuple[list[list[tu
   scopes = run["scopes"]
   grads = [(p, b) for c in reduce for p, b in zip(c.producers, c.operand_sizes()) if scopes.get(p) == "backward"]
   out, iteration = [], []
-  for step, start, end in window.steps:
+  for _step, start, end in window.steps:
     ops = [(n, a, b) for n, m, a, b in window.ops if m == run["module"] and start <= a <= end]
     ends = {}
     for n, _, b in ops:

@@ -56,7 +56,8 @@ def chrome_trace(windows: Sequence[breakdown.RankWindow], analysis: Mapping, run
   events = []
   for w, off, instances in zip(windows, offsets, per_rank):
     pid = w.rank
-    events.append({"ph": "M", "pid": pid, "tid": 0, "ts": 0, "name": "process_name", "args": {"name": f"rank {w.rank}"}})
+    events.append({"ph": "M", "pid": pid, "tid": 0, "ts": 0, "name": "process_name",
+                   "args": {"name": f"rank {w.rank}"}})
     events.append({"ph": "M", "pid": pid, "tid": 0, "ts": 0, "name": "process_sort_index",
                    "args": {"sort_index": w.rank}})
     threads = {_COLLECTIVES: "collectives", _HOST: "host"}
@@ -90,7 +91,8 @@ def chrome_trace(windows: Sequence[breakdown.RankWindow], analysis: Mapping, run
                                 "rx": round((rx1 - rx0) * 8 / (t1 - t0) / 1e6, 3)}})
     for tid, name in threads.items():
       events.append({"ph": "M", "pid": pid, "tid": tid, "ts": 0, "name": "thread_name", "args": {"name": name}})
-      events.append({"ph": "M", "pid": pid, "tid": tid, "ts": 0, "name": "thread_sort_index", "args": {"sort_index": tid}})
+      events.append({"ph": "M", "pid": pid, "tid": tid, "ts": 0, "name": "thread_sort_index",
+                     "args": {"sort_index": tid}})
   return {"displayTimeUnit": "ms", "traceEvents": events,
           "metadata": {"source": "sparsejax.netanalysis", "module": run["module"], "processes": run["processes"]}}
 

@@ -18,7 +18,7 @@ from absl import flags
 
 from sparsejax.netanalysis import profiles, report, whatif
 from sparsejax.netanalysis.flagdefs import define_flag
-from sparsejax.netanalysis.units import ProfileError, parse_rate
+from sparsejax.netanalysis.units import parse_rate
 
 DEFAULT_BANDWIDTHS = "10mbit,100mbit,1gbit,10gbit,100gbit"
 FLAGS = flags.FLAGS
@@ -51,7 +51,8 @@ def define_flags(command: str) -> None:
               "weak: per-process batch fixed (the paper); strong: global batch fixed (batch segments ~ 1/P).")
   define_flag("bool", "details", False, "Also print one row per prediction (step, compute, comm, exposed comm).")
   define_flag("string", "json", None, "Write the results as JSON (schema sparsejax.netanalysis.whatif/1) here.")
-  define_flag("string", "png", None, "Write PREFIX-whatif.png and PREFIX-compression.png (a directory: DIR/whatif.png).")
+  define_flag("string", "png", None,
+              "Write PREFIX-whatif.png and PREFIX-compression.png (a directory: DIR/whatif.png).")
 
 
 def _numbers(flag: str, values: list[str], cast, minimum: float, exclusive: bool = False) -> list:
