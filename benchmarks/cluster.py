@@ -445,7 +445,7 @@ def validate_whatif(args) -> dict:
 
 
 def acceptance_checks(table: list[dict], transfers: list[dict], probe_fits: dict, runs: dict) -> list[dict]:
-  """Issue 8's emulated-cluster acceptance items 7-9, each as ``{check, value, want, passed}``."""
+  """Issue 8's emulated-cluster acceptance items 7-9 and 5 (profiling overhead): ``{check, value, want, passed}``."""
   checks = []
 
   def check(name: str, value: float, lo: float | None, hi: float | None):
@@ -458,11 +458,14 @@ def acceptance_checks(table: list[dict], transfers: list[dict], probe_fits: dict
       check(f"probe {rate}: all-reduce bw / tbf rate", fits["all-reduce"]["bw_over_rate"], 0.8, 1.0)
       check(f"probe {rate}: all-reduce fit R^2 (sizes >= 64 KiB)", fits["all-reduce"]["r2"] or 0.0, 0.99, None)
     check(f"probe {rate}: seconds", fits["seconds"], None, 90)
-  for (job, rate, _), run in runs.items():  # 8: attribution
+  for (job, rate, _), run in runs.items():  # 5 (here under tbf, not on loopback) and 8: attribution
     n = run.get("netanalysis")
     if not n:
       continue
     s = n["summary"]
+    if job == "sparse":
+      check(f"sparse {rate}: |window median step / outside median - 1| (profiling overhead)",
+            abs(n["profiling_overhead"] - 1), None, 0.10)
     if job == "dense" and rate == "100mbit":
       check("dense 100mbit: exposed comm / step", s["exposed_comm_seconds_mean"] / s["step_seconds_mean"], 0.85, None)
     if job == "sparse" and rate == "1gbit":
