@@ -8,7 +8,8 @@ Jitted ``shard_map`` collectives over the same gloo path as training: an all-red
 all-gather and a ring collective-permute (ppermute), float32, message sizes from 4 bytes doubling
 up to ``--max_bytes`` or until one call takes longer than ``--max_call_seconds``, 2 warm-up calls
 and at least 5 timed calls per size (more while they are cheap), within ``--budget_seconds``
-(shared equally by the kinds).
+(shared equally by the kinds; a size whose calls would end past the deadline, judged by its
+first call, is not timed).
 A call's time is the slowest rank's (every rank times its own calls; they are gathered at the end).
 
 Process 0 prints a table like the NCCL tests' (size, elements, time median / p10 / p90, algbw and
@@ -53,7 +54,7 @@ def define_flags(command: str) -> None:
   define_flag("integer", "iters", 5, "Timed calls per size (at least; more while a size costs < 0.2 s).")
   define_flag("integer", "warmup", 2, "Untimed calls per size.")
   define_flag("float", "budget_seconds", 60.0, "Time for the collectives, shared equally by the kinds: a kind stops "
-              "growing its messages when its share (plus what earlier kinds left) is spent.")
+              "growing its messages before a size whose calls would run past its share (plus what earlier kinds left).")
   define_flag("list", "kinds", ",".join(KINDS), "Collectives to probe.")
   define_flag("string", "link_capacity", None, "The link's nominal rate (tc units), recorded with the probe.")
   define_flag("string", "reduce_cost_out", None, "Where to write the bytes,seconds reduction cost (default: OUT's "
@@ -187,8 +188,10 @@ def measure(kinds, max_bytes: int, max_call: float, iters: int, warmup: int, bud
       x = _input(mesh, nbytes // ELEMENT_BYTES // (P if kind == "all-gather" else 1))
       fn = programs[kind].lower(x).compile()
       first = _calls(fn, (x,), 1)[0]
-      over = first > max_call or time.time() > deadline
-      calls = broadcast_int(0 if over else (4 * iters if first * 4 * iters < 0.2 else iters))
+      calls = 4 * iters if first * 4 * iters < 0.2 else iters
+      # A size whose calls (judged by the first) would end past the deadline is not started.
+      over = first > max_call or time.time() + first * (max(warmup - 1, 0) + calls) > deadline
+      calls = broadcast_int(0 if over else calls)
       if not calls:
         break
       _calls(fn, (x,), max(warmup - 1, 0))
