@@ -17,7 +17,8 @@ Namespaces are removed even when a run fails.
 
 The tbf bucket (``--burst``) defaults to 2 ms worth of the rate, at least
 4 KiB: a larger bucket (the earlier ``burst 1mb``) lets a light job's
-messages leave at veth speed, so it never feels the rate.
+messages leave at veth speed, so it never feels the rate. The queue holds 100 ms of the
+rate, at least 1 MiB (a shorter one drops packets of a TCP window at 10 Mbit/s).
 
   sudo python benchmarks/cluster.py --processes 4 --labels 1000000 --rates 1gbit,100mbit --json out.json
 
@@ -150,6 +151,17 @@ def default_burst(rate: str) -> int:
   return max(4096, int(parse_rate(rate) / 8 * 0.002))
 
 
+def default_queue(rate: str) -> int:
+  """tbf queue limit in bytes: 100 ms worth of ``rate``, at least 1 MiB.
+
+  With tc's usual ``latency 100ms`` the queue holds only 125 kB at 10 Mbit/s: a TCP window overflows it,
+  packets drop (0.5-1.5% in a 10 Mbit/s validation run) and retransmission timeouts cut what the link
+  delivers to ~75% of its rate for 512 KiB all-reduces. A 1 MiB queue makes the link deliver its rate.
+  """
+  from sparsejax.netanalysis.units import parse_rate
+  return max(1 << 20, int(parse_rate(rate) / 8 * 0.1))
+
+
 def setup_namespaces(n: int, rate: str | None, burst: int | None = None) -> list[str]:
   """P namespaces on a bridge, each link rate-limited (tbf bucket ``burst`` bytes); returns their addresses."""
   hostname = socket.gethostname()
@@ -168,7 +180,7 @@ def setup_namespaces(n: int, rate: str | None, burst: int | None = None) -> list
     _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
     if rate:
       _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", f"sjv{i}", "root", "tbf", "rate", rate,
-          "burst", str(burst or default_burst(rate)), "latency", "100ms")
+          "burst", str(burst or default_burst(rate)), "limit", str(default_queue(rate)))
     # `ip netns exec` mounts /etc/netns/NS/hosts over /etc/hosts: gloo, which
     # advertises the address its hostname resolves to, then advertises this one.
     os.makedirs(f"/etc/netns/{ns}", exist_ok=True)

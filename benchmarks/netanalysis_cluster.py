@@ -36,7 +36,8 @@ def _pct(x) -> str:
 
 
 def _table(header, rows) -> list[str]:
-  return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+  cells = lambda row: "| " + " | ".join(c.replace("|", "\\|") for c in row) + " |"  # noqa: E731
+  return [cells(header), "|" + "---|" * len(header)] + [cells(r) for r in rows]
 
 
 def _order(key: str) -> tuple:

@@ -22,6 +22,11 @@ def test_default_burst_is_2ms_of_the_rate_at_least_4kib(cluster, rate, burst):
   assert cluster.default_burst(rate) == burst
 
 
+@pytest.mark.parametrize("rate,queue", [("1gbit", 12_500_000), ("100mbit", 1_250_000), ("10mbit", 1 << 20)])
+def test_default_queue_is_100ms_of_the_rate_at_least_1mib(cluster, rate, queue):
+  assert cluster.default_queue(rate) == queue
+
+
 def _checks(cluster, *, bw=0.9e9, r2=0.995, probe_s=60.0, overhead=1.05, dense_exposed=0.9, sparse_transfer=0.05,
             tx=1.0, sparse_100_error=0.1, sparse_100_step=0.01, transfer_error=0.1):
   probes = {"1gbit": {"all-reduce": {"bw_over_rate": bw / 1e9, "r2": r2}, "seconds": probe_s}}
