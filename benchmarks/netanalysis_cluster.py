@@ -149,7 +149,7 @@ def main() -> int:
   load = (val.get("load_average_at_start"), val.get("load_average_at_end"))
   md += ["Breakdown of the profiled window (means over the window's steps, the slowest rank's step; "
          "`step` is the median step outside the window):", ""]
-  md += _table(["job", "link", "P", "step", "window step", "compute", "exposed comm", "wait", "transfer", "other",
+  md += _table(["job", "link", "P", "step ms", "window step ms", "compute", "exposed comm", "wait", "transfer", "other",
                 "SF", "link use (comm)", "link use (step)", "wire B/step", "tx / analytic", "CPU busy",
                 "window overhead"], breakdown_rows(runs))
   md += ["", f"Predictions (`--model=measured`, from the {BASE} profiles and the probe at each rate) against "
