@@ -5,13 +5,24 @@ row-sparse Adam step, a whole sparse step (query + forward + backward + Adam,
 one jit, state donated) and the dense step (full logits, jnp + optax.adam).
 Table builds are timed separately and excluded from the step.
 
+Per N it also measures, in the same run, the memory floor under the step: the
+bare optimizer update of the distinct rows the step touches, on as many
+threads as this process may use (``row_floor_s``; ``benchmarks/row_memory.cc``,
+built here as a library), and the step's ratio to it.
+
   python benchmarks/ops.py [--sizes 100000,1000000,2000000] [--json PATH]
+  taskset -c 0,1 python benchmarks/ops.py ...   # on 2 cores of a bigger machine
 """
 
 import argparse
+import ctypes
+import hashlib
 import json
 import os
+import pathlib
 import platform
+import subprocess
+import tempfile
 import time
 
 import jax
@@ -23,6 +34,41 @@ from sparsejax import lsh, memory, ops, optim, tables
 
 
 HUGE_PAGES = True
+
+ROW_MEMORY_SOURCE = pathlib.Path(__file__).with_name("row_memory.cc")
+# Kinds of floor in row_memory.cc (its enum Kind).
+FLOOR_READ, FLOOR_ADAM, FLOOR_ADAM_BF16, FLOOR_ROWWISE_ADAM = 0, 2, 3, 5
+
+
+def row_memory_library() -> ctypes.CDLL:
+  """benchmarks/row_memory.cc built as a shared library (cached by its source's hash)."""
+  source = ROW_MEMORY_SOURCE.read_bytes()
+  lib = pathlib.Path(tempfile.gettempdir()) / f"sparsejax_row_memory_{hashlib.sha256(source).hexdigest()[:12]}.so"
+  if not lib.exists():
+    tmp = lib.with_suffix(f".{os.getpid()}.so")
+    subprocess.run(["g++", "-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-DROW_MEMORY_LIBRARY",
+                    str(ROW_MEMORY_SOURCE), "-o", str(tmp)], check=True)
+    tmp.replace(lib)
+  dll = ctypes.CDLL(str(lib))
+  dll.row_memory_floor.restype = ctypes.c_double
+  dll.row_memory_floor.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_int64,
+                                   ctypes.c_int64, ctypes.c_int]
+  return dll
+
+
+def usable_cores() -> int:
+  """Cores this process may run on (taskset's mask), else the machine's."""
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def row_floor(kind: int, rows: np.ndarray, N: int, d: int) -> float:
+  """Best seconds of row_memory.cc's `kind` update over `rows` of an [N, d] array, caches flushed first."""
+  rows = np.ascontiguousarray(np.unique(rows[rows >= 0]), np.int64)
+  s = row_memory_library().row_memory_floor(kind, rows.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), rows.size,
+                                            N, d, usable_cores())
+  if s < 0:
+    raise RuntimeError(f"row_memory_floor failed (kind {kind}, N={N}, d={d}): out of memory?")
+  return s
 
 
 def timeit(fn, *args, repeats=10, warmup=2):
@@ -63,6 +109,11 @@ def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats, moment_dtype=jnp.float
   # Distinct rows a step reads and updates: at small N the samples' active
   # sets overlap more, so a step touches fewer rows.
   res["distinct_active_rows"] = int(np.unique(np.asarray(ids)).size)
+  # The floor under the step: the bare optimizer update of those rows
+  # (default: Adam over float32 W, m, v; row-wise: one v per row), and reading them.
+  floor_kind = FLOOR_ADAM_BF16 if jnp.dtype(moment_dtype) == jnp.bfloat16 else FLOOR_ADAM
+  res["row_floor_s"] = row_floor(floor_kind, np.asarray(ids), N, d)
+  res["row_read_floor_s"] = row_floor(FLOOR_READ, np.asarray(ids), N, d)
 
   def loss_fn(h, tap, W, b, ids):
     return softmax_ce_first(ops.sparse_logits(h, W, b, ids) + tap)
@@ -134,6 +185,7 @@ def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats, moment_dtype=jnp.float
     ts.append(time.perf_counter() - t0)
   res["dense_step_s"] = float(np.median(ts))
   res["step_speedup_vs_dense"] = res["dense_step_s"] / res["sparse_step_s"]
+  res["step_over_row_floor"] = res["sparse_step_s"] / res["row_floor_s"]
   return res
 
 
@@ -165,22 +217,25 @@ def main():
           f"adam {r['row_sparse_adam_s']*1e3:7.2f} ms  sparse step {r['sparse_step_s']*1e3:7.2f} ms  "
           f"dense step {r['dense_step_s']*1e3:8.1f} ms  speedup {r['step_speedup_vs_dense']:6.1f}x  "
           f"(build {r['table_build_s']:.1f} s, tables {r['table_bytes']/2**20:.0f} MiB, "
-          f"{r['mean_from_tables']:.0f} ids/query from tables, {r['distinct_active_rows']:,} distinct rows/step)",
+          f"{r['mean_from_tables']:.0f} ids/query from tables, {r['distinct_active_rows']:,} distinct rows/step)  "
+          f"row floor {r['row_floor_s']*1e3:.2f} ms (step {r['step_over_row_floor']:.2f}x)",
           flush=True)
   by_n = {r["N"]: r for r in results}
   summary = {
-      "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "jax": jax.__version__},
+      "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "usable_cores": usable_cores(),
+                  "jax": jax.__version__},
       "config": vars(args),
       "results": results,
   }
   if 1_000_000 in by_n:
     summary["step_speedup_vs_dense_at_1e6"] = by_n[1_000_000]["step_speedup_vs_dense"]
+    summary["step_over_row_floor_at_1e6"] = by_n[1_000_000]["step_over_row_floor"]
   if 100_000 in by_n and 2_000_000 in by_n:
     a, b = by_n[100_000], by_n[2_000_000]
     summary["sparse_step_growth_1e5_to_2e6"] = b["sparse_step_s"] / a["sparse_step_s"]
     summary["per_distinct_row_step_growth_1e5_to_2e6"] = (
         (b["sparse_step_s"] / b["distinct_active_rows"]) / (a["sparse_step_s"] / a["distinct_active_rows"]))
-  for key in ("step_speedup_vs_dense_at_1e6", "sparse_step_growth_1e5_to_2e6",
+  for key in ("step_speedup_vs_dense_at_1e6", "step_over_row_floor_at_1e6", "sparse_step_growth_1e5_to_2e6",
               "per_distinct_row_step_growth_1e5_to_2e6"):
     if key in summary:
       print(f"{key}: {summary[key]:.2f}")
