@@ -1,8 +1,10 @@
 """Times the sparse ops against a dense training step of the same output layer.
 
 For each N: LSH query (hash + lookup), sparse_logits forward+backward, the
-row-sparse Adam step, a whole sparse step (query + forward + backward + Adam,
+row-sparse Adam step, a whole sparse step (query, forward, then the Adam pass
+that also computes the input gradient dh, as sparsejax.model.train_step does;
 one jit, state donated) and the dense step (full logits, jnp + optax.adam).
+``--compare_unfused`` also times the step with dh from a separate gather.
 Table builds are timed separately and excluded from the step.
 
 Per N it also measures, in the same run, the memory floor under the step: the
@@ -88,7 +90,7 @@ def softmax_ce_first(logits):
   return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - logits[:, 0])
 
 
-def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats, moment_dtype=jnp.float32):
+def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats, moment_dtype=jnp.float32, compare_unfused=False):
   rng = np.random.default_rng(0)
   W = jnp.asarray(rng.normal(size=(N, d)).astype(np.float32) / np.sqrt(d))
   b = jnp.zeros((N,), jnp.float32)
@@ -141,22 +143,34 @@ def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats, moment_dtype=jnp.float
   del layer, layer_opt
 
   def sparse_step(state, tabs, h, y, seed):
+    # As sparsejax.model.train_step: the optimizer's pass over the rows also gives dh.
+    W, b, sw, sb = state
+    ids, _ = tables.lsh_query(tabs, params, h, k=k, num_rows=N, labels=y, seed=seed)
+    loss, g = jax.value_and_grad(softmax_ce_first)(ops.sparse_logits(h, W, b, ids))
+    (W, b), (sw, sb), dh = opt.update(ops.RowSparseGrad(ids, g, h), (sw, sb), (W, b), combine=True)
+    return (W, b, sw, sb), loss, dh
+
+  def unfused_step(state, tabs, h, y, seed):
+    # dh from its own gather of the rows (gather_combine), then the update.
     W, b, sw, sb = state
     ids, _ = tables.lsh_query(tabs, params, h, k=k, num_rows=N, labels=y, seed=seed)
     (loss, (dh, g)) = jax.value_and_grad(loss_fn, argnums=(0, 1))(h, jnp.zeros((B, k)), W, b, ids)
     (W, b), (sw, sb) = opt.update(ops.RowSparseGrad(ids, g, h), (sw, sb), (W, b), after=dh)
     return (W, b, sw, sb), loss, dh
 
-  step = jax.jit(sparse_step, donate_argnums=0)
   state = (W, b, opt_w, opt_b)
-  for i in range(2):
-    state, loss, dh = jax.block_until_ready(step(state, t, h, labels, jnp.uint32(i)))
-  ts = []
-  for i in range(repeats):
-    t0 = time.perf_counter()
-    state, loss, dh = jax.block_until_ready(step(state, t, h, labels, jnp.uint32(100 + i)))
-    ts.append(time.perf_counter() - t0)
-  res["sparse_step_s"] = float(np.median(ts))
+  for key, fn in (("sparse_step_s", sparse_step), ("unfused_sparse_step_s", unfused_step)):
+    if key != "sparse_step_s" and not compare_unfused:
+      continue
+    step = jax.jit(fn, donate_argnums=0)
+    for i in range(2):
+      state, loss, dh = jax.block_until_ready(step(state, t, h, labels, jnp.uint32(i)))
+    ts = []
+    for i in range(repeats):
+      t0 = time.perf_counter()
+      state, loss, dh = jax.block_until_ready(step(state, t, h, labels, jnp.uint32(100 + i)))
+      ts.append(time.perf_counter() - t0)
+    res[key] = float(np.median(ts))
   W, b = state[0], state[1]
   del state, opt_w, opt_b, t
 
@@ -200,6 +214,8 @@ def main():
   parser.add_argument("--repeats", type=int, default=10)
   parser.add_argument("--moment_dtype", default="float32", choices=["float32", "bfloat16"],
                       help="row-sparse Adam moments")
+  parser.add_argument("--compare_unfused", action="store_true",
+                      help="also time the step with dh from a separate gather (unfused_sparse_step_s)")
   parser.add_argument("--json", default=None, help="write results here")
   parser.add_argument("--no_huge_pages", action="store_true", help="leave arrays on 4 KiB pages")
   args = parser.parse_args()
@@ -210,7 +226,7 @@ def main():
   for N in sizes:
     cfg = tables.default_lsh_config(N, args.family, args.num_tables)
     r = bench_size(N, args.d, args.batch, args.k, cfg, tables.default_bucket_size(), args.repeats,
-                   jnp.dtype(args.moment_dtype))
+                   jnp.dtype(args.moment_dtype), args.compare_unfused)
     r["lsh"] = cfg._asdict()
     results.append(r)
     print(f"N={N:>9,}  query {r['query_s']*1e3:7.2f} ms  fwd+bwd {r['sparse_logits_fwd_bwd_s']*1e3:7.2f} ms  "
@@ -218,7 +234,8 @@ def main():
           f"dense step {r['dense_step_s']*1e3:8.1f} ms  speedup {r['step_speedup_vs_dense']:6.1f}x  "
           f"(build {r['table_build_s']:.1f} s, tables {r['table_bytes']/2**20:.0f} MiB, "
           f"{r['mean_from_tables']:.0f} ids/query from tables, {r['distinct_active_rows']:,} distinct rows/step)  "
-          f"row floor {r['row_floor_s']*1e3:.2f} ms (step {r['step_over_row_floor']:.2f}x)",
+          f"row floor {r['row_floor_s']*1e3:.2f} ms (step {r['step_over_row_floor']:.2f}x)"
+          + (f"  unfused step {r['unfused_sparse_step_s']*1e3:.2f} ms" if args.compare_unfused else ""),
           flush=True)
   by_n = {r["N"]: r for r in results}
   summary = {

@@ -8,6 +8,14 @@
 // along: its rows are updated in the same pass, so the ids are sorted once and
 // the bias's cache lines are fetched together with the weight rows.
 //
+// Optionally the same pass also computes the backward product of the layer
+// that the ids came from, combined[b] = sum_j g[b, j] * W[ids[b, j]] with W
+// read before its update (for sparse_logits, the input gradient dh): each row
+// is then read from memory once per step for both, not once by a separate
+// gather and again here. Rows are visited by id, so the products land in
+// per-slab [B, d] accumulators (a fixed split of the id ranges, independent
+// of the thread count) that are summed in slab order at the end.
+//
 // Moments are float32, or bfloat16 rounded stochastically (unbiased; with
 // round-to-nearest, b2 = 0.999 would freeze the second moment, whose per-step
 // change is below bfloat16's resolution). The random bits are a hash of
@@ -23,6 +31,9 @@ namespace {
 // Rows are split into this many contiguous id ranges, processed in parallel.
 // A constant (not the thread count), so the work split is the same everywhere.
 constexpr int64_t kNumRanges = 256;
+// With a combined output, consecutive ranges form this many slabs, each with
+// its own accumulator and run by one thread at a time.
+constexpr int64_t kNumSlabs = 32;
 
 struct AdamConsts {
   float b1, b2, eps, weight_decay, step_size, inv_bc1, inv_bc2;
@@ -103,10 +114,11 @@ constexpr int kPrefetchRows = 4;
 // Updates the rows of id ranges [r0, r1): keys[start[r] .. start[r + 1]) are
 // range r's (id << 32 | position) keys. `grad` is scratch of d floats.
 // Not inlined: perf (and the prefetch test) can then name it.
+// `combined` (or null): the slab's [B, d] accumulator of g[pos] * W[row].
 template <typename M>
 [[gnu::noinline]] void UpdateRanges(int64_t r0, int64_t r1, const Rows<M>& weight, const Rows<M>& bias, const int64_t* start,
                   uint64_t* keys, int64_t* unique_in_range, const float* gp, const float* xp, int64_t k,
-                  const AdamConsts& h, uint64_t step_seed, float* grad) {
+                  const AdamConsts& h, uint64_t step_seed, float* grad, float* combined) {
   const int64_t d = weight.d;
   const bool has_bias = bias.w != nullptr;
   for (int64_t r = r0; r < r1; ++r) {
@@ -129,9 +141,11 @@ template <typename M>
       const int64_t row = static_cast<int64_t>(*it >> 32);
       std::fill(grad, grad + d, 0.0f);
       float grad_bias = 0.0f;
+      const float* w_row = weight.w + row * d;
       for (; it != ke && static_cast<int64_t>(*it >> 32) == row; ++it) {
         const int64_t pos = static_cast<int64_t>(*it & 0xffffffffULL);
         Axpy(gp[pos], xp + (pos / k) * d, grad, d);
+        if (combined != nullptr) Axpy(gp[pos], w_row, combined + (pos / k) * d, d);
         grad_bias += gp[pos];
       }
       const uint64_t seed = HashCombine(step_seed, static_cast<uint64_t>(row));
@@ -159,7 +173,8 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> weight,
                              float b2, float eps, float weight_decay, ffi::Result<ffi::Buffer<ffi::F32>> weight_out,
                              ffi::Result<Moments<MT>> mu_out, ffi::Result<Moments<MT>> nu_out,
                              ffi::Result<F32R1> bias_out, ffi::Result<ffi::BufferR1<MT>> bias_mu_out,
-                             ffi::Result<ffi::BufferR1<MT>> bias_nu_out, ffi::Result<S32R1> touched) {
+                             ffi::Result<ffi::BufferR1<MT>> bias_nu_out, ffi::Result<S32R1> touched,
+                             ffi::Result<F32R2> combined) {
   return Guarded("row_sparse_adam", [&](Checker& c) {
     // A rank-1 weight (a bias [N] on its own) is a weight of width d = 1.
     const size_t rank = weight.dimensions().size();
@@ -183,6 +198,9 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> weight,
     SJ_RETURN_IF_ERROR(c.status());
     const int64_t N = c["N"], d = c["d"], B = c["B"], k = c["k"], M = B * k;
     c.Bind("B * k", M, "ids").Ret("touched", *touched, {"B * k"});
+    // combined: [B, d] to compute it, [0, d] not to.
+    const bool combine = combined->dimensions().size() == 2 && combined->dimensions()[0] != 0;
+    c.Ret("combined", *combined, combine ? Checker::Spec{"B", "d"} : Checker::Spec{"0", "d"});
     c.Require(M < (int64_t{1} << 31), [] { return std::string("ids has too many entries (B * k must be < 2^31)"); });
     const int32_t* ip = ids.typed_data();
     c.Ids("ids", ip, M, "N", /*allow_pad=*/true, k);
@@ -232,12 +250,28 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> weight,
                                               bias_nu_out->typed_data(), 1}
                                   : Rows<M_t>{};
     const uint64_t step_seed = SplitMix64(static_cast<uint64_t>(t));
-    ParallelLoop loop(pool, R, 1);
+    // Without a combined output every range is a chunk; with one, a slab is.
+    const int64_t slab = combine ? (R + kNumSlabs - 1) / kNumSlabs : 1;
+    const int64_t num_slabs = (R + slab - 1) / slab;
+    ParallelLoop loop(pool, R, slab);
     std::vector<float> grad(loop.workers() * d);
+    std::unique_ptr<float[]> acc(combine ? new float[num_slabs * B * d] : nullptr);  // zeroed by its slab
     SJ_RETURN_IF_ERROR(loop.Run(c.op(), [&](int64_t w, int64_t r0, int64_t r1) {
+      float* slab_acc = combine ? acc.get() + (r0 / slab) * B * d : nullptr;
+      if (combine) std::fill(slab_acc, slab_acc + B * d, 0.0f);
       UpdateRanges(r0, r1, wr, br, start.data(), keys.data(), unique_in_range.data(), g.typed_data(),
-                   x.typed_data(), k, h, step_seed, grad.data() + w * d);
+                   x.typed_data(), k, h, step_seed, grad.data() + w * d, slab_acc);
     }));
+    if (combine) {  // combined[b] = sum over slabs, in slab order
+      float* out = combined->typed_data();
+      SJ_RETURN_IF_ERROR(ParallelLoop(pool, B, 8).Run(c.op(), [&](int64_t, int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+          float* ob = out + b * d;
+          std::copy(acc.get() + b * d, acc.get() + (b + 1) * d, ob);
+          for (int64_t s = 1; s < num_slabs; ++s) Axpy(1.0f, acc.get() + (s * B + b) * d, ob, d);
+        }
+      }));
+    }
 
     int32_t* out_ids = touched->typed_data();
     int64_t n = 0;
@@ -278,7 +312,8 @@ auto RowSparseAdamBinding() {
       .template Ret<F32R1>()                  // bias
       .template Ret<ffi::BufferR1<MT>>()      // bias_mu
       .template Ret<ffi::BufferR1<MT>>()      // bias_nu
-      .template Ret<S32R1>();                 // touched [B * k]
+      .template Ret<S32R1>()                  // touched [B * k]
+      .template Ret<F32R2>();                 // combined [B, d], or [0, d] for none
 }
 
 }  // namespace

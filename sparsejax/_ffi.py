@@ -65,7 +65,7 @@ def _adam_signature(moments: str) -> Signature:
   return Signature(
       args=state + (Buffer("ids", "int32", (2,)), Buffer("g", "float32", (2,)), Buffer("x", "float32", (2,)),
                     Buffer("learning_rate", "float32", (0,)), Buffer("count", "int32", (0,))),
-      results=state + (Buffer("touched", "int32", (1,)),),
+      results=state + (Buffer("touched", "int32", (1,)), Buffer("combined", "float32", (2,))),
       extra_args=True)
 
 

@@ -443,15 +443,16 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   if config.network.tail_correction and config.k < config.num_labels:
     logits = logits + tail_log_weights(jnp.sum(targets > 0, axis=1) + from_tables, active.shape[1], n_valid)
   loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
-  dh = shard.psum(ops.gather_combine(g_out, state.out.w, active))
-  d_dense, d_embed = hidden_vjp(dh)
 
   lr = config.schedule()(state.step)
   adam = config.adam_args()
-  # The output layer's weight and bias share their rows: one pass updates both.
-  (out_w, out_b), (out_w_opt, out_b_opt), touched = optim.apply_row_sparse_adam(
+  # The output layer's weight and bias share their rows: one pass updates both, and computes the hidden
+  # layer's gradient dh = sum_j g_out[b, j] W[active[b, j]] from the rows it reads anyway (W before the update).
+  (out_w, out_b), (out_w_opt, out_b_opt), touched, dh = optim.apply_row_sparse_adam(
       (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt), ops.RowSparseGrad(active, g_out, h),
-      lr, after=dh, **adam)
+      lr, combine=True, **adam)
+  dh = shard.psum(dh)
+  d_dense, d_embed = hidden_vjp(dh)
   embed_w, embed_opt, _ = optim.apply_row_sparse_adam(
       state.embed.w, state.embed_opt, ops.RowSparseGrad(fids, fvals, d_embed), lr, **adam)
   updates, dense_opt = dense_optimizer(config).update(d_dense, state.dense_opt, dense_params)

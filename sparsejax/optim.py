@@ -73,7 +73,7 @@ def _check_hyperparameters(learning_rate, b1, b2, eps, weight_decay) -> None:
 def apply_row_sparse_adam(
     params, state, grad: RowSparseGrad, learning_rate: jax.Array | float, *,
     b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
-    after=None,
+    after=None, combine: bool = False,
 ):
   """One lazy Adam step on the rows named by ``grad.ids``.
 
@@ -93,11 +93,20 @@ def apply_row_sparse_adam(
     after: optional pytree of values computed from other reads of the weight
       in the same step (e.g. the input gradient). The update is ordered after
       them, so that XLA can write the weight in place instead of copying it.
+    combine: also return ``combined [B, d]``, ``combined[b] = sum_j
+      grad.g[b, j] * weight[grad.ids[b, j]]`` with the weight read before
+      this update: for a sparse layer whose ``g`` is the cotangent of
+      ``ops.sparse_logits(x, weight, bias, ids)``, the gradient with respect
+      to its input ``x`` (what ``ops.gather_combine`` gives), computed in the
+      same pass over the rows, which saves the separate gather's read of
+      every row. Its summation order differs from ``gather_combine``'s (so
+      may its last bits); it does not depend on the thread count.
 
   Returns:
     ``(new_params, new_state, touched)``, the first two shaped like
     ``params`` and ``state``; ``touched`` is ``[B * k]`` int32: the distinct
-    updated row ids in increasing order, then -1s.
+    updated row ids in increasing order, then -1s. With ``combine``,
+    ``(new_params, new_state, touched, combined)``.
   """
   op = "row_sparse_adam"
   is_pair = isinstance(params, (tuple, list))
@@ -140,11 +149,13 @@ def apply_row_sparse_adam(
   lr = jnp.asarray(learning_rate, jnp.float32)
   shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype)
                  for a in (weight, w_state.mu, w_state.nu, bias, b_state.mu, b_state.nu))
-  shapes += (jax.ShapeDtypeStruct((grad.ids.size,), jnp.int32),)
+  d = 1 if weight.ndim == 1 else weight.shape[1]
+  shapes += (jax.ShapeDtypeStruct((grad.ids.size,), jnp.int32),
+             jax.ShapeDtypeStruct((grad.ids.shape[0] if combine else 0, d), jnp.float32))
   # One kernel per moment dtype (the C++ handlers are typed).
   call = _ffi.ffi_call(f"row_sparse_adam_{jnp.dtype(moment_dtype).name}", shapes,
                        input_output_aliases={i: i for i in range(6)}, vmap_method="sequential")
-  new_w, mu, nu, new_b, b_mu, b_nu, touched = call(
+  new_w, mu, nu, new_b, b_mu, b_nu, touched, combined = call(
       weight, w_state.mu, w_state.nu, bias, b_state.mu, b_state.nu,
       grad.ids, grad.g, grad.x, lr, count.astype(jnp.int32),
       # XLA may only overwrite `weight` once every read of it is done. Passing
@@ -153,9 +164,11 @@ def apply_row_sparse_adam(
       *jax.tree.leaves(after),
       b1=np.float32(b1), b2=np.float32(b2), eps=np.float32(eps), weight_decay=np.float32(weight_decay))
   new_w_state = RowSparseAdamState(count, mu, nu)
-  if not is_pair:
-    return new_w, new_w_state, touched
-  return (new_w, new_b), (new_w_state, RowSparseAdamState(b_state.count + 1, b_mu, b_nu)), touched
+  if is_pair:
+    new_params, new_state = (new_w, new_b), (new_w_state, RowSparseAdamState(b_state.count + 1, b_mu, b_nu))
+  else:
+    new_params, new_state = new_w, new_w_state
+  return (new_params, new_state, touched) + ((combined,) if combine else ())
 
 
 def row_sparse_adam(
@@ -198,11 +211,12 @@ def row_sparse_adam(
       return tuple(init_one(p) for p in params)
     return init_one(params)
 
-  def update(grad: RowSparseGrad, state, params, after=None):
+  def update(grad: RowSparseGrad, state, params, after=None, combine=False):
+    """``(new_params, new_state)``, and ``combined`` with ``combine`` (see :func:`apply_row_sparse_adam`)."""
     count = (state if isinstance(state, RowSparseAdamState) else state[0]).count
     lr = learning_rate(count) if callable(learning_rate) else learning_rate
-    new_params, new_state, _ = apply_row_sparse_adam(
-        params, state, grad, lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, after=after)
-    return new_params, new_state
+    out = apply_row_sparse_adam(
+        params, state, grad, lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, after=after, combine=combine)
+    return out[:2] + out[3:]
 
   return RowSparseOptimizer(init, update)

@@ -490,10 +490,13 @@ class RowSparseAdam(Op):
       params = (a["weight"], a["bias"])
     grad = ops.RowSparseGrad(a["grad.ids"], a["grad.g"], a["grad.x"])
     return optim.apply_row_sparse_adam(params, state, grad, h["learning_rate"], b1=h["b1"], b2=h["b2"],
-                                       eps=h["eps"], weight_decay=h["weight_decay"])
+                                       eps=h["eps"], weight_decay=h["weight_decay"], combine=c.get("combine", False))
 
   def check(self, c, a, out):
-    new_params, new_state, touched = out
+    new_params, new_state, touched = out[:3]
+    if c.get("combine", False):  # the weight's rows before the update, combined by g
+      weight = np.asarray(a["weight"]).reshape(len(a["weight"]), -1)
+      assert_close(out[3], gather_combine_ref(a["grad.g"], weight, a["grad.ids"]), 1e-4, 1e-5, "combined")
     h = c["hyper"]
     pair = a["bias"] is not None
     moments = lambda *xs: [np.asarray(x, np.float32) for x in xs]

@@ -18,7 +18,7 @@ _ADAM = lambda moments: dict(
           [[0], moments], [[2, 4], "int32"], [[2, 4], "float32"], [[2, 3], "float32"], [[], "float32", 0.1],
           [[], "int32", 1]],
     results=[[[6, 3], "float32"], [[6, 3], moments], [[6, 3], moments], [[0], "float32"], [[0], moments],
-             [[0], moments], [[8], "int32"]],
+             [[0], moments], [[8], "int32"], [[2, 3], "float32"]],
     attrs=dict(b1=("float32", 0.9), b2=("float32", 0.999), eps=("float32", 1e-8), weight_decay=("float32", 0.0)))
 _TABLES = [[[2, 4, 3], "int32"], [[2, 4], "int32"], [[5, 2], "int32"]]
 VALID = {

@@ -9,6 +9,8 @@ import pytest
 from sparsejax import optim
 from sparsejax.ops import RowSparseGrad
 
+import references
+
 
 def _grad(rng, B=5, k=6, N=30, d=4):
   ids = rng.integers(0, N, size=(B, k)).astype(np.int32)
@@ -166,3 +168,25 @@ def test_bad_arguments_raise_and_leave_weights_unchanged():
                state, W)
   with pytest.raises(ValueError, match=r"'state.mu' must be float32 of shape \(30, 4\)"):
     opt.update(g, state._replace(mu=state.mu[:10]), W)
+
+
+@pytest.mark.parametrize("moment_dtype", [jnp.float32, jnp.bfloat16])
+def test_combined_is_the_input_gradient_from_the_rows_before_the_update(moment_dtype):
+  # Enough rows that the ids spread over many of the kernel's slabs.
+  rng = np.random.default_rng(7)
+  N, d, B, k = 3000, 8, 6, 40
+  g = _grad(rng, B=B, k=k, N=N, d=d)
+  W = jnp.asarray(rng.normal(size=(N, d)), jnp.float32)
+  b = jnp.asarray(rng.normal(size=(N,)), jnp.float32)
+  opt = optim.row_sparse_adam(0.1, moment_dtype=moment_dtype)
+  want_dx = references.gather_combine_ref(np.asarray(g.g), np.asarray(W), np.asarray(g.ids))
+  outs, _ = references.adam_ref(W, np.zeros((N, d)), np.zeros((N, d)), 0, np.asarray(g.ids), np.asarray(g.g),
+                                 np.asarray(g.x), 0.1, 0.9, 0.999, 1e-8, 0.0, b, np.zeros(N), np.zeros(N))
+  (new_w, new_b), _, dx = jax.jit(lambda p, s: opt.update(g, s, p, combine=True))((W, b), opt.init((W, b)))
+  np.testing.assert_allclose(dx, want_dx, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(new_w, outs[0], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(new_b, outs[3], rtol=1e-4, atol=1e-5)
+  # Without combine: the same update, and the pair of results only.
+  (w2, b2), _ = opt.update(g, opt.init((W, b)), (W, b))
+  np.testing.assert_array_equal(w2, new_w)
+  np.testing.assert_array_equal(b2, new_b)
