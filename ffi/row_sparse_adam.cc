@@ -16,6 +16,9 @@
 // per-slab [B, d] accumulators (a fixed split of the id ranges, independent
 // of the thread count) that are summed in slab order at the end.
 //
+// Second moments are per element (Adam) or, with nu of shape [N], one per row
+// (row-wise Adam: a third fewer bytes per touched row).
+//
 // Moments are float32, or bfloat16 rounded stochastically (unbiased; with
 // round-to-nearest, b2 = 0.999 would freeze the second moment, whose per-step
 // change is below bfloat16's resolution). The random bits are a hash of
@@ -67,6 +70,34 @@ inline uint32_t ElementBits(uint32_t seed, int64_t i) {
   return h;
 }
 
+// One row's row-wise Adam update (as FBGEMM's row-wise optimizers): per-element
+// first moments m, and one second moment *v for the row, of the mean of the
+// squared gradient over the row (summed in Dot's fixed order).
+template <typename M>
+inline void RowwiseAdamRowT(float* __restrict__ w, M* __restrict__ m, M* __restrict__ v,
+                            const float* __restrict__ g, int64_t d, const AdamConsts& h, uint32_t seed) {
+  const float mean_sq = Dot(g, g, d) / static_cast<float>(d);
+  const float vi = h.b2 * Load(*v) + (1.0f - h.b2) * mean_sq;
+  Store(v, vi, sizeof(M) == 2 ? ElementBits(seed, d) : 0);
+  const float scale = h.inv_bc1 / (std::sqrt(vi * h.inv_bc2) + h.eps);
+  for (int64_t i = 0; i < d; ++i) {
+    const float mi = h.b1 * Load(m[i]) + (1.0f - h.b1) * g[i];
+    uint32_t bits = 0;
+    if constexpr (sizeof(M) == 2) bits = ElementBits(seed, i);
+    Store(m + i, mi, bits);
+    w[i] -= h.step_size * (mi * scale + h.weight_decay * w[i]);
+  }
+}
+
+SJ_MULTIVERSION void RowwiseAdamRow(float* w, float* m, float* v, const float* g, int64_t d,
+                                    const AdamConsts& h, uint32_t seed) {
+  RowwiseAdamRowT(w, m, v, g, d, h, seed);
+}
+SJ_MULTIVERSION void RowwiseAdamRow(float* w, bf16* m, bf16* v, const float* g, int64_t d,
+                                    const AdamConsts& h, uint32_t seed) {
+  RowwiseAdamRowT(w, m, v, g, d, h, seed);
+}
+
 // One row's Adam update; restrict pointers let the compiler vectorize it.
 template <typename M>
 inline void AdamRowT(float* __restrict__ w, M* __restrict__ m, M* __restrict__ v,
@@ -100,13 +131,24 @@ struct Rows {
   M* m = nullptr;
   M* v = nullptr;
   int64_t d = 0;
+  bool rowwise = false;  // v holds one second moment per row
+
+  M* v_of(int64_t row) const { return v + (rowwise ? row : row * d); }
 
   // Rows are visited in increasing id order but far apart: fetch the cache
   // lines of rows a few steps ahead while this one is updated.
   void Prefetch(int64_t row) const {
     PrefetchBytes(w + row * d, d * sizeof(float));
     PrefetchBytes(m + row * d, d * sizeof(M));
-    PrefetchBytes(v + row * d, d * sizeof(M));
+    PrefetchBytes(v_of(row), (rowwise ? 1 : d) * sizeof(M));
+  }
+
+  void Update(int64_t row, const float* g, const AdamConsts& h, uint32_t seed) const {
+    if (rowwise) {
+      RowwiseAdamRow(w + row * d, m + row * d, v_of(row), g, d, h, seed);
+    } else {
+      AdamRow(w + row * d, m + row * d, v_of(row), g, d, h, seed);
+    }
   }
 };
 constexpr int kPrefetchRows = 4;
@@ -149,11 +191,8 @@ template <typename M>
         grad_bias += gp[pos];
       }
       const uint64_t seed = HashCombine(step_seed, static_cast<uint64_t>(row));
-      AdamRow(weight.w + row * d, weight.m + row * d, weight.v + row * d, grad, d, h,
-              static_cast<uint32_t>(seed));
-      if (has_bias) {
-        AdamRow(bias.w + row, bias.m + row, bias.v + row, &grad_bias, 1, h, static_cast<uint32_t>(seed >> 32));
-      }
+      weight.Update(row, grad, h, static_cast<uint32_t>(seed));
+      if (has_bias) bias.Update(row, &grad_bias, h, static_cast<uint32_t>(seed >> 32));
       // Unique ids are written, in order, over the front of this range's
       // key slots (already consumed): no extra buffer needed.
       kb[n_unique++] = static_cast<uint64_t>(row);
@@ -186,8 +225,11 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> weight,
     const Checker::Spec wshape = is_vector ? Checker::Spec{"N"} : Checker::Spec{"N", "d"};
     c.Arg("weight", weight, wshape);
     if (is_vector) c.Bind("d", 1, "weight");
-    c.Arg("mu", mu, wshape).Arg("nu", nu, wshape);
-    c.Ret("weight", *weight_out, wshape).Ret("mu", *mu_out, wshape).Ret("nu", *nu_out, wshape);
+    // nu [N] for a weight [N, d]: row-wise Adam (one second moment per row).
+    const bool rowwise = !is_vector && nu.dimensions().size() == 1;
+    const Checker::Spec vshape = rowwise ? Checker::Spec{"N"} : wshape;
+    c.Arg("mu", mu, wshape).Arg("nu", nu, vshape, is_vector ? nullptr : "(or [N] for row-wise Adam)");
+    c.Ret("weight", *weight_out, wshape).Ret("mu", *mu_out, wshape).Ret("nu", *nu_out, vshape);
     // The bias is [N], or [0] for none; its moments and results have its shape.
     const bool has_bias = bias.element_count() != 0;
     c.Require(!(has_bias && is_vector), [] { return std::string("a bias needs a rank-2 weight [N, d]"); });
@@ -245,9 +287,9 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> weight,
     std::vector<int64_t> unique_in_range(R, 0);
 
     using M_t = ffi::NativeType<MT>;
-    const Rows<M_t> wr{weight_out->typed_data(), mu_out->typed_data(), nu_out->typed_data(), d};
+    const Rows<M_t> wr{weight_out->typed_data(), mu_out->typed_data(), nu_out->typed_data(), d, rowwise};
     const Rows<M_t> br = has_bias ? Rows<M_t>{bias_out->typed_data(), bias_mu_out->typed_data(),
-                                              bias_nu_out->typed_data(), 1}
+                                              bias_nu_out->typed_data(), 1, false}
                                   : Rows<M_t>{};
     const uint64_t step_seed = SplitMix64(static_cast<uint64_t>(t));
     // Without a combined output every range is a chunk; with one, a slab is.
@@ -290,7 +332,7 @@ auto RowSparseAdamBinding() {
       .Ctx<ffi::ThreadPool>()
       .template Arg<ffi::Buffer<ffi::F32>>()  // weight [N, d] or [N]
       .template Arg<Moments<MT>>()            // mu, weight's shape
-      .template Arg<Moments<MT>>()            // nu, weight's shape
+      .template Arg<Moments<MT>>()            // nu, weight's shape, or [N] (row-wise)
       .template Arg<F32R1>()                  // bias [N] or [0]
       .template Arg<ffi::BufferR1<MT>>()      // bias_mu, bias's shape
       .template Arg<ffi::BufferR1<MT>>()      // bias_nu, bias's shape

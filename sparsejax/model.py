@@ -209,7 +209,8 @@ def init_from_params(rng: jax.Array, config: ModelConfig, params: NetworkParams,
   """
   k_lsh, k_tables, k_state = jax.random.split(jax.random.fold_in(rng, 1), 3)
   sparse_opt = optim.row_sparse_adam(config.schedule(), **config.adam_args(),
-                                     moment_dtype=jnp.dtype(config.optim.moment_dtype))
+                                     moment_dtype=jnp.dtype(config.optim.moment_dtype),
+                                     second_moment=config.optim.second_moment)
   lsh_params, t = init_index(k_lsh, k_tables, config, params.out, num_valid)
   return SlideState(
       step=jnp.zeros((), jnp.int32),
