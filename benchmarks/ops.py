@@ -90,7 +90,8 @@ def softmax_ce_first(logits):
   return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - logits[:, 0])
 
 
-def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats, moment_dtype=jnp.float32, compare_unfused=False):
+def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats, moment_dtype=jnp.float32, compare_unfused=False,
+               second_moment="element"):
   rng = np.random.default_rng(0)
   W = jnp.asarray(rng.normal(size=(N, d)).astype(np.float32) / np.sqrt(d))
   b = jnp.zeros((N,), jnp.float32)
@@ -113,7 +114,8 @@ def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats, moment_dtype=jnp.float
   res["distinct_active_rows"] = int(np.unique(np.asarray(ids)).size)
   # The floor under the step: the bare optimizer update of those rows
   # (default: Adam over float32 W, m, v; row-wise: one v per row), and reading them.
-  floor_kind = FLOOR_ADAM_BF16 if jnp.dtype(moment_dtype) == jnp.bfloat16 else FLOOR_ADAM
+  floor_kind = (FLOOR_ROWWISE_ADAM if second_moment == "row" else
+                FLOOR_ADAM_BF16 if jnp.dtype(moment_dtype) == jnp.bfloat16 else FLOOR_ADAM)
   res["row_floor_s"] = row_floor(floor_kind, np.asarray(ids), N, d)
   res["row_read_floor_s"] = row_floor(FLOOR_READ, np.asarray(ids), N, d)
 
@@ -124,7 +126,7 @@ def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats, moment_dtype=jnp.float
   res["sparse_logits_fwd_bwd_s"] = timeit(fwd_bwd, h, jnp.zeros((B, k)), W, b, ids, repeats=repeats)
 
   # Row-sparse Adam on the layer's weight and bias (one fused pass).
-  opt = optim.row_sparse_adam(1e-3, moment_dtype=moment_dtype)
+  opt = optim.row_sparse_adam(1e-3, moment_dtype=moment_dtype, second_moment=second_moment)
   opt_w, opt_b = opt.init((W, b))
   if HUGE_PAGES:
     memory.advise_huge_pages((W, b, opt_w, opt_b, t))
@@ -214,6 +216,8 @@ def main():
   parser.add_argument("--repeats", type=int, default=10)
   parser.add_argument("--moment_dtype", default="float32", choices=["float32", "bfloat16"],
                       help="row-sparse Adam moments")
+  parser.add_argument("--second_moment", default="element", choices=optim.SECOND_MOMENTS,
+                      help="row-sparse Adam's second moments: per element, or per row (row-wise Adam)")
   parser.add_argument("--compare_unfused", action="store_true",
                       help="also time the step with dh from a separate gather (unfused_sparse_step_s)")
   parser.add_argument("--json", default=None, help="write results here")
@@ -226,7 +230,7 @@ def main():
   for N in sizes:
     cfg = tables.default_lsh_config(N, args.family, args.num_tables)
     r = bench_size(N, args.d, args.batch, args.k, cfg, tables.default_bucket_size(), args.repeats,
-                   jnp.dtype(args.moment_dtype), args.compare_unfused)
+                   jnp.dtype(args.moment_dtype), args.compare_unfused, args.second_moment)
     r["lsh"] = cfg._asdict()
     results.append(r)
     print(f"N={N:>9,}  query {r['query_s']*1e3:7.2f} ms  fwd+bwd {r['sparse_logits_fwd_bwd_s']*1e3:7.2f} ms  "
