@@ -37,6 +37,8 @@ constexpr int64_t kNumRanges = 256;
 // With a combined output, consecutive ranges form this many slabs, each with
 // its own accumulator and run by one thread at a time.
 constexpr int64_t kNumSlabs = 32;
+// Positions per block of the parallel bucketing of ids by range.
+constexpr int64_t kBucketBlock = 8192;
 
 struct AdamConsts {
   float b1, b2, eps, weight_decay, step_size, inv_bc1, inv_bc2;
@@ -268,22 +270,45 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> weight,
     const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), t));
     const AdamConsts h{b1, b2, eps, weight_decay, step_size, 1.0f / bc1, 1.0f / bc2};
 
-    // Bucket the positions by id range (counting sort: keeps position order).
+    // Bucket the positions by id range (a counting sort that keeps position
+    // order), in parallel: fixed blocks of positions count their ids per
+    // range, a prefix over (range, block) gives each block its slots, and
+    // each block fills them in position order: the same keys on any number
+    // of threads.
     const int64_t R = std::min<int64_t>(kNumRanges, std::max<int64_t>(N, 1));
     auto range_of = [&](int32_t id) { return static_cast<int64_t>(id) * R / N; };
+    const int64_t num_blocks = (M + kBucketBlock - 1) / kBucketBlock;
+    std::vector<int64_t> slots(num_blocks * R, 0);  // [block][range]: counts, then first slots
+    SJ_RETURN_IF_ERROR(ParallelLoop(pool, num_blocks, 1).Run(c.op(), [&](int64_t, int64_t k0, int64_t k1) {
+      for (int64_t blk = k0; blk < k1; ++blk) {
+        int64_t* count_of = slots.data() + blk * R;
+        for (int64_t p = blk * kBucketBlock, pe = std::min(M, p + kBucketBlock); p < pe; ++p) {
+          if (ip[p] != kPadId) ++count_of[range_of(ip[p])];
+        }
+      }
+    }));
     std::vector<int64_t> start(R + 1, 0);
-    for (int64_t p = 0; p < M; ++p) {
-      if (ip[p] != kPadId) ++start[range_of(ip[p]) + 1];
+    for (int64_t r = 0, next = 0; r < R; ++r) {
+      start[r] = next;
+      for (int64_t blk = 0; blk < num_blocks; ++blk) {
+        const int64_t n = slots[blk * R + r];
+        slots[blk * R + r] = next;
+        next += n;
+      }
+      start[r + 1] = next;
     }
-    for (int64_t r = 0; r < R; ++r) start[r + 1] += start[r];
-    std::vector<int64_t> fill(start.begin(), start.end() - 1);
     // Key = id << 32 | position: sorting keys orders by id, then by position.
     std::vector<uint64_t> keys(start[R]);
-    for (int64_t p = 0; p < M; ++p) {
-      if (ip[p] != kPadId) {
-        keys[fill[range_of(ip[p])]++] = (static_cast<uint64_t>(ip[p]) << 32) | static_cast<uint64_t>(p);
+    SJ_RETURN_IF_ERROR(ParallelLoop(pool, num_blocks, 1).Run(c.op(), [&](int64_t, int64_t k0, int64_t k1) {
+      for (int64_t blk = k0; blk < k1; ++blk) {
+        int64_t* slot_of = slots.data() + blk * R;
+        for (int64_t p = blk * kBucketBlock, pe = std::min(M, p + kBucketBlock); p < pe; ++p) {
+          if (ip[p] != kPadId) {
+            keys[slot_of[range_of(ip[p])]++] = (static_cast<uint64_t>(ip[p]) << 32) | static_cast<uint64_t>(p);
+          }
+        }
       }
-    }
+    }));
     std::vector<int64_t> unique_in_range(R, 0);
 
     using M_t = ffi::NativeType<MT>;
@@ -315,12 +340,18 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> weight,
       }));
     }
 
+    // The distinct ids of each range, in range order, then padding.
     int32_t* out_ids = touched->typed_data();
-    int64_t n = 0;
-    for (int64_t r = 0; r < R; ++r) {
-      for (int64_t i = 0; i < unique_in_range[r]; ++i) out_ids[n++] = static_cast<int32_t>(keys[start[r] + i]);
-    }
-    std::fill(out_ids + n, out_ids + M, kPadId);
+    std::vector<int64_t> out_start(R + 1, 0);
+    for (int64_t r = 0; r < R; ++r) out_start[r + 1] = out_start[r] + unique_in_range[r];
+    std::fill(out_ids + out_start[R], out_ids + M, kPadId);
+    SJ_RETURN_IF_ERROR(ParallelLoop(pool, R, 16).Run(c.op(), [&](int64_t, int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t i = 0; i < unique_in_range[r]; ++i) {
+          out_ids[out_start[r] + i] = static_cast<int32_t>(keys[start[r] + i]);
+        }
+      }
+    }));
     return ffi::Error::Success();
   });
 }

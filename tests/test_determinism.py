@@ -24,11 +24,14 @@ SCRIPT = textwrap.dedent("""
     b = jnp.asarray(rng.normal(size=(N,)), jnp.float32)
     digest.update(np.asarray(ops.gather_dot(h, W, ids, b)).tobytes())
     grad = ops.RowSparseGrad(ids % 500, g, h)  # many duplicates
+    big = ops.RowSparseGrad(ids, g, h)  # ids over all of W: the optimizer's pass spans many slabs
     for moment_dtype in (jnp.float32, jnp.bfloat16):  # bfloat16: stochastic rounding
-      opt = optim.row_sparse_adam(0.01, moment_dtype=moment_dtype)
-      (W2, b2), (s, sb) = opt.update(grad, opt.init((W, b)), (W, b))
-      for a in (W2, s.mu, s.nu, b2, sb.mu, sb.nu):
-        digest.update(np.asarray(a).tobytes())
+      for second_moment in ("element", "row"):
+        opt = optim.row_sparse_adam(0.01, moment_dtype=moment_dtype, second_moment=second_moment)
+        for gr in (grad, big):
+          (W2, b2), (s, sb), dh = opt.update(gr, opt.init((W, b)), (W, b), combine=True)  # dh: summed over slabs
+          for a in (W2, s.mu, s.nu, b2, sb.mu, sb.nu, dh):
+            digest.update(np.asarray(a).tobytes())
     print(digest.hexdigest())
 """)
 
