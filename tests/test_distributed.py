@@ -207,7 +207,7 @@ def test_dead_or_hung_rank_ends_the_job(tmp_path, how):
 def test_multiprocess_resume_continues_the_same_run(tmp_path):
   """2 processes: 12 steps, stop, resume to 24 == 24 straight steps (every shard checkpointed)."""
   kw = dict(synthetic_labels=300, active_k=32, max_steps=24, checkpoint_every=8, eval_every=1000,
-            rebuild_period=5, rehash_period=9, reinsert="labels")
+            rebuild_period=5, rehash_period=9, reinsert="labels", candidates="lsh")  # LSH table maintenance
   straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
   for workdir, steps in ((straight, 24), (split, 12), (split, 24)):
     proc = _launch(2, _train_args(workdir, **dict(kw, max_steps=steps)), timeout=300)
