@@ -34,7 +34,6 @@ import optax
 
 from sparsejax import lsh, memory, ops, optim, tables
 
-
 HUGE_PAGES = True
 
 ROW_MEMORY_SOURCE = pathlib.Path(__file__).with_name("row_memory.cc")
