@@ -353,9 +353,9 @@ def local_active_k(config: ModelConfig, count: int) -> int:
 
 
 # A gathered dot product (sampled step: B x k of them, plus sorting the ids and the query) costs about as much
-# as about five dense ones (exact step: B x N in BLAS matmuls) on CPU: with k >= N / EXACT_PATH_RATIO the exact
+# as about ten dense ones (exact step: B x N in BLAS matmuls) on CPU: with k >= N / EXACT_PATH_RATIO the exact
 # step is the faster one.
-EXACT_PATH_RATIO = 4
+EXACT_PATH_RATIO = 8
 
 
 def uses_exact_path(config: ModelConfig) -> bool:
