@@ -58,7 +58,7 @@ def main():
     mine = [r for r in runs if r["variant"] == name]
     means[name] = {k: sum(r[k] for r in mine) / len(mine) for k in ("p@1", "p@3", "p@5")}
   if "lazy_adam" in means:
-    for name, m in means.items():
+    for m in means.values():
       m["p@1_minus_lazy_adam"] = m["p@1"] - means["lazy_adam"]["p@1"]
   summary = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "jax": jax.__version__},
              "config": vars(args), "runs": runs, "means": means}

@@ -90,16 +90,27 @@ class ModelConfig:
     k = local_active_k(self, self.num_shards)
     return k - int(round(self.network.random_negatives * k))
 
+  @property
+  def peak_learning_rate(self) -> float:
+    """``learning_rate`` scaled from ``reference_batch_size`` to ``batch_size`` by ``lr_scaling``."""
+    o = self.optim
+    ratio = o.batch_size / o.reference_batch_size
+    return o.learning_rate * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[o.lr_scaling]
+
   def schedule(self) -> optax.Schedule:
     """Learning rate as a function of the step."""
-    o = self.optim
+    o, peak = self.optim, self.peak_learning_rate
     if o.decay_steps > 0:
-      return optax.warmup_cosine_decay_schedule(0.0 if o.warmup_steps else o.learning_rate, o.learning_rate,
-                                                o.warmup_steps, o.warmup_steps + o.decay_steps,
-                                                end_value=0.1 * o.learning_rate)
+      return optax.warmup_cosine_decay_schedule(0.0 if o.warmup_steps else peak, peak, o.warmup_steps,
+                                                o.warmup_steps + o.decay_steps, end_value=0.1 * peak)
     if o.warmup_steps > 0:
-      return optax.linear_schedule(0.0, o.learning_rate, o.warmup_steps)
-    return optax.constant_schedule(o.learning_rate)
+      return optax.linear_schedule(0.0, peak, o.warmup_steps)
+    return optax.constant_schedule(peak)
+
+  @property
+  def exact_softmax(self) -> bool:
+    """Whether the SLIDE step computes every output neuron (see :func:`uses_exact_path`)."""
+    return uses_exact_path(self)
 
   def adam_args(self) -> dict[str, float]:
     """Adam's constants as keyword arguments (shared by every optimizer of the model)."""
@@ -342,6 +353,42 @@ def local_active_k(config: ModelConfig, count: int) -> int:
   return max(1, min(-(-config.k // count), smallest))
 
 
+# A gathered dot product (sampled step: B x k of them, plus sorting the ids and the query) costs about as much
+# as about ten dense ones (exact step: B x N in BLAS matmuls) on CPU: with k >= N / EXACT_PATH_RATIO the exact
+# step is the faster one.
+EXACT_PATH_RATIO = 8
+
+
+def uses_exact_path(config: ModelConfig) -> bool:
+  """Whether the SLIDE step computes the exact softmax over all of a shard's rows.
+
+  ``network.softmax`` forces it (``exact``) or the sampled one (``sampled``; still exact when ``active_k`` covers
+  every label); ``auto`` takes the exact step where the active set is a large fraction of the rows
+  (``active_k * EXACT_PATH_RATIO >= rows``), where it is cheaper than sampling.
+  """
+  rows = shard_rows(config.num_labels, config.num_shards)
+  k = local_active_k(config, config.num_shards)
+  if k >= rows or config.network.softmax == "exact":
+    return True
+  return config.network.softmax == "auto" and k * EXACT_PATH_RATIO >= rows
+
+
+def _adam_all_rows(params, states, grads, lr, *, b1, b2, eps, weight_decay):
+  """Adam on every row of ``params`` (the exact step): what the row-sparse kernel does when all rows are touched."""
+  count = states[0].count + 1
+  t = count.astype(jnp.float32)
+  inv_bc1, inv_bc2 = 1.0 / (1.0 - b1 ** t), 1.0 / (1.0 - b2 ** t)
+  new_params, new_states = [], []
+  for w, state, g in zip(params, states, grads):
+    mu = b1 * state.mu.astype(jnp.float32) + (1.0 - b1) * g
+    rowwise = w.ndim == 2 and state.nu.ndim == 1  # row-wise Adam: one second moment per row, of mean(g^2)
+    nu = b2 * state.nu.astype(jnp.float32) + (1.0 - b2) * (jnp.mean(g * g, axis=1) if rowwise else g * g)
+    denom = jnp.sqrt(nu * inv_bc2) + eps
+    new_params.append(w - lr * ((mu * inv_bc1) / (denom[:, None] if rowwise else denom) + weight_decay * w))
+    new_states.append(optim.RowSparseAdamState(state.count + 1, mu.astype(state.mu.dtype), nu.astype(state.nu.dtype)))
+  return tuple(new_params), tuple(new_states)
+
+
 def num_distinct_labels(labels: jax.Array) -> jax.Array:
   """``[B]`` number of distinct non-padding ids per row of ``labels [B, M]``."""
   s = jnp.sort(labels, axis=1)
@@ -428,9 +475,22 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   h, hidden_vjp = jax.vjp(
       lambda dp, tap: hidden_forward(state.embed.w, dp, fids, fvals, tap) * (1.0 if keep is None else keep),
       dense_params, jnp.zeros((B, config.hidden_dims[0]), jnp.float32))
-  if config.k >= config.num_labels:  # exact softmax: every (real) row is active
+  lr = config.schedule()(state.step)
+  adam = config.adam_args()
+  exact = uses_exact_path(config)
+  if exact:  # every (real) row is active: dense matmuls, Adam on every row
     row_ids = jnp.arange(rows, dtype=jnp.int32)
-    active = jnp.broadcast_to(jnp.where(row_ids < n_valid, row_ids, PAD_ID), (B, rows))
+    valid = row_ids < n_valid
+    logits = jnp.where(valid, h @ state.out.w.T + state.out.b, -jnp.inf)
+    count = num_distinct_labels(labels)
+    sample = jnp.broadcast_to(jnp.arange(B)[:, None], local_labels.shape)
+    targets = jnp.zeros((B, rows), jnp.float32).at[sample, jnp.where(local_labels >= 0, local_labels, rows)].set(
+        jnp.broadcast_to((1.0 / jnp.maximum(count, 1))[:, None], local_labels.shape), mode="drop")
+    loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
+    dh = shard.psum(g_out @ state.out.w)
+    (out_w, out_b), (out_w_opt, out_b_opt) = _adam_all_rows(
+        (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt), (g_out.T @ h, jnp.sum(g_out, axis=0)), lr,
+        **adam)
     from_tables = jnp.zeros((B,), jnp.int32)
   else:
     seed = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
@@ -439,31 +499,30 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
     active, from_tables = query_active(
         state, h, config=config, k=local_active_k(config, config.num_shards), num_rows=n_valid,
         labels=local_labels, seed=jax.random.bits(seed, (), jnp.uint32), max_from_index=config.max_from_index)
-  targets = label_targets(active, local_labels, num_distinct_labels(labels))
-  logits = jnp.where(active >= 0, ops.sparse_logits(h, state.out.w, state.out.b, active), -jnp.inf)
-  if config.network.tail_correction and config.k < config.num_labels:
-    logits = logits + tail_log_weights(jnp.sum(targets > 0, axis=1) + from_tables, active.shape[1], n_valid)
-  loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
-
-  lr = config.schedule()(state.step)
-  adam = config.adam_args()
-  # The output layer's weight and bias share their rows: one pass updates both, and computes the hidden
-  # layer's gradient dh = sum_j g_out[b, j] W[active[b, j]] from the rows it reads anyway (W before the update).
-  (out_w, out_b), (out_w_opt, out_b_opt), touched, dh = optim.apply_row_sparse_adam(
-      (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt), ops.RowSparseGrad(active, g_out, h),
-      lr, combine=True, **adam)
-  dh = shard.psum(dh)
+    targets = label_targets(active, local_labels, num_distinct_labels(labels))
+    logits = jnp.where(active >= 0, ops.sparse_logits(h, state.out.w, state.out.b, active), -jnp.inf)
+    if config.network.tail_correction:
+      logits = logits + tail_log_weights(jnp.sum(targets > 0, axis=1) + from_tables, active.shape[1], n_valid)
+    loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
+    # The output layer's weight and bias share their rows: one pass updates both, and computes the hidden
+    # layer's gradient dh = sum_j g_out[b, j] W[active[b, j]] from the rows it reads anyway (W before the update).
+    (out_w, out_b), (out_w_opt, out_b_opt), touched, dh = optim.apply_row_sparse_adam(
+        (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt), ops.RowSparseGrad(active, g_out, h),
+        lr, combine=True, **adam)
+    dh = shard.psum(dh)
   d_dense, d_embed = hidden_vjp(dh)
+
   embed_w, embed_opt, _ = optim.apply_row_sparse_adam(
       state.embed.w, state.embed_opt, ops.RowSparseGrad(fids, fvals, d_embed), lr, **adam)
   updates, dense_opt = dense_optimizer(config).update(d_dense, state.dense_opt, dense_params)
   embed_b, hidden = optax.apply_updates(dense_params, updates)
 
   t = state.tables
-  if config.tables.reinsert == "labels":
+  reinsert = "none" if exact else config.tables.reinsert  # the exact step does not query the index
+  if reinsert == "labels":
     ids = local_labels.reshape(-1)
     t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(ids, 0), axis=0), ids, rows)
-  elif config.tables.reinsert == "all":
+  elif reinsert == "all":
     t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(touched, 0), axis=0), touched, rows)
 
   new_state = state._replace(

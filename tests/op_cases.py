@@ -447,7 +447,7 @@ class QueryCodes(LshQuery):
 
 
 class RowSparseAdam(Op):
-  """apply_row_sparse_adam on a weight (Adam or row-wise), a bias alone, or a (weight, bias) pair, from a random state."""
+  """apply_row_sparse_adam on a weight (Adam or row-wise), a bias, or a (weight, bias) pair, from a random state."""
   name, ops = "row_sparse_adam", ("row_sparse_adam",)
   batched = ("weight", "mu", "nu", "bias", "bias_mu", "bias_nu")
   aliases = {"grad.ids": ("ids",), "mu": ("state.mu", "state.nu"), "nu": ("state.nu", "state.mu"),

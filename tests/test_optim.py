@@ -5,11 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import references
 
 from sparsejax import optim
 from sparsejax.ops import RowSparseGrad
-
-import references
 
 
 def _grad(rng, B=5, k=6, N=30, d=4):
