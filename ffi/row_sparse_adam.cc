@@ -19,6 +19,10 @@
 // Second moments are per element (Adam) or, with nu of shape [N], one per row
 // (row-wise Adam: a third fewer bytes per touched row).
 //
+// The weight may be bfloat16 (half the bytes of every touched row), updated
+// in float32 and stored rounded stochastically like bfloat16 moments; a bias
+// stays float32.
+//
 // Moments are float32, or bfloat16 rounded stochastically (unbiased; with
 // round-to-nearest, b2 = 0.999 would freeze the second moment, whose per-step
 // change is below bfloat16's resolution). The random bits are a hash of
@@ -44,16 +48,6 @@ struct AdamConsts {
   float b1, b2, eps, weight_decay, step_size, inv_bc1, inv_bc2;
 };
 
-using bf16 = uint16_t;  // bfloat16 bits
-
-inline float Load(float m) { return m; }
-inline float Load(bf16 m) {
-  const uint32_t u = static_cast<uint32_t>(m) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 inline void Store(float* p, float x, uint32_t /*random*/) { *p = x; }
 // Stochastic rounding: add 16 random bits below the kept mantissa, truncate.
 inline void Store(bf16* p, float x, uint32_t random) {
@@ -72,12 +66,24 @@ inline uint32_t ElementBits(uint32_t seed, int64_t i) {
   return h;
 }
 
+// The random bits that round element i of a bfloat16 weight row (a stream
+// apart from the moments').
+inline uint32_t WeightBits(uint32_t seed, int64_t i) { return ElementBits(~seed, i); }
+
+// Writes a row's new weight (stochastically rounded when bfloat16).
+template <typename W>
+inline void StoreWeight(W* w, int64_t i, float x, uint32_t seed) {
+  uint32_t bits = 0;
+  if constexpr (sizeof(W) == 2) bits = WeightBits(seed, i);
+  Store(w + i, x, bits);
+}
+
 // One row's row-wise Adam update (as FBGEMM's row-wise optimizers): per-element
 // first moments m, and one second moment *v for the row, of the mean of the
 // squared gradient over the row (summed in Dot's fixed order).
-template <typename M>
-inline void RowwiseAdamRowT(float* __restrict__ w, M* __restrict__ m, M* __restrict__ v,
-                            const float* __restrict__ g, int64_t d, const AdamConsts& h, uint32_t seed) {
+template <typename W, typename M>
+inline void RowwiseAdamRowT(W* __restrict__ w, M* __restrict__ m, M* __restrict__ v, const float* __restrict__ g,
+                            int64_t d, const AdamConsts& h, uint32_t seed) {
   const float mean_sq = Dot(g, g, d) / static_cast<float>(d);
   const float vi = h.b2 * Load(*v) + (1.0f - h.b2) * mean_sq;
   Store(v, vi, sizeof(M) == 2 ? ElementBits(seed, d) : 0);
@@ -87,23 +93,15 @@ inline void RowwiseAdamRowT(float* __restrict__ w, M* __restrict__ m, M* __restr
     uint32_t bits = 0;
     if constexpr (sizeof(M) == 2) bits = ElementBits(seed, i);
     Store(m + i, mi, bits);
-    w[i] -= h.step_size * (mi * scale + h.weight_decay * w[i]);
+    const float wi = Load(w[i]);
+    StoreWeight(w, i, wi - h.step_size * (mi * scale + h.weight_decay * wi), seed);
   }
 }
 
-SJ_MULTIVERSION void RowwiseAdamRow(float* w, float* m, float* v, const float* g, int64_t d,
-                                    const AdamConsts& h, uint32_t seed) {
-  RowwiseAdamRowT(w, m, v, g, d, h, seed);
-}
-SJ_MULTIVERSION void RowwiseAdamRow(float* w, bf16* m, bf16* v, const float* g, int64_t d,
-                                    const AdamConsts& h, uint32_t seed) {
-  RowwiseAdamRowT(w, m, v, g, d, h, seed);
-}
-
 // One row's Adam update; restrict pointers let the compiler vectorize it.
-template <typename M>
-inline void AdamRowT(float* __restrict__ w, M* __restrict__ m, M* __restrict__ v,
-                     const float* __restrict__ g, int64_t d, const AdamConsts& h, uint32_t seed) {
+template <typename W, typename M>
+inline void AdamRowT(W* __restrict__ w, M* __restrict__ m, M* __restrict__ v, const float* __restrict__ g,
+                     int64_t d, const AdamConsts& h, uint32_t seed) {
   for (int64_t i = 0; i < d; ++i) {
     const float mi = h.b1 * Load(m[i]) + (1.0f - h.b1) * g[i];
     const float vi = h.b2 * Load(v[i]) + (1.0f - h.b2) * g[i] * g[i];
@@ -113,23 +111,31 @@ inline void AdamRowT(float* __restrict__ w, M* __restrict__ m, M* __restrict__ v
     Store(v + i, vi, bits >> 16 | bits << 16);
     // The weight update uses the unrounded moments.
     const float update = (mi * h.inv_bc1) / (std::sqrt(vi * h.inv_bc2) + h.eps);
-    w[i] -= h.step_size * (update + h.weight_decay * w[i]);
+    const float wi = Load(w[i]);
+    StoreWeight(w, i, wi - h.step_size * (update + h.weight_decay * wi), seed);
   }
 }
 
-SJ_MULTIVERSION void AdamRow(float* w, float* m, float* v, const float* g, int64_t d,
-                             const AdamConsts& h, uint32_t seed) {
-  AdamRowT(w, m, v, g, d, h, seed);
-}
-SJ_MULTIVERSION void AdamRow(float* w, bf16* m, bf16* v, const float* g, int64_t d,
-                             const AdamConsts& h, uint32_t seed) {
-  AdamRowT(w, m, v, g, d, h, seed);
-}
+// Multiversioned (per-ISA) instances for each (weight, moment) type pair.
+#define SJ_ADAM_ROWS(W, M)                                                                                   \
+  SJ_MULTIVERSION void AdamRow(W* w, M* m, M* v, const float* g, int64_t d, const AdamConsts& h,              \
+                               uint32_t seed) {                                                              \
+    AdamRowT(w, m, v, g, d, h, seed);                                                                        \
+  }                                                                                                          \
+  SJ_MULTIVERSION void RowwiseAdamRow(W* w, M* m, M* v, const float* g, int64_t d, const AdamConsts& h,       \
+                                      uint32_t seed) {                                                       \
+    RowwiseAdamRowT(w, m, v, g, d, h, seed);                                                                 \
+  }
+SJ_ADAM_ROWS(float, float)
+SJ_ADAM_ROWS(float, bf16)
+SJ_ADAM_ROWS(bf16, float)
+SJ_ADAM_ROWS(bf16, bf16)
+#undef SJ_ADAM_ROWS
 
 // The rows of one parameter (weight or bias) with their moments.
-template <typename M>
+template <typename W, typename M>
 struct Rows {
-  float* w = nullptr;
+  W* w = nullptr;
   M* m = nullptr;
   M* v = nullptr;
   int64_t d = 0;
@@ -140,7 +146,7 @@ struct Rows {
   // Rows are visited in increasing id order but far apart: fetch the cache
   // lines of rows a few steps ahead while this one is updated.
   void Prefetch(int64_t row) const {
-    PrefetchBytes(w + row * d, d * sizeof(float));
+    PrefetchBytes(w + row * d, d * sizeof(W));
     PrefetchBytes(m + row * d, d * sizeof(M));
     PrefetchBytes(v_of(row), (rowwise ? 1 : d) * sizeof(M));
   }
@@ -159,8 +165,9 @@ constexpr int kPrefetchRows = 4;
 // range r's (id << 32 | position) keys. `grad` is scratch of d floats.
 // Not inlined: perf (and the prefetch test) can then name it.
 // `combined` (or null): the slab's [B, d] accumulator of g[pos] * W[row].
-template <typename M>
-[[gnu::noinline]] void UpdateRanges(int64_t r0, int64_t r1, const Rows<M>& weight, const Rows<M>& bias, const int64_t* start,
+template <typename W, typename M>
+[[gnu::noinline]] void UpdateRanges(int64_t r0, int64_t r1, const Rows<W, M>& weight, const Rows<float, M>& bias,
+                  const int64_t* start,
                   uint64_t* keys, int64_t* unique_in_range, const float* gp, const float* xp, int64_t k,
                   const AdamConsts& h, uint64_t step_seed, float* grad, float* combined) {
   const int64_t d = weight.d;
@@ -185,7 +192,7 @@ template <typename M>
       const int64_t row = static_cast<int64_t>(*it >> 32);
       std::fill(grad, grad + d, 0.0f);
       float grad_bias = 0.0f;
-      const float* w_row = weight.w + row * d;
+      const W* w_row = weight.w + row * d;
       for (; it != ke && static_cast<int64_t>(*it >> 32) == row; ++it) {
         const int64_t pos = static_cast<int64_t>(*it & 0xffffffffULL);
         Axpy(gp[pos], xp + (pos / k) * d, grad, d);
@@ -206,12 +213,12 @@ template <typename M>
 template <ffi::DataType MT>
 using Moments = ffi::Buffer<MT>;  // the weight's shape, [N, d] or [N]
 
-// One handler per moment dtype: XLA checks every buffer's dtype.
-template <ffi::DataType MT>
-ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> weight, Moments<MT> mu, Moments<MT> nu,
+// One handler per (weight, moment) dtype pair: XLA checks every buffer's dtype.
+template <ffi::DataType WT, ffi::DataType MT>
+ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<WT> weight, Moments<MT> mu, Moments<MT> nu,
                              F32R1 bias, ffi::BufferR1<MT> bias_mu, ffi::BufferR1<MT> bias_nu, S32R2 ids,
                              F32R2 g, F32R2 x, F32R0 lr, S32R0 count, ffi::RemainingArgs /*after*/, float b1,
-                             float b2, float eps, float weight_decay, ffi::Result<ffi::Buffer<ffi::F32>> weight_out,
+                             float b2, float eps, float weight_decay, ffi::Result<ffi::Buffer<WT>> weight_out,
                              ffi::Result<Moments<MT>> mu_out, ffi::Result<Moments<MT>> nu_out,
                              ffi::Result<F32R1> bias_out, ffi::Result<ffi::BufferR1<MT>> bias_mu_out,
                              ffi::Result<ffi::BufferR1<MT>> bias_nu_out, ffi::Result<S32R1> touched,
@@ -312,10 +319,11 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> weight,
     std::vector<int64_t> unique_in_range(R, 0);
 
     using M_t = ffi::NativeType<MT>;
-    const Rows<M_t> wr{weight_out->typed_data(), mu_out->typed_data(), nu_out->typed_data(), d, rowwise};
-    const Rows<M_t> br = has_bias ? Rows<M_t>{bias_out->typed_data(), bias_mu_out->typed_data(),
-                                              bias_nu_out->typed_data(), 1, false}
-                                  : Rows<M_t>{};
+    using W_t = ffi::NativeType<WT>;
+    const Rows<W_t, M_t> wr{weight_out->typed_data(), mu_out->typed_data(), nu_out->typed_data(), d, rowwise};
+    const Rows<float, M_t> br = has_bias ? Rows<float, M_t>{bias_out->typed_data(), bias_mu_out->typed_data(),
+                                                            bias_nu_out->typed_data(), 1, false}
+                                         : Rows<float, M_t>{};
     const uint64_t step_seed = SplitMix64(static_cast<uint64_t>(t));
     // Without a combined output every range is a chunk; with one, a slab is.
     const int64_t slab = combine ? (R + kNumSlabs - 1) / kNumSlabs : 1;
@@ -356,12 +364,12 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> weight,
   });
 }
 
-// The binding of RowSparseAdamImpl<MT>.
-template <ffi::DataType MT>
+// The binding of RowSparseAdamImpl<WT, MT>.
+template <ffi::DataType WT, ffi::DataType MT>
 auto RowSparseAdamBinding() {
   return ffi::Ffi::Bind()
       .Ctx<ffi::ThreadPool>()
-      .template Arg<ffi::Buffer<ffi::F32>>()  // weight [N, d] or [N]
+      .template Arg<ffi::Buffer<WT>>()        // weight [N, d] or [N]
       .template Arg<Moments<MT>>()            // mu, weight's shape
       .template Arg<Moments<MT>>()            // nu, weight's shape, or [N] (row-wise)
       .template Arg<F32R1>()                  // bias [N] or [0]
@@ -379,7 +387,7 @@ auto RowSparseAdamBinding() {
       .template Attr<float>("b2")
       .template Attr<float>("eps")
       .template Attr<float>("weight_decay")
-      .template Ret<ffi::Buffer<ffi::F32>>()  // weight
+      .template Ret<ffi::Buffer<WT>>()        // weight
       .template Ret<Moments<MT>>()            // mu
       .template Ret<Moments<MT>>()            // nu
       .template Ret<F32R1>()                  // bias
@@ -391,7 +399,14 @@ auto RowSparseAdamBinding() {
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RowSparseAdamF32, RowSparseAdamImpl<ffi::F32>, RowSparseAdamBinding<ffi::F32>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RowSparseAdamBF16, RowSparseAdamImpl<ffi::BF16>, RowSparseAdamBinding<ffi::BF16>());
+// Named by moment dtype; the BF16Weight ones take a bfloat16 weight.
+#define SJ_ADAM_HANDLER(NAME, WT, MT)                                                   \
+  constexpr auto NAME##Impl = RowSparseAdamImpl<WT, MT>;                                \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, NAME##Impl, (RowSparseAdamBinding<WT, MT>()));
+SJ_ADAM_HANDLER(RowSparseAdamF32, ffi::F32, ffi::F32)
+SJ_ADAM_HANDLER(RowSparseAdamBF16, ffi::F32, ffi::BF16)
+SJ_ADAM_HANDLER(RowSparseAdamF32BF16Weight, ffi::BF16, ffi::F32)
+SJ_ADAM_HANDLER(RowSparseAdamBF16BF16Weight, ffi::BF16, ffi::BF16)
+#undef SJ_ADAM_HANDLER
 
 }  // namespace sparsejax

@@ -329,6 +329,10 @@ class OptimizerConfig(Section):
   moment_dtype: str = option(
       "float32", "Adam moments of the sparse layers: float32 or bfloat16 (half the memory, rounded "
       "stochastically).", choices=("float32", "bfloat16"))
+  weight_dtype: str = option(
+      "float32", "The output layer's weights: float32 or bfloat16 (half the bytes of every row a step touches; "
+      "updated in float32 and rounded stochastically; products and sums stay float32).",
+      choices=("float32", "bfloat16"))
   second_moment: str = option(
       "element", "Adam's second moments in the sparse layers: one per element, or one per row (row-wise Adam, as "
       "FBGEMM's: a third fewer bytes per updated row).", choices=("element", "row"))

@@ -222,6 +222,8 @@ def init_from_params(rng: jax.Array, config: ModelConfig, params: NetworkParams,
   sparse_opt = optim.row_sparse_adam(config.schedule(), **config.adam_args(),
                                      moment_dtype=jnp.dtype(config.optim.moment_dtype),
                                      second_moment=config.optim.second_moment)
+  # The output layer's weights in their training dtype (the index is built from their float32 values).
+  params = params._replace(out=params.out._replace(w=params.out.w.astype(config.optim.weight_dtype)))
   lsh_params, t = init_index(k_lsh, k_tables, config, params.out, num_valid)
   return SlideState(
       step=jnp.zeros((), jnp.int32),
@@ -237,6 +239,7 @@ def init_index(k_lsh: jax.Array, k_tables: jax.Array, config: ModelConfig, out: 
                num_valid: int | jax.Array | None = None):
   """``(hash functions or None, built index)`` of the output layer, as ``config.tables.candidates`` says."""
   d = config.hidden_dims[-1]
+  out = _float32_rows(out)
   if config.tables.candidates == "clusters":
     c, rows, _ = config.index_sizes
     index = clusters.build_index(clusters.init_index(c, rows, d), out.w, out.b,
@@ -248,7 +251,13 @@ def init_index(k_lsh: jax.Array, k_tables: jax.Array, config: ModelConfig, out: 
   return lsh_params, _build_tables(t, lsh_params, out, num_valid)
 
 
+def _float32_rows(out: SparseLayer) -> SparseLayer:
+  """The layer with float32 weights (bfloat16 ones widened: an O(N d) copy, for index builds only)."""
+  return out._replace(w=out.w.astype(jnp.float32))
+
+
 def _build_tables(t: tables.HashTables, params, out: SparseLayer, num_valid) -> tables.HashTables:
+  out = _float32_rows(out)
   if lsh.input_dim(params) == out.w.shape[1] + 2:  # hash functions drawn for MIPS-reduced rows
     return tables.build_tables(t, params, mips.augment_rows(out.w, out.b), num_valid)
   return tables.build_tables(t, params, out.w, num_valid)
@@ -373,19 +382,39 @@ def uses_exact_path(config: ModelConfig) -> bool:
   return config.network.softmax == "auto" and k * EXACT_PATH_RATIO >= rows
 
 
-def _adam_all_rows(params, states, grads, lr, *, b1, b2, eps, weight_decay):
-  """Adam on every row of ``params`` (the exact step): what the row-sparse kernel does when all rows are touched."""
+def _round_stochastically(x: jax.Array, dtype, key: jax.Array) -> jax.Array:
+  """``x`` (float32) in ``dtype``; to bfloat16 rounded stochastically (unbiased), as the row-sparse kernel does.
+
+  Round-to-nearest would lose every update below half a bfloat16 step (Adam's second moment would freeze).
+  """
+  if jnp.dtype(dtype) != jnp.dtype(jnp.bfloat16):
+    return x.astype(dtype)
+  u = jax.lax.bitcast_convert_type(x, jnp.uint32)
+  finite = (u & 0x7F800000) != 0x7F800000
+  u = jnp.where(finite, u + (jax.random.bits(key, x.shape, jnp.uint32) & 0xFFFF), u)
+  return jax.lax.bitcast_convert_type((u >> 16).astype(jnp.uint16), jnp.bfloat16)
+
+
+def _adam_all_rows(params, states, grads, lr, key, *, b1, b2, eps, weight_decay):
+  """Adam on every row of ``params`` (the exact step): what the row-sparse kernel does when all rows are touched.
+
+  ``key`` draws the bits that round bfloat16 weights and moments.
+  """
   count = states[0].count + 1
   t = count.astype(jnp.float32)
   inv_bc1, inv_bc2 = 1.0 / (1.0 - b1 ** t), 1.0 / (1.0 - b2 ** t)
   new_params, new_states = [], []
-  for w, state, g in zip(params, states, grads):
+  for i, (w, state, g) in enumerate(zip(params, states, grads)):
+    k_w, k_mu, k_nu = jax.random.split(jax.random.fold_in(key, i), 3)
     mu = b1 * state.mu.astype(jnp.float32) + (1.0 - b1) * g
     rowwise = w.ndim == 2 and state.nu.ndim == 1  # row-wise Adam: one second moment per row, of mean(g^2)
     nu = b2 * state.nu.astype(jnp.float32) + (1.0 - b2) * (jnp.mean(g * g, axis=1) if rowwise else g * g)
     denom = jnp.sqrt(nu * inv_bc2) + eps
-    new_params.append(w - lr * ((mu * inv_bc1) / (denom[:, None] if rowwise else denom) + weight_decay * w))
-    new_states.append(optim.RowSparseAdamState(state.count + 1, mu.astype(state.mu.dtype), nu.astype(state.nu.dtype)))
+    w32 = w.astype(jnp.float32)
+    w32 = w32 - lr * ((mu * inv_bc1) / (denom[:, None] if rowwise else denom) + weight_decay * w32)
+    new_params.append(_round_stochastically(w32, w.dtype, k_w))
+    new_states.append(optim.RowSparseAdamState(state.count + 1, _round_stochastically(mu, state.mu.dtype, k_mu),
+                                               _round_stochastically(nu, state.nu.dtype, k_nu)))
   return tuple(new_params), tuple(new_states)
 
 
@@ -481,16 +510,17 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   if exact:  # every (real) row is active: dense matmuls, Adam on every row
     row_ids = jnp.arange(rows, dtype=jnp.int32)
     valid = row_ids < n_valid
-    logits = jnp.where(valid, h @ state.out.w.T + state.out.b, -jnp.inf)
+    w = state.out.w.astype(jnp.float32)  # (bfloat16 weights: widened for the matmuls)
+    logits = jnp.where(valid, h @ w.T + state.out.b, -jnp.inf)
     count = num_distinct_labels(labels)
     sample = jnp.broadcast_to(jnp.arange(B)[:, None], local_labels.shape)
     targets = jnp.zeros((B, rows), jnp.float32).at[sample, jnp.where(local_labels >= 0, local_labels, rows)].set(
         jnp.broadcast_to((1.0 / jnp.maximum(count, 1))[:, None], local_labels.shape), mode="drop")
     loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
-    dh = shard.psum(g_out @ state.out.w)
+    dh = shard.psum(g_out @ w)
     (out_w, out_b), (out_w_opt, out_b_opt) = _adam_all_rows(
         (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt), (g_out.T @ h, jnp.sum(g_out, axis=0)), lr,
-        **adam)
+        jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), 0xADA), **adam)
     from_tables = jnp.zeros((B,), jnp.int32)
   else:
     seed = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
@@ -521,9 +551,11 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   reinsert = "none" if exact else config.tables.reinsert  # the exact step does not query the index
   if reinsert == "labels":
     ids = local_labels.reshape(-1)
-    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(ids, 0), axis=0), ids, rows)
+    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(ids, 0), axis=0).astype(jnp.float32), ids,
+                           rows)
   elif reinsert == "all":
-    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(touched, 0), axis=0), touched, rows)
+    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(touched, 0), axis=0).astype(jnp.float32),
+                           touched, rows)
 
   new_state = state._replace(
       step=state.step + 1, embed=SparseLayer(embed_w, embed_b), hidden=hidden, out=SparseLayer(out_w, out_b),
@@ -547,7 +579,8 @@ def rebuild_tables(state: SlideState, num_valid: int | jax.Array | None = None, 
     kmeans_iterations: Lloyd iterations of a clustered index.
   """
   if isinstance(state.tables, clusters.ClusterIndex):
-    return state._replace(tables=clusters.build_index(state.tables, state.out.w, state.out.b,
+    out = _float32_rows(state.out)
+    return state._replace(tables=clusters.build_index(state.tables, out.w, out.b,
                                                       iterations=kmeans_iterations, num_valid=num_valid))
   return state._replace(tables=_build_tables(state.tables, state.lsh, state.out, num_valid))
 
@@ -557,7 +590,8 @@ def new_hash_functions(state: SlideState, config: ModelConfig,
   """Draws new hash functions (a clustered index: new seeds) and rebuilds."""
   key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), -state.step - 1)
   if isinstance(state.tables, clusters.ClusterIndex):
-    return state._replace(tables=clusters.build_index(state.tables, state.out.w, state.out.b, num_valid=num_valid,
+    out = _float32_rows(state.out)
+    return state._replace(tables=clusters.build_index(state.tables, out.w, out.b, num_valid=num_valid,
                                                       iterations=config.tables.kmeans_iterations, key=key))
   params = lsh.init_lsh(key, config.lsh_config, lsh.input_dim(state.lsh) or config.hidden_dims[-1])
   return rebuild_tables(state._replace(lsh=params), num_valid)

@@ -28,7 +28,7 @@ import numpy as np
 import optax
 
 from sparsejax import _ffi
-from sparsejax._checks import Dims, check_array
+from sparsejax._checks import Dims, check_array, check_weight
 from sparsejax.ops import RowSparseGrad
 
 # The moment dtypes the row_sparse_adam kernel implements.
@@ -88,7 +88,10 @@ def apply_row_sparse_adam(
       the ids once and fetches each row's weight and bias together.
     state: the :class:`RowSparseAdamState` of ``params`` (a pair of them for
       a pair). Moments are float32 or bfloat16 (see :func:`row_sparse_adam`).
-      A weight's ``nu`` of shape ``[N]`` selects row-wise Adam.
+      A weight's ``nu`` of shape ``[N]`` selects row-wise Adam. The weight
+      may be bfloat16 (half the bytes per touched row): it is updated in
+      float32 and stored rounded stochastically, with bits hashed from
+      (step, row, column) like bfloat16 moments'; a bias stays float32.
     grad: row-sparse gradient factors (``ids [B, k]``, ``g [B, k]``,
       ``x [B, d]``) of the weight. Duplicate ids are summed before the update.
     learning_rate: scalar step size (may be traced, e.g. from a schedule).
@@ -127,10 +130,10 @@ def apply_row_sparse_adam(
   _check_hyperparameters(learning_rate, b1, b2, eps, weight_decay)
   dims = Dims(op)
   if getattr(weight, "ndim", None) == 1 and not is_pair:  # a bias on its own: rows of width 1
-    check_array(dims, "weight", weight, jnp.float32, ("N",))
+    check_weight(dims, "weight", weight, ("N",))
     dims["d"], dims.source["d"] = 1, "weight"
   else:
-    check_array(dims, "weight", weight, jnp.float32, ("N", "d"))
+    check_weight(dims, "weight", weight, ("N", "d"))
   moment_dtype = getattr(w_state.mu, "dtype", None)
   if moment_dtype not in MOMENT_DTYPES:
     raise ValueError(f"row_sparse_adam: argument 'state.mu' must be float32 or bfloat16, got {moment_dtype}")
@@ -159,7 +162,7 @@ def apply_row_sparse_adam(
   shapes += (jax.ShapeDtypeStruct((grad.ids.size,), jnp.int32),
              jax.ShapeDtypeStruct((grad.ids.shape[0] if combine else 0, d), jnp.float32))
   # One kernel per moment dtype (the C++ handlers are typed).
-  call = _ffi.ffi_call(f"row_sparse_adam_{jnp.dtype(moment_dtype).name}", shapes,
+  call = _ffi.ffi_call(f"row_sparse_adam_{jnp.dtype(moment_dtype).name}{_ffi.weight_suffix(weight)}", shapes,
                        input_output_aliases={i: i for i in range(6)}, vmap_method="sequential")
   new_w, mu, nu, new_b, b_mu, b_nu, touched, combined = call(
       weight, w_state.mu, w_state.nu, bias, b_state.mu, b_state.nu,

@@ -98,8 +98,34 @@ def test_automatic_exact_path_step_equals_dense_baseline():
   assert abs(float(m["loss"]) - float(d_metrics["loss"])) > 1e-3
 
 
+def test_exact_path_with_bfloat16_weights_and_moments_tracks_float32():
+  """The exact step's dense Adam rounds bfloat16 weights and moments stochastically, like the kernel."""
+  ds = data.make_synthetic(500, 300, 40, labels_per_sample=2, seed=3)
+  base = override(model.ModelConfig(300, 40), hidden_dims=(16,), active_k=40, learning_rate=1e-3)
+  finals = {}
+  for dtype in ("float32", "bfloat16"):
+    cfg = override(base, weight_dtype=dtype, moment_dtype=dtype)
+    assert model.uses_exact_path(cfg)
+    state = model.init(jax.random.key(0), cfg)
+    start = np.asarray(state.out.w.astype(jnp.float32))
+    step = jax.jit(functools.partial(model.train_step, config=cfg), donate_argnums=0)
+    for i in range(30):
+      state, _ = step(state, _batch(ds, 32, rng_seed=i))
+    assert state.out.w.dtype == state.out_w_opt.nu.dtype == jnp.dtype(dtype)
+    finals[dtype] = np.asarray(state.out.w.astype(jnp.float32)) - start
+  # 30 steps of lr 1e-3 move a weight ~0.02 in total, each step less than half a bfloat16 step where |w| > 0.25.
+  assert np.abs(finals["float32"]).mean() > 5e-3
+  f16, f32 = finals["bfloat16"], finals["float32"]
+  # Stochastic rounding: the same movement on average, a small zero-mean walk around it (round-to-nearest would
+  # leave most weights where they started).
+  assert np.abs(f16).mean() == pytest.approx(np.abs(f32).mean(), rel=0.05)
+  assert abs(np.mean(f16 - f32)) < 1e-3
+  assert np.corrcoef(f16.ravel(), f32.ravel())[0, 1] > 0.95
+
+
 @pytest.mark.parametrize("index", [dict(candidates="lsh", reinsert="labels"),
-                                   dict(candidates="clusters", random_negatives=0.5, tail_correction=True)])
+                                   dict(candidates="clusters", random_negatives=0.5, tail_correction=True),
+                                   dict(candidates="lsh", reinsert="all", weight_dtype="bfloat16")])
 def test_train_step_does_no_dense_work_on_the_sparse_layers(index):
   N, F, d = 20011, 7919, 16
   cfg = override(model.ModelConfig(F, N), hidden_dims=(d,), active_k=64, num_tables=4, **index)
@@ -108,23 +134,28 @@ def test_train_step_does_no_dense_work_on_the_sparse_layers(index):
            "labels": jnp.zeros((8, 2), jnp.int32)}
   step = jax.jit(functools.partial(model.train_step, config=cfg), donate_argnums=0)
   hlo = step.lower(state, batch).compile().as_text()
+  # Inside a fusion, a convert that only feeds a gather widens just the gathered rows (bfloat16 weights).
+  gathered = set(re.findall(r"gather\((%[\w.]+),", hlo))
   for rows in (N, F):
     big = [l.strip()[:160] for l in hlo.splitlines()
-           if re.search(rf"= f32\[{rows}(,{d})?\]", l)
-           and not re.search(r"parameter\(|get-tuple-element\(|bitcast\(", l)]
+           if re.search(rf"= (f32|bf16)\[{rows}(,{d})?\]", l)
+           and not re.search(r"parameter\(|get-tuple-element\(|bitcast\(", l)
+           and not (" convert(" in l and l.split("=")[0].strip() in gathered)]
     # Only the in-place row-sparse Adam custom calls produce [rows, d] / [rows] arrays.
     assert all("row_sparse_adam" in l for l in big), big
   assert "scatter" not in hlo
 
 
-@pytest.mark.parametrize("moment_dtype", ["float32", "bfloat16"])
-def test_training_lifts_p_at_1_far_above_chance(moment_dtype):
+@pytest.mark.parametrize("moment_dtype,weight_dtype", [("float32", "float32"), ("bfloat16", "float32"),
+                                                      ("bfloat16", "bfloat16")])
+def test_training_lifts_p_at_1_far_above_chance(moment_dtype, weight_dtype):
   ds = data.make_synthetic(6000, 2000, 300, seed=2)
   train, test = data.train_test_split(ds, 0.2, seed=0)
   cfg = override(model.ModelConfig(2000, 300), hidden_dims=(64,), active_k=32, num_tables=8,
-                          learning_rate=3e-3, moment_dtype=moment_dtype)
+                          learning_rate=3e-3, moment_dtype=moment_dtype, weight_dtype=weight_dtype)
   state = model.init(jax.random.key(0), cfg)
   assert state.out_w_opt.nu.dtype == state.embed_opt.mu.dtype == jnp.dtype(moment_dtype)
+  assert state.out.w.dtype == jnp.dtype(weight_dtype) and state.embed.w.dtype == state.out.b.dtype == jnp.float32
   step = jax.jit(functools.partial(model.train_step, config=cfg), donate_argnums=0)
   schedule = model.TableSchedule(period=20, growth=1.0, max_period=20)
   it = data.BatchIterator(train, 64, seed=0, max_features=ds.max_features_per_sample(), max_labels=1)

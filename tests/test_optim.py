@@ -125,6 +125,46 @@ def test_bfloat16_moments_round_stochastically_and_track_float32():
   np.testing.assert_allclose(w16 - np.asarray(W0), w32 - np.asarray(W0), rtol=0.02, atol=3e-3)
 
 
+@pytest.mark.parametrize("moment_dtype", [jnp.float32, jnp.bfloat16])
+def test_bfloat16_weights_round_stochastically_and_track_float32(moment_dtype):
+  """At lr 1e-3 every step is below half a bfloat16 step of a weight ~1: round-to-nearest would never move it."""
+  N, d, B, k, steps = 64, 32, 4, 16, 300
+  rng = np.random.default_rng(9)
+  W0 = jnp.asarray(rng.normal(size=(N, d)), jnp.float32).astype(jnp.bfloat16)
+  b0 = jnp.asarray(rng.normal(size=(N,)), jnp.float32)
+  ids = np.arange(N - 8).reshape(B, -1)
+  ids = jnp.asarray(np.concatenate([ids, np.full((B, k - ids.shape[1]), -1)], axis=1), jnp.int32)  # 8 rows idle
+  runs = {}
+  opt = optim.row_sparse_adam(1e-3, moment_dtype=moment_dtype)
+  update = jax.jit(lambda g, s, p: opt.update(g, s, p, combine=True), donate_argnums=(1, 2))
+  # The input gradient reads the rows before the update, widened exactly: the bits of their float32 copy's.
+  g = _grad(rng, B=B, k=k, N=N, d=d)
+  combined = lambda w: opt.update(g, opt.init((w, jnp.array(b0, copy=True))), (w, jnp.array(b0, copy=True)),
+                                  combine=True)[2]
+  np.testing.assert_array_equal(combined(jnp.array(W0, copy=True)), combined(W0.astype(jnp.float32)))
+  for dtype in (jnp.float32, jnp.bfloat16):
+    params = (jnp.array(W0, dtype, copy=True), jnp.array(b0, copy=True))  # both donated
+    state = opt.init(params)
+    grng = np.random.default_rng(10)
+    for _ in range(steps):
+      g = RowSparseGrad(ids, jnp.asarray(1.0 + 0.1 * grng.normal(size=(B, k)), jnp.float32),
+                        jnp.asarray(1.0 + 0.3 * grng.normal(size=(B, d)), jnp.float32))  # a steady drift
+      params, state, _ = update(g, state, params)
+    assert params[0].dtype == dtype and params[1].dtype == jnp.float32
+    runs[dtype] = np.asarray(params[0].astype(jnp.float32)), np.asarray(params[1])
+  (w32, b32), (w16, b16) = runs[jnp.float32], runs[jnp.bfloat16]
+  start = np.asarray(W0.astype(jnp.float32))
+  moved32, moved16 = w32 - start, w16 - start
+  assert np.abs(moved32[:N - 8]).mean() > 0.2  # ~lr per step: far more than a bfloat16 step (<= 0.016) in total
+  # Each rounding adds a zero-mean error of under a bfloat16 step: the weights random-walk around the float32 ones.
+  assert abs(np.mean(moved16[:N - 8] - moved32[:N - 8])) < 0.01  # unbiased
+  assert np.sqrt(np.mean((moved16 - moved32) ** 2)) < 0.06  # ~0.03: the walk of ~300 roundings
+  # Round-to-nearest would leave every weight above 0.25 in magnitude where it started.
+  assert np.abs(moved16[:N - 8]).mean() == pytest.approx(np.abs(moved32[:N - 8]).mean(), rel=0.05)
+  np.testing.assert_array_equal(w16[N - 8:], start[N - 8:])  # untouched rows keep their bits
+  np.testing.assert_array_equal(b16, b32)  # the float32 bias: its gradient does not read the weight
+
+
 def test_moment_dtype_is_checked():
   rng = np.random.default_rng(8)
   W = jnp.asarray(rng.normal(size=(30, 4)), jnp.float32)
