@@ -13,6 +13,8 @@ threads as this process may use (``row_floor_s``; ``benchmarks/row_memory.cc``,
 built here as a library), and the step's ratio to it.
 
   python benchmarks/ops.py [--sizes 100000,1000000,2000000] [--json PATH]
+  python benchmarks/ops.py --short   # a quick check at small N
+  python benchmarks/ops.py --weight_dtype bfloat16 --moment_dtype bfloat16   # 6 bytes per weight element
   taskset -c 0,1 python benchmarks/ops.py ...   # on 2 cores of a bigger machine
 """
 
@@ -39,6 +41,7 @@ HUGE_PAGES = True
 ROW_MEMORY_SOURCE = pathlib.Path(__file__).with_name("row_memory.cc")
 # Kinds of floor in row_memory.cc (its enum Kind).
 FLOOR_READ, FLOOR_ADAM, FLOOR_ADAM_BF16, FLOOR_ROWWISE_ADAM = 0, 2, 3, 5
+FLOOR_ADAM_BF16_WEIGHT, FLOOR_ADAM_ALL_BF16 = 6, 7
 
 
 def row_memory_library() -> ctypes.CDLL:
@@ -89,8 +92,18 @@ def softmax_ce_first(logits):
   return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - logits[:, 0])
 
 
+def floor_kind(moment_dtype, second_moment, weight_dtype) -> int:
+  """The row_memory.cc update that moves the bytes the step's optimizer moves per row."""
+  if second_moment == "row":  # (float32 weights; with bfloat16 ones this floor is the higher one)
+    return FLOOR_ROWWISE_ADAM
+  bf16_moments = jnp.dtype(moment_dtype) == jnp.bfloat16
+  if jnp.dtype(weight_dtype) == jnp.bfloat16:
+    return FLOOR_ADAM_ALL_BF16 if bf16_moments else FLOOR_ADAM_BF16_WEIGHT
+  return FLOOR_ADAM_BF16 if bf16_moments else FLOOR_ADAM
+
+
 def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats, moment_dtype=jnp.float32, compare_unfused=False,
-               second_moment="element"):
+               second_moment="element", weight_dtype=jnp.float32):
   rng = np.random.default_rng(0)
   W = jnp.asarray(rng.normal(size=(N, d)).astype(np.float32) / np.sqrt(d))
   b = jnp.zeros((N,), jnp.float32)
@@ -113,10 +126,9 @@ def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats, moment_dtype=jnp.float
   res["distinct_active_rows"] = int(np.unique(np.asarray(ids)).size)
   # The floor under the step: the bare optimizer update of those rows
   # (default: Adam over float32 W, m, v; row-wise: one v per row), and reading them.
-  floor_kind = (FLOOR_ROWWISE_ADAM if second_moment == "row" else
-                FLOOR_ADAM_BF16 if jnp.dtype(moment_dtype) == jnp.bfloat16 else FLOOR_ADAM)
-  res["row_floor_s"] = row_floor(floor_kind, np.asarray(ids), N, d)
+  res["row_floor_s"] = row_floor(floor_kind(moment_dtype, second_moment, weight_dtype), np.asarray(ids), N, d)
   res["row_read_floor_s"] = row_floor(FLOOR_READ, np.asarray(ids), N, d)
+  W = W.astype(weight_dtype)  # the sparse layer's weights (the tables were built from float32 ones)
 
   def loss_fn(h, tap, W, b, ids):
     return softmax_ce_first(ops.sparse_logits(h, W, b, ids) + tap)
@@ -172,7 +184,7 @@ def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats, moment_dtype=jnp.float
       state, loss, dh = jax.block_until_ready(step(state, t, h, labels, jnp.uint32(100 + i)))
       ts.append(time.perf_counter() - t0)
     res[key] = float(np.median(ts))
-  W, b = state[0], state[1]
+  W, b = state[0].astype(jnp.float32), state[1]  # the dense step trains float32 weights
   del state, opt_w, opt_b, t
 
   dense_opt = optax.adam(1e-3)
@@ -217,6 +229,10 @@ def main():
                       help="row-sparse Adam moments")
   parser.add_argument("--second_moment", default="element", choices=optim.SECOND_MOMENTS,
                       help="row-sparse Adam's second moments: per element, or per row (row-wise Adam)")
+  parser.add_argument("--weight_dtype", default="float32", choices=["float32", "bfloat16"],
+                      help="the sparse layer's weights (the dense step keeps float32)")
+  parser.add_argument("--short", action="store_true",
+                      help="a quick check: --sizes 20000,100000 --repeats 3 (no acceptance keys)")
   parser.add_argument("--compare_unfused", action="store_true",
                       help="also time the step with dh from a separate gather (unfused_sparse_step_s)")
   parser.add_argument("--json", default=None, help="write results here")
@@ -224,12 +240,14 @@ def main():
   args = parser.parse_args()
   global HUGE_PAGES
   HUGE_PAGES = not args.no_huge_pages
+  if args.short:
+    args.sizes, args.repeats = "20000,100000", min(args.repeats, 3)
   sizes = [int(float(s)) for s in args.sizes.split(",")]
   results = []
   for N in sizes:
     cfg = tables.default_lsh_config(N, args.family, args.num_tables)
     r = bench_size(N, args.d, args.batch, args.k, cfg, tables.default_bucket_size(), args.repeats,
-                   jnp.dtype(args.moment_dtype), args.compare_unfused, args.second_moment)
+                   jnp.dtype(args.moment_dtype), args.compare_unfused, args.second_moment, jnp.dtype(args.weight_dtype))
     r["lsh"] = cfg._asdict()
     results.append(r)
     print(f"N={N:>9,}  query {r['query_s']*1e3:7.2f} ms  fwd+bwd {r['sparse_logits_fwd_bwd_s']*1e3:7.2f} ms  "

@@ -8,6 +8,8 @@ float32 moments):
 * ``lazy_adam``: the default.
 * ``rowwise_adam``: ``--second_moment=row`` (one second moment per row).
 * ``bf16_moments``: ``--moment_dtype=bfloat16`` (stochastically rounded).
+* ``bf16_weights``: ``--weight_dtype=bfloat16`` (the output layer's weights, stochastically rounded).
+* ``bf16_all``: both (6 bytes per weight element instead of Adam's 12).
 
   python benchmarks/optimizers.py --json benchmarks/results/optimizers.json
 
@@ -30,6 +32,8 @@ VARIANTS = {
     "lazy_adam": {},
     "rowwise_adam": {"second_moment": "row"},
     "bf16_moments": {"moment_dtype": "bfloat16"},
+    "bf16_weights": {"weight_dtype": "bfloat16"},
+    "bf16_all": {"weight_dtype": "bfloat16", "moment_dtype": "bfloat16"},
 }
 
 

@@ -57,24 +57,28 @@ inline uint16_t F32ToBf16Stochastic(float f, uint32_t r) {
   return static_cast<uint16_t>((u + (r & 0xffff)) >> 16);
 }
 
-// One row's Adam update with moments of type M (float, or bf16 bits).
-template <typename M>
-void AdamRow(float* w, M* m, M* v, int64_t d, uint32_t seed) {
+// One row's Adam update with weights of type W and moments of type M (float, or bf16 bits).
+template <typename W, typename M>
+void AdamRow(W* w, M* m, M* v, int64_t d, uint32_t seed) {
   for (int64_t i = 0; i < d; ++i) {
     const float g = 0.01f;
     float mi, vi;
+    uint32_t h = (seed + static_cast<uint32_t>(i)) * 0x9E3779B1u;
+    h ^= h >> 16;
     if constexpr (sizeof(M) == 4) {
       mi = m[i] = 0.9f * m[i] + 0.1f * g;
       vi = v[i] = 0.999f * v[i] + 0.001f * g * g;
     } else {
       mi = 0.9f * Bf16ToF32(m[i]) + 0.1f * g;
       vi = 0.999f * Bf16ToF32(v[i]) + 0.001f * g * g;
-      uint32_t h = (seed + static_cast<uint32_t>(i)) * 0x9E3779B1u;
-      h ^= h >> 16;
       m[i] = F32ToBf16Stochastic(mi, h);
       v[i] = F32ToBf16Stochastic(vi, h >> 16);
     }
-    w[i] -= 1e-3f * mi / (std::sqrt(vi) + 1e-8f);
+    if constexpr (sizeof(W) == 4) {
+      w[i] -= 1e-3f * mi / (std::sqrt(vi) + 1e-8f);
+    } else {
+      w[i] = F32ToBf16Stochastic(Bf16ToF32(w[i]) - 1e-3f * mi / (std::sqrt(vi) + 1e-8f), ~h);
+    }
   }
 }
 
@@ -138,14 +142,17 @@ enum Kind : int {
   kAdamBf16 = 3,         // Adam, float32 W, bfloat16 m, v (16 lines)
   kAdamInterleaved = 4,  // Adam, float32 W | m | v in one array (24 lines)
   kRowwiseAdam = 5,      // row-wise Adam: float32 W, m and one v per row (16 lines + 1)
-  kNumKinds = 6,
+  kAdamBf16Weight = 6,   // Adam, bfloat16 W, float32 m, v (20 lines)
+  kAdamAllBf16 = 7,      // Adam, bfloat16 W, m, v (12 lines)
+  kNumKinds = 8,
 };
 
 const char* const kKindNames[kNumKinds] = {
     "read 512-B rows", "read + write back 512-B rows", "Adam, float32 W, m, v (3 arrays)",
     "Adam, float32 W, bfloat16 m, v (3 arrays)", "Adam, float32 W|m|v interleaved (1 array)",
-    "row-wise Adam, float32 W, m, v[row]"};
-const int kKindLines[kNumKinds] = {8, 8, 24, 16, 24, 17};
+    "row-wise Adam, float32 W, m, v[row]", "Adam, bfloat16 W, float32 m, v (3 arrays)",
+    "Adam, bfloat16 W, m, v (3 arrays)"};
+const int kKindLines[kNumKinds] = {8, 8, 24, 16, 24, 17, 20, 12};
 
 template <typename Draw>
 double Floor(int kind, Draw draw, int64_t N, int64_t d, int threads) {
@@ -191,6 +198,27 @@ double Floor(int kind, Draw draw, int64_t N, int64_t d, int threads) {
       });
     }
     std::free(m), std::free(v);
+  } else if (kind == kAdamBf16Weight || kind == kAdamAllBf16) {
+    auto* wb = static_cast<uint16_t*>(Alloc(N * d * 2));  // the bfloat16 weights (w stays unused)
+    const int64_t mb = kind == kAdamAllBf16 ? 2 : 4;      // bytes per moment
+    void* m = Alloc(N * d * mb);
+    void* v = Alloc(N * d * mb);
+    if (wb != nullptr && m != nullptr && v != nullptr) {
+      s = Time(draw, threads, [&](int64_t r, int64_t next) {
+        if (next >= 0) {
+          Prefetch(wb + next * d, row_bytes / 2);
+          Prefetch(static_cast<char*>(m) + next * d * mb, d * mb), Prefetch(static_cast<char*>(v) + next * d * mb, d * mb);
+        }
+        if (kind == kAdamAllBf16) {
+          AdamRow(wb + r * d, static_cast<uint16_t*>(m) + r * d, static_cast<uint16_t*>(v) + r * d, d,
+                  static_cast<uint32_t>(r));
+        } else {
+          AdamRow(wb + r * d, static_cast<float*>(m) + r * d, static_cast<float*>(v) + r * d, d,
+                  static_cast<uint32_t>(r));
+        }
+      });
+    }
+    std::free(wb), std::free(m), std::free(v);
   } else if (kind == kAdamInterleaved) {
     auto* wmv = static_cast<float*>(Alloc(N * 3 * d * 4));  // W | m | v per row
     if (wmv != nullptr) {

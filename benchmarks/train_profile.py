@@ -12,14 +12,17 @@ For each N (synthetic data with N labels) it measures, per training step:
 - ``host_overhead_s``: loop minus isolated step minus amortised maintenance (dispatch, bookkeeping, prefetch
   contention);
 - ``parts``: each jitted part timed alone on the same state and batch: hidden forward, candidate query, logits,
-  loss, backward (hidden gradient + the hidden layers' vjp), each optimizer update (output layer, input layer,
-  dense layers), table maintenance amortised over its schedule, evaluation amortised over ``eval_every``;
+  loss, the output layer's Adam pass (which also computes the hidden gradient dh), the hidden layers' vjp, the
+  other optimizer updates (input layer, dense layers), table maintenance amortised over its schedule,
+  evaluation amortised over ``eval_every``;
 - ``dense_loop_step_s``: the same loop with ``--model=dense`` (full softmax), and ``sparse_over_dense_rate``.
 
 The parts run as separate jits, so their sum exceeds the fused step (no cross-part fusion, extra dispatches).
 
   taskset -c 0,1 python benchmarks/train_profile.py --cores 2 --json benchmarks/results/train_profile_2cores.json
   python benchmarks/train_profile.py --sizes 20000 --steps 100   # quick
+  python benchmarks/train_profile.py --short --batch_compare      # smoke test of every mode (tiny sizes)
+  python benchmarks/train_profile.py --sizes= --batch_compare   # only batch 1024 vs 128 at 200K labels
   python benchmarks/train_profile.py --dataset icd10              # the built-in dataset (exact softmax)
 
 ``--trace DIR`` also writes a ``jax.profiler`` trace of a few loop steps (TensorBoard / Perfetto).
@@ -111,18 +114,22 @@ def parts(run, config: model.ModelConfig, state, batch, repeats) -> dict[str, fl
       lg, model.label_targets(a, labels, model.num_distinct_labels(labels))))
   _, g_out = loss_fn(logits, active)
 
-  def backward(s, g, a):
-    _, vjp = jax.vjp(lambda dp, tap: model.hidden_forward(s.embed.w, dp, fids, fvals, tap), dense_params,
-                     jnp.zeros((fids.shape[0], config.hidden_dims[0]), jnp.float32))
-    return vjp(ops.gather_combine(g, s.out.w, a))
-
-  backward = jax.jit(backward)
-  d_dense, d_embed = backward(state, g_out, active)
   adam = config.adam_args()
   lr = config.schedule()(state.step)
+  # As train_step: the output layer's Adam pass also computes the hidden gradient dh from the rows it reads.
   # Copies: the optimizer kernels update in place, the state must survive for the other parts.
   out_adam = jax.jit(lambda w, b, mw, mb, g, a, h: optim.apply_row_sparse_adam(
-      (w, b), (mw, mb), ops.RowSparseGrad(a, g, h), lr, **adam)[:2], donate_argnums=(0, 1, 2, 3))
+      (w, b), (mw, mb), ops.RowSparseGrad(a, g, h), lr, combine=True, **adam), donate_argnums=(0, 1, 2, 3))
+  dh = out_adam(*jax.tree.map(jnp.copy, (state.out.w, state.out.b, state.out_w_opt, state.out_b_opt)), g_out,
+                active, h)[3]
+
+  def backward(s, dh):  # the hidden layers' vjp
+    _, vjp = jax.vjp(lambda dp, tap: model.hidden_forward(s.embed.w, dp, fids, fvals, tap), dense_params,
+                     jnp.zeros((fids.shape[0], config.hidden_dims[0]), jnp.float32))
+    return vjp(dh)
+
+  backward = jax.jit(backward)
+  d_dense, d_embed = backward(state, dh)
   embed_adam = jax.jit(lambda w, m, d: optim.apply_row_sparse_adam(
       w, m, ops.RowSparseGrad(fids, fvals, d), lr, **adam)[:2], donate_argnums=(0, 1))
   dense_update = jax.jit(lambda d, o, p: model.dense_optimizer(config).update(d, o, p))
@@ -131,14 +138,14 @@ def parts(run, config: model.ModelConfig, state, batch, repeats) -> dict[str, fl
          "query_s": timeit(query, state, h, repeats=repeats),
          "logits_s": timeit(logits_fn, state, h, active, repeats=repeats),
          "loss_s": timeit(loss_fn, logits, active, repeats=repeats),
-         "backward_s": timeit(backward, state, g_out, active, repeats=repeats)}
+         "hidden_backward_s": timeit(backward, state, dh, repeats=repeats)}
   w, b, mw, mb = copy((state.out.w, state.out.b, state.out_w_opt, state.out_b_opt))
   times = []
   for _ in range(repeats + 2):
     t0 = time.perf_counter()
-    (w, b), (mw, mb) = jax.block_until_ready(out_adam(w, b, mw, mb, g_out, active, h))
+    (w, b), (mw, mb), _, _ = jax.block_until_ready(out_adam(w, b, mw, mb, g_out, active, h))
     times.append(time.perf_counter() - t0)
-  res["adam_out_s"] = float(np.median(times[2:]))
+  res["adam_out_with_dh_s"] = float(np.median(times[2:]))
   w, m = copy((state.embed.w, state.embed_opt))
   times = []
   for _ in range(repeats + 2):
@@ -200,9 +207,37 @@ def bench_size(args, N: int) -> dict:
   return res
 
 
+def batch_comparison(args) -> dict:
+  """Batch ``--large_batch`` (linear LR scaling, a quarter-epoch warm-up) against batch 128, same epochs and data.
+
+  The 200K-label synthetic set of the README (``--compare_labels``, ``--compare_samples``, 100,000 features,
+  ``active_k`` 512), evaluated exactly on the same test samples. Reports each run's P@1/P@5 and samples/s (the
+  run's own, evaluation excluded) and the ratios ``large_over_128_p@1`` (target >= 1) and
+  ``large_over_128_samples_per_sec`` (target >= 2).
+  """
+  common = override(Config(), dataset="synthetic", synthetic_labels=args.compare_labels,
+                    synthetic_samples=args.compare_samples, synthetic_features=args.compare_features,
+                    active_k=args.compare_active_k, num_epochs=args.compare_epochs, validation_fraction=0.0,
+                    eval_every=10**9, checkpoint_every=10**9, progress=False, log_every=50)
+  num_train = args.compare_samples - round(args.compare_samples * common.data.test_fraction)
+  runs = {}
+  for batch in (128, args.large_batch):
+    changes = {} if batch == 128 else dict(lr_scaling="linear", warmup_steps=max(1, num_train // batch // 4))
+    config = override(common, batch_size=batch, **changes)
+    with tempfile.TemporaryDirectory() as workdir:
+      final = train_and_evaluate(config, workdir)
+    runs[batch] = {"batch_size": batch, **changes, **{k: final[k] for k in ("p@1", "p@5", "samples_per_sec", "step")}}
+    print(json.dumps(runs[batch]), flush=True)
+  small, large = runs[128], runs[args.large_batch]
+  return {"labels": args.compare_labels, "samples": args.compare_samples, "epochs": args.compare_epochs,
+          "runs": list(runs.values()), "large_over_128_p@1": large["p@1"] / max(small["p@1"], 1e-9),
+          "large_over_128_samples_per_sec": large["samples_per_sec"] / small["samples_per_sec"]}
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--sizes", default="20000,200000,1000000", help="label counts N, comma-separated (synthetic)")
+  parser.add_argument("--sizes", default="20000,200000,1000000",
+                      help="label counts N, comma-separated (synthetic); empty: none (e.g. --batch_compare only)")
   parser.add_argument("--dataset", default="synthetic", choices=("synthetic", "icd10"),
                       help="icd10: the built-in dataset, once (its own N)")
   parser.add_argument("--batch_size", type=int, default=128)
@@ -215,13 +250,27 @@ def main():
                       help="also run the dense full-softmax loop (skipped above 2e5 labels)")
   parser.add_argument("--cores", type=int, default=None, help="cores the run was given (taskset): recorded")
   parser.add_argument("--trace", default=None, help="directory for a jax.profiler trace of the last size's loop")
+  parser.add_argument("--batch_compare", action=argparse.BooleanOptionalAction, default=False,
+                      help="also train batch --large_batch against batch 128 on the 200K-label synthetic set")
+  parser.add_argument("--large_batch", type=int, default=1024)
+  parser.add_argument("--compare_labels", type=int, default=200_000)
+  parser.add_argument("--compare_samples", type=int, default=500_000)
+  parser.add_argument("--compare_features", type=int, default=100_000)
+  parser.add_argument("--compare_active_k", type=int, default=512)
+  parser.add_argument("--compare_epochs", type=float, default=1.0)
+  parser.add_argument("--short", action="store_true",
+                      help="a quick check: N = 2e4 only, 60 steps, 3 repeats, small data (no acceptance figures)")
   parser.add_argument("--json", default=None)
   args = parser.parse_args()
+  if args.short:
+    args.sizes, args.steps, args.repeats, args.samples, args.eval_every = "20000", 60, 3, 5000, 1000
+    args.compare_labels, args.compare_samples, args.compare_features = 2000, 4000, 2000
+    args.compare_epochs = min(args.compare_epochs, 1.0)
   cache = tempfile.mkdtemp(prefix="train_profile_jax_cache_")
   jax.config.update("jax_compilation_cache_dir", cache)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  sizes = [int(float(s)) for s in args.sizes.split(",")] if args.dataset == "synthetic" else [0]
+  sizes = [int(float(s)) for s in args.sizes.split(",") if s] if args.dataset == "synthetic" else [0]
   results = {"machine": platform.node(), "cpu_count": os.cpu_count(),
              "cores": args.cores or len(os.sched_getaffinity(0)), "jax": jax.__version__,
              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "sizes": []}
@@ -230,7 +279,9 @@ def main():
     res = bench_size(argparse.Namespace(**{**vars(args), "dense": dense}), N)
     results["sizes"].append(res)
     print(json.dumps(res), flush=True)
-  if args.trace:
+  if args.batch_compare:
+    results["batch_comparison"] = batch_comparison(args)
+  if args.trace and sizes:
     with jax.profiler.trace(args.trace):
       loop_seconds_per_step(override(base_config(args, sizes[-1]), max_steps=min(args.steps, 30)))
   if args.json:
