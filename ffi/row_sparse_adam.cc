@@ -305,7 +305,8 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<WT> weight, Momen
       start[r + 1] = next;
     }
     // Key = id << 32 | position: sorting keys orders by id, then by position.
-    std::vector<uint64_t> keys(start[R]);
+    // Not value-initialized (a serial memset of 8 bytes per id): the parallel fill below writes every slot.
+    std::unique_ptr<uint64_t[]> keys(new uint64_t[std::max<int64_t>(start[R], 1)]);
     SJ_RETURN_IF_ERROR(ParallelLoop(pool, num_blocks, 1).Run(c.op(), [&](int64_t, int64_t k0, int64_t k1) {
       for (int64_t blk = k0; blk < k1; ++blk) {
         int64_t* slot_of = slots.data() + blk * R;
@@ -334,7 +335,7 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<WT> weight, Momen
     SJ_RETURN_IF_ERROR(loop.Run(c.op(), [&](int64_t w, int64_t r0, int64_t r1) {
       float* slab_acc = combine ? acc.get() + (r0 / slab) * B * d : nullptr;
       if (combine) std::fill(slab_acc, slab_acc + B * d, 0.0f);
-      UpdateRanges(r0, r1, wr, br, start.data(), keys.data(), unique_in_range.data(), g.typed_data(),
+      UpdateRanges(r0, r1, wr, br, start.data(), keys.get(), unique_in_range.data(), g.typed_data(),
                    x.typed_data(), k, h, step_seed, grad.data() + w * d, slab_acc);
     }));
     if (combine) {  // combined[b] = sum over slabs, in slab order
