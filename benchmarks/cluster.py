@@ -15,7 +15,23 @@ time (median), samples/s, and bytes each host sent per step, measured on its
 interface. Needs root (ip netns, tc); otherwise it says so and exits 0.
 Namespaces are removed even when a run fails.
 
+The tbf bucket (``--burst``) defaults to 2 ms worth of the rate, at least
+4 KiB: a larger bucket (the earlier ``burst 1mb``) lets a light job's
+messages leave at veth speed, so it never feels the rate. The queue holds 100 ms of the
+rate, at least 1 MiB (a shorter one drops packets of a TCP window at 10 Mbit/s).
+
   sudo python benchmarks/cluster.py --processes 4 --labels 1000000 --rates 1gbit,100mbit --json out.json
+
+With ``--netanalysis_steps N`` each job then runs N more steps inside a
+netanalysis profiled window (sparsejax.netanalysis.collect) and the summary
+gets its step breakdown, per-collective timing and link utilisation, and the
+profiling overhead (median step in the window over the median outside it).
+``--validate_whatif`` runs the what-if validation of issue 8 (profiles at
+1 Gbit/s, probes, predictions at 10 and 100 Mbit/s against measurements,
+transfer predictions for P = 2 and 3) and writes
+benchmarks/results/netanalysis_validation.json:
+
+  sudo python benchmarks/cluster.py --validate_whatif
 
 With --local the processes run on the host's loopback instead (no root, no
 rate limit); with --memory it also reports each process's peak RSS:
@@ -33,6 +49,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 NS_PREFIX = "sjns"
 BRIDGE = "sjbr0"
@@ -59,26 +77,28 @@ def _peak_rss_bytes() -> int:
 
 
 def worker(args) -> None:
-  """One rank: build the job's model, time `steps` steps, write a JSON line."""
+  """One rank: build the job's model, time `steps` steps (then a profiled window), write a JSON line."""
   from sparsejax import distributed
-  distributed.initialize(args.coordinator, args.processes, args.rank, heartbeat_timeout_seconds=60,
+  distributed.initialize(args.coordinator, args.processes, args.rank, heartbeat_timeout_seconds=120,
                          initialization_timeout=300)
   import jax
   import numpy as np
 
   from sparsejax import dense, model
   from sparsejax.config import override
+  from sparsejax.netanalysis import collect, collectives
 
   P = jax.process_count()
   mesh = distributed.make_mesh()
+  sparse = args.job == "sparse"
   cfg = override(model.ModelConfig(args.features, args.labels), hidden_dims=(args.hidden,),
-                          active_k=args.active_k, num_shards=P if args.job == "sparse" else 1)
+                 active_k=args.active_k, num_shards=P if sparse else 1)
   rng = np.random.default_rng(0)  # the same batches on every rank
   batches = [{"feat_ids": rng.integers(0, args.features, (args.batch, 32)).astype(np.int32),
               "feat_vals": rng.random((args.batch, 32), np.float32),
               "labels": rng.integers(0, args.labels, (args.batch, 1)).astype(np.int32)} for _ in range(4)]
   t0 = time.time()
-  if args.job == "sparse":
+  if sparse:
     state = distributed.init(jax.random.key(0), cfg, mesh)
     step = distributed.make_train_step(cfg, mesh)
     put = lambda b: distributed.to_global(b, mesh)
@@ -90,22 +110,32 @@ def worker(args) -> None:
   jax.block_until_ready(state)
   init_s = time.time() - t0
   global_batches = [put(b) for b in batches]
-  analytic = distributed.collective_bytes(step, state, global_batches[0])
-  for i in range(args.warmup):
-    state, m = step(state, global_batches[i % 4])
-  jax.block_until_ready(state)
-  times, tx = [], []
-  for i in range(args.steps):
+  scopes = model.STEP_SCOPES if sparse else dense.STEP_SCOPES
+  compiled = collectives.compile_step(step, state, global_batches[0], known_scopes=tuple(scopes))
+  analytic = sum(c.operand_bytes for c in compiled.collectives)
+  profiler = collect.StepProfiler(
+      args.workdir, steps=args.netanalysis_steps, start=args.warmup + args.steps, link_capacity=args.link_capacity,
+      job=args.job, per_process_batch=args.batch if sparse else args.batch // P, scope_scaling=scopes)
+  times, tx, window = [], [], []
+  for i in range(args.warmup + args.steps + args.netanalysis_steps):
+    profiler.begin_step(i, lambda: compiled)
     tx0, t = _iface_tx_bytes(), time.perf_counter()
     state, m = step(state, global_batches[i % 4])
-    jax.block_until_ready((state, m))
-    times.append(time.perf_counter() - t)
-    tx.append(_iface_tx_bytes() - tx0)
+    profiler.end_step(i + 1, (state, m))
+    jax.block_until_ready((state, m))  # every step is timed on its own
+    elapsed, sent = time.perf_counter() - t, _iface_tx_bytes() - tx0
+    if args.warmup <= i < args.warmup + args.steps:
+      times.append(elapsed)
+      tx.append(sent)
+    elif i >= args.warmup + args.steps:
+      window.append(elapsed)
+  profiler.finish()
   loss = float(np.asarray(m["loss"].addressable_data(0)))
   result = dict(rank=args.rank, job=args.job, processes=P, init_s=init_s, step_s=float(np.median(times)),
-                step_s_all=times, tx_bytes_per_step=float(np.median(tx)), collective_payload_bytes=analytic,
-                loss=loss, peak_rss_bytes=_peak_rss_bytes(), num_params=model.num_params(state))
-  with open(os.path.join(args.out, f"{args.job}_rank{args.rank}.json"), "w") as f:
+                step_s_all=times, window_step_s_all=window, tx_bytes_per_step=float(np.median(tx)),
+                collective_payload_bytes=analytic, loss=loss, peak_rss_bytes=_peak_rss_bytes(),
+                num_params=model.num_params(state))
+  with open(os.path.join(args.workdir, f"result_rank{args.rank}.json"), "w") as f:
     json.dump(result, f)
 
 
@@ -115,8 +145,25 @@ def _sh(*cmd, check=True):
   return subprocess.run(cmd, check=check, capture_output=True, text=True)
 
 
-def setup_namespaces(n: int, rate: str | None) -> list[str]:
-  """P namespaces on a bridge, each link rate-limited; returns their addresses."""
+def default_burst(rate: str) -> int:
+  """tbf bucket in bytes: 2 ms worth of ``rate``, at least 4 KiB."""
+  from sparsejax.netanalysis.units import parse_rate
+  return max(4096, int(parse_rate(rate) / 8 * 0.002))
+
+
+def default_queue(rate: str) -> int:
+  """tbf queue limit in bytes: 100 ms worth of ``rate``, at least 1 MiB.
+
+  With tc's usual ``latency 100ms`` the queue holds only 125 kB at 10 Mbit/s: a TCP window overflows it,
+  packets drop (0.5-1.5% in a 10 Mbit/s validation run) and retransmission timeouts cut what the link
+  delivers to ~75% of its rate for 512 KiB all-reduces. A 1 MiB queue makes the link deliver its rate.
+  """
+  from sparsejax.netanalysis.units import parse_rate
+  return max(1 << 20, int(parse_rate(rate) / 8 * 0.1))
+
+
+def setup_namespaces(n: int, rate: str | None, burst: int | None = None) -> list[str]:
+  """P namespaces on a bridge, each link rate-limited (tbf bucket ``burst`` bytes); returns their addresses."""
   hostname = socket.gethostname()
   _sh("ip", "link", "add", BRIDGE, "type", "bridge")
   _sh("ip", "link", "set", BRIDGE, "up")
@@ -133,7 +180,7 @@ def setup_namespaces(n: int, rate: str | None) -> list[str]:
     _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
     if rate:
       _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", f"sjv{i}", "root", "tbf", "rate", rate,
-          "burst", "1mb", "latency", "100ms")
+          "burst", str(burst or default_burst(rate)), "limit", str(default_queue(rate)))
     # `ip netns exec` mounts /etc/netns/NS/hosts over /etc/hosts: gloo, which
     # advertises the address its hostname resolves to, then advertises this one.
     os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
@@ -166,31 +213,30 @@ def can_use_namespaces() -> str | None:
   return None
 
 
-def run_job(job: str, args, addrs: list[str] | None, out: str, timeout: float) -> list[dict]:
-  """Runs one job's P ranks (in namespaces if addrs) and collects their results."""
-  port = 29400 + (os.getpid() % 500)
-  coord = f"{addrs[0] if addrs else '127.0.0.1'}:{port}"
+_PORTS = iter(range(29400 + (os.getpid() % 400) * 10, 65000))
+
+
+def run_ranks(name: str, processes: int, addrs: list[str] | None, out: str, timeout: float, pin: bool,
+              command) -> None:
+  """Runs ``command(rank, coordinator)`` for every rank (in its namespace if addrs); raises if one fails."""
+  coord = f"{addrs[0] if addrs else '127.0.0.1'}:{next(_PORTS)}"
   procs = []
-  for rank in range(args.processes):
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"--job={job}", f"--rank={rank}",
-           f"--coordinator={coord}", f"--processes={args.processes}", f"--labels={args.labels}",
-           f"--features={args.features}", f"--hidden={args.hidden}", f"--active_k={args.active_k}",
-           f"--batch={args.batch}", f"--steps={args.steps if job == 'sparse' else args.dense_steps}",
-           f"--warmup={args.warmup}", f"--out={out}"]
-    if args.pin and shutil.which("taskset"):
+  for rank in range(processes):
+    cmd = command(rank, coord)
+    if pin and shutil.which("taskset"):
       # Each emulated host gets its own share of the cores (with more ranks
       # than cores, ranks share one): no process runs threads on every core.
-      cmd = ["taskset", "-c", _cores_of(rank, args.processes)] + cmd
+      cmd = ["taskset", "-c", _cores_of(rank, processes)] + cmd
     if addrs:
       cmd = ["ip", "netns", "exec", f"{NS_PREFIX}{rank}"] + cmd
-    log = open(os.path.join(out, f"{job}_rank{rank}.log"), "w")
+    log = open(os.path.join(out, f"{name}_rank{rank}.log"), "w")
     procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
   deadline = time.time() + timeout
   try:
     while any(p.poll() is None for p, _ in procs):
       failed = [r for r, (p, _) in enumerate(procs) if p.poll() not in (None, 0)]
       if failed or time.time() > deadline:
-        raise RuntimeError(f"{job} job: rank(s) {failed or 'all'} failed or timed out; see {out}/{job}_rank*.log")
+        raise RuntimeError(f"{name}: rank(s) {failed or 'all'} failed or timed out; see {out}/{name}_rank*.log")
       time.sleep(0.2)
   finally:
     for p, log in procs:
@@ -198,7 +244,71 @@ def run_job(job: str, args, addrs: list[str] | None, out: str, timeout: float) -
         p.kill()
       p.wait()
       log.close()
-  return [json.load(open(os.path.join(out, f"{job}_rank{r}.json"))) for r in range(args.processes)]
+
+
+def run_job(job: str, args, addrs: list[str] | None, out: str, rate: str | None = None,
+            processes: int | None = None) -> dict:
+  """Runs one job's ranks and summarizes them (with the netanalysis report of its window, if any)."""
+  processes = processes or args.processes
+  labels = args.labels if job == "sparse" else (args.dense_labels or args.labels)
+  batch = args.per_process_batch * processes if args.per_process_batch else args.batch
+  if job == "dense":
+    batch -= batch % processes  # the data-parallel job splits the batch evenly
+  steps = args.steps if job == "sparse" else args.dense_steps
+  window = args.netanalysis_steps if job == "sparse" else min(args.netanalysis_steps, args.dense_steps)
+  name = f"{job}_p{processes}"
+  workdir = os.path.join(out, name)
+  os.makedirs(workdir, exist_ok=True)
+  capacity = rate or args.link_capacity
+
+  def command(rank, coord):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"--job={job}", f"--rank={rank}",
+           f"--coordinator={coord}", f"--processes={processes}", f"--labels={labels}", f"--features={args.features}",
+           f"--hidden={args.hidden}", f"--active_k={args.active_k}", f"--batch={batch}", f"--steps={steps}",
+           f"--warmup={args.warmup}", f"--workdir={workdir}", f"--netanalysis_steps={window}"]
+    return cmd + ([f"--link_capacity={capacity}"] if capacity else [])
+
+  run_ranks(name, processes, addrs, out, args.timeout, args.pin, command)
+  results = [json.load(open(os.path.join(workdir, f"result_rank{r}.json"))) for r in range(processes)]
+  summary = summarize(results, batch)
+  summary.update(processes=processes, labels=labels, batch=batch, workdir=workdir)
+  if window:
+    summary["netanalysis"] = netanalysis_summary(workdir, results)
+  return summary
+
+
+def netanalysis_summary(workdir: str, results: list[dict]) -> dict:
+  """The report of a job's profiled window, and the profiling overhead (window vs outside median step)."""
+  from sparsejax.netanalysis import report_cli
+  analysis, _, _, _, _ = report_cli.run_report(workdir)
+  inside = max(float(np.median(r["window_step_s_all"])) for r in results)
+  outside = max(r["step_s"] for r in results)
+  keep = ("summary", "collectives", "utilisation", "interface", "maintenance", "scaling_factor", "bottleneck",
+          "alignment", "missing_collective_events")
+  out = {k: analysis[k] for k in keep}
+  out["ranks"] = [{k: r[k] for k in ("rank", "cpu_busy", "clock_offset_seconds")} for r in analysis["ranks"]]
+  out.update(profile=os.path.join(workdir, "netanalysis", "profile.json"), window_step_s=inside,
+             profiling_overhead=inside / outside)
+  return out
+
+
+def run_probe(args, addrs: list[str] | None, out: str, rate: str | None, processes: int | None = None) -> str:
+  """``netanalysis probe`` between the ranks; returns the probe file."""
+  processes = processes or args.processes
+  path = os.path.join(out, f"probe_{rate or 'loopback'}_p{processes}.json")
+
+  def command(rank, coord):
+    cmd = [sys.executable, "-m", "sparsejax.netanalysis", "probe", f"--out={path}", f"--coordinator_address={coord}",
+           f"--num_processes={processes}", f"--process_id={rank}", f"--max_bytes={args.probe_max_bytes}"]
+    return cmd + ([f"--link_capacity={rate}"] if rate else [])
+
+  t0 = time.time()
+  run_ranks(f"probe_p{processes}", processes, addrs, out, args.timeout, args.pin, command)
+  seconds = time.time() - t0
+  print(f"[{rate or 'loopback'}] probe ({processes} processes): {seconds:.0f} s", flush=True)
+  with open(path + ".seconds", "w") as f:  # the probe's wall time, process start included (issue 8: < 90 s)
+    f.write(f"{seconds}\n")
+  return path
 
 
 def _cores_of(rank: int, processes: int) -> str:
@@ -218,18 +328,196 @@ def summarize(results: list[dict], batch: int) -> dict:
               init_s=max(r["init_s"] for r in results), num_params=results[0]["num_params"], loss=results[0]["loss"])
 
 
+class Cluster:
+  """Namespaces limited to one rate for the duration of a ``with`` block (nothing for ``--local``)."""
+
+  def __init__(self, args, rate: str | None):
+    self.args, self.rate, self.addrs = args, rate, None
+
+  def __enter__(self) -> list[str] | None:
+    if not self.args.local:
+      teardown_namespaces(self.args.processes)  # leftovers of an interrupted run
+      self.addrs = setup_namespaces(self.args.processes, self.rate, self.args.burst)
+    return self.addrs
+
+  def __exit__(self, *exc):
+    if not self.args.local:
+      teardown_namespaces(self.args.processes)
+
+
+def _print_job(label: str, name: str, r: dict) -> None:
+  print(f"[{label}] {name} (P = {r['processes']}): step {r['step_s'] * 1e3:,.1f} ms, {r['samples_per_sec']:,.1f} "
+        f"samples/s, {r['tx_bytes_per_step'] / 1e3:,.1f} kB sent/step/host, {r['num_params']:,} params, "
+        f"peak RSS {r['peak_rss_bytes_total'] / 2**30:.2f} GiB total", flush=True)
+  n = r.get("netanalysis")
+  if n:
+    s = n["summary"]
+    step = s["step_seconds_mean"]
+    print(f"[{label}] {name} window: mean step {step * 1e3:,.1f} ms = compute {s['compute_seconds_mean'] / step:.0%}"
+          f" + exposed comm {s['exposed_comm_seconds_mean'] / step:.0%} (transfer "
+          f"{s['transfer_seconds_mean'] / step:.0%}, wait {s['wait_seconds_mean'] / step:.0%}) + other "
+          f"{s['other_seconds_mean'] / step:.0%}; SF {n['scaling_factor']:.3f}; profiling overhead "
+          f"{n['profiling_overhead'] - 1:+.1%}\n[{label}]   {n['bottleneck']}", flush=True)
+
+
+def benchmark(args) -> dict:
+  """The sparse and dense jobs at each rate (or on loopback)."""
+  summary = {"runs": {}}
+  for rate in ([None] if args.local else args.rates.split(",")):
+    label = rate or "loopback"
+    out = tempfile.mkdtemp(prefix=f"sjcluster_{label}_")
+    with Cluster(args, rate) as addrs:
+      run = {"sparse": run_job("sparse", args, addrs, out, rate)}
+      _print_job(label, "sparse", run["sparse"])
+      if not args.skip_dense:
+        run["dense_dp"] = run_job("dense", args, addrs, out, rate)
+        _print_job(label, "dense data-parallel", run["dense_dp"])
+    if "dense_dp" in run:
+      run["step_speedup_vs_dense_dp"] = run["dense_dp"]["step_s"] / run["sparse"]["step_s"]
+      run["bytes_per_step_ratio"] = run["sparse"]["tx_bytes_per_step"] / max(run["dense_dp"]["tx_bytes_per_step"], 1)
+      print(f"[{label}] sparse is {run['step_speedup_vs_dense_dp']:.0f}x faster per step with "
+            f"{run['bytes_per_step_ratio']:.2e} of the bytes", flush=True)
+    summary["runs"][label] = run
+  first = summary["runs"][("1gbit" if "1gbit" in summary["runs"] else next(iter(summary["runs"])))]
+  for key in ("step_speedup_vs_dense_dp", "bytes_per_step_ratio"):
+    if key in first:
+      summary[key] = first[key]
+  return summary
+
+
+def validate_whatif(args) -> dict:
+  """Issue 8's validation: profiles at 1 Gbit/s predict the steps at 10 and 100 Mbit/s (``--model=measured``).
+
+  P = ``--processes`` (4): at every rate a probe and both jobs (profiled); at 100 Mbit/s also the dense job
+  at P = 2 and 3, whose gradient all-reduce transfer is predicted from the P-process profile and probe.
+  """
+  from sparsejax.netanalysis import profiles, whatif
+  from sparsejax.netanalysis.units import parse_rate
+  base, P = "1gbit", args.processes
+  rates = [base] + [r for r in args.validate_rates.split(",") if r != base]
+  keep = args.netanalysis_dir or tempfile.mkdtemp(prefix="sjcluster_validation_")
+  runs, probes = {}, {}
+  for rate in rates:
+    out = os.path.join(keep, rate)
+    os.makedirs(out, exist_ok=True)
+    with Cluster(args, rate) as addrs:
+      probes[rate] = run_probe(args, addrs, out, rate)
+      for job in ("sparse", "dense"):
+        runs[(job, rate, P)] = run_job(job, args, addrs, out, rate)
+        _print_job(rate, job, runs[(job, rate, P)])
+      if rate == args.transfer_rate:
+        for n in range(2, P):
+          runs[("dense", rate, n)] = run_job("dense", args, addrs, out, rate, processes=n)
+          _print_job(rate, "dense", runs[("dense", rate, n)])
+
+  def profile(job, rate, n=P):
+    return profiles.read_profile(runs[(job, rate, n)]["netanalysis"]["profile"])
+
+  table = []
+  for (job, rate, n), run in runs.items():
+    bandwidth = parse_rate(rate)
+    row = {"job": job, "rate": rate, "workers": n, "measured_step_seconds": run["step_s"],
+           "ideal_step_seconds": whatif.predict(profile(job, rate, n), whatif.ideal_model(), n, bandwidth).step_seconds}
+    row["measured_over_ideal"] = row["measured_step_seconds"] / row["ideal_step_seconds"]
+    if n == P and rate != base:
+      model, _ = whatif.measured_model(profiles.read_probe(probes[rate]))
+      predicted = whatif.predict(profile(job, base), model, P, bandwidth)
+      row.update(predicted_step_seconds=predicted.step_seconds, predicted_from=f"{job} profile at {base}",
+                 error=predicted.step_seconds / row["measured_step_seconds"] - 1,
+                 error_seconds=predicted.step_seconds - row["measured_step_seconds"])
+    table.append(row)
+    print(f"[validate] {job} P={n} at {rate}: measured {run['step_s']:.4f} s, ideal {row['ideal_step_seconds']:.4f} s"
+          + (f", predicted {row['predicted_step_seconds']:.4f} s ({row['error']:+.1%})" if "error" in row else ""),
+          flush=True)
+  transfers = []
+  dense_profile = profile("dense", base)
+  grad = max(dense_profile.steps[0].collectives, key=lambda c: c.bytes)
+  model, _ = whatif.measured_model(profiles.read_probe(probes[args.transfer_rate]))
+  for n in range(2, P):
+    collectives = runs[("dense", args.transfer_rate, n)]["netanalysis"]["collectives"]
+    measured = max(collectives, key=lambda c: c["bytes"])["transfer_seconds_median"]
+    predicted = model.cost(grad.kind, grad.bytes, n, parse_rate(args.transfer_rate)).total
+    transfers.append({"workers": n, "rate": args.transfer_rate, "collective": grad.name, "bytes": grad.bytes,
+                      "predicted_transfer_seconds": predicted, "measured_transfer_seconds": measured,
+                      "error": predicted / measured - 1})
+    print(f"[validate] dense gradient all-reduce P={n} at {args.transfer_rate}: measured {measured:.3f} s, predicted "
+          f"{predicted:.3f} s from the P={P} probe ({predicted / measured - 1:+.1%})", flush=True)
+  probe_fits = {}
+  for rate, path in probes.items():
+    p = profiles.read_probe(path)
+    probe_fits[rate] = {kind: {"alpha_s": f.alpha_s, "bw_bps": f.bw_bps, "r2": f.r2,
+                               "bw_over_rate": f.bw_bps / parse_rate(rate)} for kind, f in p.collectives.items()}
+    probe_fits[rate]["seconds"] = float(open(path + ".seconds").read())
+  checks = acceptance_checks(table, transfers, probe_fits, {k: r for k, r in runs.items() if k[2] == P})
+  for c in checks:
+    print(f"[validate] {'PASS' if c['passed'] else 'FAIL'} {c['check']}: {c['value']:.4g} (want {c['want']})",
+          flush=True)
+  return {"validation": table, "transfer": transfers, "probes": probe_fits, "acceptance": checks, "directory": keep,
+          "runs": {f"{job}/{rate}/p{n}": run for (job, rate, n), run in runs.items()}}
+
+
+def acceptance_checks(table: list[dict], transfers: list[dict], probe_fits: dict, runs: dict) -> list[dict]:
+  """Issue 8's emulated-cluster acceptance items 7-9 and 5 (profiling overhead): ``{check, value, want, passed}``."""
+  checks = []
+
+  def check(name: str, value: float, lo: float | None, hi: float | None):
+    want = " and ".join(s for s in (lo is not None and f">= {lo:g}", hi is not None and f"<= {hi:g}") if s)
+    passed = (lo is None or value >= lo) and (hi is None or value <= hi)
+    checks.append({"check": name, "value": value, "want": want, "passed": bool(passed)})
+
+  for rate, fits in probe_fits.items():  # 7: the probe
+    if "all-reduce" in fits:
+      check(f"probe {rate}: all-reduce bw / tbf rate", fits["all-reduce"]["bw_over_rate"], 0.8, 1.0)
+      check(f"probe {rate}: all-reduce fit R^2 (sizes >= 64 KiB)", fits["all-reduce"]["r2"] or 0.0, 0.99, None)
+    check(f"probe {rate}: seconds", fits["seconds"], None, 90)
+  for (job, rate, _), run in runs.items():  # 5 (here under tbf, not on loopback) and 8: attribution
+    n = run.get("netanalysis")
+    if not n:
+      continue
+    s = n["summary"]
+    if job == "sparse":
+      check(f"sparse {rate}: |window median step / outside median - 1| (profiling overhead)",
+            abs(n["profiling_overhead"] - 1), None, 0.10)
+    if job == "dense" and rate == "100mbit":
+      check("dense 100mbit: exposed comm / step", s["exposed_comm_seconds_mean"] / s["step_seconds_mean"], 0.85, None)
+    if job == "sparse" and rate == "1gbit":
+      check("sparse 1gbit: transfer / step", s["transfer_seconds_mean"] / s["step_seconds_mean"], None, 0.10)
+    if job == "dense" and n.get("interface") and n["interface"].get("tx_over_analytic"):
+      check(f"dense {rate}: measured tx / analytic ring wire bytes", n["interface"]["tx_over_analytic"], 0.95, 1.15)
+  for row in table:  # 9: predictions vs measurements
+    if "error" not in row:
+      continue
+    if row["job"] == "sparse" and row["rate"] == "100mbit":
+      # within 15% or 3 ms, whichever is larger
+      slack = max(0.15, 0.003 / row["measured_step_seconds"])
+      check("sparse 100mbit: |predicted / measured - 1| (bound: 15% or 3 ms)", abs(row["error"]), None, slack)
+    else:
+      check(f"{row['job']} {row['rate']}: |predicted / measured - 1|", abs(row["error"]), None, 0.15)
+  for t in transfers:
+    check(f"dense P={t['workers']} {t['rate']}: |predicted / measured transfer - 1|", abs(t["error"]), None, 0.20)
+  return checks
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--processes", type=int, default=4)
   parser.add_argument("--labels", type=int, default=1_000_000)
+  parser.add_argument("--dense_labels", type=int, default=None, help="N of the dense job (default: --labels)")
   parser.add_argument("--features", type=int, default=10_000)
   parser.add_argument("--hidden", type=int, default=128)
   parser.add_argument("--active_k", type=int, default=1024)
-  parser.add_argument("--batch", type=int, default=128)
+  parser.add_argument("--batch", type=int, default=128, help="global batch of both jobs")
+  parser.add_argument("--per_process_batch", type=int, default=None,
+                      help="weak scaling: global batch = this x P (overrides --batch)")
   parser.add_argument("--steps", type=int, default=30, help="timed sparse steps")
   parser.add_argument("--dense_steps", type=int, default=3, help="timed dense data-parallel steps")
   parser.add_argument("--warmup", type=int, default=2)
+  parser.add_argument("--netanalysis_steps", type=int, default=0,
+                      help="then this many steps in a netanalysis profiled window (dense: at most --dense_steps)")
   parser.add_argument("--rates", default="1gbit", help="comma-separated tc tbf rates, one run each")
+  parser.add_argument("--burst", type=int, default=None,
+                      help="tbf bucket, bytes (default: 2 ms worth of the rate, at least 4 KiB)")
+  parser.add_argument("--link_capacity", default=None, help="for --local: the capacity to report utilisation against")
   parser.add_argument("--local", action="store_true", help="loopback processes, no namespaces or rate limit")
   parser.add_argument("--skip_dense", action="store_true")
   parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
@@ -237,56 +525,41 @@ def main():
   parser.add_argument("--memory", action="store_true", help="report peak RSS per process and in total")
   parser.add_argument("--timeout", type=float, default=1800)
   parser.add_argument("--json", default=None)
+  parser.add_argument("--validate_whatif", action="store_true",
+                      help="run issue 8's what-if validation (sets the defaults below unless given)")
+  parser.add_argument("--validate_rates", default="1gbit,100mbit,10mbit")
+  parser.add_argument("--transfer_rate", default="100mbit", help="rate of the P < processes transfer check")
+  parser.add_argument("--netanalysis_dir", default=None, help="keep the runs' netanalysis files here")
+  parser.add_argument("--probe_max_bytes", type=int, default=256 * 1024 * 1024, help="largest probe message")
   # Worker mode (internal).
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   parser.add_argument("--job", default="sparse", help=argparse.SUPPRESS)
   parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
   parser.add_argument("--coordinator", default=None, help=argparse.SUPPRESS)
-  parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+  parser.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.worker:
     return worker(args)
-
-  summary = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "args": vars(args), "runs": {}}
-  rates = [None] if args.local else args.rates.split(",")
   if not args.local:
     why = can_use_namespaces()
     if why:
       print(f"benchmarks/cluster.py: skipped: {why}. (--local runs on loopback without namespaces.)")
       return 0
-  for rate in rates:
-    label = rate or "loopback"
-    out = tempfile.mkdtemp(prefix=f"sjcluster_{label}_")
-    addrs = None
-    try:
-      if not args.local:
-        teardown_namespaces(args.processes)  # leftovers of an interrupted run
-        addrs = setup_namespaces(args.processes, rate)
-      run = {"sparse": summarize(run_job("sparse", args, addrs, out, args.timeout), args.batch)}
-      if not args.skip_dense:
-        run["dense_dp"] = summarize(run_job("dense", args, addrs, out, args.timeout), args.batch)
-    finally:
-      if not args.local:
-        teardown_namespaces(args.processes)
-    if "dense_dp" in run:
-      run["step_speedup_vs_dense_dp"] = run["dense_dp"]["step_s"] / run["sparse"]["step_s"]
-      run["bytes_per_step_ratio"] = run["sparse"]["tx_bytes_per_step"] / max(run["dense_dp"]["tx_bytes_per_step"], 1)
-    summary["runs"][label] = run
-    s = run["sparse"]
-    print(f"[{label}] sparse: step {s['step_s'] * 1e3:.1f} ms, {s['samples_per_sec']:,.0f} samples/s, "
-          f"{s['tx_bytes_per_step'] / 1e3:,.1f} kB sent/step/host, {s['num_params']:,} params, "
-          f"peak RSS {s['peak_rss_bytes_total'] / 2**30:.2f} GiB total", flush=True)
-    if "dense_dp" in run:
-      d = run["dense_dp"]
-      print(f"[{label}] dense data-parallel: step {d['step_s'] * 1e3:.1f} ms, {d['samples_per_sec']:,.1f} samples/s, "
-            f"{d['tx_bytes_per_step'] / 1e6:,.1f} MB sent/step/host; sparse is "
-            f"{run['step_speedup_vs_dense_dp']:.0f}x faster per step "
-            f"with {run['bytes_per_step_ratio']:.2e} of the bytes",
-            flush=True)
-  first = summary["runs"][("1gbit" if "1gbit" in summary["runs"] else next(iter(summary["runs"])))]
-  for key in ("step_speedup_vs_dense_dp", "bytes_per_step_ratio"):
-    if key in first:
-      summary[key] = first[key]
+  summary = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "args": vars(args),
+             "load_average_at_start": os.getloadavg()}
+  if args.validate_whatif:
+    # The issue's settings unless given: dense N = 1e5 (a 57 MB all-reduce, about a minute per step at
+    # 10 Mbit/s), 1 warm-up step, 2 timed dense steps, a profiled window of 10 (dense: 2) steps.
+    given = {a.split("=")[0] for a in sys.argv[1:]}
+    for flag, value in (("dense_labels", 100_000), ("warmup", 1), ("dense_steps", 2), ("netanalysis_steps", 10)):
+      if f"--{flag}" not in given:
+        setattr(args, flag, value)
+    summary.update(validate_whatif(args))
+    args.json = args.json or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                          "netanalysis_validation.json")
+  else:
+    summary.update(benchmark(args))
+  summary["load_average_at_end"] = os.getloadavg()
   if args.json:
     with open(args.json, "w") as f:
       json.dump(summary, f, indent=2)

@@ -1,7 +1,7 @@
 """The configuration of a training run: one nested, documented, validated dataclass.
 
 :class:`Config` groups the settings in sections (``data``, ``network``,
-``tables``, ``optim``, ``budget``, ``run``, ``checkpoint``, ``dist``). Each
+``tables``, ``optim``, ``budget``, ``run``, ``checkpoint``, ``dist``, ``netanalysis``). Each
 field is documented once, by the ``help`` of its :func:`option`; the command
 line (:mod:`sparsejax.cli`) turns every field into a flag of the same name
 with that text as its ``--help``, so field names are unique across sections.
@@ -421,6 +421,34 @@ class DistConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class NetanalysisConfig(Section):
+  """In-run network analysis (:mod:`sparsejax.netanalysis.collect`): is the network the bottleneck?"""
+  netanalysis_steps: int = option(
+      0, "Steps of the profiled window (per-collective timing, compute/communication breakdown, link "
+      "utilisation, written to WORKDIR/netanalysis/); 0: none. The window waits for each step, which the normal "
+      "loop does not, and with a window every step is timed that way.", bounds=NON_NEGATIVE, identity=False)
+  netanalysis_start: int = option(
+      20, "Step at which the profiled window starts (at least 2 steps after the process started, so that "
+      "compilation is never profiled).", bounds=NON_NEGATIVE, identity=False)
+  link_capacity: str | None = option(
+      None, "The link's rate for utilisation figures, as tc writes it (1gbit, 100mbit, or bit/s); none: "
+      "utilisations are omitted.", identity=False)
+  netanalysis_iface: str = option(
+      "auto", "Network interface whose tx/rx byte counters are sampled in the window; auto: the one holding the "
+      "address this process advertises.", identity=False)
+  netanalysis_keep_raw: bool = option(
+      False, "Keep the profiler's raw output under WORKDIR/netanalysis/raw/.", identity=False)
+
+  def check_combinations(self) -> None:
+    if self.link_capacity is not None:
+      from sparsejax.netanalysis.units import parse_rate  # no JAX: cheap
+      try:
+        parse_rate(self.link_capacity)
+      except ValueError as e:
+        raise ConfigError("link_capacity", self.link_capacity, str(e)) from None
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
   """A training run: every setting, in sections (see the module docstring)."""
   data: DataConfig = _section(DataConfig)
@@ -431,6 +459,7 @@ class Config:
   run: RunConfig = _section(RunConfig)
   checkpoint: CheckpointConfig = _section(CheckpointConfig)
   dist: DistConfig = _section(DistConfig)
+  netanalysis: NetanalysisConfig = _section(NetanalysisConfig)
 
   def validate(self) -> "Config":
     """Checks every setting; raises :class:`ConfigError` naming the first bad one. Returns ``self``."""

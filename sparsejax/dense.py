@@ -39,6 +39,11 @@ def full_logits(params, feat_ids, feat_vals) -> jax.Array:
   return h @ out.w.T + out.b
 
 
+# The named scopes of :func:`train_step` and how their work per process scales with P processes:
+# "batch" (proportional to this process's share of the batch) or "replicated" (the same on every process).
+STEP_SCOPES = {"forward": "batch", "backward": "batch", "grad_reduce": "replicated", "adam": "replicated"}
+
+
 def train_step(state: DenseState, batch: dict, *, config: model.ModelConfig,
                axis: str | None = None) -> tuple[DenseState, dict]:
   """One dense step: full softmax over all N outputs, Adam on every parameter.
@@ -49,20 +54,26 @@ def train_step(state: DenseState, batch: dict, *, config: model.ModelConfig,
   the same update.
   """
   labels = batch["labels"]
-  every_output = jnp.broadcast_to(jnp.arange(config.num_labels, dtype=jnp.int32), (labels.shape[0], config.num_labels))
-  targets = model.label_targets(every_output, labels)  # the sparse model's target: 1/|y| on each label
   psum = (lambda x: x) if axis is None else (lambda x: jax.lax.psum(x, axis))
-  num_labeled = psum(jnp.sum(jnp.sum(targets, axis=1) > 0))
+  with jax.named_scope("forward"):
+    every_output = jnp.broadcast_to(jnp.arange(config.num_labels, dtype=jnp.int32),
+                                    (labels.shape[0], config.num_labels))
+    targets = model.label_targets(every_output, labels)  # the sparse model's target: 1/|y| on each label
+    num_labeled = psum(jnp.sum(jnp.sum(targets, axis=1) > 0))
 
-  def loss_fn(params):  # this slice's share of the mean over all labeled samples
-    logits = full_logits(params, batch["feat_ids"], batch["feat_vals"])
-    return model.softmax_cross_entropy(logits, targets, num_labeled)
+    def loss_fn(params):  # this slice's share of the mean over all labeled samples
+      logits = full_logits(params, batch["feat_ids"], batch["feat_vals"])
+      return model.softmax_cross_entropy(logits, targets, num_labeled)
 
-  params = (state.embed, state.hidden, state.out)
-  loss, grads = jax.value_and_grad(loss_fn)(params)
-  loss, grads = psum((loss, grads))
-  updates, opt = model.dense_optimizer(config).update(grads, state.opt, params)
-  embed, hidden, out = optax.apply_updates(params, updates)
+    params = (state.embed, state.hidden, state.out)
+    loss, loss_vjp = jax.vjp(loss_fn, params)
+  with jax.named_scope("backward"):
+    (grads,) = loss_vjp(jnp.ones_like(loss))
+  with jax.named_scope("grad_reduce"):
+    loss, grads = psum((loss, grads))
+  with jax.named_scope("adam"):
+    updates, opt = model.dense_optimizer(config).update(grads, state.opt, params)
+    embed, hidden, out = optax.apply_updates(params, updates)
   lr = config.schedule()(state.step)
   return state._replace(step=state.step + 1, embed=embed, hidden=hidden, out=out, opt=opt), {
       "loss": loss, "learning_rate": lr}

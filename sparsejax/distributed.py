@@ -26,7 +26,6 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
@@ -276,6 +275,9 @@ class Run(NamedTuple):
       (:func:`sparsejax.retrieval.per_query`), numpy; else None.
     refresh_index: ``state -> state`` with a freshly rebuilt index (not donated: the training state is left
       as it is), to evaluate sampled inference as a saved model would serve it; None where unavailable.
+    describe_step: ``(state, batch) -> CompiledStep``: the step as XLA compiles it for these arguments (its
+      collectives and named scopes, :func:`sparsejax.netanalysis.collectives.compile_step`); compiles, does not
+      run (the step reuses that compilation).
   """
   config: model.ModelConfig
   num_shards: int
@@ -287,6 +289,7 @@ class Run(NamedTuple):
   check_replicas: Callable[[Any, int], None]
   diagnose: Callable[[Any, np.ndarray, np.ndarray, np.ndarray], tuple] | None = None
   refresh_index: Callable[[Any], Any] | None = None
+  describe_step: Callable[[Any, dict], Any] | None = None
 
 
 def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: int = 5,
@@ -344,6 +347,14 @@ def _no_check(state, steps):
   del state, steps
 
 
+def _describer(jitted, step_scopes: dict, place=lambda batch: batch):
+  """``describe_step`` of a run whose step is ``jitted(state, place(batch))``."""
+  def describe(state, batch):
+    from sparsejax.netanalysis import collectives  # only when a run is measured
+    return collectives.compile_step(jitted, state, place(batch), known_scopes=tuple(step_scopes))
+  return describe
+
+
 def _single_slide(config, key, schedule, top, sampled_ks) -> Run:
   def predict(state, fi, fv):
     scores, ids = inference.predict_exact(state, fi, fv, top=top)
@@ -364,11 +375,11 @@ def _single_slide(config, key, schedule, top, sampled_ks) -> Run:
   rehash = jax.jit(functools.partial(model.new_hash_functions, config=config), donate_argnums=0)
   jit_diagnose = jax.jit(diagnose)
   refresh = functools.partial(model.rebuild_tables, kmeans_iterations=config.tables.kmeans_iterations)
-  return Run(config, 1, fresh, lambda: jax.eval_shape(fresh),
-             jax.jit(functools.partial(model.train_step, config=config), donate_argnums=0),
+  step = jax.jit(functools.partial(model.train_step, config=config), donate_argnums=0)
+  return Run(config, 1, fresh, lambda: jax.eval_shape(fresh), step,
              _maintainer(schedule, rebuild, rehash), _host(jax.jit(predict)), _no_check,
              lambda state, fi, fv, labels: jax.tree.map(np.asarray, jit_diagnose(state, fi, fv, labels)),
-             jax.jit(refresh))
+             jax.jit(refresh), _describer(step, model.STEP_SCOPES))
 
 
 def _exact_only(top):
@@ -379,9 +390,10 @@ def _exact_only(top):
 
 def _single_dense(config, key, schedule, top) -> Run:
   fresh = functools.partial(dense.init, key, config)
-  return Run(config, 1, fresh, lambda: jax.eval_shape(fresh),
-             jax.jit(functools.partial(dense.train_step, config=config), donate_argnums=0),
-             lambda state, steps: state, _host(jax.jit(_exact_only(top))), _no_check)
+  step = jax.jit(functools.partial(dense.train_step, config=config), donate_argnums=0)
+  return Run(config, 1, fresh, lambda: jax.eval_shape(fresh), step,
+             lambda state, steps: state, _host(jax.jit(_exact_only(top))), _no_check,
+             describe_step=_describer(step, dense.STEP_SCOPES))
 
 
 def _global_abstract(init):
@@ -404,7 +416,8 @@ def _sharded_slide(config, key, schedule, top, mesh) -> Run:
   return Run(config, mesh.size, fresh, _global_abstract(fresh),
              lambda state, batch: step(state, to_global(batch, mesh)),
              _maintainer(schedule, make_rebuild(config, mesh), make_rebuild(config, mesh, new_hash_functions=True)),
-             _host(lambda state, fi, fv: predict(state, *to_global((fi, fv), mesh))), check_replicas)
+             _host(lambda state, fi, fv: predict(state, *to_global((fi, fv), mesh))), check_replicas,
+             describe_step=_describer(step, model.STEP_SCOPES, lambda batch: to_global(batch, mesh)))
 
 
 def _data_parallel_dense(config, key, schedule, top, mesh) -> Run:
@@ -414,32 +427,19 @@ def _data_parallel_dense(config, key, schedule, top, mesh) -> Run:
   predict = jax.jit(_exact_only(top))  # the model is replicated
   return Run(config, mesh.size, fresh, _global_abstract(fresh),
              lambda state, batch: step(state, to_global(batch, mesh, P(AXIS))), lambda state, steps: state,
-             _host(lambda state, fi, fv: predict(state, *to_global((fi, fv), mesh))), _no_check)
+             _host(lambda state, fi, fv: predict(state, *to_global((fi, fv), mesh))), _no_check,
+             describe_step=_describer(step, dense.STEP_SCOPES, lambda batch: to_global(batch, mesh, P(AXIS))))
 
 
 # --- Communication accounting ----------------------------------------------------
 
-_COLLECTIVES = ("psum", "pmax", "pmin", "all_gather", "all_to_all", "ppermute", "psum_scatter", "reduce_scatter")
-
-
 def collective_bytes(fn, *args) -> int:
-  """Bytes each process contributes to collectives in one call of ``fn(*args)``.
+  """Bytes each process contributes to collectives in one call of the jitted ``fn(*args)``.
 
-  Read off the traced program: the operand sizes of every psum / pmax /
-  all_gather / ... A ring all-reduce of S bytes over P processes sends
-  ``2 (P - 1) / P * S`` bytes per process.
+  The operand bytes ``S`` of every collective XLA compiled (combined all-reduces included), summed:
+  see :func:`sparsejax.netanalysis.collectives.compiled_collectives` for the per-collective list
+  and the bytes each one puts on the wire (a ring all-reduce of ``S`` bytes over P processes sends
+  ``2 (P - 1) / P * S`` bytes per process).
   """
-  closed = jax.make_jaxpr(fn)(*args)
-  total = 0
-
-  def walk(jaxpr):
-    nonlocal total
-    for eqn in jaxpr.eqns:
-      if any(eqn.primitive.name.startswith(c) for c in _COLLECTIVES):
-        total += sum(int(np.prod(v.aval.shape)) * v.aval.dtype.itemsize for v in eqn.invars
-                     if hasattr(v.aval, "shape"))
-      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-        walk(sub)
-
-  walk(closed.jaxpr)
-  return total
+  from sparsejax.netanalysis import collectives
+  return sum(c.operand_bytes for c in collectives.compiled_collectives(fn, *args))

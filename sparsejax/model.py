@@ -470,6 +470,22 @@ def sharded_softmax_cross_entropy(logits: jax.Array, targets: jax.Array, shard: 
   return loss, g
 
 
+# The named scopes of :func:`train_step` (``jax.named_scope``: they reach the compiled HLO's metadata and
+# so every netanalysis report), each with how its work per process scales with the number of shards P:
+# "replicated" (every shard does all of it) or "sharded" (each shard does 1/P of it).
+STEP_SCOPES = {
+    "hidden_fwd": "replicated",  # input and hidden layers, forward
+    "lsh_query": "sharded",  # each shard samples k/P ids from its own tables
+    "out_logits": "sharded",  # logits of this shard's active ids
+    "softmax_reduce": "sharded",  # local softmax partials, then the pmax / psums of [B] numbers
+    "dh_reduce": "sharded",  # the psum of dh (this shard's part of dh = g W comes from out_adam's pass)
+    "hidden_bwd": "replicated",
+    "out_adam": "sharded",  # row-sparse Adam on this shard's active rows (and table re-insertion)
+    "embed_adam": "replicated",
+    "dense_adam": "replicated",
+}
+
+
 def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
                shard: Shard = Shard()) -> tuple[SlideState, dict]:
   """One SGD step on a batch. Jit with ``config`` static and the state donated.
@@ -501,67 +517,83 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
     key = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), 0x0d)
     keep = jax.random.bernoulli(key, 1.0 - config.network.dropout, (B, config.hidden_dims[-1]))
     keep = keep.astype(jnp.float32) / (1.0 - config.network.dropout)
-  h, hidden_vjp = jax.vjp(
-      lambda dp, tap: hidden_forward(state.embed.w, dp, fids, fvals, tap) * (1.0 if keep is None else keep),
-      dense_params, jnp.zeros((B, config.hidden_dims[0]), jnp.float32))
+  with jax.named_scope("hidden_fwd"):
+    h, hidden_vjp = jax.vjp(
+        lambda dp, tap: hidden_forward(state.embed.w, dp, fids, fvals, tap) * (1.0 if keep is None else keep),
+        dense_params, jnp.zeros((B, config.hidden_dims[0]), jnp.float32))
   lr = config.schedule()(state.step)
   adam = config.adam_args()
   exact = uses_exact_path(config)
   if exact:  # every (real) row is active: dense matmuls, Adam on every row
-    row_ids = jnp.arange(rows, dtype=jnp.int32)
-    valid = row_ids < n_valid
-    w = state.out.w.astype(jnp.float32)  # (bfloat16 weights: widened for the matmuls)
-    logits = jnp.where(valid, h @ w.T + state.out.b, -jnp.inf)
-    count = num_distinct_labels(labels)
-    sample = jnp.broadcast_to(jnp.arange(B)[:, None], local_labels.shape)
-    targets = jnp.zeros((B, rows), jnp.float32).at[sample, jnp.where(local_labels >= 0, local_labels, rows)].set(
-        jnp.broadcast_to((1.0 / jnp.maximum(count, 1))[:, None], local_labels.shape), mode="drop")
-    loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
-    dh = shard.psum(g_out @ w)
-    (out_w, out_b), (out_w_opt, out_b_opt) = _adam_all_rows(
-        (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt), (g_out.T @ h, jnp.sum(g_out, axis=0)), lr,
-        jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), 0xADA), **adam)
     from_tables = jnp.zeros((B,), jnp.int32)
+    with jax.named_scope("out_logits"):
+      row_ids = jnp.arange(rows, dtype=jnp.int32)
+      valid = row_ids < n_valid
+      w = state.out.w.astype(jnp.float32)  # (bfloat16 weights: widened for the matmuls)
+      logits = jnp.where(valid, h @ w.T + state.out.b, -jnp.inf)
+      count = num_distinct_labels(labels)
+      sample = jnp.broadcast_to(jnp.arange(B)[:, None], local_labels.shape)
+      targets = jnp.zeros((B, rows), jnp.float32).at[sample, jnp.where(local_labels >= 0, local_labels, rows)].set(
+          jnp.broadcast_to((1.0 / jnp.maximum(count, 1))[:, None], local_labels.shape), mode="drop")
+    with jax.named_scope("softmax_reduce"):
+      loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
+    with jax.named_scope("dh_reduce"):  # the step's metric rides along in the same all-reduce
+      dh, tables_fraction = shard.psum((g_out @ w, jnp.mean(from_tables.astype(jnp.float32))))
+    with jax.named_scope("out_adam"):
+      (out_w, out_b), (out_w_opt, out_b_opt) = _adam_all_rows(
+          (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt), (g_out.T @ h, jnp.sum(g_out, axis=0)),
+          lr, jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), 0xADA),
+          **adam)
   else:
-    seed = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    if shard.axis is not None:
-      seed = jax.random.fold_in(seed, shard.index())
-    active, from_tables = query_active(
-        state, h, config=config, k=local_active_k(config, config.num_shards), num_rows=n_valid,
-        labels=local_labels, seed=jax.random.bits(seed, (), jnp.uint32), max_from_index=config.max_from_index)
-    targets = label_targets(active, local_labels, num_distinct_labels(labels))
-    logits = jnp.where(active >= 0, ops.sparse_logits(h, state.out.w, state.out.b, active), -jnp.inf)
-    if config.network.tail_correction:
-      logits = logits + tail_log_weights(jnp.sum(targets > 0, axis=1) + from_tables, active.shape[1], n_valid)
-    loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
-    # The output layer's weight and bias share their rows: one pass updates both, and computes the hidden
-    # layer's gradient dh = sum_j g_out[b, j] W[active[b, j]] from the rows it reads anyway (W before the update).
-    (out_w, out_b), (out_w_opt, out_b_opt), touched, dh = optim.apply_row_sparse_adam(
-        (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt), ops.RowSparseGrad(active, g_out, h),
-        lr, combine=True, **adam)
-    dh = shard.psum(dh)
-  d_dense, d_embed = hidden_vjp(dh)
+    with jax.named_scope("lsh_query"):
+      seed = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+      if shard.axis is not None:
+        seed = jax.random.fold_in(seed, shard.index())
+      active, from_tables = query_active(
+          state, h, config=config, k=local_active_k(config, config.num_shards), num_rows=n_valid,
+          labels=local_labels, seed=jax.random.bits(seed, (), jnp.uint32), max_from_index=config.max_from_index)
+    with jax.named_scope("out_logits"):
+      targets = label_targets(active, local_labels, num_distinct_labels(labels))
+      logits = jnp.where(active >= 0, ops.sparse_logits(h, state.out.w, state.out.b, active), -jnp.inf)
+      if config.network.tail_correction:
+        logits = logits + tail_log_weights(jnp.sum(targets > 0, axis=1) + from_tables, active.shape[1], n_valid)
+    with jax.named_scope("softmax_reduce"):
+      loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
+    with jax.named_scope("out_adam"):
+      # The output layer's weight and bias share their rows: one pass updates both, and computes the hidden
+      # layer's gradient dh = sum_j g_out[b, j] W[active[b, j]] from the rows it reads anyway (W before the
+      # update).
+      (out_w, out_b), (out_w_opt, out_b_opt), touched, dh = optim.apply_row_sparse_adam(
+          (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt), ops.RowSparseGrad(active, g_out, h),
+          lr, combine=True, **adam)
+    with jax.named_scope("dh_reduce"):  # the step's metric rides along in the same all-reduce
+      dh, tables_fraction = shard.psum((dh, jnp.mean(from_tables.astype(jnp.float32))))
+  with jax.named_scope("hidden_bwd"):
+    d_dense, d_embed = hidden_vjp(dh)
 
-  embed_w, embed_opt, _ = optim.apply_row_sparse_adam(
-      state.embed.w, state.embed_opt, ops.RowSparseGrad(fids, fvals, d_embed), lr, **adam)
-  updates, dense_opt = dense_optimizer(config).update(d_dense, state.dense_opt, dense_params)
-  embed_b, hidden = optax.apply_updates(dense_params, updates)
+  with jax.named_scope("embed_adam"):
+    embed_w, embed_opt, _ = optim.apply_row_sparse_adam(
+        state.embed.w, state.embed_opt, ops.RowSparseGrad(fids, fvals, d_embed), lr, **adam)
+  with jax.named_scope("dense_adam"):
+    updates, dense_opt = dense_optimizer(config).update(d_dense, state.dense_opt, dense_params)
+    embed_b, hidden = optax.apply_updates(dense_params, updates)
 
-  t = state.tables
-  reinsert = "none" if exact else config.tables.reinsert  # the exact step does not query the index
-  if reinsert == "labels":
-    ids = local_labels.reshape(-1)
-    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(ids, 0), axis=0).astype(jnp.float32), ids,
-                           rows)
-  elif reinsert == "all":
-    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(touched, 0), axis=0).astype(jnp.float32),
-                           touched, rows)
+  with jax.named_scope("out_adam"):  # re-inserting updated rows is part of updating this shard's rows
+    t = state.tables
+    reinsert = "none" if exact else config.tables.reinsert  # the exact step does not query the index
+    if reinsert == "labels":
+      ids = local_labels.reshape(-1)
+      t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(ids, 0), axis=0).astype(jnp.float32), ids,
+                             rows)
+    elif reinsert == "all":
+      t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(touched, 0), axis=0).astype(jnp.float32),
+                             touched, rows)
 
   new_state = state._replace(
       step=state.step + 1, embed=SparseLayer(embed_w, embed_b), hidden=hidden, out=SparseLayer(out_w, out_b),
       embed_opt=embed_opt, out_w_opt=out_w_opt, out_b_opt=out_b_opt, dense_opt=dense_opt, tables=t)
   metrics = {"loss": loss, "learning_rate": lr,
-             "active_from_tables": shard.psum(jnp.mean(from_tables.astype(jnp.float32))) / config.num_shards}
+             "active_from_tables": tables_fraction / config.num_shards}
   return new_state, metrics
 
 

@@ -25,12 +25,13 @@ from typing import Any
 import jax
 from absl import logging
 
-from sparsejax import checkpoint, distributed, memory, model, retrieval, trained
+from sparsejax import checkpoint, dense, distributed, memory, model, retrieval, trained
 from sparsejax.config import Config, ConfigError
 from sparsejax.console import Progress
 from sparsejax.data import BatchIterator, load_dataset, train_test_split
 from sparsejax.evaluation import Evaluator
 from sparsejax.metric_writer import MetricWriter, read_records
+from sparsejax.netanalysis.collect import StepProfiler
 from sparsejax.stopping import Interrupted, StopRequests
 
 # Final-record fields that describe the run rather than a point of a curve.
@@ -120,7 +121,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   loop = _Loop(config, run, checkpoints, checkpoint.make_meta(config, num_shards, jax.process_count(), sizes),
                evaluator(test), selection,
                MetricWriter(workdir, config.run.tensorboard, resume_step=start_step) if is_chief else None,
-               steps_per_epoch, max_steps)
+               steps_per_epoch, max_steps, _step_profiler(config, run, workdir))
   batches = BatchIterator(train, config.optim.batch_size, seed=config.run.seed, epoch=position["epoch"],
                           index=position["index"], max_features=sizes["max_features"],
                           max_labels=sizes["max_labels"])
@@ -149,21 +150,30 @@ def _recorded_final(workdir: str, config: Config, latest: int, meta: dict | None
   return finals[-1]
 
 
+def _step_profiler(config: Config, run: distributed.Run, workdir: str) -> StepProfiler:
+  """Step times for metrics.jsonl and the profiled window of ``config.netanalysis`` (sparsejax.netanalysis)."""
+  slide = config.network.model == "slide"
+  return StepProfiler.from_config(
+      config.netanalysis, workdir, job="sparse" if slide else "dense",
+      per_process_batch=config.optim.batch_size // (1 if slide else run.num_shards),
+      scope_scaling=model.STEP_SCOPES if slide else dense.STEP_SCOPES)
+
+
 class _Loop:
   """The training loop's state between steps: budget, measurements, evaluations, checkpoints."""
 
   def __init__(self, config: Config, run: distributed.Run, checkpoints: checkpoint.Checkpoints, meta: dict,
                evaluator: Evaluator, selection: "_Selection | None", writer: MetricWriter | None,
-               steps_per_epoch: int, max_steps: int | None):
+               steps_per_epoch: int, max_steps: int | None, profiler: StepProfiler):
     self.config, self.run, self.checkpoints, self.meta = config, run, checkpoints, meta
-    self.evaluator, self.selection, self.writer = evaluator, selection, writer
+    self.evaluator, self.selection, self.writer, self.profiler = evaluator, selection, writer, profiler
     self.steps_per_epoch, self.max_steps = steps_per_epoch, max_steps
     self.step, self.last_loss, self.stop_signal = 0, None, None
     self.train_seconds, self.seconds_before = 0.0, 0.0
 
   def train(self, state, batches: BatchIterator, seconds_before: float, show_progress: bool):
     """Steps until the budget is spent or a signal asks to stop; returns the state."""
-    config, run = self.config, self.run
+    config, run, prof = self.config, self.run, self.profiler
     self.step = int(distributed.local_value(state.step))
     self.seconds_before = seconds_before
     self.batches = batches
@@ -180,24 +190,29 @@ class _Loop:
               and distributed.agree(time.time() - t_loop - eval_seconds >= max_seconds)):
             logging.info("wall-clock budget of %.0f s reached at step %d", max_seconds, self.step)
             break
-          state, metrics = run.step(state, next(batches))
+          batch = next(batches)
+          prof.begin_step(self.step, lambda state=state, batch=batch: run.describe_step(state, batch))
+          state, metrics = run.step(state, batch)
           self.step += 1
+          prof.end_step(self.step, (state, metrics))
           window_steps += 1
-          state = run.maintain(state, self.step)
+          state = prof.maintenance("tables", run.maintain, state, self.step)
           self.train_seconds = time.time() - t_loop - eval_seconds
           record = {}
           if self.step % log_every == 0 or self.step == self.max_steps:
             self.last_loss = float(distributed.local_value(metrics["loss"]))  # syncs: only every log_every steps
             record = {"loss": self.last_loss, "learning_rate": float(distributed.local_value(metrics["learning_rate"])),
-                      "samples_per_sec": window_steps * batch_size / max(time.time() - window_start, 1e-9)}
+                      "samples_per_sec": window_steps * batch_size / max(time.time() - window_start, 1e-9),
+                      **prof.log_record()}
             window_start, window_steps = time.time(), 0
           progress.step(self.step, record.get("loss"), record.get("samples_per_sec"))
           if self.step % config.run.eval_every == 0 and self.step != self.max_steps:  # the final one comes next
             t_eval = time.time()
             if self.selection is not None:  # periodic evaluations select the model: on the validation split
-              record.update(self.selection.evaluate(run, state, self.step, config.run.eval_samples))
+              record.update(prof.maintenance("eval", self.selection.evaluate, run, state, self.step,
+                                             config.run.eval_samples))
             else:
-              record.update(_evaluate(self.evaluator, run, state, config.run.eval_samples))
+              record.update(prof.maintenance("eval", _evaluate, self.evaluator, run, state, config.run.eval_samples))
             logging.info("step %d: %sP@1 %.4f  P@5 %.4f%s", self.step,
                          "validation " if self.selection is not None else "", record["p@1"], record["p@5"],
                          _retrieval_line(record))
@@ -212,15 +227,17 @@ class _Loop:
           if record:
             self._write(record)
           if self.step % config.checkpoint.checkpoint_every == 0:
-            self.save(state, batches)
+            prof.maintenance("checkpoint", self.save, state, batches)
           if config.dist.checksum_every and self.step % config.dist.checksum_every == 0:
-            run.check_replicas(state, self.step)
+            prof.maintenance("checksum", run.check_replicas, state, self.step)
           if stop.requested(self.step):
             self.stop_signal = stop.signum
             logging.warning("stopping after step %d (%s): saving a checkpoint", self.step,
                             signal.Signals(stop.signum).name)
             break
+      prof.finish()  # a window the loop cut short (every process gets here together)
     finally:
+      prof.close()
       progress.close()
     return state
 

@@ -37,6 +37,10 @@ def test_metrics_jsonl_and_final_result(tmp_path, small_config):
   for key in ("loss", "p@1", "p@5", "samples_per_sec", "psp@5", "sampled_p@1", "seconds"):
     assert np.isfinite(records[-1][key]), key
   assert final == records[-1] and final["step"] == 40
+  for r in records[:-1]:  # step times (mean: no window, so no per-step sync) and bytes; one process: none sent
+    assert r["steps_timed"] == 10 and 0 < r["step_seconds_mean"] < r["seconds"], r
+    assert r["collective_bytes_per_step"] == r["wire_bytes_per_step"] == 0
+    assert "step_seconds_median" not in r
   assert Config.from_dict(json.load(open(tmp_path / "config.json"))) == small_config
 
 

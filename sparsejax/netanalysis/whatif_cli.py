@@ -17,6 +17,7 @@ import os
 from absl import flags
 
 from sparsejax.netanalysis import profiles, report, whatif
+from sparsejax.netanalysis.flagdefs import define_flag
 from sparsejax.netanalysis.units import parse_rate
 
 DEFAULT_BANDWIDTHS = "10mbit,100mbit,1gbit,10gbit,100gbit"
@@ -26,31 +27,32 @@ FLAGS = flags.FLAGS
 def define_flags(command: str) -> None:
   """Define the flags of the ``whatif`` command."""
   del command
-  flags.DEFINE_list("profile", None, "Profiles to analyse: .bk.log or profile.json files (comma list).")
-  flags.DEFINE_string("iteration_time_ms", None,
-                      "One-worker iteration time of each .bk.log, milliseconds: MS for a single .bk.log, or "
-                      "name=MS,... (name: the file name without .bk.log, e.g. resnet50=128.1,vgg16=194.5).")
-  flags.DEFINE_enum("model", "ideal", ["paper", "ideal", "measured"],
-                    "paper: the paper's simulator (no latency, fusion every 5 ms / 64 MiB); ideal: the link fully "
-                    "used at its nominal rate; measured: latency, bandwidth and reduction cost from --probe.")
-  flags.DEFINE_string("reduce_cost", None,
-                      "bytes,seconds table of the local reduction cost (cuda_vec_add.log or the probe's); "
-                      "default: the probe's (measured model) or free.")
-  flags.DEFINE_string("probe", None, "Probe file (netanalysis probe --out) for --model=measured.")
-  flags.DEFINE_list("bandwidths", None,
-                    f"Link rates (tc units: bit, kbit, mbit, gbit, tbit). Default: {DEFAULT_BANDWIDTHS}, or the "
-                    "probed link for --model=measured.")
-  flags.DEFINE_list("workers", "2,4,8,16,32,64", "Numbers of processes P (each >= 2).")
-  flags.DEFINE_list("compression", "1", "Compression ratios c (each >= 1) of compressible (gradient) collectives.")
-  flags.DEFINE_float("target_scaling", None,
-                     "Target scaling factor in (0, 1]: also report the compression and the bandwidth needed.")
-  flags.DEFINE_float("fusion_ms", None, "Fuse ready gradients until this much compute time passed (paper: 5).")
-  flags.DEFINE_float("fusion_mb", None, "... or this many MiB are pending (paper: 64).")
-  flags.DEFINE_enum("scaling", "weak", ["weak", "strong"],
-                    "weak: per-process batch fixed (the paper); strong: global batch fixed (batch segments ~ 1/P).")
-  flags.DEFINE_bool("details", False, "Also print one row per prediction (step, compute, comm, exposed comm).")
-  flags.DEFINE_string("json", None, "Write the results as JSON (schema sparsejax.netanalysis.whatif/1) here.")
-  flags.DEFINE_string("png", None, "Write PREFIX-whatif.png and PREFIX-compression.png (a directory: DIR/whatif.png).")
+  define_flag("list", "profile", None, "Profiles to analyse: .bk.log or profile.json files (comma list).")
+  define_flag("string", "iteration_time_ms", None,
+              "One-worker iteration time of each .bk.log, milliseconds: MS for a single .bk.log, or "
+              "name=MS,... (name: the file name without .bk.log, e.g. resnet50=128.1,vgg16=194.5).")
+  define_flag("enum", "model", "ideal", ["paper", "ideal", "measured"],
+              "paper: the paper's simulator (no latency, fusion every 5 ms / 64 MiB); ideal: the link fully "
+              "used at its nominal rate; measured: latency, bandwidth and reduction cost from --probe.")
+  define_flag("string", "reduce_cost", None,
+              "bytes,seconds table of the local reduction cost (cuda_vec_add.log or the probe's); "
+              "default: the probe's (measured model) or free.")
+  define_flag("string", "probe", None, "Probe file (netanalysis probe --out) for --model=measured.")
+  define_flag("list", "bandwidths", None,
+              f"Link rates (tc units: bit, kbit, mbit, gbit, tbit). Default: {DEFAULT_BANDWIDTHS}, or the "
+              "probed link for --model=measured.")
+  define_flag("list", "workers", "2,4,8,16,32,64", "Numbers of processes P (each >= 2).")
+  define_flag("list", "compression", "1", "Compression ratios c (each >= 1) of compressible (gradient) collectives.")
+  define_flag("float", "target_scaling", None,
+              "Target scaling factor in (0, 1]: also report the compression and the bandwidth needed.")
+  define_flag("float", "fusion_ms", None, "Fuse ready gradients until this much compute time passed (paper: 5).")
+  define_flag("float", "fusion_mb", None, "... or this many MiB are pending (paper: 64).")
+  define_flag("enum", "scaling", "weak", ["weak", "strong"],
+              "weak: per-process batch fixed (the paper); strong: global batch fixed (batch segments ~ 1/P).")
+  define_flag("bool", "details", False, "Also print one row per prediction (step, compute, comm, exposed comm).")
+  define_flag("string", "json", None, "Write the results as JSON (schema sparsejax.netanalysis.whatif/1) here.")
+  define_flag("string", "png", None,
+              "Write PREFIX-whatif.png and PREFIX-compression.png (a directory: DIR/whatif.png).")
 
 
 def _numbers(flag: str, values: list[str], cast, minimum: float, exclusive: bool = False) -> list:
@@ -85,7 +87,7 @@ def iteration_times(paths: list[str], text: str | None) -> dict[str, float]:
     if not name:
       if len(entries) > 1 or len(paths) > 1:
         raise ValueError(f"--iteration_time_ms: {entry!r} is one value for {len(paths)} profiles; give name=MS for "
-                         f"each .bk.log ({', '.join(stems.values())})")
+              f"each .bk.log ({', '.join(stems.values())})")
       return {paths[0]: ms / 1e3}
     matches = [p for p, stem in stems.items() if name in (stem, p, os.path.basename(p))]
     if not matches:
