@@ -65,13 +65,16 @@ def write_files(dataset: str, workdir: str, seed: int) -> tuple[str, str]:
     train, test = full.subset(np.arange(100_000)), full.subset(np.arange(100_000, 110_000))
   elif dataset == "gcide":
     train, test, _ = xcdata.load_gcide(seed=seed)
+  elif dataset == "tiny":  # smoke tests of the benchmark itself
+    full = xcdata.make_synthetic(3_300, 2_000, 2_000, seed=seed)
+    train, test = full.subset(np.arange(3_000)), full.subset(np.arange(3_000, 3_300))
   elif dataset == "icd10":
     train, test, _ = xcdata.load_icd10(seed=seed)
   else:
     raise ValueError(f"unknown dataset {dataset!r}")
   os.makedirs(workdir, exist_ok=True)
-  xcdata.save_xc_file(train_path + ".tmp", train)
-  xcdata.save_xc_file(test_path + ".tmp", test)
+  xcdata.save_xc_file(train, train_path + ".tmp")
+  xcdata.save_xc_file(test, test_path + ".tmp")
   os.replace(train_path + ".tmp", train_path)
   os.replace(test_path + ".tmp", test_path)
   return train_path, test_path
@@ -220,7 +223,7 @@ def train_one(args) -> str:
   with open(path, "w") as f:
     json.dump(report, f, indent=1, default=float)
   extra = "".join(f"  {key} {final[key]:.4f}" for key in sorted(final)
-                  if key.startswith("sampled") and key.endswith("p@1") or key == "label_recall")
+                  if key.startswith("sampled") and key.endswith("_p@1") or key == "label_recall")
   print(f"{args.dataset} {args.system} ({tag}): test P@1 {final['p@1']:.4f}  P@5 {final['p@5']:.4f}{extra}  "
         f"(selected step {final.get('selected_step', final.get('step'))} of {final.get('last_step', '-')}; "
         f"{final.get('train_seconds', 0):.0f} s training, {result['wall_seconds']:.0f} s in all)", flush=True)
@@ -326,7 +329,8 @@ def report(args) -> None:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--dataset", default="synthetic", choices=("synthetic", "gcide", "icd10"))
+  parser.add_argument("--dataset", default="synthetic", choices=("synthetic", "gcide", "icd10", "tiny"),
+                      help="synthetic: issue 9's 200K-label set; tiny: 2K labels, to check the benchmark runs")
   parser.add_argument("--system", choices=SYSTEMS, help="what to train (one per invocation)")
   budget = parser.add_mutually_exclusive_group()
   budget.add_argument("--budget", type=float, default=None, help="training seconds (evaluations excluded)")
