@@ -214,7 +214,7 @@ def train_one(args) -> str:
   final = result["final"]
   report = {
       "dataset": args.dataset, "system": args.system, "budget_seconds": args.budget, "num_epochs": args.num_epochs,
-      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
       "load_average_at_end": os.getloadavg(), "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
       **result,
   }
@@ -229,8 +229,8 @@ def train_one(args) -> str:
         f"{final.get('train_seconds', 0):.0f} s training, {result['wall_seconds']:.0f} s in all)", flush=True)
   if "inference" in result:
     inf = result["inference"]
-    print("inference ms per batch of %d: %s" % (inf["batch"], ", ".join(f"{k} {v:.1f}"
-                                                                      for k, v in inf["ms_per_batch"].items())))
+    timings = ", ".join(f"{name} {ms:.1f}" for name, ms in inf["ms_per_batch"].items())
+    print(f"inference ms per batch of {inf['batch']}: {timings}")
   print(f"wrote {path}")
   return path
 
