@@ -217,7 +217,8 @@ def chaos(processes: int, kills: int, root: str, rng: random.Random) -> dict:
     record["resumed_from"] = int(resumed.group(1)) if resumed else None  # None: killed before it said
     records.append(record)
     last_step = record["last_checkpoint"] if record["last_checkpoint"] is not None else last_step
-    print(f"  P={processes} kill {len(records):2d} ({record['mode']:8s}): rank {record['rank']} in {record['phase']:16s} "
+    print(f"  P={processes} kill {len(records):2d} ({record['mode']:8s}): "
+          f"rank {record['rank']} in {record['phase']:16s} "
           f"({record['frame']}), save in flight: {record['save_in_flight']}, resumed from "
           f"{record['resumed_from']}, last checkpoint {record['last_checkpoint']}", flush=True)
   job = Job(processes, chaotic, dumps, os.path.join(root, f"chaos{processes}_final.log"))
