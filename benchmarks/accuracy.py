@@ -80,9 +80,9 @@ def write_files(dataset: str, workdir: str, seed: int) -> tuple[str, str]:
   return train_path, test_path
 
 
-def sampled_k_for(num_labels: int, active_k: int) -> int:
-  """The second active set size of sampled inference: at most 2% of N, and below the training k."""
-  return max(1, min(int(0.02 * num_labels), active_k // 4))
+def sampled_k_for(num_labels: int) -> int:
+  """The second active set size of sampled inference: 2% of N (issue 9's "k <= 2% of N")."""
+  return max(1, int(0.02 * num_labels))
 
 
 def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, args) -> dict:
@@ -95,7 +95,7 @@ def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, ar
   config = override(Config(), dataset="files", train_file=train_path, test_file=test_path,
                     max_seconds=args.budget, num_epochs=args.num_epochs, eval_samples=args.eval_samples,
                     checkpoint_every=10**9, progress=False, seed=args.seed)
-  config = override(config, eval_sampled_k=args.sampled_k or sampled_k_for(num_labels, config.network.active_k))
+  config = override(config, eval_sampled_k=args.sampled_k or sampled_k_for(num_labels))
   if system == "all_active":
     config = override(config, active_k=2**31 - 1)
   elif system == "dense":
@@ -120,24 +120,71 @@ def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, ar
                            "validation_p@1_selected": final.get("validation_p@1"),
                            "validation_p@1_last_evaluation": last["p@1"], "last_evaluation_step": last["step"]}
   if system == "sparsejax":
-    result["inference"] = time_inference(config, run_dir, test_path, args)
+    run, state = selected_state(config, run_dir, test_path)
+    result["inference"] = time_inference(config, run, state, test_path, args)
+    result["sweep"] = sweep_inference_k(config, state, train_path, test_path, args)
   return result
 
 
-def time_inference(config, run_dir: str, test_path: str, args) -> dict:
-  """Milliseconds per batch of exact and sampled inference on the selected state (index refreshed first)."""
-  import jax
-
-  from sparsejax import checkpoint, distributed, inference
-  from sparsejax.data import PAD_ID
+def selected_state(config, run_dir: str, test_path: str):
+  """``(run, state)``: the run's selected (else latest) state, its index refreshed as for serving."""
+  from sparsejax import checkpoint, distributed
 
   test = xcdata.load_xc_file(test_path)
   run = distributed.make_run(config.model_config(test.num_features, test.num_labels), seed=config.run.seed)
-  best = checkpoint.BestCheckpoint(run_dir, config.run.selection_metric)
-  state = best.restore(run.abstract_state())
+  state = checkpoint.BestCheckpoint(run_dir, config.run.selection_metric).restore(run.abstract_state())
   if state is None:
     state = checkpoint.Checkpoints(run_dir, writable=False).restore(run.abstract_state())[0]
-  state = run.refresh_index(state)
+  return run, run.refresh_index(state)
+
+
+def sweep_inference_k(config, state, train_path: str, test_path: str, args) -> dict:
+  """Sampled inference and retrieval of the selected state at several active set sizes k.
+
+  Evaluated on the whole test set and on its queries whose labels all occur in the training split (a label
+  never trained on cannot be retrieved by any index: its row is still the random initialisation).
+  """
+  from sparsejax import distributed
+  from sparsejax.config import override
+  from sparsejax.evaluation import Evaluator
+
+  train, test = xcdata.load_xc_file(train_path), xcdata.load_xc_file(test_path)
+  if config.data.validation_fraction > 0:  # the labels the run trained on (sparsejax.train's split: seed + 1)
+    train, _ = xcdata.train_test_split(train, config.data.validation_fraction, seed=config.run.seed + 1)
+  seen = np.zeros(test.num_labels, bool)
+  seen[train.label_indices] = True
+  counts = np.diff(test.label_indptr)
+  unseen_per_query = np.add.reduceat(~seen[test.label_indices], test.label_indptr[:-1]) if len(counts) else counts
+  seen_rows = np.flatnonzero((counts > 0) & (np.where(counts > 0, unseen_per_query, 0) == 0))
+  splits = {"test": test, "test_seen_labels": test.subset(seen_rows)}
+  max_features = config.data.max_features or train.max_features_per_sample()
+  ks = sorted({config.network.active_k, sampled_k_for(test.num_labels), *(args.sweep_k or ())})
+  out = {"seen_label_queries": len(seen_rows) / max(len(test), 1), "k": {}}
+  for k in ks:
+    run = distributed.make_run(override(config, active_k=k).model_config(test.num_features, test.num_labels),
+                               seed=config.run.seed)
+    row = {}
+    for name, dataset in splits.items():
+      evaluator = Evaluator.for_run(dataset, train, max_features, config.run.propensity_a, config.run.propensity_b)
+      r = evaluator(run.predict, state, None, diagnose=run.diagnose)
+      row[name] = {key: r[key] for key in ("p@1", "p@5", "sampled_p@1", "sampled_p@5", "label_recall",
+                                           "topk_recall@10", "mean_candidates")}
+      row[name]["sampled_over_exact_p@1"] = _ratio(r["sampled_p@1"], r["p@1"])
+    out["k"][str(k)] = row
+    print(f"k={k}: " + "; ".join(f"{name}: sampled/exact P@1 {v['sampled_over_exact_p@1']:.3f} "
+                                 f"label_recall {v['label_recall']:.3f} topk_recall@10 {v['topk_recall@10']:.3f}"
+                                 for name, v in row.items()), flush=True)
+  return out
+
+
+def time_inference(config, run, state, test_path: str, args) -> dict:
+  """Milliseconds per batch of exact and sampled inference on ``state`` (the selected one)."""
+  import jax
+
+  from sparsejax import inference
+  from sparsejax.data import PAD_ID
+
+  test = xcdata.load_xc_file(test_path)
   rows = np.arange(min(args.inference_batch, len(test)))
   fi, fv, _ = test.to_padded(rows, config.data.max_features or test.max_features_per_sample(), 0)
   pad = args.inference_batch - len(rows)
@@ -235,6 +282,28 @@ def train_one(args) -> str:
   return path
 
 
+def evaluate_again(args) -> str:
+  """Re-measures inference (speed, the k sweep) of a finished sparsejax run and updates its JSON."""
+  from sparsejax.config import Config
+
+  workdir = os.path.join(args.workdir, args.dataset)
+  train_path, test_path = write_files(args.dataset, workdir, args.seed)
+  tag = tag_of(args.budget, args.num_epochs)
+  run_dir = os.path.join(workdir, f"sparsejax-{tag}")
+  path = os.path.join(args.out, f"{args.dataset}-sparsejax-{tag}.json")
+  with open(path) as f:
+    report = json.load(f)
+  with open(os.path.join(run_dir, "config.json")) as f:
+    config = Config.from_dict(json.load(f))
+  run, state = selected_state(config, run_dir, test_path)
+  report["inference"] = time_inference(config, run, state, test_path, args)
+  report["sweep"] = sweep_inference_k(config, state, train_path, test_path, args)
+  with open(path, "w") as f:
+    json.dump(report, f, indent=1, default=float)
+  print(f"updated {path}")
+  return path
+
+
 def _ratio(a, b):
   return None if a is None or b in (None, 0) else a / b
 
@@ -266,6 +335,13 @@ def summarize(runs: dict) -> dict:
     out[f"{tag}: topk_recall@10"] = f.get("topk_recall@10")
     if "selection" in run:
       out[f"{tag}: selected step / last step"] = [run["selection"]["selected_step"], run["selection"]["last_step"]]
+    if "sweep" in run:
+      sweep = run["sweep"]
+      out[f"{tag}: test queries whose labels were all trained on"] = sweep["seen_label_queries"]
+      for k, row in sweep["k"].items():
+        for split, v in row.items():
+          out[f"{tag}: k={k} {split}: sampled/exact P@1 (target >= 0.9), label_recall (target >= 0.8), "
+              f"topk_recall@10"] = [v["sampled_over_exact_p@1"], v["label_recall"], v["topk_recall@10"]]
     if "inference" in run:
       for name, speedup in run["inference"]["speedup"].items():
         out[f"{tag}: {name} inference speedup over exact (target >= 5 at N >= 2e5)"] = speedup
@@ -336,11 +412,16 @@ def main():
   budget.add_argument("--budget", type=float, default=None, help="training seconds (evaluations excluded)")
   budget.add_argument("--num_epochs", type=float, default=None, help="epochs (the fixed-epoch comparison)")
   parser.add_argument("--report", action="store_true", help="summarize and plot the dataset's runs in --out")
+  parser.add_argument("--evaluate_again", action="store_true",
+                      help="re-measure inference speed and the k sweep of the finished sparsejax run (same --budget "
+                      "or --num_epochs) and update its JSON")
   parser.add_argument("--evals_per_epoch", type=int, default=None,
                       help="validation evaluations per epoch; default 1 for sparsejax, 4 for all_active and dense")
   parser.add_argument("--eval_samples", type=int, default=5000, help="validation samples of periodic evaluations")
   parser.add_argument("--sampled_k", type=int, default=None,
-                      help="second active set size of sampled inference; default min(2%% of N, active_k / 4)")
+                      help="second active set size of sampled inference in the evaluations; default 2%% of N")
+  parser.add_argument("--sweep_k", type=int, nargs="*", default=None,
+                      help="further k of the selected state's sampled-inference sweep (besides active_k, 2%% of N)")
   parser.add_argument("--inference_batch", type=int, default=1024, help="samples per timed inference batch")
   parser.add_argument("--inference_repeats", type=int, default=5, help="timed inference calls (median)")
   parser.add_argument("--workdir", default="/tmp/sparsejax_accuracy", help="data files and run directories")
@@ -349,6 +430,10 @@ def main():
   args = parser.parse_args()
   if args.report:
     return report(args)
+  if args.evaluate_again:
+    if args.budget is None and args.num_epochs is None:
+      parser.error("--evaluate_again needs the run's --budget or --num_epochs")
+    return evaluate_again(args)
   if args.system is None:
     parser.error("--system is required (or --report)")
   if args.budget is None and args.num_epochs is None:
