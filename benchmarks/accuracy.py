@@ -88,7 +88,6 @@ def sampled_k_for(num_labels: int) -> int:
 def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, args) -> dict:
   """One sparsejax run (default, all-active or dense); returns its curve and final test metrics."""
   from sparsejax.config import Config, override
-  from sparsejax.metric_writer import read_records
   from sparsejax.train import train_and_evaluate
 
   num_labels = xcdata.load_xc_file(test_path).num_labels
@@ -111,18 +110,30 @@ def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, ar
   t = time.time()
   final = train_and_evaluate(config, run_dir)
   wall = time.time() - t
-  curve = [{key: record.get(key) for key in ("step", "epoch", "seconds", "p@1", "p@5", "split")}
-           for record in read_records(run_dir) if not record.get("final")]
-  result = {"config": config.to_dict(), "curve": curve, "final": final, "wall_seconds": wall}
-  if curve and "selected_step" in final:
-    last = curve[-1]
-    result["selection"] = {"selected_step": final["selected_step"], "last_step": final["last_step"],
-                           "validation_p@1_selected": final.get("validation_p@1"),
-                           "validation_p@1_last_evaluation": last["p@1"], "last_evaluation_step": last["step"]}
+  result = {"config": config.to_dict(), "final": final, "wall_seconds": wall, **curve_and_selection(run_dir, final)}
   if system == "sparsejax":
     run, state = selected_state(config, run_dir, test_path)
     result["inference"] = time_inference(config, run, state, test_path, args)
     result["sweep"] = sweep_inference_k(config, state, train_path, test_path, args)
+  return result
+
+
+def curve_and_selection(run_dir: str, final: dict) -> dict:
+  """The run's evaluation curve (metrics.jsonl) and, with a validation split, its selected and last step."""
+  from sparsejax.metric_writer import read_records
+
+  curve = [{key: record.get(key) for key in ("step", "epoch", "seconds", "p@1", "p@5", "split")}
+           for record in read_records(run_dir) if "p@1" in record and not record.get("final")]
+  if "selected_step" in final and final["selected_step"] == final["last_step"] and \
+      (not curve or curve[-1]["step"] != final["last_step"]):
+    # The last state's validation evaluation (made by the final selection) is not in metrics.jsonl.
+    curve.append({"step": final["last_step"], "epoch": final["epoch"], "seconds": final["seconds"],
+                  "p@1": final["validation_p@1"], "p@5": None, "split": "validation"})
+  result = {"curve": curve}
+  if "selected_step" in final:
+    result["selection"] = {"selected_step": final["selected_step"], "last_step": final["last_step"],
+                           "validation_p@1_selected": final.get("validation_p@1"),
+                           "validation_p@1_by_step": {point["step"]: point["p@1"] for point in curve}}
   return result
 
 
@@ -141,8 +152,9 @@ def selected_state(config, run_dir: str, test_path: str):
 def sweep_inference_k(config, state, train_path: str, test_path: str, args) -> dict:
   """Sampled inference and retrieval of the selected state at several active set sizes k.
 
-  Evaluated on the whole test set and on its queries whose labels all occur in the training split (a label
-  never trained on cannot be retrieved by any index: its row is still the random initialisation).
+  Evaluated on the test queries whose labels all occur in the training split and on the others (a label never
+  trained on cannot be retrieved by any index: its row is still the random initialisation), and on the whole
+  test set (their weighted means: every query of the benchmark's datasets has a label).
   """
   from sparsejax import distributed
   from sparsejax.config import override
@@ -155,23 +167,28 @@ def sweep_inference_k(config, state, train_path: str, test_path: str, args) -> d
   seen[train.label_indices] = True
   counts = np.diff(test.label_indptr)
   unseen_per_query = np.add.reduceat(~seen[test.label_indices], test.label_indptr[:-1]) if len(counts) else counts
-  seen_rows = np.flatnonzero((counts > 0) & (np.where(counts > 0, unseen_per_query, 0) == 0))
-  splits = {"test": test, "test_seen_labels": test.subset(seen_rows)}
+  seen_query = (counts > 0) & (np.where(counts > 0, unseen_per_query, 0) == 0)
+  splits = {"test_seen_labels": np.flatnonzero(seen_query), "test_unseen_labels": np.flatnonzero(~seen_query)}
   max_features = config.data.max_features or train.max_features_per_sample()
   ks = sorted({config.network.active_k, sampled_k_for(test.num_labels), *(args.sweep_k or ())})
-  out = {"seen_label_queries": len(seen_rows) / max(len(test), 1), "k": {}}
+  keys = ("p@1", "p@5", "sampled_p@1", "sampled_p@5", "label_recall", "topk_recall@10", "mean_candidates")
+  out = {"seen_label_queries": float(np.mean(seen_query)) if len(test) else 0.0, "k": {}}
   for k in ks:
     run = distributed.make_run(override(config, active_k=k).model_config(test.num_features, test.num_labels),
                                seed=config.run.seed)
     row = {}
-    for name, dataset in splits.items():
-      evaluator = Evaluator.for_run(dataset, train, max_features, config.run.propensity_a, config.run.propensity_b)
-      r = evaluator(run.predict, state, None, diagnose=run.diagnose)
-      row[name] = {key: r[key] for key in ("p@1", "p@5", "sampled_p@1", "sampled_p@5", "label_recall",
-                                           "topk_recall@10", "mean_candidates")}
-      row[name]["sampled_over_exact_p@1"] = _ratio(r["sampled_p@1"], r["p@1"])
+    for name, rows in splits.items():  # disjoint: the whole test set's figures are their weighted means
+      if len(rows):
+        evaluator = Evaluator.for_run(test.subset(rows), train, max_features, config.run.propensity_a,
+                                      config.run.propensity_b)
+        r = evaluator(run.predict, state, None, diagnose=run.diagnose)
+        row[name] = {key: r[key] for key in keys} | {"queries": len(rows)}
+    row["test"] = {key: sum(v[key] * v["queries"] for v in row.values()) / len(test) for key in keys} | \
+        {"queries": len(test)}  # every query has a label (label_recall's mean is over labelled ones)
+    for v in row.values():
+      v["sampled_over_exact_p@1"] = _ratio(v["sampled_p@1"], v["p@1"])
     out["k"][str(k)] = row
-    print(f"k={k}: " + "; ".join(f"{name}: sampled/exact P@1 {v['sampled_over_exact_p@1']:.3f} "
+    print(f"k={k}: " + "; ".join(f"{name}: sampled/exact P@1 {v['sampled_over_exact_p@1'] or 0:.3f} "
                                  f"label_recall {v['label_recall']:.3f} topk_recall@10 {v['topk_recall@10']:.3f}"
                                  for name, v in row.items()), flush=True)
   return out
@@ -296,6 +313,7 @@ def evaluate_again(args) -> str:
   with open(os.path.join(run_dir, "config.json")) as f:
     config = Config.from_dict(json.load(f))
   run, state = selected_state(config, run_dir, test_path)
+  report.update(curve_and_selection(run_dir, report["final"]))
   report["inference"] = time_inference(config, run, state, test_path, args)
   report["sweep"] = sweep_inference_k(config, state, train_path, test_path, args)
   with open(path, "w") as f:
@@ -339,7 +357,7 @@ def summarize(runs: dict) -> dict:
       sweep = run["sweep"]
       out[f"{tag}: test queries whose labels were all trained on"] = sweep["seen_label_queries"]
       for k, row in sweep["k"].items():
-        for split, v in row.items():
+        for split, v in ((s, v) for s, v in row.items() if s != "test_unseen_labels"):
           out[f"{tag}: k={k} {split}: sampled/exact P@1 (target >= 0.9), label_recall (target >= 0.8), "
               f"topk_recall@10"] = [v["sampled_over_exact_p@1"], v["label_recall"], v["topk_recall@10"]]
     if "inference" in run:
