@@ -85,6 +85,20 @@ def sampled_k_for(num_labels: int) -> int:
   return max(1, int(0.02 * num_labels))
 
 
+def parse_settings(settings: list[str] | None) -> dict:
+  """``["name=value", ...]`` (values as JSON where they parse, else strings) -> override keywords."""
+  out = {}
+  for item in settings or ():
+    name, sep, value = item.partition("=")
+    if not sep:
+      raise SystemExit(f"--set {item!r}: expected NAME=VALUE (a sparsejax setting, e.g. learning_rate=0.01)")
+    try:
+      out[name] = json.loads(value)
+    except json.JSONDecodeError:
+      out[name] = value
+  return out
+
+
 def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, args) -> dict:
   """One sparsejax run (default, all-active or dense); returns its curve and final test metrics."""
   from sparsejax.config import Config, override
@@ -94,7 +108,7 @@ def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, ar
   config = override(Config(), dataset="files", train_file=train_path, test_file=test_path,
                     max_seconds=args.budget, num_epochs=args.num_epochs, eval_samples=args.eval_samples,
                     checkpoint_every=10**9, progress=False, seed=args.seed)
-  config = override(config, eval_sampled_k=args.sampled_k or sampled_k_for(num_labels))
+  config = override(config, eval_sampled_k=args.sampled_k or sampled_k_for(num_labels), **parse_settings(args.set))
   if system == "all_active":
     config = override(config, active_k=2**31 - 1)
   elif system == "dense":
@@ -114,7 +128,8 @@ def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, ar
   if system == "sparsejax":
     run, state = selected_state(config, run_dir, test_path)
     result["inference"] = time_inference(config, run, state, test_path, args)
-    result["sweep"] = sweep_inference_k(config, state, train_path, test_path, args)
+    if args.num_epochs is not None:  # the budget runs leave it out (each invocation stays under ~9 minutes)
+      result["sweep"] = sweep_inference_k(config, state, train_path, test_path, args)
   return result
 
 
@@ -484,6 +499,8 @@ def main():
   budget.add_argument("--budget", type=float, default=None, help="training seconds (evaluations excluded)")
   budget.add_argument("--num_epochs", type=float, default=None, help="epochs (the fixed-epoch comparison)")
   parser.add_argument("--report", action="store_true", help="summarize and plot the dataset's runs in --out")
+  parser.add_argument("--set", action="append", metavar="NAME=VALUE",
+                      help="a sparsejax setting for every system's run (repeatable), e.g. --set learning_rate=0.01")
   parser.add_argument("--evaluate_again", action="store_true",
                       help="re-measure inference speed and the k sweep of the finished sparsejax run (same --budget "
                       "or --num_epochs) and update its JSON")
