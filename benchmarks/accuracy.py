@@ -21,19 +21,33 @@ epochs (``--num_epochs``: the fixed-epoch comparison of sparsejax with
 all-active), and writes ``OUT/DATASET-SYSTEM-TAG.json`` (TAG: ``300s`` or
 ``1ep``): the validation P@1/P@5 against training seconds, the final test
 metrics of the selected checkpoint (exact and sampled P@k at the training k
-and at ``--sampled_k``, label_recall and the other retrieval diagnostics,
-selected and last step, samples/s) and, for sparsejax, the speed of
-sampled against exact inference on the selected state. ``--report`` then
+and at 2% of N, label_recall and the other retrieval diagnostics, selected
+and last step, samples/s) and, for sparsejax, the speed of sampled against
+exact inference on the selected state. Fixed-epoch sparsejax runs also sweep
+the selected state's sampled inference over k (the training k, 2% of N,
+``--sweep_k``) on the test queries whose labels were trained on and on the
+others, with the label_recall an ideal index (the exact top-k) would reach;
+``--evaluate_again`` re-measures that for a finished run. ``--report`` then
 reads a dataset's files, checks them against issue 9's acceptance targets
 (``OUT/DATASET-summary.json``) and plots P@1 against seconds
-(``OUT/DATASET.png``, if matplotlib is installed). On a quiet 2-core machine
-each invocation takes at most about 9 minutes:
+(``OUT/DATASET.png``, if matplotlib is installed).
 
-  python benchmarks/accuracy.py --dataset synthetic --system sparsejax --budget 300
-  python benchmarks/accuracy.py --dataset synthetic --system all_active --num_epochs 1
-  python benchmarks/accuracy.py --dataset synthetic --report
+The same-budget comparison (a quiet 2-core machine, nothing else running;
+each invocation takes at most about 9 minutes):
 
-Wall-clock comparisons need a quiet machine: nothing else should run.
+  for d in synthetic gcide; do
+    for s in sparsejax all_active dense napkinxc; do
+      python benchmarks/accuracy.py --dataset $d --system $s --budget 300
+    done
+    python benchmarks/accuracy.py --dataset $d --report
+  done
+
+The fixed-epoch comparison (accuracy only: fine on a busy machine, but slow):
+
+  python benchmarks/accuracy.py --dataset synthetic --system sparsejax --num_epochs 0.25 --evals_per_epoch 4
+  python benchmarks/accuracy.py --dataset synthetic --system all_active --num_epochs 0.25
+
+Smoke test of the benchmark itself: ``--dataset tiny --budget 8``.
 """
 
 import argparse
