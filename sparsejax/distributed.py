@@ -351,7 +351,7 @@ def _single_slide(config, key, schedule, top, sampled_ks) -> Run:
                     donate_argnums=0)
   rehash = jax.jit(functools.partial(model.new_hash_functions, config=config), donate_argnums=0)
   jit_diagnose = jax.jit(diagnose)
-  refresh = functools.partial(model.rebuild_tables, kmeans_iterations=config.tables.kmeans_iterations)
+  refresh = functools.partial(model.serving_index, config=config)
   return Run(config, 1, fresh, lambda: jax.eval_shape(fresh),
              jax.jit(functools.partial(model.train_step, config=config), donate_argnums=0),
              _maintainer(schedule, rebuild, rehash), _host(jax.jit(predict)), _no_check,
