@@ -94,10 +94,11 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
                 num_valid: int | jax.Array | None = None, key: jax.Array | None = None) -> ClusterIndex:
   """Spherical k-means of the centred, augmented rows, then the inverted file and the clusters' mean rows.
 
-  Centring: measured on a synthetic 20K-label layer after 2 epochs, the rows share a large common
-  component (the mean cosine between a query and its label's row is below 0), and clusters of the raw
-  augmented rows found 43% of the exact top-10 within k = 1024 candidates; centred, 80%. Probing by the
-  clusters' mean logit instead of the centroid's cosine: 81% (k = 1024) and 54% (k = 400).
+  Measured on a synthetic 20K-label layer after 2 epochs, whose rows share a large common component (the
+  mean cosine between a query and its label's row is below 0), with sampled over exact P@1 at k = 1024 /
+  k = 400: raw augmented rows (282 clusters, 5 iterations) 0.54 / 0.44 (43% of the exact top-10 found);
+  centred rows 0.90 / 0.78 (80%); centred and probed by the clusters' mean logit instead of the centroid's
+  cosine 0.93 / 0.86.
 
   Every build starts afresh from ``C`` rows spread over ``[0, num_valid)``
   (offset drawn from ``key``), runs ``iterations`` Lloyd iterations (assign
