@@ -266,7 +266,7 @@ class TablesConfig(Section):
       "from the best ones).",
       bounds=AT_LEAST_ONE)
   eval_kmeans_iterations: int = option(
-      5, "Lloyd iterations of the index built for evaluation and sampled inference.", bounds=NON_NEGATIVE)
+      3, "Lloyd iterations of the index built for evaluation and sampled inference.", bounds=NON_NEGATIVE)
   lsh_mips: bool = option(
       False, "LSH: hash rows and queries reduced from inner products to cosines (simple-LSH) instead of raw ones.")
   lsh_family: str = option(
