@@ -613,7 +613,8 @@ def serving_index(state: SlideState, config: ModelConfig) -> SlideState:
   if isinstance(state.tables, clusters.ClusterIndex):
     c, iterations = config.eval_index_sizes
     rows, d = state.out.w.shape
-    return state._replace(tables=clusters.build_index(clusters.init_index(c, rows, d), state.out.w, state.out.b,
+    out = _float32_rows(state.out)
+    return state._replace(tables=clusters.build_index(clusters.init_index(c, rows, d), out.w, out.b,
                                                       iterations=iterations))
   return rebuild_tables(state, kmeans_iterations=config.tables.kmeans_iterations)
 

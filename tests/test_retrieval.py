@@ -217,3 +217,16 @@ def test_serving_index_is_built_finer_on_the_final_rows():
   top = np.argsort(-(h @ np.asarray(out.w).T + np.asarray(out.b)), axis=1)[:, :5]
   found = np.mean([len(set(top[i]) & set(np.asarray(active)[i].tolist())) / 5 for i in range(16)])
   assert found > 0.5, found  # 16% of the rows hold most of the exact top 5
+
+
+def test_serving_index_of_bfloat16_rows():
+  from sparsejax.config import Config, override
+
+  config = override(Config(), hidden_dims=(8,), num_clusters=4, eval_num_clusters=12, active_k=32,
+                    weight_dtype="bfloat16").model_config(50, 200)
+  state = model.init(jax.random.key(1), config)
+  assert state.out.w.dtype == jnp.bfloat16
+  served = model.serving_index(state, config)
+  want = clusters.build_index(clusters.init_index(12, 200, 8), state.out.w.astype(jnp.float32), state.out.b,
+                              iterations=config.eval_index_sizes[1])
+  np.testing.assert_array_equal(np.asarray(served.tables.rows), np.asarray(want.rows))
