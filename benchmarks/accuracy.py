@@ -1,38 +1,71 @@
-"""Accuracy against wall-clock time: sparsejax, all-active, dense full softmax and napkinXC, side by side.
+"""Issue 9's accuracy benchmark: sparsejax, all-active, dense full softmax and napkinXC, side by side.
 
-Every model trains on the same files (written once, Extreme Classification
-Repository format) and the same cores, for the same training-time budget,
-and is evaluated exactly on the same test set:
+Every system trains on the same files (written once per dataset, Extreme
+Classification Repository format) and the same cores, and is evaluated
+exactly on the same test set:
 
-* ``sparsejax``: the default configuration (sampled output layer).
+* ``sparsejax``: the default configuration (sampled output layer, clustered
+  index, validation split and best-checkpoint selection).
 * ``all_active``: the same network with every output neuron active
   (``active_k >= N``: the exact softmax through the sparse kernels).
-* ``dense``: the same network trained densely (jnp + optax, full softmax).
+* ``dense``: the same network trained densely (``--model=dense``: jnp +
+  optax, full softmax).
 * ``napkinxc``: napkinXC's probabilistic label tree (``PLT``, liblinear
-  nodes; benchmark-only: ``pip install napkinxc``), one point per run.
+  nodes; benchmark-only: ``pip install napkinxc``), trained on the same
+  training samples (the validation split left out, as for the others), one
+  point per run.
 
-The sparsejax runs are evaluated every ``--eval_every`` steps, giving P@1
-and P@5 against training seconds (evaluation time excluded). Writes a JSON
-file and a PNG of P@1 against seconds.
+One invocation trains one system on one dataset, either for a wall-clock
+budget (``--budget``, periodic evaluations excluded) or for a number of
+epochs (``--num_epochs``: the fixed-epoch comparison of sparsejax with
+all-active), and writes ``OUT/DATASET-SYSTEM-TAG.json`` (TAG: ``300s`` or
+``1ep``): the validation P@1/P@5 against training seconds, the final test
+metrics of the selected checkpoint (exact and sampled P@k at the training k
+and at 2% of N, label_recall and the other retrieval diagnostics, selected
+and last step, samples/s) and, for sparsejax, the speed of sampled against
+exact inference on the selected state. Fixed-epoch sparsejax runs also sweep
+the selected state's sampled inference over k (the training k, 2% of N,
+``--sweep_k``) on the test queries whose labels were trained on and on the
+others, with the label_recall an ideal index (the exact top-k) would reach;
+``--evaluate_again`` re-measures that for a finished run. ``--report`` then
+reads a dataset's files, checks them against issue 9's acceptance targets
+(``OUT/DATASET-summary.json``) and plots P@1 against seconds
+(``OUT/DATASET.png``, if matplotlib is installed).
 
-  python benchmarks/accuracy.py --dataset synthetic --budget 300 --out benchmarks/results/accuracy_synthetic
-  python benchmarks/accuracy.py --dataset gcide --budget 300 --out benchmarks/results/accuracy_gcide
+The same-budget comparison (a quiet 2-core machine, nothing else running;
+each invocation takes at most about 9 minutes):
 
-Wall-clock comparisons need a quiet machine: nothing else should run.
+  for d in synthetic gcide; do
+    for s in sparsejax all_active dense napkinxc; do
+      python benchmarks/accuracy.py --dataset $d --system $s --budget 300
+    done
+    python benchmarks/accuracy.py --dataset $d --report
+  done
+
+The fixed-epoch comparison (accuracy only: fine on a busy machine, but slow):
+
+  python benchmarks/accuracy.py --dataset synthetic --system sparsejax --num_epochs 0.25 --evals_per_epoch 4
+  python benchmarks/accuracy.py --dataset synthetic --system all_active --num_epochs 0.25
+
+Smoke test of the benchmark itself: ``--dataset tiny --budget 8``.
 """
 
 import argparse
 import datetime
+import glob
 import json
 import os
 import platform
+import statistics
 import time
 
 import numpy as np
 
 from sparsejax import data as xcdata
 
-MODELS = ("sparsejax", "all_active", "dense", "napkinxc")
+SYSTEMS = ("sparsejax", "all_active", "dense", "napkinxc")
+SLIDE_SYSTEMS = ("sparsejax", "all_active")
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "accuracy")
 
 
 def write_files(dataset: str, workdir: str, seed: int) -> tuple[str, str]:
@@ -46,47 +79,241 @@ def write_files(dataset: str, workdir: str, seed: int) -> tuple[str, str]:
     train, test = full.subset(np.arange(100_000)), full.subset(np.arange(100_000, 110_000))
   elif dataset == "gcide":
     train, test, _ = xcdata.load_gcide(seed=seed)
+  elif dataset == "tiny":  # smoke tests of the benchmark itself
+    full = xcdata.make_synthetic(3_300, 2_000, 2_000, seed=seed)
+    train, test = full.subset(np.arange(3_000)), full.subset(np.arange(3_000, 3_300))
   elif dataset == "icd10":
     train, test, _ = xcdata.load_icd10(seed=seed)
   else:
     raise ValueError(f"unknown dataset {dataset!r}")
   os.makedirs(workdir, exist_ok=True)
-  xcdata.save_xc_file(train_path + ".tmp", train)
-  xcdata.save_xc_file(test_path + ".tmp", test)
+  xcdata.save_xc_file(train, train_path + ".tmp")
+  xcdata.save_xc_file(test, test_path + ".tmp")
   os.replace(train_path + ".tmp", train_path)
   os.replace(test_path + ".tmp", test_path)
   return train_path, test_path
 
 
-def run_sparsejax(name: str, train_path: str, test_path: str, workdir: str, args) -> dict:
-  """One sparsejax run; returns its curve (P@1 / P@5 against training seconds) and final metrics."""
+def sampled_k_for(num_labels: int) -> int:
+  """The second active set size of sampled inference: 2% of N (issue 9's "k <= 2% of N")."""
+  return max(1, int(0.02 * num_labels))
+
+
+def parse_settings(settings: list[str] | None) -> dict:
+  """``["name=value", ...]`` (values as JSON where they parse, else strings) -> override keywords."""
+  out = {}
+  for item in settings or ():
+    name, sep, value = item.partition("=")
+    if not sep:
+      raise SystemExit(f"--set {item!r}: expected NAME=VALUE (a sparsejax setting, e.g. learning_rate=0.01)")
+    try:
+      out[name] = json.loads(value)
+    except json.JSONDecodeError:
+      out[name] = value
+  return out
+
+
+def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, args) -> dict:
+  """One sparsejax run (default, all-active or dense); returns its curve and final test metrics."""
   from sparsejax.config import Config, override
   from sparsejax.train import train_and_evaluate
 
-  config = override(Config(), dataset="files", train_file=train_path, test_file=test_path, max_seconds=args.budget,
-                    eval_every=args.eval_every, eval_samples=args.eval_samples, checkpoint_every=10**9,
-                    progress=False, seed=args.seed)
-  if name == "all_active":
+  num_labels = xcdata.load_xc_file(test_path).num_labels
+  config = override(Config(), dataset="files", train_file=train_path, test_file=test_path,
+                    max_seconds=args.budget, num_epochs=args.num_epochs, eval_samples=args.eval_samples,
+                    checkpoint_every=10**9, progress=False, seed=args.seed)
+  config = override(config, eval_sampled_k=args.sampled_k or sampled_k_for(num_labels), **parse_settings(args.set))
+  if system == "all_active":
     config = override(config, active_k=2**31 - 1)
-  elif name == "dense":
+  elif system == "dense":
     config = override(config, model="dense")
-  run_dir = os.path.join(workdir, name)
+  steps_per_epoch = int(len(xcdata.load_xc_file(train_path)) * (1 - config.data.validation_fraction)) \
+      // config.optim.batch_size
+  evals_per_epoch = args.evals_per_epoch or (1 if system == "sparsejax" else 4)
+  config = override(config, eval_every=max(1, steps_per_epoch // evals_per_epoch))
+  if os.path.exists(run_dir):  # a new run: the benchmark never resumes an earlier one
+    import shutil
+
+    shutil.rmtree(run_dir)
+  t = time.time()
   final = train_and_evaluate(config, run_dir)
-  curve = []
-  with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-    for line in f:
-      record = json.loads(line)
-      if not record.get("final"):
-        curve.append({key: record[key] for key in ("step", "train_seconds", "p@1", "p@5")})
-  curve.append({"step": final["step"], "train_seconds": final["train_seconds"], "p@1": final["p@1"],
-                "p@5": final["p@5"]})
-  return {"curve": curve, "final": final}
+  wall = time.time() - t
+  result = {"config": config.to_dict(), "final": final, "wall_seconds": wall, **curve_and_selection(run_dir, final)}
+  if system == "sparsejax":
+    run, state = selected_state(config, run_dir, test_path)
+    result["inference"] = time_inference(config, run, state, test_path, args)
+    if args.num_epochs is not None:  # the budget runs leave it out (each invocation stays under ~9 minutes)
+      result["sweep"] = sweep_inference_k(config, state, train_path, test_path, args)
+  return result
 
 
-def run_napkinxc(train_path: str, test_path: str, args) -> dict:
-  """napkinXC PLT with its defaults (liblinear nodes): one (seconds, P@1, P@5) point."""
+def curve_and_selection(run_dir: str, final: dict) -> dict:
+  """The run's evaluation curve (metrics.jsonl) and, with a validation split, its selected and last step."""
+  from sparsejax.metric_writer import read_records
+
+  curve = [{key: record.get(key) for key in ("step", "epoch", "seconds", "p@1", "p@5", "split")}
+           for record in read_records(run_dir) if "p@1" in record and not record.get("final")]
+  if "selected_step" in final and final["selected_step"] == final["last_step"] and \
+      (not curve or curve[-1]["step"] != final["last_step"]):
+    # The last state's validation evaluation (made by the final selection) is not in metrics.jsonl.
+    curve.append({"step": final["last_step"], "epoch": final["epoch"], "seconds": final["seconds"],
+                  "p@1": final["validation_p@1"], "p@5": None, "split": "validation"})
+  result = {"curve": curve}
+  if "selected_step" in final:
+    result["selection"] = {"selected_step": final["selected_step"], "last_step": final["last_step"],
+                           "validation_p@1_selected": final.get("validation_p@1"),
+                           "validation_p@1_by_step": {point["step"]: point["p@1"] for point in curve}}
+  return result
+
+
+def selected_state(config, run_dir: str, test_path: str):
+  """``(run, state)``: the run's selected (else latest) state, its index refreshed as for serving."""
+  from sparsejax import checkpoint, distributed
+
+  test = xcdata.load_xc_file(test_path)
+  run = distributed.make_run(config.model_config(test.num_features, test.num_labels), seed=config.run.seed)
+  state = checkpoint.BestCheckpoint(run_dir, config.run.selection_metric).restore(run.abstract_state())
+  if state is None:
+    state = checkpoint.Checkpoints(run_dir, writable=False).restore(run.abstract_state())[0]
+  return run, run.refresh_index(state)
+
+
+def exact_label_ranks(state, dataset, max_features: int, batch: int = 1024, row_chunk: int = 32768) -> np.ndarray:
+  """``[n, M]`` rank of each true label among all N logits of its query (0: first; -1 where padding).
+
+  ``rank < k`` says whether an ideal index (one returning the exact top-k) would find the label: the
+  ceiling of ``label_recall`` at k. Chunked over output rows (never ``[batch, N]``).
+  """
+  import jax
+  import jax.numpy as jnp
+
+  from sparsejax import model
+  from sparsejax.data import PAD_ID
+
+  w, b = state.out.w, state.out.b
+  n_rows = w.shape[0]
+  chunks = -(-n_rows // row_chunk)
+  w_pad = jnp.pad(w, ((0, chunks * row_chunk - n_rows), (0, 0)))
+  b_pad = jnp.pad(b, (0, chunks * row_chunk - n_rows), constant_values=-jnp.inf)
+
+  @jax.jit
+  def ranks(state, fi, fv, labels):
+    h = model.hidden(state, fi, fv)
+    safe = jnp.maximum(labels, 0)
+    own = jnp.einsum("bd,bmd->bm", h, w[safe], precision="highest") + b[safe]  # [B, M]
+
+    def body(c, count):
+      wc = jax.lax.dynamic_slice_in_dim(w_pad, c * row_chunk, row_chunk)
+      bc = jax.lax.dynamic_slice_in_dim(b_pad, c * row_chunk, row_chunk)
+      logits = jnp.dot(h, wc.T, precision="highest") + bc  # [B, chunk]
+      return count + jnp.sum(logits[:, None, :] > own[:, :, None], axis=2)
+
+    count = jax.lax.fori_loop(0, chunks, body, jnp.zeros(labels.shape, jnp.int32))
+    return jnp.where(labels >= 0, count, -1)
+
+  max_labels = max(dataset.max_labels_per_sample(), 1)
+  out = []
+  for start in range(0, len(dataset), batch):
+    rows = np.arange(start, min(start + batch, len(dataset)))
+    fi, fv, lab = dataset.to_padded(rows, max_features, max_labels)
+    pad = batch - len(rows)
+    out.append(np.asarray(ranks(state, np.pad(fi, ((0, pad), (0, 0)), constant_values=PAD_ID),
+                                np.pad(fv, ((0, pad), (0, 0))), np.pad(lab, ((0, pad), (0, 0)),
+                                                                        constant_values=PAD_ID)))[:len(rows)])
+  return np.concatenate(out) if out else np.zeros((0, max_labels), np.int32)
+
+
+def sweep_inference_k(config, state, train_path: str, test_path: str, args) -> dict:
+  """Sampled inference and retrieval of the selected state at several active set sizes k.
+
+  Evaluated on the test queries whose labels all occur in the training split and on the others (a label never
+  trained on cannot be retrieved by any index: its row is still the random initialisation), and on the whole
+  test set (their weighted means: every query of the benchmark's datasets has a label).
+  """
+  from sparsejax import distributed
+  from sparsejax.config import override
+  from sparsejax.evaluation import Evaluator
+
+  train, test = xcdata.load_xc_file(train_path), xcdata.load_xc_file(test_path)
+  if config.data.validation_fraction > 0:  # the labels the run trained on (sparsejax.train's split: seed + 1)
+    train, _ = xcdata.train_test_split(train, config.data.validation_fraction, seed=config.run.seed + 1)
+  seen = np.zeros(test.num_labels, bool)
+  seen[train.label_indices] = True
+  counts = np.diff(test.label_indptr)
+  unseen_per_query = np.add.reduceat(~seen[test.label_indices], test.label_indptr[:-1]) if len(counts) else counts
+  seen_query = (counts > 0) & (np.where(counts > 0, unseen_per_query, 0) == 0)
+  splits = {"test_seen_labels": np.flatnonzero(seen_query), "test_unseen_labels": np.flatnonzero(~seen_query)}
+  max_features = config.data.max_features or train.max_features_per_sample()
+  ks = sorted({config.network.active_k, sampled_k_for(test.num_labels), *(args.sweep_k or ())})
+  keys = ("p@1", "p@5", "sampled_p@1", "sampled_p@5", "label_recall", "topk_recall@10", "mean_candidates")
+  out = {"seen_label_queries": float(np.mean(seen_query)) if len(test) else 0.0, "k": {}}
+  label_ranks = exact_label_ranks(state, test, max_features)
+  labelled = label_ranks >= 0
+  for k in ks:
+    run = distributed.make_run(override(config, active_k=k).model_config(test.num_features, test.num_labels),
+                               seed=config.run.seed)
+    row = {}
+    for name, rows in splits.items():  # disjoint: the whole test set's figures are their weighted means
+      if len(rows):
+        evaluator = Evaluator.for_run(test.subset(rows), train, max_features, config.run.propensity_a,
+                                      config.run.propensity_b)
+        r = evaluator(run.predict, state, None, diagnose=run.diagnose)
+        row[name] = {key: r[key] for key in keys} | {"queries": len(rows)}
+    row["test"] = {key: sum(v[key] * v["queries"] for v in row.values()) / len(test) for key in keys} | \
+        {"queries": len(test)}  # every query has a label (label_recall's mean is over labelled ones)
+    # label_recall of an ideal index (the exact top-k): the model's own ceiling at this k
+    found = np.sum((label_ranks < k) & labelled, axis=1) / np.maximum(np.sum(labelled, axis=1), 1)
+    for name, rows in (*splits.items(), ("test", np.arange(len(test)))):
+      if name in row:
+        row[name]["exact_topk_label_recall"] = float(found[rows].mean())
+    for v in row.values():
+      v["sampled_over_exact_p@1"] = _ratio(v["sampled_p@1"], v["p@1"])
+    out["k"][str(k)] = row
+    print(f"k={k}: " + "; ".join(f"{name}: sampled/exact P@1 {v['sampled_over_exact_p@1'] or 0:.3f} "
+                                 f"label_recall {v['label_recall']:.3f} (exact top-k: "
+                                 f"{v['exact_topk_label_recall']:.3f}) topk_recall@10 {v['topk_recall@10']:.3f}"
+                                 for name, v in row.items()), flush=True)
+  return out
+
+
+def time_inference(config, run, state, test_path: str, args) -> dict:
+  """Milliseconds per batch of exact and sampled inference on ``state`` (the selected one)."""
+  import jax
+
+  from sparsejax import inference
+  from sparsejax.data import PAD_ID
+
+  test = xcdata.load_xc_file(test_path)
+  rows = np.arange(min(args.inference_batch, len(test)))
+  fi, fv, _ = test.to_padded(rows, config.data.max_features or test.max_features_per_sample(), 0)
+  pad = args.inference_batch - len(rows)
+  fi = np.pad(fi, ((0, pad), (0, 0)), constant_values=PAD_ID)
+  fv = np.pad(fv, ((0, pad), (0, 0)))
+  model_config = run.config
+  functions = {"exact": jax.jit(lambda s, i, v: inference.predict_exact(s, i, v, top=5))}
+  for k in (model_config.k, config.run.eval_sampled_k):
+    functions[f"sampled_k{k}"] = jax.jit(lambda s, i, v, k=k: inference.predict_sampled(s, i, v, config=model_config,
+                                                                                         top=5, k=k))
+  ms = {}
+  for name, fn in functions.items():
+    jax.block_until_ready(fn(state, fi, fv))  # compile
+    times = []
+    for _ in range(args.inference_repeats):
+      t = time.perf_counter()
+      jax.block_until_ready(fn(state, fi, fv))
+      times.append(time.perf_counter() - t)
+    ms[name] = 1e3 * statistics.median(times)
+  return {"batch": args.inference_batch, "num_labels": test.num_labels, "ms_per_batch": ms,
+          "speedup": {name: ms["exact"] / t for name, t in ms.items() if name != "exact"}}
+
+
+def run_napkinxc(train_path: str, test_path: str, run_dir: str, args) -> dict:
+  """napkinXC PLT with its defaults (liblinear nodes), on the training samples minus the validation split."""
   import scipy.sparse
   from napkinxc.models import PLT
+
+  from sparsejax import metrics
+  from sparsejax.config import Config
 
   def to_xy(ds):
     x = scipy.sparse.csr_matrix((ds.values, ds.indices, ds.indptr), shape=(len(ds), ds.num_features))
@@ -94,9 +321,12 @@ def run_napkinxc(train_path: str, test_path: str, args) -> dict:
     return x, y
 
   train, test = xcdata.load_xc_file(train_path), xcdata.load_xc_file(test_path)
+  fraction = Config().data.validation_fraction
+  if fraction > 0:  # the split sparsejax's default run holds out (sparsejax.train: seed + 1)
+    train, _ = xcdata.train_test_split(train, fraction, seed=args.seed + 1)
   x_train, y_train = to_xy(train)
   x_test, _ = to_xy(test)
-  model = PLT(os.path.join(args.workdir, "napkinxc"), seed=args.seed, threads=0)
+  model = PLT(run_dir, seed=args.seed, threads=0)
   t = time.time()
   model.fit(x_train, y_train)
   seconds = time.time() - t
@@ -105,69 +335,213 @@ def run_napkinxc(train_path: str, test_path: str, args) -> dict:
   for i, row in enumerate(top):
     ids[i, :len(row)] = row[:5]
   _, _, labels = test.to_padded(None)
-  from sparsejax import metrics
-
   result = metrics.evaluate_topk(ids, labels)
-  point = {"step": 1, "train_seconds": seconds, "p@1": result["p@1"], "p@5": result["p@5"]}
-  return {"curve": [point], "final": {**result, "train_seconds": seconds, "within_budget": seconds <= args.budget}}
+  point = {"step": None, "epoch": None, "seconds": seconds, "p@1": result["p@1"], "p@5": result["p@5"],
+           "split": "test"}
+  return {"curve": [point], "final": {**result, "train_seconds": seconds, "seconds": seconds,
+                                      "within_budget": args.budget is None or seconds <= args.budget},
+          "wall_seconds": seconds}
 
 
-def plot(results: dict, path: str, title: str):
+def tag_of(budget: float | None, num_epochs: float | None) -> str:
+  return f"{budget:g}s" if budget is not None else f"{num_epochs:g}ep"
+
+
+def train_one(args) -> str:
+  """Trains ``args.system`` on ``args.dataset``; returns the path of the JSON it wrote."""
+  workdir = os.path.join(args.workdir, args.dataset)
+  train_path, test_path = write_files(args.dataset, workdir, args.seed)
+  tag = tag_of(args.budget, args.num_epochs)
+  run_dir = os.path.join(workdir, f"{args.system}-{tag}")
+  if args.system == "napkinxc":
+    result = run_napkinxc(train_path, test_path, run_dir, args)
+  else:
+    result = run_sparsejax(args.system, train_path, test_path, run_dir, args)
+  final = result["final"]
+  report = {
+      "dataset": args.dataset, "system": args.system, "budget_seconds": args.budget, "num_epochs": args.num_epochs,
+      "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+      "load_average_at_end": os.getloadavg(), "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+      **result,
+  }
+  os.makedirs(args.out, exist_ok=True)
+  path = os.path.join(args.out, f"{args.dataset}-{args.system}-{tag}.json")
+  with open(path, "w") as f:
+    json.dump(report, f, indent=1, default=float)
+  extra = "".join(f"  {key} {final[key]:.4f}" for key in sorted(final)
+                  if key.startswith("sampled") and key.endswith("_p@1") or key == "label_recall")
+  print(f"{args.dataset} {args.system} ({tag}): test P@1 {final['p@1']:.4f}  P@5 {final['p@5']:.4f}{extra}  "
+        f"(selected step {final.get('selected_step', final.get('step'))} of {final.get('last_step', '-')}; "
+        f"{final.get('train_seconds', 0):.0f} s training, {result['wall_seconds']:.0f} s in all)", flush=True)
+  if "inference" in result:
+    inf = result["inference"]
+    timings = ", ".join(f"{name} {ms:.1f}" for name, ms in inf["ms_per_batch"].items())
+    print(f"inference ms per batch of {inf['batch']}: {timings}")
+  print(f"wrote {path}")
+  return path
+
+
+def evaluate_again(args) -> str:
+  """Re-measures inference (speed, the k sweep) of a finished sparsejax run and updates its JSON."""
+  from sparsejax.config import Config
+
+  workdir = os.path.join(args.workdir, args.dataset)
+  train_path, test_path = write_files(args.dataset, workdir, args.seed)
+  tag = tag_of(args.budget, args.num_epochs)
+  run_dir = os.path.join(workdir, f"sparsejax-{tag}")
+  path = os.path.join(args.out, f"{args.dataset}-sparsejax-{tag}.json")
+  with open(path) as f:
+    report = json.load(f)
+  with open(os.path.join(run_dir, "config.json")) as f:
+    config = Config.from_dict(json.load(f))
+  run, state = selected_state(config, run_dir, test_path)
+  report.update(curve_and_selection(run_dir, report["final"]))
+  report["inference"] = time_inference(config, run, state, test_path, args)
+  report["sweep"] = sweep_inference_k(config, state, train_path, test_path, args)
+  with open(path, "w") as f:
+    json.dump(report, f, indent=1, default=float)
+  print(f"updated {path}")
+  return path
+
+
+def _ratio(a, b):
+  return None if a is None or b in (None, 0) else a / b
+
+
+def summarize(runs: dict) -> dict:
+  """Issue 9's acceptance figures from a dataset's runs (``{(system, tag): report}``); None where a run is missing."""
+  def final(system, tag, key):
+    run = runs.get((system, tag))
+    return None if run is None else run["final"].get(key)
+
+  budget_tags = sorted({tag for _, tag in runs if tag.endswith("s")})
+  epoch_tags = sorted({tag for _, tag in runs if tag.endswith("ep")})
+  out = {}
+  for tag in epoch_tags:  # same epochs: sparsejax default against all-active
+    sj, aa = final("sparsejax", tag, "p@1"), final("all_active", tag, "p@1")
+    out[f"{tag}: p@1 sparsejax"], out[f"{tag}: p@1 all_active"] = sj, aa
+    out[f"{tag}: p@1 gap points (target <= 1.0)"] = None if sj is None or aa is None else 100 * (aa - sj)
+    out[f"{tag}: samples/s ratio (target >= 5)"] = _ratio(final("sparsejax", tag, "samples_per_sec"),
+                                                          final("all_active", tag, "samples_per_sec"))
+  for tag in epoch_tags + budget_tags:
+    run = runs.get(("sparsejax", tag))
+    if run is None:
+      continue
+    f = run["final"]
+    for key in sorted(f):
+      if key.startswith("sampled") and key.endswith("_p@1"):
+        out[f"{tag}: {key} / exact (target >= 0.9)"] = _ratio(f[key], f["p@1"])
+    out[f"{tag}: label_recall (target >= 0.8)"] = f.get("label_recall")
+    out[f"{tag}: topk_recall@10"] = f.get("topk_recall@10")
+    if "selection" in run:
+      out[f"{tag}: selected step / last step"] = [run["selection"]["selected_step"], run["selection"]["last_step"]]
+    if "sweep" in run:
+      sweep = run["sweep"]
+      out[f"{tag}: test queries whose labels were all trained on"] = sweep["seen_label_queries"]
+      for k, row in sweep["k"].items():
+        for split, v in ((s, v) for s, v in row.items() if s != "test_unseen_labels"):
+          out[f"{tag}: k={k} {split}: sampled/exact P@1 (target >= 0.9), label_recall (target >= 0.8), "
+              f"label_recall of the exact top-k, topk_recall@10"] = [
+                  v["sampled_over_exact_p@1"], v["label_recall"], v.get("exact_topk_label_recall"), v["topk_recall@10"]]
+    if "inference" in run:
+      for name, speedup in run["inference"]["speedup"].items():
+        out[f"{tag}: {name} inference speedup over exact (target >= 5 at N >= 2e5)"] = speedup
+  for tag in budget_tags:  # the same wall-clock budget: sparsejax against dense and napkinXC
+    sj, dense, napkin = (final(s, tag, "p@1") for s in ("sparsejax", "dense", "napkinxc"))
+    out[f"{tag}: p@1 sparsejax, dense, napkinxc"] = [sj, dense, napkin]
+    out[f"{tag}: sparsejax beats dense"] = None if sj is None or dense is None else sj > dense
+    out[f"{tag}: napkinxc minus sparsejax, points (target <= 3)"] = None if sj is None or napkin is None else \
+        100 * (napkin - sj)
+  return out
+
+
+def plot(runs: dict, path: str, title: str) -> None:
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  for name, run in results.items():
-    xs = [p["train_seconds"] for p in run["curve"]]
-    ys = [p["p@1"] for p in run["curve"]]
-    ax.plot(xs, ys, "o" if len(xs) == 1 else "-o", markersize=4, label=name)
-  ax.set_xlabel("training seconds (evaluation excluded)")
-  ax.set_ylabel("P@1 (exact, test set)")
+  fig, ax = plt.subplots(figsize=(7.5, 4.5))
+  for (system, tag), run in sorted(runs.items()):
+    points = [p for p in run["curve"] if p.get("seconds") is not None]
+    line = ax.plot([p["seconds"] for p in points], [p["p@1"] for p in points], "o" if len(points) == 1 else "-o",
+                   markersize=3, label=f"{system} ({tag})" + (", validation" if len(points) > 1 else ", test"))
+    f = run["final"]
+    if len(points) > 1:  # the selected state's test P@1, at the training seconds of the run
+      ax.plot([f["seconds"]], [f["p@1"]], "*", markersize=10, color=line[0].get_color())
+  ax.set_xlabel("training seconds (evaluations excluded)")
+  ax.set_ylabel("P@1 (lines: validation split; stars: selected state on the test set)")
   ax.set_title(title)
   ax.grid(alpha=0.3)
-  ax.legend()
+  ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
 
 
+def report(args) -> None:
+  runs = {}
+  for path in sorted(glob.glob(os.path.join(args.out, f"{args.dataset}-*.json"))):
+    name = os.path.basename(path)[len(args.dataset) + 1:-len(".json")]
+    if name == "summary":
+      continue
+    system, tag = name.rsplit("-", 1)
+    with open(path) as f:
+      runs[(system, tag)] = json.load(f)
+  if not runs:
+    raise SystemExit(f"no runs of {args.dataset} in {args.out}: train some first")
+  summary = {"dataset": args.dataset, "runs": sorted(f"{s}-{t}" for s, t in runs), "acceptance": summarize(runs)}
+  path = os.path.join(args.out, f"{args.dataset}-summary.json")
+  with open(path, "w") as f:
+    json.dump(summary, f, indent=1, default=float)
+  for key, value in summary["acceptance"].items():
+    print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+  print(f"wrote {path}")
+  try:
+    plot(runs, os.path.join(args.out, f"{args.dataset}.png"), f"{args.dataset}: P@1 against training time "
+         f"({os.cpu_count()} cores)")
+    print(f"wrote {os.path.join(args.out, args.dataset + '.png')}")
+  except ImportError:
+    print("matplotlib is not installed: no plot")
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--dataset", default="synthetic", choices=("synthetic", "gcide", "icd10"))
-  parser.add_argument("--budget", type=float, default=300.0, help="training seconds per model")
-  parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {MODELS}")
-  parser.add_argument("--eval_every", type=int, default=200, help="steps between evaluations (sparsejax runs)")
-  parser.add_argument("--eval_samples", type=int, default=5000, help="test samples of periodic evaluations")
-  parser.add_argument("--workdir", default="/tmp/sparsejax_accuracy")
-  parser.add_argument("--out", default=None, help="output prefix: writes PREFIX.json and PREFIX.png")
+  parser.add_argument("--dataset", default="synthetic", choices=("synthetic", "gcide", "icd10", "tiny"),
+                      help="synthetic: issue 9's 200K-label set; tiny: 2K labels, to check the benchmark runs")
+  parser.add_argument("--system", choices=SYSTEMS, help="what to train (one per invocation)")
+  budget = parser.add_mutually_exclusive_group()
+  budget.add_argument("--budget", type=float, default=None, help="training seconds (evaluations excluded)")
+  budget.add_argument("--num_epochs", type=float, default=None, help="epochs (the fixed-epoch comparison)")
+  parser.add_argument("--report", action="store_true", help="summarize and plot the dataset's runs in --out")
+  parser.add_argument("--set", action="append", metavar="NAME=VALUE",
+                      help="a sparsejax setting for every system's run (repeatable), e.g. --set learning_rate=0.01")
+  parser.add_argument("--evaluate_again", action="store_true",
+                      help="re-measure inference speed and the k sweep of the finished sparsejax run (same --budget "
+                      "or --num_epochs) and update its JSON")
+  parser.add_argument("--evals_per_epoch", type=int, default=None,
+                      help="validation evaluations per epoch; default 1 for sparsejax, 4 for all_active and dense")
+  parser.add_argument("--eval_samples", type=int, default=5000, help="validation samples of periodic evaluations")
+  parser.add_argument("--sampled_k", type=int, default=None,
+                      help="second active set size of sampled inference in the evaluations; default 2%% of N")
+  parser.add_argument("--sweep_k", type=int, nargs="*", default=None,
+                      help="further k of the selected state's sampled-inference sweep (besides active_k, 2%% of N)")
+  parser.add_argument("--inference_batch", type=int, default=1024, help="samples per timed inference batch")
+  parser.add_argument("--inference_repeats", type=int, default=5, help="timed inference calls (median)")
+  parser.add_argument("--workdir", default="/tmp/sparsejax_accuracy", help="data files and run directories")
+  parser.add_argument("--out", default=DEFAULT_OUT, help="directory of the JSON files (and the plot)")
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args()
-  models = [m for m in args.models.split(",") if m]
-  unknown = set(models) - set(MODELS)
-  if unknown:
-    parser.error(f"unknown models {sorted(unknown)}; choose from {MODELS}")
-  workdir = os.path.join(args.workdir, args.dataset)
-  train_path, test_path = write_files(args.dataset, workdir, args.seed)
-  results = {}
-  for name in models:
-    results[name] = run_napkinxc(train_path, test_path, args) if name == "napkinxc" else run_sparsejax(
-        name, train_path, test_path, workdir, args)
-    best = max(results[name]["curve"], key=lambda p: p["p@1"])
-    print(f"{name:>11}: best P@1 {best['p@1']:.4f} at {best['train_seconds']:.0f} s, final P@1 "
-          f"{results[name]['final']['p@1']:.4f}", flush=True)
-  report = {
-      "dataset": args.dataset, "budget_seconds": args.budget, "date": datetime.datetime.now().isoformat(),
-      "load_average_at_end": os.getloadavg(), "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-      "best_p@1": {name: max(p["p@1"] for p in run["curve"]) for name, run in results.items()},
-      "runs": results,
-  }
-  prefix = args.out or os.path.join(workdir, "accuracy")
-  os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-  with open(prefix + ".json", "w") as f:
-    json.dump(report, f, indent=1, default=float)
-  plot(results, prefix + ".png", f"{args.dataset}: P@1 against training time ({os.cpu_count()} cores)")
-  print(f"wrote {prefix}.json and {prefix}.png")
+  if args.report:
+    return report(args)
+  if args.evaluate_again:
+    if args.budget is None and args.num_epochs is None:
+      parser.error("--evaluate_again needs the run's --budget or --num_epochs")
+    return evaluate_again(args)
+  if args.system is None:
+    parser.error("--system is required (or --report)")
+  if args.budget is None and args.num_epochs is None:
+    parser.error("give --budget SECONDS or --num_epochs E")
+  train_one(args)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """A clustered (IVF) index over the rows of an output layer, as a pytree of arrays.
 
-The rows are grouped by spherical k-means in the MIPS-augmented space of
-:mod:`sparsejax.mips` (so that a cluster holds rows whose logits rise and
-fall together). A query scores the ``C`` centroids with one ``[B, C]``
-matmul, probes its best clusters and takes their members, best cluster first,
+The rows, centred on their mean row (which shifts each query's logits by
+one constant, so leaves their ranking alone, but removes the direction that
+all rows share after training), are grouped by spherical k-means in the
+MIPS-augmented space of :mod:`sparsejax.mips` (so that a cluster holds rows
+whose logits rise and fall together). A query scores the ``C`` clusters by
+their members' mean logit (one ``[B, C]`` matmul with the clusters' mean
+rows), probes its best clusters and takes their members, best cluster first,
 as candidates: an inverted-file index. Refreshing it (a few Lloyd iterations)
 is ``O(N C d)`` scheduled work, like rebuilding hash tables; a query is
 ``O(B C d)`` plus the probed members.
@@ -36,8 +39,9 @@ class ClusterIndex:
   """C clusters of the N output rows, as an inverted file (no capacity limit).
 
   Attributes:
-    centroids: ``[C, d + 2]`` float32 unit centroids in the augmented space
-      (:func:`sparsejax.mips.augment_rows`); all zero before the first build.
+    centroids: ``[C, d + 2]`` float32 probe vectors: cluster c's mean row
+      ``[mean w, mean b, 0]`` (a query's score of the cluster is its members'
+      mean logit); all zero before the first build and for empty clusters.
     offsets: ``[C + 1]`` int32: cluster c's members are
       ``rows[offsets[c]:offsets[c + 1]]``.
     rows: ``[N]`` int32 row ids grouped by cluster, each cluster's closest to
@@ -88,7 +92,13 @@ def _assign(x: jax.Array, centroids: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iterations: int = 2,
                 num_valid: int | jax.Array | None = None, key: jax.Array | None = None) -> ClusterIndex:
-  """Spherical k-means of the augmented rows, then the inverted file.
+  """Spherical k-means of the centred, augmented rows, then the inverted file and the clusters' mean rows.
+
+  Measured on a synthetic 20K-label layer after 2 epochs, whose rows share a large common component (the
+  mean cosine between a query and its label's row is below 0), with sampled over exact P@1 at k = 1024 /
+  k = 400: raw augmented rows (282 clusters, 5 iterations) 0.54 / 0.44 (43% of the exact top-10 found);
+  centred rows 0.90 / 0.78 (80%); centred and probed by the clusters' mean logit instead of the centroid's
+  cosine 0.93 / 0.86.
 
   Every build starts afresh from ``C`` rows spread over ``[0, num_valid)``
   (offset drawn from ``key``), runs ``iterations`` Lloyd iterations (assign
@@ -121,11 +131,16 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
   n = weight.shape[0]
   num_clusters = index.centroids.shape[0]
   valid = jnp.arange(n) < (n if num_valid is None else num_valid)
-  x = jnp.where(valid[:, None], mips.augment_rows(jnp.where(valid[:, None], weight, 0.0),
-                                                  jnp.where(valid, bias, 0.0)), 0.0)
+  n_valid = jnp.sum(valid)
+  w = jnp.where(valid[:, None], weight, 0.0)
+  b = jnp.where(valid, bias, 0.0)
+  # Centred rows: subtracting the mean row changes every logit of a query by the same amount (its ranking is
+  # unchanged) but removes the component all rows share, which otherwise dominates their directions.
+  w_mean = jnp.sum(w, axis=0) / jnp.maximum(n_valid, 1)
+  b_mean = jnp.sum(b) / jnp.maximum(n_valid, 1)
+  x = jnp.where(valid[:, None], mips.augment_rows(w - w_mean, b - b_mean), 0.0)
   key = jax.random.key(0) if key is None else key
   # Seeds spread over the valid rows (distinct when C <= num_valid).
-  n_valid = jnp.sum(valid)
   first = jnp.floor((jnp.arange(num_clusters) + jax.random.uniform(key, ())) * n_valid / num_clusters)
   centroids = x[jnp.clip(first.astype(jnp.int32), 0, n - 1)]
 
@@ -142,14 +157,19 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
   offsets = jnp.concatenate([jnp.zeros((1,), sizes.dtype), jnp.cumsum(sizes)]).astype(jnp.int32)
   # Rows cluster by cluster, closest to the centroid first.
   rows = jnp.lexsort((-score, assign)).astype(jnp.int32)
-  return ClusterIndex(centroids=centroids, offsets=offsets, rows=jnp.where(jnp.arange(n) < offsets[-1], rows, -1))
+  # Probe vectors: each cluster's mean row [w, b, 0], so that a query scores a cluster by its members' mean logit.
+  means = jax.ops.segment_sum(jnp.concatenate([w, b[:, None]], axis=1), assign, num_clusters + 1)[:num_clusters]
+  means = means / jnp.maximum(sizes, 1)[:, None].astype(jnp.float32)
+  probe_vectors = jnp.concatenate([means, jnp.zeros((num_clusters, 1), jnp.float32)], axis=1)
+  return ClusterIndex(centroids=probe_vectors, offsets=offsets,
+                      rows=jnp.where(jnp.arange(n) < offsets[-1], rows, -1))
 
 
 def probe(index: ClusterIndex, queries: jax.Array, probes: int, count: int) -> jax.Array:
   """The first ``count`` members of each query's ``probes`` best clusters, best cluster first.
 
-  A centroid's score is the cosine between the augmented query and it, up to
-  a per-query factor, so one ``[B, C]`` matmul ranks the clusters. Member j
+  A cluster's score is ``[h, 1]`` times its probe vector (its members' mean
+  logit), so one ``[B, C]`` matmul ranks the clusters. Member j
   of the concatenated clusters is found by a search over their cumulative
   sizes: ``O(B count log probes)``, whatever the cluster sizes.
 
@@ -162,7 +182,8 @@ def probe(index: ClusterIndex, queries: jax.Array, probes: int, count: int) -> j
   check_array(dims, "index.offsets", index.offsets, jnp.int32, (dims["C"] + 1,))
   probes = min(probes, dims["C"])
   c = index.centroids
-  scores = jnp.dot(queries, c[:, :-2].T, precision="highest") + c[:, -2]  # [h, 1] . centroid
+  scores = jnp.dot(queries, c[:, :-2].T, precision="highest") + c[:, -2]  # [h, 1] . mean row
+  scores = jnp.where(index.sizes > 0, scores, -jnp.inf)  # an empty cluster never takes a probe
   _, best = jax.lax.top_k(scores, probes)  # [B, P]
   start, size = index.offsets[best], index.sizes[best]
   ends = jnp.cumsum(size, axis=1)  # [B, P] candidates through each probed cluster

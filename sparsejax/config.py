@@ -265,6 +265,13 @@ class TablesConfig(Section):
   kmeans_iterations: int = option(
       2, "Lloyd iterations of each refresh of the clustered index (each a pass over rows x clusters).",
       bounds=NON_NEGATIVE)
+  eval_num_clusters: int | None = option(
+      None, "Clusters of the index that evaluation and sampled inference build on the final rows (once per "
+      "evaluation); none: the larger of 4 x num_clusters and 2048 (finer clusters: more of the k candidates come "
+      "from the best ones).",
+      bounds=AT_LEAST_ONE)
+  eval_kmeans_iterations: int = option(
+      3, "Lloyd iterations of the index built for evaluation and sampled inference.", bounds=NON_NEGATIVE)
   lsh_mips: bool = option(
       False, "LSH: hash rows and queries reduced from inner products to cosines (simple-LSH) instead of raw ones.")
   lsh_family: str = option(

@@ -374,7 +374,7 @@ def _single_slide(config, key, schedule, top, sampled_ks) -> Run:
                     donate_argnums=0)
   rehash = jax.jit(functools.partial(model.new_hash_functions, config=config), donate_argnums=0)
   jit_diagnose = jax.jit(diagnose)
-  refresh = functools.partial(model.rebuild_tables, kmeans_iterations=config.tables.kmeans_iterations)
+  refresh = functools.partial(model.serving_index, config=config)
   step = jax.jit(functools.partial(model.train_step, config=config), donate_argnums=0)
   return Run(config, 1, fresh, lambda: jax.eval_shape(fresh), step,
              _maintainer(schedule, rebuild, rehash), _host(jax.jit(predict)), _no_check,

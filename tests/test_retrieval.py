@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sparsejax import clusters, lsh, mips, retrieval, tables
+from sparsejax import clusters, lsh, mips, model, retrieval, tables
 
 
 def test_mips_reduction_ranks_like_inner_products():
@@ -81,20 +81,39 @@ def _index(n=500, d=8, c=20, num_valid=None, seed=0):
   return index, w, b
 
 
-def test_build_index_is_a_partition_by_best_centroid():
+def test_build_index_is_a_partition_with_the_clusters_mean_rows():
   index, w, b = _index(num_valid=470)
   offsets, rows, cent = np.asarray(index.offsets), np.asarray(index.rows), np.asarray(index.centroids)
   assert offsets[0] == 0 and offsets[-1] == 470 and np.all(np.diff(offsets) >= 0)
   assert sorted(rows[:470].tolist()) == list(range(470)) and np.all(rows[470:] == -1)  # padding rows left out
-  np.testing.assert_allclose(np.linalg.norm(cent, axis=1), 1.0, rtol=1e-5)
-  x = np.asarray(mips.augment_rows(jnp.asarray(w[:470]), jnp.asarray(b[:470])))
-  scores = x @ cent.T
+  wb = np.concatenate([w, b[:, None]], axis=1).astype(np.float64)
   for c in range(cent.shape[0]):
     members = rows[offsets[c]:offsets[c + 1]]
-    assert np.all(np.argmax(scores[members], axis=1) == c)  # each row sits in its best cluster
-    assert np.all(np.diff(scores[members, c]) <= 1e-6)  # closest first
+    want = wb[members].mean(axis=0) if len(members) else np.zeros(wb.shape[1])
+    np.testing.assert_allclose(cent[c, :-1], want, rtol=1e-4, atol=1e-5)  # probe vector: the mean row
+    assert cent[c, -1] == 0
   stats = retrieval.index_fill(index)
   assert stats["cluster_mean"] == pytest.approx(470 / 20) and stats["cluster_max"] == np.diff(offsets).max()
+
+
+def test_build_index_ignores_the_component_all_rows_share():
+  # A row shared by all rows shifts every logit of a query by one constant: the exact ranking, and so the
+  # clusters and each query's candidates, must not change (raw rows would all point along the shared one).
+  rng = np.random.default_rng(4)
+  w = rng.normal(size=(600, 8)).astype(np.float32)
+  b = (0.3 * rng.normal(size=600)).astype(np.float32)
+  shared = (20.0 * rng.normal(size=8)).astype(np.float32)
+
+  def build(w, b):
+    return clusters.build_index(clusters.init_index(24, 600, 8), jnp.asarray(w), jnp.asarray(b), iterations=4,
+                                key=jax.random.key(1))
+
+  plain, shifted = build(w, b), build(w + shared, b + 5.0)
+  np.testing.assert_array_equal(np.asarray(plain.offsets), np.asarray(shifted.offsets))
+  np.testing.assert_array_equal(np.asarray(plain.rows), np.asarray(shifted.rows))
+  h = np.maximum(rng.normal(size=(16, 8)), 0).astype(np.float32)
+  np.testing.assert_array_equal(np.asarray(clusters.probe(plain, jnp.asarray(h), 24, 100)),
+                                np.asarray(clusters.probe(shifted, jnp.asarray(h), 24, 100)))
 
 
 def test_probe_takes_the_best_clusters_members_in_order():
@@ -104,7 +123,7 @@ def test_probe_takes_the_best_clusters_members_in_order():
   cent, offsets, rows = (np.asarray(index.centroids, np.float64), np.asarray(index.offsets), np.asarray(index.rows))
   q = np.concatenate([h, np.ones((6, 1))], 1)
   for i in range(6):
-    best = np.argsort(-(q @ cent[:, :-1].T)[i], kind="stable")[:4]
+    best = np.argsort(-(q @ cent[:, :-1].T)[i], kind="stable")[:4]  # the clusters' mean logits
     want = np.concatenate([rows[offsets[c]:offsets[c + 1]] for c in best])[:60]
     assert got[i, :len(want)].tolist() == want.tolist()
     assert np.all(got[i, len(want):] == -1)
@@ -159,3 +178,55 @@ def test_table_fill_against_counts():
   assert stats["bucket_mean"] == pytest.approx(np.minimum(counts, 16).mean())
   assert stats["buckets_empty"] == pytest.approx(np.mean(counts == 0))
   assert stats["buckets_overflowed"] == pytest.approx(np.mean(counts > 16))
+
+
+def test_probe_skips_empty_clusters():
+  index, w, b = _index(n=60, d=4, c=5, seed=2)
+  sizes = np.asarray(index.sizes)
+  # Empty the first cluster (its members move to the second) and give it the best score of every query.
+  offsets = np.asarray(index.offsets).copy()
+  offsets[1] = 0
+  cent = np.asarray(index.centroids).copy()
+  cent[0, :-1] = 100.0
+  emptied = clusters.ClusterIndex(jnp.asarray(cent), jnp.asarray(offsets), index.rows)
+  h = np.ones((3, 4), np.float32)
+  got = np.asarray(clusters.probe(emptied, jnp.asarray(h), probes=1, count=8))
+  assert sizes[0] > 0 and np.all(got >= 0)  # the one probe went to a non-empty cluster
+
+
+def test_serving_index_is_built_finer_on_the_final_rows():
+  from sparsejax.config import Config, override
+
+  config = override(Config(), hidden_dims=(8,), num_clusters=5, eval_num_clusters=40, eval_kmeans_iterations=3,
+                    active_k=64).model_config(50, 400)
+  assert config.index_sizes[0] == 5 and config.eval_index_sizes == (40, 3)
+  state = model.init(jax.random.key(0), config)
+  rng = np.random.default_rng(0)
+  out = model.SparseLayer(jnp.asarray(rng.normal(size=(400, 8)), jnp.float32),
+                          jnp.asarray(0.1 * rng.normal(size=400), jnp.float32))
+  state = state._replace(out=out)
+  served = model.serving_index(state, config)
+  assert served.tables.centroids.shape == (40, 10) and state.tables.centroids.shape == (5, 10)
+  want = clusters.build_index(clusters.init_index(40, 400, 8), out.w, out.b, iterations=3)
+  for got, expected in zip(jax.tree.leaves(served.tables), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+  h = np.maximum(rng.normal(size=(16, 8)), 0).astype(np.float32)
+  active, n = model.query_active(served, jnp.asarray(h), config=config, k=64, num_rows=400)
+  assert np.all(np.asarray(n) == 64)
+  np.testing.assert_array_equal(np.asarray(active), np.asarray(clusters.probe(want, jnp.asarray(h), 40, 64)))
+  top = np.argsort(-(h @ np.asarray(out.w).T + np.asarray(out.b)), axis=1)[:, :5]
+  found = np.mean([len(set(top[i]) & set(np.asarray(active)[i].tolist())) / 5 for i in range(16)])
+  assert found > 0.5, found  # 16% of the rows hold most of the exact top 5
+
+
+def test_serving_index_of_bfloat16_rows():
+  from sparsejax.config import Config, override
+
+  config = override(Config(), hidden_dims=(8,), num_clusters=4, eval_num_clusters=12, active_k=32,
+                    weight_dtype="bfloat16").model_config(50, 200)
+  state = model.init(jax.random.key(1), config)
+  assert state.out.w.dtype == jnp.bfloat16
+  served = model.serving_index(state, config)
+  want = clusters.build_index(clusters.init_index(12, 200, 8), state.out.w.astype(jnp.float32), state.out.b,
+                              iterations=config.eval_index_sizes[1])
+  np.testing.assert_array_equal(np.asarray(served.tables.rows), np.asarray(want.rows))

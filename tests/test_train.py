@@ -329,3 +329,32 @@ def test_validation_selects_the_best_checkpoint_and_stops_early(tmp_path, small_
   assert final["p@1"] == pytest.approx(metrics.evaluate_topk(top, lab, ks=(1,))["p@1"], abs=1e-9)
   last_step, last_state = _latest(tmp_path)
   assert int(last_state["step"]) == final["last_step"]
+
+
+def test_selection_keeps_the_first_best_and_stops_after_patience_evaluations_without_one():
+  """_Selection against scripted validation values: ties are no improvement; its state survives a resume."""
+  import types
+
+  from sparsejax.train import _Selection
+
+  values = iter([0.2, 0.5, 0.5, 0.4, 0.6])
+  saved = []
+  best = types.SimpleNamespace(save=lambda step, state, value: saved.append((step, state, value)))
+  run = types.SimpleNamespace(refresh_index=None, predict=None, diagnose=None)
+  evaluator = lambda predict, state, num_samples, diagnose=None: {"p@1": next(values)}
+  settings = types.SimpleNamespace(selection_metric="p@1", early_stopping_patience=2)
+  selection = _Selection(evaluator, best, settings, None)
+  stops = []
+  for step in (10, 20, 30):
+    record = selection.evaluate(run, f"state{step}", step, None)
+    stops.append(selection.should_stop())
+  assert record == {"p@1": 0.5, "split": "validation", "best_step": 20}
+  assert stops == [False, False, False] and saved == [(10, "state10", 0.2), (20, "state20", 0.5)]
+  resumed = _Selection(evaluator, best, settings, json.loads(json.dumps(selection.to_json())))
+  resumed.evaluate(run, "state40", 40, None)  # 0.4: the second evaluation in a row without a better value
+  assert resumed.should_stop() and resumed.best_step == 20 and resumed.best_value == 0.5
+  assert len(saved) == 2
+  resumed.evaluate(run, "state50", 50, None)  # 0.6: a new best resets the count
+  assert not resumed.should_stop() and saved[-1] == (50, "state50", 0.6)
+  never = _Selection(evaluator, best, types.SimpleNamespace(selection_metric="p@1", early_stopping_patience=None), None)
+  assert not never.should_stop()
