@@ -297,6 +297,7 @@ def train(argv: list[str]) -> None:
   import jax
 
   from sparsejax import checkpoint, distributed  # imported here: creating a JAX backend must wait for the flags
+  from sparsejax.nonfinite import NonFiniteError
   from sparsejax.stopping import Interrupted
   from sparsejax.train import train_and_evaluate
 
@@ -318,6 +319,8 @@ def train(argv: list[str]) -> None:
     usage_error(str(e))
   except checkpoint.ResumeError as e:
     fail(str(e), USAGE_ERROR)
+  except NonFiniteError as e:
+    fail(str(e))
   except Interrupted as e:
     # Several processes: exit 0, as every rank does after the same stop (the launcher's contract).
     fail(str(e), 0 if jax.process_count() > 1 else 128 + e.signum)

@@ -14,6 +14,7 @@ and ``labels [B, M] int32`` (-1 padded).
 """
 
 import dataclasses
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -276,6 +277,24 @@ def hidden_forward(embed_w: jax.Array, dense_params, feat_ids: jax.Array, feat_v
   return h
 
 
+def all_finite(tree) -> jax.Array:
+  """Whether every floating-point value in ``tree`` is finite: a ``[]`` bool."""
+  flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+  return functools.reduce(jnp.logical_and, flags, jnp.bool_(True))
+
+
+def _sums_stay_finite(count: int, g: jax.Array, x: jax.Array) -> jax.Array:
+  """Whether row-sparse gradients ``sum of up to count terms g[b, j] x[b]`` and their squares (Adam's second
+  moment) surely stay finite: a bound from the largest factors, O(B k + B d)."""
+  bound = count * jnp.max(jnp.abs(g), initial=0.0) * jnp.max(jnp.abs(x), initial=0.0)
+  return jnp.isfinite(bound * bound)
+
+
+def keep_if(ok: jax.Array, new, old):
+  """``new`` if ``ok`` else ``old``, leaf by leaf (reads both: for small trees, or a model that is dense anyway)."""
+  return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+
 def label_targets(active: jax.Array, labels: jax.Array, num_labels: jax.Array | None = None) -> jax.Array:
   """SLIDE's multi-label target: ``1/|y|`` on each active id that is a label.
 
@@ -443,23 +462,33 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   if config.network.tail_correction and config.k < config.num_labels:
     logits = logits + tail_log_weights(jnp.sum(targets > 0, axis=1) + from_tables, active.shape[1], n_valid)
   loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
-  dh = shard.psum(ops.gather_combine(g_out, state.out.w, active))
+  # A shard whose row gradients could overflow poisons dh, so that every shard skips the step (no extra collective).
+  dh = shard.psum(ops.gather_combine(g_out, state.out.w, active)
+                  + jnp.where(_sums_stay_finite(active.size, g_out, h), 0.0, jnp.nan))
   d_dense, d_embed = hidden_vjp(dh)
 
   lr = config.schedule()(state.step)
   adam = config.adam_args()
-  # The output layer's weight and bias share their rows: one pass updates both.
-  (out_w, out_b), (out_w_opt, out_b_opt), touched = optim.apply_row_sparse_adam(
-      (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt), ops.RowSparseGrad(active, g_out, h),
-      lr, after=dh, **adam)
+  # A non-finite step is not applied (the loop stops or skips it: --on_nonfinite). The sparse updates write rows
+  # in place, so the verdict comes first, from replicated values (loss and dh are psums: every shard agrees):
+  # a skipped step updates no row (padding ids), and the small dense parts keep their old values.
+  finite = all_finite((loss, dh, d_dense, d_embed)) & _sums_stay_finite(fids.size, fvals, d_embed)
+  active = jnp.where(finite, active, PAD_ID)
+  (out_w, out_b), (out_w_opt, out_b_opt), touched = optim.apply_row_sparse_adam(  # weight and bias: one pass
+      (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt),
+      ops.RowSparseGrad(active, jnp.where(finite, g_out, 0.0), h), lr, after=dh, **adam)
   embed_w, embed_opt, _ = optim.apply_row_sparse_adam(
-      state.embed.w, state.embed_opt, ops.RowSparseGrad(fids, fvals, d_embed), lr, **adam)
+      state.embed.w, state.embed_opt, ops.RowSparseGrad(jnp.where(finite, fids, PAD_ID), fvals, d_embed), lr,
+      **adam)
   updates, dense_opt = dense_optimizer(config).update(d_dense, state.dense_opt, dense_params)
-  embed_b, hidden = optax.apply_updates(dense_params, updates)
+  embed_b, hidden = keep_if(finite, optax.apply_updates(dense_params, updates), dense_params)
+  dense_opt = keep_if(finite, dense_opt, state.dense_opt)
+  out_w_opt, out_b_opt, embed_opt = (new._replace(count=jnp.where(finite, new.count, old.count)) for new, old in (
+      (out_w_opt, state.out_w_opt), (out_b_opt, state.out_b_opt), (embed_opt, state.embed_opt)))
 
   t = state.tables
   if config.tables.reinsert == "labels":
-    ids = local_labels.reshape(-1)
+    ids = jnp.where(finite, local_labels, PAD_ID).reshape(-1)
     t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(ids, 0), axis=0), ids, rows)
   elif config.tables.reinsert == "all":
     t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(touched, 0), axis=0), touched, rows)
@@ -467,7 +496,7 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   new_state = state._replace(
       step=state.step + 1, embed=SparseLayer(embed_w, embed_b), hidden=hidden, out=SparseLayer(out_w, out_b),
       embed_opt=embed_opt, out_w_opt=out_w_opt, out_b_opt=out_b_opt, dense_opt=dense_opt, tables=t)
-  metrics = {"loss": loss, "learning_rate": lr,
+  metrics = {"loss": loss, "learning_rate": lr, "finite": finite,
              "active_from_tables": shard.psum(jnp.mean(from_tables.astype(jnp.float32))) / config.num_shards}
   return new_state, metrics
 

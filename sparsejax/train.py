@@ -31,6 +31,7 @@ from sparsejax.console import Progress
 from sparsejax.data import BatchIterator, load_dataset, train_test_split
 from sparsejax.evaluation import Evaluator
 from sparsejax.metric_writer import MetricWriter, read_records
+from sparsejax.nonfinite import NonFiniteError, NonFiniteWatch
 from sparsejax.stopping import Interrupted, StopRequests
 
 # Final-record fields that describe the run rather than a point of a curve.
@@ -53,6 +54,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
 
   Raises:
     ConfigError: an invalid setting or an unwritable work directory (before anything is loaded).
+    NonFiniteError: a NaN or Inf loss or update (``--on_nonfinite``); the checkpoints on disk are finite.
     ResumeError: ``workdir`` holds checkpoints of another run.
     Interrupted: SIGINT or SIGTERM stopped the run (after saving a checkpoint).
   """
@@ -126,10 +128,15 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
                           max_labels=sizes["max_labels"])
   try:
     state = loop.train(state, batches, position.get("seconds", 0.0), show_progress=is_chief)
+    if checkpoints.latest_step() != loop.step:
+      loop.save(state, batches, wait=True)
+  except NonFiniteError as e:  # --on_nonfinite: say which checkpoint the run can go back to
+    checkpoints.wait()
+    good = checkpoints.latest_step()
+    raise NonFiniteError(e.step, e.reason + (f". The newest checkpoint, {checkpoints.directory}/{good}, is finite"
+                                             if good is not None else ". No checkpoint was saved")) from None
   finally:
     batches.close()
-  if checkpoints.latest_step() != loop.step:
-    loop.save(state, batches, wait=True)
   checkpoints.wait()
   if loop.stop_signal is not None:
     raise Interrupted(loop.stop_signal, loop.step, checkpoints.directory)
@@ -160,6 +167,7 @@ class _Loop:
     self.steps_per_epoch, self.max_steps = steps_per_epoch, max_steps
     self.step, self.last_loss, self.stop_signal = 0, None, None
     self.train_seconds, self.seconds_before = 0.0, 0.0
+    self.nonfinite = NonFiniteWatch(config.run.on_nonfinite)
 
   def train(self, state, batches: BatchIterator, seconds_before: float, show_progress: bool):
     """Steps until the budget is spent or a signal asks to stop; returns the state."""
@@ -182,6 +190,7 @@ class _Loop:
             break
           state, metrics = run.step(state, next(batches))
           self.step += 1
+          self.nonfinite.add(self.step, metrics.get("finite"))  # read at the sync points below
           window_steps += 1
           state = run.maintain(state, self.step)
           self.train_seconds = time.time() - t_loop - eval_seconds
@@ -191,9 +200,12 @@ class _Loop:
             record = {"loss": self.last_loss, "learning_rate": float(distributed.local_value(metrics["learning_rate"])),
                       "samples_per_sec": window_steps * batch_size / max(time.time() - window_start, 1e-9)}
             window_start, window_steps = time.time(), 0
+            if self.nonfinite.check() or self.nonfinite.skipped:
+              record["skipped_steps"] = self.nonfinite.skipped
           progress.step(self.step, record.get("loss"), record.get("samples_per_sec"))
           if self.step % config.run.eval_every == 0 and self.step != self.max_steps:  # the final one comes next
             t_eval = time.time()
+            self.nonfinite.check()
             if self.selection is not None:  # periodic evaluations select the model: on the validation split
               record.update(self.selection.evaluate(run, state, self.step, config.run.eval_samples))
             else:
@@ -222,6 +234,7 @@ class _Loop:
             break
     finally:
       progress.close()
+    self.nonfinite.check()
     return state
 
   def _write(self, record: dict) -> None:
@@ -230,6 +243,8 @@ class _Loop:
                          "seconds": self.seconds_before + self.train_seconds, **record})
 
   def save(self, state, batches: BatchIterator, wait: bool = False) -> None:
+    self.nonfinite.check()  # never a checkpoint of a non-finite state
+    self.nonfinite.check_state(state, self.step)
     position = {**batches.state(), "seconds": self.seconds_before + self.train_seconds}
     if self.selection is not None:
       position["selection"] = self.selection.to_json()
