@@ -319,7 +319,7 @@ def train(argv: list[str]) -> None:
     usage_error(str(e))
   except checkpoint.ResumeError as e:
     fail(str(e), USAGE_ERROR)
-  except NonFiniteError as e:
+  except (NonFiniteError, checkpoint.CheckpointError) as e:
     fail(str(e))
   except Interrupted as e:
     # Several processes: exit 0, as every rank does after the same stop (the launcher's contract).

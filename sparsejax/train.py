@@ -66,7 +66,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   checkpoint.check_writable(workdir)
   checkpoint.quiet_orbax_logs()
   checkpoints = checkpoint.Checkpoints(workdir, config.checkpoint.keep_checkpoints)
-  latest = checkpoints.latest_step()
+  latest = checkpoints.latest_good_step()  # corrupted ones: named, set aside
   meta = None if latest is None else checkpoints.meta(latest)
   if latest is not None:
     checkpoint.check_resume(meta, latest, config, num_shards, workdir)
