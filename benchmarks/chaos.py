@@ -44,7 +44,7 @@ RUN_FLAGS = dict(dataset="synthetic", synthetic_samples=4000, synthetic_features
                  hidden_dims="32", active_k=64, num_tables=4, batch_size=32, max_steps=600, num_epochs=100,
                  eval_every=10**6, eval_samples=200, log_every=50, checkpoint_every=10, keep_checkpoints=3,
                  rebuild_period=4, rebuild_growth=1.0, rehash_period=45, reinsert="labels", progress="false",
-                 learning_rate=0.003, seed=0)
+                 learning_rate=0.003, seed=0, candidates="lsh")
 # The first phase whose pattern matches a function of the victim's main-thread stack names where it was.
 PHASES = [("restore", re.compile(r"restore")), ("checkpoint save", re.compile(r"save|checkpoint|wait_until_finished")),
           ("table rebuild", re.compile(r"rebuild|rehash|maintain|new_hash_functions")),

@@ -377,6 +377,8 @@ def predict(argv: list[str]) -> None:
     usage_error("give --workdir and --input")
   if FLAGS.input_format not in ("auto", "xc", "svmlight", "text"):
     usage_error(f"--input_format={FLAGS.input_format}: must be one of auto, xc, svmlight, text")
+  if FLAGS.top < 1:  # before the model loads (its upper bound, the model's labels, after)
+    usage_error(f"--top={FLAGS.top}: must be >= 1")
   try:
     model = load(FLAGS.workdir)
     if not 1 <= FLAGS.top <= model.num_labels:
