@@ -85,8 +85,8 @@ def run_sparsejax(name: str, train_path: str, test_path: str, workdir: str, args
 
 def run_napkinxc(train_path: str, test_path: str, args) -> dict:
   """napkinXC PLT with its defaults (liblinear nodes): one (seconds, P@1, P@5) point."""
-  from napkinxc.models import PLT
   import scipy.sparse
+  from napkinxc.models import PLT
 
   def to_xy(ds):
     x = scipy.sparse.csr_matrix((ds.values, ds.indices, ds.indptr), shape=(len(ds), ds.num_features))

@@ -41,14 +41,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "train.py")
 # A small model with frequent table rebuilds and checkpoints (rebuilds and saves are where kills can hurt).
 RUN_FLAGS = dict(dataset="synthetic", synthetic_samples=4000, synthetic_features=500, synthetic_labels=2000,
-                 hidden_dims="32", active_k=64, num_tables=4, batch_size=32, max_steps=600, num_epochs=100,
+                 hidden_dims="32", active_k=64, num_tables=4, batch_size=32, max_steps=600, num_epochs="none",
                  eval_every=10**6, eval_samples=200, log_every=50, checkpoint_every=10, keep_checkpoints=3,
                  rebuild_period=4, rebuild_growth=1.0, rehash_period=45, reinsert="labels", progress="false",
                  learning_rate=0.003, seed=0, candidates="lsh")
-# The first phase whose pattern matches a function of the victim's main-thread stack names where it was.
-PHASES = [("restore", re.compile(r"restore")), ("checkpoint save", re.compile(r"save|checkpoint|wait_until_finished")),
+# Where a kill landed: the innermost sparsejax frame of the victim's main thread that matches one of these (function
+# names) names the phase; none matching: start-up (imports, data, compilation before the loop).
+PHASES = [("restore", re.compile(r"restore")), ("checkpoint save", re.compile(r"save|wait_until_finished")),
           ("table rebuild", re.compile(r"rebuild|rehash|maintain|new_hash_functions")),
-          ("evaluation", re.compile(r"evaluat|predict")), ("step", re.compile(r"step|_train|train_and_evaluate"))]
+          ("evaluation", re.compile(r"^(evaluate\w*|__call__|predict\w*)$")), ("step", re.compile(r"step|^_train$"))]
 
 
 # --- Child: the trainer, with a stack dump on SIGUSR1 ------------------------------------------------------------
@@ -105,29 +106,29 @@ class Job:
     return open(self.log_path).read()
 
 
-def checkpoint_steps(workdir: str) -> tuple[list[int], bool]:
-  """Complete checkpoint steps in ``workdir``, and whether a save is in flight (a temporary directory)."""
+def checkpoint_steps(workdir: str) -> tuple[list[int], set[str]]:
+  """Complete checkpoint steps in ``workdir``, and its temporary directories (saves in flight or cut short)."""
   path = os.path.join(workdir, "checkpoints")
   names = os.listdir(path) if os.path.isdir(path) else []
-  return sorted(int(n) for n in names if n.isdigit()), any("tmp" in n for n in names)
+  return sorted(int(n) for n in names if n.isdigit()), {n for n in names if "tmp" in n}
 
 
 def phase_of(dump: str) -> tuple[str, str]:
-  """The phase a faulthandler dump shows the trainer's main thread in, and its innermost sparsejax frame."""
+  """The phase a faulthandler dump shows the trainer's main thread in, and the frame that says so."""
   blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip())
   main = next((b for b in blocks if re.search(r"chaos\.py\", line \d+ in child", b)), "")
   frames = re.findall(r'File "([^"]+)", line \d+ in (\w+)', main)  # innermost first
   ours = [(os.path.basename(f), fn) for f, fn in frames if "sparsejax" in f or f.endswith("train.py")]
-  where = f"{ours[0][0]}:{ours[0][1]}" if ours else (f"{frames[0][1]}" if frames else "?")
-  in_orbax = any("orbax" in f for f, _ in frames)
-  for name, pattern in PHASES:
-    if any(pattern.search(fn) for _, fn in ours) or (name == "checkpoint save" and in_orbax):
-      return name, where
-  return "start-up", where
+  for path, function in ours:
+    for name, pattern in PHASES:
+      if pattern.search(function):
+        return name, f"{path}:{function}"
+  return "start-up", f"{ours[0][0]}:{ours[0][1]}" if ours else "before the trainer's code"
 
 
 def kill_once(job: Job, workdir: str, rng: random.Random, mode: str, last_step: int) -> dict | None:
   """Waits for a moment of kind ``mode``, dumps the victim's stacks, SIGKILLs it; None if the run ended first."""
+  leftovers = checkpoint_steps(workdir)[1]  # cut short by an earlier kill
   pids = job.rank_pids()
   t0 = time.time()
   if mode == "start-up":
@@ -138,7 +139,7 @@ def kill_once(job: Job, workdir: str, rng: random.Random, mode: str, last_step: 
     while job.proc.poll() is None and max(checkpoint_steps(workdir)[0], default=-1) <= last_step:
       time.sleep(0.01)
     if mode == "save":
-      while job.proc.poll() is None and not checkpoint_steps(workdir)[1]:
+      while job.proc.poll() is None and not checkpoint_steps(workdir)[1] - leftovers:
         time.sleep(0.001)
     else:
       deadline = time.time() + rng.uniform(0.0, 1.0)
@@ -149,13 +150,17 @@ def kill_once(job: Job, workdir: str, rng: random.Random, mode: str, last_step: 
   victim = rng.randrange(len(pids))
   dump_path = f"{job.dumps}{victim}.txt"
   size = os.path.getsize(dump_path) if os.path.exists(dump_path) else 0
-  in_flight = checkpoint_steps(workdir)[1]
+  in_flight = bool(checkpoint_steps(workdir)[1] - leftovers)
   try:
     os.kill(pids[victim], signal.SIGUSR1)
-    deadline = time.time() + 0.2
-    while time.time() < deadline and (not os.path.exists(dump_path) or os.path.getsize(dump_path) == size):
-      time.sleep(0.001)
-    time.sleep(0.002)  # the rest of the dump
+    deadline, last, stable_since = time.time() + 1.0, size, time.time()
+    while time.time() < deadline:  # until the dump has stopped growing for 30 ms
+      now_size = os.path.getsize(dump_path) if os.path.exists(dump_path) else size
+      if now_size != last:
+        last, stable_since = now_size, time.time()
+      elif now_size > size and time.time() - stable_since > 0.03:
+        break
+      time.sleep(0.002)
     os.kill(pids[victim], signal.SIGKILL)
   except ProcessLookupError:
     return None
@@ -172,6 +177,8 @@ def final_state(workdir: str) -> tuple[int, dict, list[np.ndarray]]:
   """The newest checkpoint's step, data position and every state array (unsharded into this process)."""
   import jax
   import orbax.checkpoint as ocp
+  from absl import logging
+  logging.set_verbosity(logging.ERROR)  # orbax warns that a multi-process checkpoint has no single metadata file
   step = max(checkpoint_steps(workdir)[0])
   path = os.path.join(workdir, "checkpoints", str(step))
   checkpointer = ocp.StandardCheckpointer()
@@ -207,10 +214,11 @@ def chaos(processes: int, kills: int, root: str, rng: random.Random) -> dict:
     if record is None:
       raise RuntimeError(f"the run ended before kill {len(records) + 1} (raise max_steps):\n{job.output()[-3000:]}")
     resumed = re.search(r"resumed from step (\d+)", job.output())
-    record["resumed_from"] = int(resumed.group(1)) if resumed else 0
+    record["resumed_from"] = int(resumed.group(1)) if resumed else None  # None: killed before it said
     records.append(record)
     last_step = record["last_checkpoint"] if record["last_checkpoint"] is not None else last_step
-    print(f"  P={processes} kill {len(records):2d}: rank {record['rank']} in {record['phase']:16s} "
+    print(f"  P={processes} kill {len(records):2d} ({record['mode']:8s}): "
+          f"rank {record['rank']} in {record['phase']:16s} "
           f"({record['frame']}), save in flight: {record['save_in_flight']}, resumed from "
           f"{record['resumed_from']}, last checkpoint {record['last_checkpoint']}", flush=True)
   job = Job(processes, chaotic, dumps, os.path.join(root, f"chaos{processes}_final.log"))

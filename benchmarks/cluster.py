@@ -65,6 +65,7 @@ def worker(args) -> None:
                          initialization_timeout=300)
   import jax
   import numpy as np
+
   from sparsejax import dense, model
   from sparsejax.config import override
 
@@ -279,7 +280,8 @@ def main():
       d = run["dense_dp"]
       print(f"[{label}] dense data-parallel: step {d['step_s'] * 1e3:.1f} ms, {d['samples_per_sec']:,.1f} samples/s, "
             f"{d['tx_bytes_per_step'] / 1e6:,.1f} MB sent/step/host; sparse is "
-            f"{run['step_speedup_vs_dense_dp']:.0f}x faster per step with {run['bytes_per_step_ratio']:.2e} of the bytes",
+            f"{run['step_speedup_vs_dense_dp']:.0f}x faster per step "
+            f"with {run['bytes_per_step_ratio']:.2e} of the bytes",
             flush=True)
   first = summary["runs"][("1gbit" if "1gbit" in summary["runs"] else next(iter(summary["runs"])))]
   for key in ("step_speedup_vs_dense_dp", "bytes_per_step_ratio"):

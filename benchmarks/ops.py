@@ -21,7 +21,6 @@ import optax
 
 from sparsejax import lsh, memory, ops, optim, tables
 
-
 HUGE_PAGES = True
 
 

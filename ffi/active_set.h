@@ -7,6 +7,7 @@
 #define SPARSEJAX_FFI_ACTIVE_SET_H_
 
 #include <algorithm>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -53,6 +54,22 @@ struct ActiveSetScratch {
   std::vector<char> used;
   std::vector<int32_t> unused;
 };
+
+// Checks what every active-set kernel shares, after the shapes were bound
+// (k from active.shape[1], max_labels from the labels): binds N from the
+// num_rows operand and checks 1 <= k <= N and the labels' ids. N is an
+// operand, not an attribute: the shards of a layer split unevenly may differ
+// in size but run the same program.
+inline void CheckActiveSet(Checker& c, const S32R0& num_rows, const S32R2& labels) {
+  if (!c.ok()) return;
+  const int64_t N = *num_rows.typed_data(), k = c["k"];
+  c.Bind("N", N, "argument 'num_rows'");
+  c.Require(k >= 1 && k <= N, [&] {
+    return "k (active set size, active.shape[1]) = " + std::to_string(k) + " must be in [1, N = " +
+           std::to_string(N) + "] (N: argument 'num_rows')";
+  });
+  c.Ids("labels", labels.typed_data(), labels.element_count(), "N", /*allow_pad=*/true, c["max_labels"]);
+}
 
 // Starts a row: clears the set and writes the distinct non-padding labels of
 // one sample to out[0..). Returns the column of the first label that does not

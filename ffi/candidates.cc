@@ -31,19 +31,12 @@ ffi::Error MergeCandidatesImpl(ffi::ThreadPool pool, S32R2 candidates, S32R2 lab
   return Guarded("merge_candidates", [&](Checker& c) {
     c.Arg("candidates", candidates, {"B", "C"}).Arg("labels", labels, {"B", "max_labels"});
     c.Ret("active", *active, {"B", "k"}).Ret("num_from_candidates", *num_from_candidates, {"B"});
-    SJ_RETURN_IF_ERROR(c.status());
-    // An operand, not an attribute: shards of a layer split unevenly run the same program.
-    const int64_t N = *num_rows.typed_data(), k = c["k"];
-    c.Bind("N", N, "argument 'num_rows'");
-    c.Require(k >= 1 && k <= N, [&] {
-      return "k (active set size, active.shape[1]) = " + std::to_string(k) + " must be in [1, N = " +
-             std::to_string(N) + "] (N: argument 'num_rows')";
-    });
+    CheckActiveSet(c, num_rows, labels);
     c.Require(max_from >= 0, [&] {
       return "attribute 'max_from_candidates' must be >= 0, got " + std::to_string(max_from);
     });
-    const int64_t B = c["B"], C = c["C"], LM = c["max_labels"];
-    c.Ids("labels", labels.typed_data(), labels.element_count(), "N", /*allow_pad=*/true, LM);
+    SJ_RETURN_IF_ERROR(c.status());
+    const int64_t B = c["B"], C = c["C"], LM = c["max_labels"], N = c["N"], k = c["k"];
     // Candidates come from caller state (an index built for some layer): checked like labels.
     c.Ids("candidates", candidates.typed_data(), candidates.element_count(), "N", /*allow_pad=*/true, C);
     SJ_RETURN_IF_ERROR(c.status());

@@ -210,18 +210,9 @@ ffi::Error QueryImpl(ffi::ThreadPool pool, S32R3 buckets, S32R2 counts, S32R2 co
     CheckTablesAndCodes(c, buckets, counts, codes, "B");
     c.Arg("labels", labels, {"B", "max_labels"});
     c.Ret("active", *active, {"B", "k"}).Ret("num_from_tables", *num_from_tables, {"B"});
+    CheckActiveSet(c, num_rows, labels);
     SJ_RETURN_IF_ERROR(c.status());
-    // An operand, not an attribute: the shards of a layer split unevenly may
-    // differ in size but run the same program.
-    const int64_t N = *num_rows.typed_data(), k = c["k"];
-    c.Bind("N", N, "argument 'num_rows'");
-    c.Require(k >= 1 && k <= N, [&] {
-      return "k (active set size, active.shape[1]) = " + std::to_string(k) + " must be in [1, N = " +
-             std::to_string(N) + "] (N: argument 'num_rows')";
-    });
-    const int64_t B = c["B"], LM = c["max_labels"];
-    c.Ids("labels", labels.typed_data(), labels.element_count(), "N", /*allow_pad=*/true, LM);
-    SJ_RETURN_IF_ERROR(c.status());
+    const int64_t B = c["B"], LM = c["max_labels"], N = c["N"], k = c["k"];
     const QueryArgs q{c["L"], c["num_buckets"], c["bucket_size"], LM, k, N, buckets.typed_data(),
                       counts.typed_data(), codes.typed_data(), labels.typed_data(), *seed.typed_data()};
     int32_t* out = active->typed_data();

@@ -2,7 +2,8 @@
 expected shape. The C++ handlers check again at run time (for callers that
 bypass these wrappers)."""
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -34,13 +35,15 @@ def check_array(dims: Dims, name: str, x: Any, dtype, shape: Sequence[str | int]
   if not hasattr(x, "shape") or not hasattr(x, "dtype"):
     raise TypeError(f"{dims.op}: argument '{name}' must be an array of shape {spec}, got {type(x).__name__}")
   if jnp.dtype(x.dtype) != jnp.dtype(dtype):
-    raise TypeError(f"{dims.op}: argument '{name}' must have dtype {jnp.dtype(dtype).name}, got {jnp.dtype(x.dtype).name}")
+    raise TypeError(f"{dims.op}: argument '{name}' must have dtype {jnp.dtype(dtype).name}, "
+                    f"got {jnp.dtype(x.dtype).name}")
   if len(x.shape) != len(shape):
     raise ValueError(f"{dims.op}: argument '{name}' must have shape {spec} (rank {len(shape)}), got {tuple(x.shape)}")
   for axis, (want, got) in enumerate(zip(shape, x.shape)):
     if isinstance(want, (int, np.integer)):
       if got != want:
-        raise ValueError(f"{dims.op}: argument '{name}' must have shape {spec} with axis {axis} = {want}, got {tuple(x.shape)}")
+        raise ValueError(f"{dims.op}: argument '{name}' must have shape {spec} with axis {axis} = {want}, "
+                         f"got {tuple(x.shape)}")
     elif want in dims:
       if got != dims[want]:
         raise ValueError(

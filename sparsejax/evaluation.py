@@ -1,4 +1,7 @@
-"""Ranking metrics of a run's predictions on a test set (exact and sampled P@k, nDCG@k, PSP@k) and retrieval diagnostics."""
+"""Ranking metrics of a run's predictions on a test set and retrieval diagnostics.
+
+Exact and sampled P@k, nDCG@k and PSP@k; label and top-k recall of the candidate sets.
+"""
 
 from collections.abc import Callable
 

@@ -105,7 +105,8 @@ def _prepare_topk_args(weight, bias, k, row_chunk):
   op = "exact_topk"
   weight = jnp.asarray(weight)
   if weight.ndim != 2 or not jnp.issubdtype(weight.dtype, jnp.floating):
-    raise ValueError(f"{op}: argument 'weight' must be a float array of shape [N, d], got {weight.dtype} {weight.shape}")
+    raise ValueError(f"{op}: argument 'weight' must be a float array of shape [N, d], "
+                     f"got {weight.dtype} {weight.shape}")
   num_out = weight.shape[0]
   if bias is not None:
     bias = jnp.asarray(bias)

@@ -26,9 +26,19 @@ import traceback
 import jax
 import jax.numpy as jnp
 import numpy as np
+from references import (
+  adam_ref,
+  dwta_ref,
+  f64,
+  gather_combine_ref,
+  gather_dot_ref,
+  insert_ref,
+  query_ref,
+  scatter_rows_ref,
+  simhash_ref,
+  topk_ref,
+)
 
-from references import (adam_ref, dwta_ref, f64, gather_combine_ref, gather_dot_ref, insert_ref, query_ref,
-                        scatter_rows_ref, simhash_ref, topk_ref)
 from sparsejax import _ffi, inference, lsh, ops, optim, tables
 
 VALUES = np.array([-2.0, -1.0, -0.5, 0.0, 0.0, 0.5, 1.0, 2.0], np.float32)
@@ -615,7 +625,7 @@ def run_case(c):
   if names is not None and not (c.get("corrupt") is None and op.may_skip(c, args)):
     raise CaseFailure(f"expected an error naming {sorted(names)}, got a result")
   for i, s in enumerate(samples):
-    op.check(c, s, jax.tree.map(lambda x: x[i], out) if c["transform"] == "vmap" else out)
+    op.check(c, s, jax.tree.map(lambda x, i=i: x[i], out) if c["transform"] == "vmap" else out)
   return "ok", None
 
 

@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 
 from sparsejax.data import (
-    PAD_ID,
-    BatchIterator,
-    XCDataset,
-    XCFormatError,
-    batches,
-    load_gcide,
-    load_icd10,
-    load_xc_file,
-    make_synthetic,
-    save_xc_file,
-    train_test_split,
+  PAD_ID,
+  BatchIterator,
+  XCDataset,
+  XCFormatError,
+  batches,
+  load_gcide,
+  load_icd10,
+  load_xc_file,
+  make_synthetic,
+  save_xc_file,
+  train_test_split,
+  xc_format,
 )
-from sparsejax.data import xc_format
 
 
 def _random_dataset(rng, n=40, num_features=30, num_labels=12, max_nnz=15, max_labels=4):

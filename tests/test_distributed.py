@@ -53,7 +53,8 @@ SHARDED_VS_SINGLE = """
 @pytest.mark.parametrize("P,N", [(2, 40), (3, 40)])
 def test_sharded_exact_softmax_equals_single_process(P, N, run_python):
   """All neurons active: sharded losses and weights equal the single-process run's."""
-  out = json.loads(run_python(code=SHARDED_VS_SINGLE.format(P=P, N=N, K=N, STEPS=20), devices=P).stdout.splitlines()[-1])
+  code = SHARDED_VS_SINGLE.format(P=P, N=N, K=N, STEPS=20)
+  out = json.loads(run_python(code=code, devices=P).stdout.splitlines()[-1])
   assert out["same_init"]
   losses = np.array(out["losses"])
   np.testing.assert_allclose(losses[:, 1], losses[:, 0], rtol=2e-5)
@@ -66,7 +67,8 @@ def test_sharded_exact_softmax_equals_single_process(P, N, run_python):
 
 
 def test_sharded_lsh_sampling_runs_and_learns(run_python):
-  out = json.loads(run_python(code=SHARDED_VS_SINGLE.format(P=2, N=300, K=64, STEPS=60), devices=2).stdout.splitlines()[-1])
+  code = SHARDED_VS_SINGLE.format(P=2, N=300, K=64, STEPS=60)
+  out = json.loads(run_python(code=code, devices=2).stdout.splitlines()[-1])
   losses = np.array(out["losses"])
   assert np.all(np.isfinite(losses))
   assert losses[-10:, 1].mean() < 0.8 * losses[:5, 1].mean()
@@ -207,7 +209,7 @@ def test_dead_or_hung_rank_ends_the_job(tmp_path, how):
 def test_multiprocess_resume_continues_the_same_run(tmp_path):
   """2 processes: 12 steps, stop, resume to 24 == 24 straight steps (every shard checkpointed)."""
   kw = dict(synthetic_labels=300, active_k=32, max_steps=24, checkpoint_every=8, eval_every=1000,
-            rebuild_period=5, rehash_period=9, reinsert="labels")
+            rebuild_period=5, rehash_period=9, reinsert="labels", candidates="lsh")  # LSH table maintenance
   straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
   for workdir, steps in ((straight, 24), (split, 12), (split, 24)):
     proc = _launch(2, _train_args(workdir, **dict(kw, max_steps=steps)), timeout=300)

@@ -53,7 +53,7 @@ def _mutations(target):
   spec = VALID[target]
   for kind in ("args", "results"):
     for i, (shape, dtype, *fill) in enumerate(spec[kind]):
-      def changed(new):
+      def changed(new, kind=kind, i=i):
         buffers = list(spec[kind])
         buffers[i] = new
         return {**spec, kind: buffers}
@@ -117,11 +117,13 @@ def test_kernel_errors_name_the_public_op_and_its_argument():
   reported against the op the user called, under its argument's name."""
   import jax
   import jax.numpy as jnp
+
   from sparsejax import ops
   W, b = jnp.ones((30, 4)), jnp.zeros((4,))
   fids = jnp.array([[1, 30, -1]], jnp.int32)
   bag = lambda v, W: ops.embedding_bag(fids, v, W, b).sum()
-  pattern = r"embedding_bag: argument 'feat_ids' has id 30 at flat position 1 \(row 0, column 1\), outside \[0, N = 30\)"
+  pattern = (r"embedding_bag: argument 'feat_ids' has id 30 at flat position 1 \(row 0, column 1\), "
+             r"outside \[0, N = 30\)")
   with pytest.raises(Exception, match=pattern):
     jax.block_until_ready(jax.jit(jax.grad(bag, argnums=(0, 1)))(jnp.ones((1, 3)), W))
   with pytest.raises(Exception, match=r"sparse_logits: argument 'ids' has id -5"):

@@ -86,7 +86,8 @@ def _adam_extra(draw, c):
 
 def _topk_extra(draw, c):
   N = c["N"]
-  return dict(bias=draw(st.booleans()), k_topk=draw(mostly(st.sampled_from(sorted({1, min(2, N), N})), st.sampled_from([N + 1, 0, 2.0]))),
+  k_topk = draw(mostly(st.sampled_from(sorted({1, min(2, N), N})), st.sampled_from([N + 1, 0, 2.0])))
+  return dict(bias=draw(st.booleans()), k_topk=k_topk,
               row_chunk=draw(mostly(st.sampled_from([1, 2, 3, 65536]), st.just(0))),
               sample_chunk=draw(st.sampled_from([None, 1, 2])))
 

@@ -4,8 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from references import dwta_ref, simhash_ref
+
 from sparsejax import lsh, tables
 
 

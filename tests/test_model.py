@@ -50,8 +50,10 @@ def test_exact_softmax_step_equals_dense_baseline():
   cfg = override(model.ModelConfig(300, 40), hidden_dims=(16, 8), active_k=40, num_tables=4,
                           learning_rate=1e-2)
   batch = _batch(ds, 32)
-  s_state, s_metrics = jax.jit(functools.partial(model.train_step, config=cfg))(model.init(jax.random.key(0), cfg), batch)
-  d_state, d_metrics = jax.jit(functools.partial(dense.train_step, config=cfg))(dense.init(jax.random.key(0), cfg), batch)
+  sparse_step = jax.jit(functools.partial(model.train_step, config=cfg))
+  dense_step = jax.jit(functools.partial(dense.train_step, config=cfg))
+  s_state, s_metrics = sparse_step(model.init(jax.random.key(0), cfg), batch)
+  d_state, d_metrics = dense_step(dense.init(jax.random.key(0), cfg), batch)
   np.testing.assert_allclose(s_metrics["loss"], d_metrics["loss"], rtol=1e-5)
   for got, want in zip(jax.tree.leaves((s_state.embed, s_state.hidden, s_state.out)),
                        jax.tree.leaves((d_state.embed, d_state.hidden, d_state.out))):
@@ -70,7 +72,8 @@ def test_train_step_does_no_dense_work_on_the_sparse_layers(index):
   hlo = step.lower(state, batch).compile().as_text()
   for rows in (N, F):
     big = [l.strip()[:160] for l in hlo.splitlines()
-           if re.search(rf"= f32\[{rows}(,{d})?\]", l) and not re.search(r"parameter\(|get-tuple-element\(|bitcast\(", l)]
+           if re.search(rf"= f32\[{rows}(,{d})?\]", l)
+           and not re.search(r"parameter\(|get-tuple-element\(|bitcast\(", l)]
     # Only the in-place row-sparse Adam custom calls produce [rows, d] / [rows] arrays.
     assert all("row_sparse_adam" in l for l in big), big
   assert "scatter" not in hlo

@@ -156,11 +156,13 @@ def test_ffi_handler_validates_even_without_wrapper_checks():
   h, W, b, ids = _data()
   call = _ffi.ffi_call("gather_dot", jax.ShapeDtypeStruct(ids.shape, jnp.float32))
   no_bias = jnp.zeros((0,), jnp.float32)
-  with pytest.raises(Exception, match=r"gather_dot: argument 'x' must have shape \[B, d\] with d = 12 \(from 'weight'\), got \[6, 5\]"):
+  with pytest.raises(Exception, match=r"gather_dot: argument 'x' must have shape \[B, d\] with d = 12 "
+                                     r"\(from 'weight'\), got \[6, 5\]"):
     jax.block_until_ready(call(h[:, :5], W, ids, no_bias))
   with pytest.raises(Exception, match=r"argument 'ids' must have dtype int32, got float32"):
     jax.block_until_ready(call(h, W, ids.astype(jnp.float32), no_bias))
-  with pytest.raises(Exception, match=r"gather_dot: argument 'bias' must have shape \[N\] \(or \[0\] for none\) with N = 40 .*got \[7\]"):
+  with pytest.raises(Exception, match=r"gather_dot: argument 'bias' must have shape \[N\] "
+                                     r"\(or \[0\] for none\) with N = 40 .*got \[7\]"):
     jax.block_until_ready(call(h, W, ids, b[:7]))
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import queue
 import threading
 import weakref
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -209,7 +210,7 @@ class BatchIterator:
   @classmethod
   def from_state(
       cls, dataset: XCDataset, batch_size: int, state: dict[str, int], **kwargs
-  ) -> "BatchIterator":
+  ) -> BatchIterator:
     """Resume at ``state`` (from :meth:`state`); ``kwargs`` as in ``__init__``."""
     return cls(dataset, batch_size, epoch=state["epoch"], index=state["index"], **kwargs)
 
@@ -223,7 +224,7 @@ class BatchIterator:
     n = len(self.dataset)
     return n // self.batch_size if self.drop_remainder else -(-n // self.batch_size)
 
-  def __iter__(self) -> "BatchIterator":
+  def __iter__(self) -> BatchIterator:
     return self
 
   def __next__(self) -> Any:
@@ -264,7 +265,7 @@ class BatchIterator:
     self._done = True
     self._finalizer()
 
-  def __enter__(self) -> "BatchIterator":
+  def __enter__(self) -> BatchIterator:
     return self
 
   def __exit__(self, *exc_info) -> None:

@@ -8,7 +8,7 @@ empty slot (feature or label), its value is ``0``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -129,7 +129,7 @@ class XCDataset:
     return np.bincount(self.label_indices, minlength=self.num_labels).astype(np.int64)
 
   # ------------------------------------------------------------ selection
-  def subset(self, rows: Iterable[int] | np.ndarray) -> "XCDataset":
+  def subset(self, rows: Iterable[int] | np.ndarray) -> XCDataset:
     """Samples ``rows`` (in that order, repeats allowed) as a new dataset.
 
     Args:

@@ -17,7 +17,7 @@ import os
 from absl import flags
 
 from sparsejax.netanalysis import profiles, report, whatif
-from sparsejax.netanalysis.units import ProfileError, parse_rate
+from sparsejax.netanalysis.units import parse_rate
 
 DEFAULT_BANDWIDTHS = "10mbit,100mbit,1gbit,10gbit,100gbit"
 FLAGS = flags.FLAGS
