@@ -173,6 +173,7 @@ class Checkpoints:
           return f"has a corrupted file {name} (its SHA-256 differs from the one recorded at the save)"
     try:
       self.meta(step)
+      self._manager.restore(step, args=self._ocp.args.Composite(data=self._ocp.args.JsonRestore()))
     except Exception as e:  # noqa: BLE001 -- any failure to read it makes it unusable
       return f"cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
     return None

@@ -83,6 +83,18 @@ def test_an_intact_checkpoint_passes_and_one_without_checksums_is_still_read(tmp
   assert Checkpoints(str(tmp_path)).latest_good_step() == 1
 
 
+@pytest.mark.parametrize("item", ["meta", "data"])
+def test_garbled_json_in_a_checkpoint_without_checksums_is_named_and_skipped(tmp_path, caplog, item):
+  """Issue 12 defect 14: a checkpoint's broken JSON raised a bare JSONDecodeError, naming no file."""
+  _save_steps(tmp_path, [1, 2])
+  newest = tmp_path / "checkpoints" / "2"
+  os.remove(newest / "checksums.p0.json")  # only the readability check is left to catch it
+  (newest / item / "metadata").write_text('{"m": ')
+  with caplog.at_level(logging.WARNING):
+    assert Checkpoints(str(tmp_path), keep=None).latest_good_step() == 1
+  assert f"checkpoint {newest} cannot be read (" in caplog.text and "falling back to step 1" in caplog.text
+
+
 def test_defect_4_flipped_bytes_in_a_data_file_are_detected_and_training_resumes_from_the_previous_step(
     tmp_path, small_config, caplog):
   """Defect 4: 16 flipped bytes restored 81 optimizer values as garbage and training went on (exit 0)."""
