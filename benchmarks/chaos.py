@@ -131,9 +131,10 @@ def kill_once(job: Job, workdir: str, rng: random.Random, mode: str, last_step: 
   leftovers = checkpoint_steps(workdir)[1]  # cut short by an earlier kill
   pids = job.rank_pids()
   t0 = time.time()
-  if mode == "start-up":
+  if mode == "start-up":  # a random moment before the first new checkpoint (a fast run would otherwise end early)
     deadline = t0 + rng.uniform(0.5, 25.0)
-    while time.time() < deadline and job.proc.poll() is None:
+    while time.time() < deadline and job.proc.poll() is None and max(checkpoint_steps(workdir)[0],
+                                                                       default=-1) <= last_step:
       time.sleep(0.01)
   else:  # wait for progress past the last kill, then for the moment
     while job.proc.poll() is None and max(checkpoint_steps(workdir)[0], default=-1) <= last_step:
