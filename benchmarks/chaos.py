@@ -168,6 +168,8 @@ def kill_once(job: Job, workdir: str, rng: random.Random, mode: str, last_step: 
   dump = open(dump_path).read()[size:] if os.path.exists(dump_path) else ""
   phase, frame = phase_of(dump) if dump else ("start-up", "(no dump: before the handler was installed)")
   code = job.wait(timeout=120)
+  if code in (-signal.SIGSEGV, 128 + signal.SIGSEGV):  # faulthandler reads other threads' frames unsafely
+    phase, frame = "unknown", "(the stack dump crashed the victim with SIGSEGV before the SIGKILL)"
   return {"mode": mode, "rank": victim, "phase": phase, "frame": frame, "save_in_flight": in_flight,
           "seconds_after_start": round(time.time() - t0, 2), "last_checkpoint": max(checkpoint_steps(workdir)[0],
                                                                                     default=None),
