@@ -93,6 +93,16 @@ Checker& Checker::Ids(const char* name, const int32_t* ids, int64_t n, const cha
                       int64_t row_len) {
   if (!ok()) return *this;
   const int64_t limit = (*this)[limit_symbol];
+  // A branch-free pass (vectorized: this check runs on every step's B * k ids) finds whether any id is bad;
+  // only then is the first one looked for.
+  const uint32_t lim = static_cast<uint32_t>(std::clamp<int64_t>(limit, 0, int64_t{1} << 31));
+  const uint32_t pad = static_cast<uint32_t>(kPadId);
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t v = static_cast<uint32_t>(ids[i]);
+    bad |= static_cast<uint32_t>(v >= lim) & static_cast<uint32_t>(!allow_pad || v != pad);
+  }
+  if (bad == 0) return *this;
   for (int64_t i = 0; i < n; ++i) {
     const int32_t v = ids[i];
     if ((v >= 0 && v < limit) || (allow_pad && v == kPadId)) continue;

@@ -258,16 +258,27 @@ inline uint64_t Bounded(uint64_t h, uint64_t n) {
   return static_cast<uint64_t>((static_cast<unsigned __int128>(h) * n) >> 64);
 }
 
+// bfloat16 values travel as their bits; Load widens them to float (exactly).
+using bf16 = uint16_t;
+inline float Load(float x) { return x; }
+inline float Load(bf16 x) {
+  const uint32_t u = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 // Dot product with a fixed 16-way association order: vectorizes (1 AVX-512,
 // 2 AVX2 or 4 SSE registers) without -ffast-math, and gives the same bits on
-// every ISA, thread and run.
-inline float Dot(const float* a, const float* b, int64_t d) {
+// every ISA, thread and run. `b` may be float or bfloat16 (a weight row).
+template <typename T>
+inline float Dot(const float* a, const T* b, int64_t d) {
   float acc[16] = {0};
   int64_t i = 0;
   for (; i + 16 <= d; i += 16) {
-    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
+    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * Load(b[i + j]);
   }
-  for (int j = 0; i < d; ++i, ++j) acc[j] += a[i] * b[i];
+  for (int j = 0; i < d; ++i, ++j) acc[j] += a[i] * Load(b[i]);
   for (int w = 8; w >= 1; w /= 2) {
     for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
   }
@@ -288,9 +299,10 @@ inline void PrefetchBytes(const void* p, int64_t bytes) {
   }
 }
 
-// y += alpha * x
-inline void Axpy(float alpha, const float* __restrict__ x, float* __restrict__ y, int64_t d) {
-  for (int64_t i = 0; i < d; ++i) y[i] += alpha * x[i];
+// y += alpha * x (x float or bfloat16)
+template <typename T>
+inline void Axpy(float alpha, const T* __restrict__ x, float* __restrict__ y, int64_t d) {
+  for (int64_t i = 0; i < d; ++i) y[i] += alpha * Load(x[i]);
 }
 
 }  // namespace sparsejax

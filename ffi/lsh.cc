@@ -52,7 +52,8 @@ ffi::Error SimHashImpl(ffi::ThreadPool pool, F32R2 x, F32R2 projections_t, ffi::
     const float* proj = projections_t.typed_data();
     const float* xp = x.typed_data();
     int32_t* out = codes->typed_data();
-    ParallelLoop loop(pool, B, 64);
+    // Small chunks: a step hashes only its batch's B queries, which must still spread over every core.
+    ParallelLoop loop(pool, B, 8);
     std::vector<float> acc(loop.workers() * H);
     return loop.Run(c.op(), [&](int64_t w, int64_t b0, int64_t b1) {
       SimHashRows(xp, proj, b0, b1, d, L, H / L, acc.data() + w * H, out);
@@ -102,7 +103,7 @@ ffi::Error DwtaImpl(ffi::ThreadPool pool, F32R2 x, S32R2 bin_idx, U32R0 seed, ff
     const uint64_t s = *seed.typed_data();
     const float* xp = x.typed_data();
     int32_t* out = codes->typed_data();
-    ParallelLoop loop(pool, B, 16);
+    ParallelLoop loop(pool, B, 4);  // a step's B queries over every core
     std::vector<int32_t> winners(loop.workers() * total_bins);
     return loop.Run(c.op(), [&](int64_t w, int64_t b0, int64_t b1) {
       int32_t* win = winners.data() + w * total_bins;

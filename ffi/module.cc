@@ -10,6 +10,10 @@ namespace sparsejax {
 extern "C" {
 XLA_FFI_Error* GatherDot(XLA_FFI_CallFrame*);
 XLA_FFI_Error* GatherCombine(XLA_FFI_CallFrame*);
+XLA_FFI_Error* GatherDotBF16Weight(XLA_FFI_CallFrame*);
+XLA_FFI_Error* GatherCombineBF16Weight(XLA_FFI_CallFrame*);
+XLA_FFI_Error* RowSparseAdamF32BF16Weight(XLA_FFI_CallFrame*);
+XLA_FFI_Error* RowSparseAdamBF16BF16Weight(XLA_FFI_CallFrame*);
 XLA_FFI_Error* RowSparseAdamF32(XLA_FFI_CallFrame*);
 XLA_FFI_Error* RowSparseAdamBF16(XLA_FFI_CallFrame*);
 XLA_FFI_Error* SimHash(XLA_FFI_CallFrame*);
@@ -34,6 +38,11 @@ NB_MODULE(_sparsejax, m) {
     d["sparsejax_gather_combine"] = Capsule(sparsejax::GatherCombine);
     d["sparsejax_row_sparse_adam_float32"] = Capsule(sparsejax::RowSparseAdamF32);
     d["sparsejax_row_sparse_adam_bfloat16"] = Capsule(sparsejax::RowSparseAdamBF16);
+    // bfloat16 weights
+    d["sparsejax_gather_dot_bfloat16_weight"] = Capsule(sparsejax::GatherDotBF16Weight);
+    d["sparsejax_gather_combine_bfloat16_weight"] = Capsule(sparsejax::GatherCombineBF16Weight);
+    d["sparsejax_row_sparse_adam_float32_bfloat16_weight"] = Capsule(sparsejax::RowSparseAdamF32BF16Weight);
+    d["sparsejax_row_sparse_adam_bfloat16_bfloat16_weight"] = Capsule(sparsejax::RowSparseAdamBF16BF16Weight);
     d["sparsejax_simhash"] = Capsule(sparsejax::SimHash);
     d["sparsejax_dwta"] = Capsule(sparsejax::Dwta);
     d["sparsejax_lsh_tables_insert"] = Capsule(sparsejax::LshTablesInsert);

@@ -8,6 +8,21 @@
 // along: its rows are updated in the same pass, so the ids are sorted once and
 // the bias's cache lines are fetched together with the weight rows.
 //
+// Optionally the same pass also computes the backward product of the layer
+// that the ids came from, combined[b] = sum_j g[b, j] * W[ids[b, j]] with W
+// read before its update (for sparse_logits, the input gradient dh): each row
+// is then read from memory once per step for both, not once by a separate
+// gather and again here. Rows are visited by id, so the products land in
+// per-slab [B, d] accumulators (a fixed split of the id ranges, independent
+// of the thread count) that are summed in slab order at the end.
+//
+// Second moments are per element (Adam) or, with nu of shape [N], one per row
+// (row-wise Adam: a third fewer bytes per touched row).
+//
+// The weight may be bfloat16 (half the bytes of every touched row), updated
+// in float32 and stored rounded stochastically like bfloat16 moments; a bias
+// stays float32.
+//
 // Moments are float32, or bfloat16 rounded stochastically (unbiased; with
 // round-to-nearest, b2 = 0.999 would freeze the second moment, whose per-step
 // change is below bfloat16's resolution). The random bits are a hash of
@@ -23,20 +38,15 @@ namespace {
 // Rows are split into this many contiguous id ranges, processed in parallel.
 // A constant (not the thread count), so the work split is the same everywhere.
 constexpr int64_t kNumRanges = 256;
+// With a combined output, consecutive ranges form this many slabs, each with
+// its own accumulator and run by one thread at a time.
+constexpr int64_t kNumSlabs = 32;
+// Positions per block of the parallel bucketing of ids by range.
+constexpr int64_t kBucketBlock = 8192;
 
 struct AdamConsts {
   float b1, b2, eps, weight_decay, step_size, inv_bc1, inv_bc2;
 };
-
-using bf16 = uint16_t;  // bfloat16 bits
-
-inline float Load(float m) { return m; }
-inline float Load(bf16 m) {
-  const uint32_t u = static_cast<uint32_t>(m) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 inline void Store(float* p, float x, uint32_t /*random*/) { *p = x; }
 // Stochastic rounding: add 16 random bits below the kept mantissa, truncate.
@@ -56,10 +66,42 @@ inline uint32_t ElementBits(uint32_t seed, int64_t i) {
   return h;
 }
 
+// The random bits that round element i of a bfloat16 weight row (a stream
+// apart from the moments').
+inline uint32_t WeightBits(uint32_t seed, int64_t i) { return ElementBits(~seed, i); }
+
+// Writes a row's new weight (stochastically rounded when bfloat16).
+template <typename W>
+inline void StoreWeight(W* w, int64_t i, float x, uint32_t seed) {
+  uint32_t bits = 0;
+  if constexpr (sizeof(W) == 2) bits = WeightBits(seed, i);
+  Store(w + i, x, bits);
+}
+
+// One row's row-wise Adam update (as FBGEMM's row-wise optimizers): per-element
+// first moments m, and one second moment *v for the row, of the mean of the
+// squared gradient over the row (summed in Dot's fixed order).
+template <typename W, typename M>
+inline void RowwiseAdamRowT(W* __restrict__ w, M* __restrict__ m, M* __restrict__ v, const float* __restrict__ g,
+                            int64_t d, const AdamConsts& h, uint32_t seed) {
+  const float mean_sq = Dot(g, g, d) / static_cast<float>(d);
+  const float vi = h.b2 * Load(*v) + (1.0f - h.b2) * mean_sq;
+  Store(v, vi, sizeof(M) == 2 ? ElementBits(seed, d) : 0);
+  const float scale = h.inv_bc1 / (std::sqrt(vi * h.inv_bc2) + h.eps);
+  for (int64_t i = 0; i < d; ++i) {
+    const float mi = h.b1 * Load(m[i]) + (1.0f - h.b1) * g[i];
+    uint32_t bits = 0;
+    if constexpr (sizeof(M) == 2) bits = ElementBits(seed, i);
+    Store(m + i, mi, bits);
+    const float wi = Load(w[i]);
+    StoreWeight(w, i, wi - h.step_size * (mi * scale + h.weight_decay * wi), seed);
+  }
+}
+
 // One row's Adam update; restrict pointers let the compiler vectorize it.
-template <typename M>
-inline void AdamRowT(float* __restrict__ w, M* __restrict__ m, M* __restrict__ v,
-                     const float* __restrict__ g, int64_t d, const AdamConsts& h, uint32_t seed) {
+template <typename W, typename M>
+inline void AdamRowT(W* __restrict__ w, M* __restrict__ m, M* __restrict__ v, const float* __restrict__ g,
+                     int64_t d, const AdamConsts& h, uint32_t seed) {
   for (int64_t i = 0; i < d; ++i) {
     const float mi = h.b1 * Load(m[i]) + (1.0f - h.b1) * g[i];
     const float vi = h.b2 * Load(v[i]) + (1.0f - h.b2) * g[i] * g[i];
@@ -69,33 +111,52 @@ inline void AdamRowT(float* __restrict__ w, M* __restrict__ m, M* __restrict__ v
     Store(v + i, vi, bits >> 16 | bits << 16);
     // The weight update uses the unrounded moments.
     const float update = (mi * h.inv_bc1) / (std::sqrt(vi * h.inv_bc2) + h.eps);
-    w[i] -= h.step_size * (update + h.weight_decay * w[i]);
+    const float wi = Load(w[i]);
+    StoreWeight(w, i, wi - h.step_size * (update + h.weight_decay * wi), seed);
   }
 }
 
-SJ_MULTIVERSION void AdamRow(float* w, float* m, float* v, const float* g, int64_t d,
-                             const AdamConsts& h, uint32_t seed) {
-  AdamRowT(w, m, v, g, d, h, seed);
-}
-SJ_MULTIVERSION void AdamRow(float* w, bf16* m, bf16* v, const float* g, int64_t d,
-                             const AdamConsts& h, uint32_t seed) {
-  AdamRowT(w, m, v, g, d, h, seed);
-}
+// Multiversioned (per-ISA) instances for each (weight, moment) type pair.
+#define SJ_ADAM_ROWS(W, M)                                                                                   \
+  SJ_MULTIVERSION void AdamRow(W* w, M* m, M* v, const float* g, int64_t d, const AdamConsts& h,              \
+                               uint32_t seed) {                                                              \
+    AdamRowT(w, m, v, g, d, h, seed);                                                                        \
+  }                                                                                                          \
+  SJ_MULTIVERSION void RowwiseAdamRow(W* w, M* m, M* v, const float* g, int64_t d, const AdamConsts& h,       \
+                                      uint32_t seed) {                                                       \
+    RowwiseAdamRowT(w, m, v, g, d, h, seed);                                                                 \
+  }
+SJ_ADAM_ROWS(float, float)
+SJ_ADAM_ROWS(float, bf16)
+SJ_ADAM_ROWS(bf16, float)
+SJ_ADAM_ROWS(bf16, bf16)
+#undef SJ_ADAM_ROWS
 
 // The rows of one parameter (weight or bias) with their moments.
-template <typename M>
+template <typename W, typename M>
 struct Rows {
-  float* w = nullptr;
+  W* w = nullptr;
   M* m = nullptr;
   M* v = nullptr;
   int64_t d = 0;
+  bool rowwise = false;  // v holds one second moment per row
+
+  M* v_of(int64_t row) const { return v + (rowwise ? row : row * d); }
 
   // Rows are visited in increasing id order but far apart: fetch the cache
   // lines of rows a few steps ahead while this one is updated.
   void Prefetch(int64_t row) const {
-    PrefetchBytes(w + row * d, d * sizeof(float));
+    PrefetchBytes(w + row * d, d * sizeof(W));
     PrefetchBytes(m + row * d, d * sizeof(M));
-    PrefetchBytes(v + row * d, d * sizeof(M));
+    PrefetchBytes(v_of(row), (rowwise ? 1 : d) * sizeof(M));
+  }
+
+  void Update(int64_t row, const float* g, const AdamConsts& h, uint32_t seed) const {
+    if (rowwise) {
+      RowwiseAdamRow(w + row * d, m + row * d, v_of(row), g, d, h, seed);
+    } else {
+      AdamRow(w + row * d, m + row * d, v_of(row), g, d, h, seed);
+    }
   }
 };
 constexpr int kPrefetchRows = 4;
@@ -103,10 +164,12 @@ constexpr int kPrefetchRows = 4;
 // Updates the rows of id ranges [r0, r1): keys[start[r] .. start[r + 1]) are
 // range r's (id << 32 | position) keys. `grad` is scratch of d floats.
 // Not inlined: perf (and the prefetch test) can then name it.
-template <typename M>
-[[gnu::noinline]] void UpdateRanges(int64_t r0, int64_t r1, const Rows<M>& weight, const Rows<M>& bias, const int64_t* start,
+// `combined` (or null): the slab's [B, d] accumulator of g[pos] * W[row].
+template <typename W, typename M>
+[[gnu::noinline]] void UpdateRanges(int64_t r0, int64_t r1, const Rows<W, M>& weight, const Rows<float, M>& bias,
+                  const int64_t* start,
                   uint64_t* keys, int64_t* unique_in_range, const float* gp, const float* xp, int64_t k,
-                  const AdamConsts& h, uint64_t step_seed, float* grad) {
+                  const AdamConsts& h, uint64_t step_seed, float* grad, float* combined) {
   const int64_t d = weight.d;
   const bool has_bias = bias.w != nullptr;
   for (int64_t r = r0; r < r1; ++r) {
@@ -129,17 +192,16 @@ template <typename M>
       const int64_t row = static_cast<int64_t>(*it >> 32);
       std::fill(grad, grad + d, 0.0f);
       float grad_bias = 0.0f;
+      const W* w_row = weight.w + row * d;
       for (; it != ke && static_cast<int64_t>(*it >> 32) == row; ++it) {
         const int64_t pos = static_cast<int64_t>(*it & 0xffffffffULL);
         Axpy(gp[pos], xp + (pos / k) * d, grad, d);
+        if (combined != nullptr) Axpy(gp[pos], w_row, combined + (pos / k) * d, d);
         grad_bias += gp[pos];
       }
       const uint64_t seed = HashCombine(step_seed, static_cast<uint64_t>(row));
-      AdamRow(weight.w + row * d, weight.m + row * d, weight.v + row * d, grad, d, h,
-              static_cast<uint32_t>(seed));
-      if (has_bias) {
-        AdamRow(bias.w + row, bias.m + row, bias.v + row, &grad_bias, 1, h, static_cast<uint32_t>(seed >> 32));
-      }
+      weight.Update(row, grad, h, static_cast<uint32_t>(seed));
+      if (has_bias) bias.Update(row, &grad_bias, h, static_cast<uint32_t>(seed >> 32));
       // Unique ids are written, in order, over the front of this range's
       // key slots (already consumed): no extra buffer needed.
       kb[n_unique++] = static_cast<uint64_t>(row);
@@ -151,15 +213,16 @@ template <typename M>
 template <ffi::DataType MT>
 using Moments = ffi::Buffer<MT>;  // the weight's shape, [N, d] or [N]
 
-// One handler per moment dtype: XLA checks every buffer's dtype.
-template <ffi::DataType MT>
-ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> weight, Moments<MT> mu, Moments<MT> nu,
+// One handler per (weight, moment) dtype pair: XLA checks every buffer's dtype.
+template <ffi::DataType WT, ffi::DataType MT>
+ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<WT> weight, Moments<MT> mu, Moments<MT> nu,
                              F32R1 bias, ffi::BufferR1<MT> bias_mu, ffi::BufferR1<MT> bias_nu, S32R2 ids,
                              F32R2 g, F32R2 x, F32R0 lr, S32R0 count, ffi::RemainingArgs /*after*/, float b1,
-                             float b2, float eps, float weight_decay, ffi::Result<ffi::Buffer<ffi::F32>> weight_out,
+                             float b2, float eps, float weight_decay, ffi::Result<ffi::Buffer<WT>> weight_out,
                              ffi::Result<Moments<MT>> mu_out, ffi::Result<Moments<MT>> nu_out,
                              ffi::Result<F32R1> bias_out, ffi::Result<ffi::BufferR1<MT>> bias_mu_out,
-                             ffi::Result<ffi::BufferR1<MT>> bias_nu_out, ffi::Result<S32R1> touched) {
+                             ffi::Result<ffi::BufferR1<MT>> bias_nu_out, ffi::Result<S32R1> touched,
+                             ffi::Result<F32R2> combined) {
   return Guarded("row_sparse_adam", [&](Checker& c) {
     // A rank-1 weight (a bias [N] on its own) is a weight of width d = 1.
     const size_t rank = weight.dimensions().size();
@@ -171,8 +234,11 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> weight,
     const Checker::Spec wshape = is_vector ? Checker::Spec{"N"} : Checker::Spec{"N", "d"};
     c.Arg("weight", weight, wshape);
     if (is_vector) c.Bind("d", 1, "weight");
-    c.Arg("mu", mu, wshape).Arg("nu", nu, wshape);
-    c.Ret("weight", *weight_out, wshape).Ret("mu", *mu_out, wshape).Ret("nu", *nu_out, wshape);
+    // nu [N] for a weight [N, d]: row-wise Adam (one second moment per row).
+    const bool rowwise = !is_vector && nu.dimensions().size() == 1;
+    const Checker::Spec vshape = rowwise ? Checker::Spec{"N"} : wshape;
+    c.Arg("mu", mu, wshape).Arg("nu", nu, vshape, is_vector ? nullptr : "(or [N] for row-wise Adam)");
+    c.Ret("weight", *weight_out, wshape).Ret("mu", *mu_out, wshape).Ret("nu", *nu_out, vshape);
     // The bias is [N], or [0] for none; its moments and results have its shape.
     const bool has_bias = bias.element_count() != 0;
     c.Require(!(has_bias && is_vector), [] { return std::string("a bias needs a rank-2 weight [N, d]"); });
@@ -183,6 +249,9 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> weight,
     SJ_RETURN_IF_ERROR(c.status());
     const int64_t N = c["N"], d = c["d"], B = c["B"], k = c["k"], M = B * k;
     c.Bind("B * k", M, "ids").Ret("touched", *touched, {"B * k"});
+    // combined: [B, d] to compute it, [0, d] not to.
+    const bool combine = combined->dimensions().size() == 2 && combined->dimensions()[0] != 0;
+    c.Ret("combined", *combined, combine ? Checker::Spec{"B", "d"} : Checker::Spec{"0", "d"});
     c.Require(M < (int64_t{1} << 31), [] { return std::string("ids has too many entries (B * k must be < 2^31)"); });
     const int32_t* ip = ids.typed_data();
     c.Ids("ids", ip, M, "N", /*allow_pad=*/true, k);
@@ -208,55 +277,102 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> weight,
     const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), t));
     const AdamConsts h{b1, b2, eps, weight_decay, step_size, 1.0f / bc1, 1.0f / bc2};
 
-    // Bucket the positions by id range (counting sort: keeps position order).
+    // Bucket the positions by id range (a counting sort that keeps position
+    // order), in parallel: fixed blocks of positions count their ids per
+    // range, a prefix over (range, block) gives each block its slots, and
+    // each block fills them in position order: the same keys on any number
+    // of threads.
     const int64_t R = std::min<int64_t>(kNumRanges, std::max<int64_t>(N, 1));
     auto range_of = [&](int32_t id) { return static_cast<int64_t>(id) * R / N; };
-    std::vector<int64_t> start(R + 1, 0);
-    for (int64_t p = 0; p < M; ++p) {
-      if (ip[p] != kPadId) ++start[range_of(ip[p]) + 1];
-    }
-    for (int64_t r = 0; r < R; ++r) start[r + 1] += start[r];
-    std::vector<int64_t> fill(start.begin(), start.end() - 1);
-    // Key = id << 32 | position: sorting keys orders by id, then by position.
-    std::vector<uint64_t> keys(start[R]);
-    for (int64_t p = 0; p < M; ++p) {
-      if (ip[p] != kPadId) {
-        keys[fill[range_of(ip[p])]++] = (static_cast<uint64_t>(ip[p]) << 32) | static_cast<uint64_t>(p);
+    const int64_t num_blocks = (M + kBucketBlock - 1) / kBucketBlock;
+    std::vector<int64_t> slots(num_blocks * R, 0);  // [block][range]: counts, then first slots
+    SJ_RETURN_IF_ERROR(ParallelLoop(pool, num_blocks, 1).Run(c.op(), [&](int64_t, int64_t k0, int64_t k1) {
+      for (int64_t blk = k0; blk < k1; ++blk) {
+        int64_t* count_of = slots.data() + blk * R;
+        for (int64_t p = blk * kBucketBlock, pe = std::min(M, p + kBucketBlock); p < pe; ++p) {
+          if (ip[p] != kPadId) ++count_of[range_of(ip[p])];
+        }
       }
+    }));
+    std::vector<int64_t> start(R + 1, 0);
+    for (int64_t r = 0, next = 0; r < R; ++r) {
+      start[r] = next;
+      for (int64_t blk = 0; blk < num_blocks; ++blk) {
+        const int64_t n = slots[blk * R + r];
+        slots[blk * R + r] = next;
+        next += n;
+      }
+      start[r + 1] = next;
     }
+    // Key = id << 32 | position: sorting keys orders by id, then by position.
+    // Not value-initialized (a serial memset of 8 bytes per id): the parallel fill below writes every slot.
+    std::unique_ptr<uint64_t[]> keys(new uint64_t[std::max<int64_t>(start[R], 1)]);
+    SJ_RETURN_IF_ERROR(ParallelLoop(pool, num_blocks, 1).Run(c.op(), [&](int64_t, int64_t k0, int64_t k1) {
+      for (int64_t blk = k0; blk < k1; ++blk) {
+        int64_t* slot_of = slots.data() + blk * R;
+        for (int64_t p = blk * kBucketBlock, pe = std::min(M, p + kBucketBlock); p < pe; ++p) {
+          if (ip[p] != kPadId) {
+            keys[slot_of[range_of(ip[p])]++] = (static_cast<uint64_t>(ip[p]) << 32) | static_cast<uint64_t>(p);
+          }
+        }
+      }
+    }));
     std::vector<int64_t> unique_in_range(R, 0);
 
     using M_t = ffi::NativeType<MT>;
-    const Rows<M_t> wr{weight_out->typed_data(), mu_out->typed_data(), nu_out->typed_data(), d};
-    const Rows<M_t> br = has_bias ? Rows<M_t>{bias_out->typed_data(), bias_mu_out->typed_data(),
-                                              bias_nu_out->typed_data(), 1}
-                                  : Rows<M_t>{};
+    using W_t = ffi::NativeType<WT>;
+    const Rows<W_t, M_t> wr{weight_out->typed_data(), mu_out->typed_data(), nu_out->typed_data(), d, rowwise};
+    const Rows<float, M_t> br = has_bias ? Rows<float, M_t>{bias_out->typed_data(), bias_mu_out->typed_data(),
+                                                            bias_nu_out->typed_data(), 1, false}
+                                         : Rows<float, M_t>{};
     const uint64_t step_seed = SplitMix64(static_cast<uint64_t>(t));
-    ParallelLoop loop(pool, R, 1);
+    // Without a combined output every range is a chunk; with one, a slab is.
+    const int64_t slab = combine ? (R + kNumSlabs - 1) / kNumSlabs : 1;
+    const int64_t num_slabs = (R + slab - 1) / slab;
+    ParallelLoop loop(pool, R, slab);
     std::vector<float> grad(loop.workers() * d);
+    std::unique_ptr<float[]> acc(combine ? new float[num_slabs * B * d] : nullptr);  // zeroed by its slab
     SJ_RETURN_IF_ERROR(loop.Run(c.op(), [&](int64_t w, int64_t r0, int64_t r1) {
-      UpdateRanges(r0, r1, wr, br, start.data(), keys.data(), unique_in_range.data(), g.typed_data(),
-                   x.typed_data(), k, h, step_seed, grad.data() + w * d);
+      float* slab_acc = combine ? acc.get() + (r0 / slab) * B * d : nullptr;
+      if (combine) std::fill(slab_acc, slab_acc + B * d, 0.0f);
+      UpdateRanges(r0, r1, wr, br, start.data(), keys.get(), unique_in_range.data(), g.typed_data(),
+                   x.typed_data(), k, h, step_seed, grad.data() + w * d, slab_acc);
     }));
-
-    int32_t* out_ids = touched->typed_data();
-    int64_t n = 0;
-    for (int64_t r = 0; r < R; ++r) {
-      for (int64_t i = 0; i < unique_in_range[r]; ++i) out_ids[n++] = static_cast<int32_t>(keys[start[r] + i]);
+    if (combine) {  // combined[b] = sum over slabs, in slab order
+      float* out = combined->typed_data();
+      SJ_RETURN_IF_ERROR(ParallelLoop(pool, B, 8).Run(c.op(), [&](int64_t, int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+          float* ob = out + b * d;
+          std::copy(acc.get() + b * d, acc.get() + (b + 1) * d, ob);
+          for (int64_t s = 1; s < num_slabs; ++s) Axpy(1.0f, acc.get() + (s * B + b) * d, ob, d);
+        }
+      }));
     }
-    std::fill(out_ids + n, out_ids + M, kPadId);
+
+    // The distinct ids of each range, in range order, then padding.
+    int32_t* out_ids = touched->typed_data();
+    std::vector<int64_t> out_start(R + 1, 0);
+    for (int64_t r = 0; r < R; ++r) out_start[r + 1] = out_start[r] + unique_in_range[r];
+    std::fill(out_ids + out_start[R], out_ids + M, kPadId);
+    SJ_RETURN_IF_ERROR(ParallelLoop(pool, R, 16).Run(c.op(), [&](int64_t, int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t i = 0; i < unique_in_range[r]; ++i) {
+          out_ids[out_start[r] + i] = static_cast<int32_t>(keys[start[r] + i]);
+        }
+      }
+    }));
     return ffi::Error::Success();
   });
 }
 
-// The binding of RowSparseAdamImpl<MT>.
-template <ffi::DataType MT>
+// The binding of RowSparseAdamImpl<WT, MT>.
+template <ffi::DataType WT, ffi::DataType MT>
 auto RowSparseAdamBinding() {
   return ffi::Ffi::Bind()
       .Ctx<ffi::ThreadPool>()
-      .template Arg<ffi::Buffer<ffi::F32>>()  // weight [N, d] or [N]
+      .template Arg<ffi::Buffer<WT>>()        // weight [N, d] or [N]
       .template Arg<Moments<MT>>()            // mu, weight's shape
-      .template Arg<Moments<MT>>()            // nu, weight's shape
+      .template Arg<Moments<MT>>()            // nu, weight's shape, or [N] (row-wise)
       .template Arg<F32R1>()                  // bias [N] or [0]
       .template Arg<ffi::BufferR1<MT>>()      // bias_mu, bias's shape
       .template Arg<ffi::BufferR1<MT>>()      // bias_nu, bias's shape
@@ -272,18 +388,26 @@ auto RowSparseAdamBinding() {
       .template Attr<float>("b2")
       .template Attr<float>("eps")
       .template Attr<float>("weight_decay")
-      .template Ret<ffi::Buffer<ffi::F32>>()  // weight
+      .template Ret<ffi::Buffer<WT>>()        // weight
       .template Ret<Moments<MT>>()            // mu
       .template Ret<Moments<MT>>()            // nu
       .template Ret<F32R1>()                  // bias
       .template Ret<ffi::BufferR1<MT>>()      // bias_mu
       .template Ret<ffi::BufferR1<MT>>()      // bias_nu
-      .template Ret<S32R1>();                 // touched [B * k]
+      .template Ret<S32R1>()                  // touched [B * k]
+      .template Ret<F32R2>();                 // combined [B, d], or [0, d] for none
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RowSparseAdamF32, RowSparseAdamImpl<ffi::F32>, RowSparseAdamBinding<ffi::F32>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RowSparseAdamBF16, RowSparseAdamImpl<ffi::BF16>, RowSparseAdamBinding<ffi::BF16>());
+// Named by moment dtype; the BF16Weight ones take a bfloat16 weight.
+#define SJ_ADAM_HANDLER(NAME, WT, MT)                                                   \
+  constexpr auto NAME##Impl = RowSparseAdamImpl<WT, MT>;                                \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, NAME##Impl, (RowSparseAdamBinding<WT, MT>()));
+SJ_ADAM_HANDLER(RowSparseAdamF32, ffi::F32, ffi::F32)
+SJ_ADAM_HANDLER(RowSparseAdamBF16, ffi::F32, ffi::BF16)
+SJ_ADAM_HANDLER(RowSparseAdamF32BF16Weight, ffi::BF16, ffi::F32)
+SJ_ADAM_HANDLER(RowSparseAdamBF16BF16Weight, ffi::BF16, ffi::BF16)
+#undef SJ_ADAM_HANDLER
 
 }  // namespace sparsejax

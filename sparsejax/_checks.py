@@ -85,3 +85,13 @@ def check_index(op: str, name: str, value: Any, low: int, high: int = INT32_MAX)
                       f"of shape {tuple(value.shape)}")
     return value
   return check_int(op, name, value, low, high)
+
+
+# Weights of the sparse layers' kernels: float32, or bfloat16 (half the bytes per row; sums stay float32).
+WEIGHT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+
+
+def check_weight(dims: Dims, name: str, x: Any, shape: Sequence[str | int]):
+  """:func:`check_array` for a sparse layer's weight: float32 or bfloat16."""
+  dtype = getattr(x, "dtype", None)
+  check_array(dims, name, x, dtype if dtype in WEIGHT_DTYPES else jnp.float32, shape)

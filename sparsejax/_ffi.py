@@ -58,14 +58,14 @@ class Signature(NamedTuple):
   default_attrs: tuple[tuple[str, Any], ...] = ()
 
 
-def _adam_signature(moments: str) -> Signature:
+def _adam_signature(moments: str, weight: str = "float32") -> Signature:
   param = lambda name, dtype: Buffer(name, dtype, (1, 2))  # [N, d], or [N] for a bias alone
-  state = (param("weight", "float32"), param("mu", moments), param("nu", moments), Buffer("bias", "float32", (1,)),
+  state = (param("weight", weight), param("mu", moments), param("nu", moments), Buffer("bias", "float32", (1,)),
            Buffer("bias_mu", moments, (1,)), Buffer("bias_nu", moments, (1,)))
   return Signature(
       args=state + (Buffer("ids", "int32", (2,)), Buffer("g", "float32", (2,)), Buffer("x", "float32", (2,)),
                     Buffer("learning_rate", "float32", (0,)), Buffer("count", "int32", (0,))),
-      results=state + (Buffer("touched", "int32", (1,)),),
+      results=state + (Buffer("touched", "int32", (1,)), Buffer("combined", "float32", (2,))),
       extra_args=True)
 
 
@@ -73,15 +73,27 @@ _TABLES = (Buffer("buckets", "int32", (3,)), Buffer("counts", "int32", (2,)), Bu
 # The op (and its ids argument) that the gather kernels' errors name: the public op that calls them.
 _GATHER_NAMES = lambda op: (("op", op), ("ids_name", "ids"))
 
+# The weight dtypes of the gather and Adam kernels, and the suffix of their targets' names.
+_WEIGHTS = (("float32", ""), ("bfloat16", "_bfloat16_weight"))
+WEIGHT_DTYPES = tuple(jnp.dtype(w) for w, _ in _WEIGHTS)
+
+
+def weight_suffix(weight) -> str:
+  """The suffix of the kernel for a weight of ``weight``'s dtype (which the caller has checked)."""
+  return dict(_WEIGHTS)[jnp.dtype(weight.dtype).name]
+
+
 # Mirrors the bindings in ffi/*.cc (tests/test_ffi.py checks that they agree).
 SIGNATURES: dict[str, Signature] = {
-    "gather_dot": Signature(
-        (Buffer("x", "float32", (2,)), Buffer("weight", "float32", (2,)), Buffer("ids", "int32", (2,)),
+    **{f"gather_dot{suffix}": Signature(
+        (Buffer("x", "float32", (2,)), Buffer("weight", weight, (2,)), Buffer("ids", "int32", (2,)),
          Buffer("bias", "float32", (1,))),
-        (Buffer("out", "float32", (2,)),), default_attrs=_GATHER_NAMES("gather_dot")),
-    "gather_combine": Signature(
-        (Buffer("g", "float32", (2,)), Buffer("weight", "float32", (2,)), Buffer("ids", "int32", (2,))),
-        (Buffer("out", "float32", (2,)),), default_attrs=_GATHER_NAMES("gather_combine")),
+        (Buffer("out", "float32", (2,)),), default_attrs=_GATHER_NAMES("gather_dot"))
+       for weight, suffix in _WEIGHTS},
+    **{f"gather_combine{suffix}": Signature(
+        (Buffer("g", "float32", (2,)), Buffer("weight", weight, (2,)), Buffer("ids", "int32", (2,))),
+        (Buffer("out", "float32", (2,)),), default_attrs=_GATHER_NAMES("gather_combine"))
+       for weight, suffix in _WEIGHTS},
     "simhash": Signature(
         (Buffer("x", "float32", (2,)), Buffer("projections_t", "float32", (2,))),
         (Buffer("codes", "int32", (2,)),)),
@@ -98,8 +110,8 @@ SIGNATURES: dict[str, Signature] = {
         (Buffer("candidates", "int32", (2,)), Buffer("labels", "int32", (2,)), Buffer("seed", "uint32", (0,)),
          Buffer("num_rows", "int32", (0,))),
         (Buffer("active", "int32", (2,)), Buffer("num_from_candidates", "int32", (1,)))),
-    "row_sparse_adam_float32": _adam_signature("float32"),
-    "row_sparse_adam_bfloat16": _adam_signature("bfloat16"),
+    **{f"row_sparse_adam_{moments}{suffix}": _adam_signature(moments, weight)
+       for weight, suffix in _WEIGHTS for moments in ("float32", "bfloat16")},
 }
 
 

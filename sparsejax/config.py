@@ -241,6 +241,11 @@ class NetworkConfig(Section):
   tail_correction: bool = option(
       True, "Weight the random active neurons as the sample of the whole tail they are (sampled softmax: their "
       "logits get + log(tail rows / random rows)), so that the loss estimates the full softmax's.")
+  softmax: str = option(
+      "auto", "Which softmax the SLIDE model trains: sampled (the active neurons only), exact (every output "
+      "neuron each step, dense matmuls: faster when the active set covers most of the labels) or auto (exact "
+      "when --active_k x --batch_size makes the sampled step the slower one; the log says which).",
+      choices=("auto", "sampled", "exact"))
   init_scale: float = option(
       1.0, "Standard deviation of the output layer's initial weights, in units of 1/sqrt(last hidden width).",
       bounds=POSITIVE)
@@ -305,7 +310,15 @@ class TablesConfig(Section):
 class OptimizerConfig(Section):
   """Mini-batches and Adam (row-sparse for the sparse layers, optax for the dense ones)."""
   batch_size: int = option(128, "Samples per training step.", bounds=AT_LEAST_ONE)
-  learning_rate: float = option(3e-3, "Peak learning rate.", bounds=POSITIVE)
+  learning_rate: float = option(3e-3, "Peak learning rate at --reference_batch_size (see --lr_scaling).",
+                                bounds=POSITIVE)
+  lr_scaling: str = option(
+      "none", "How the peak learning rate follows --batch_size: none (as given), linear (times batch_size / "
+      "reference_batch_size) or sqrt (times its square root). Large batches (512-2048) trade steps for "
+      "throughput: linear with a short --warmup_steps (about a quarter of an epoch) kept batch 128's accuracy "
+      "at batch 1024.", choices=("none", "linear", "sqrt"))
+  reference_batch_size: int = option(
+      128, "The batch size --learning_rate was tuned for (the reference of --lr_scaling).", bounds=AT_LEAST_ONE)
   warmup_steps: int = option(0, "Steps of linear warm-up from 0 to the peak rate; 0: none.", bounds=NON_NEGATIVE)
   decay_steps: int = option(
       0, "Steps of cosine decay to 10% of the peak rate, after the warm-up; 0: a constant rate.", bounds=NON_NEGATIVE)
@@ -316,6 +329,13 @@ class OptimizerConfig(Section):
   moment_dtype: str = option(
       "float32", "Adam moments of the sparse layers: float32 or bfloat16 (half the memory, rounded "
       "stochastically).", choices=("float32", "bfloat16"))
+  weight_dtype: str = option(
+      "float32", "The output layer's weights: float32 or bfloat16 (half the bytes of every row a step touches; "
+      "updated in float32 and rounded stochastically; products and sums stay float32).",
+      choices=("float32", "bfloat16"))
+  second_moment: str = option(
+      "element", "Adam's second moments in the sparse layers: one per element, or one per row (row-wise Adam, as "
+      "FBGEMM's: a third fewer bytes per updated row).", choices=("element", "row"))
 
 
 DEFAULT_EPOCHS = 5.0

@@ -91,16 +91,27 @@ class ModelConfig:
     k = local_active_k(self, self.num_shards)
     return k - int(round(self.network.random_negatives * k))
 
+  @property
+  def peak_learning_rate(self) -> float:
+    """``learning_rate`` scaled from ``reference_batch_size`` to ``batch_size`` by ``lr_scaling``."""
+    o = self.optim
+    ratio = o.batch_size / o.reference_batch_size
+    return o.learning_rate * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[o.lr_scaling]
+
   def schedule(self) -> optax.Schedule:
     """Learning rate as a function of the step."""
-    o = self.optim
+    o, peak = self.optim, self.peak_learning_rate
     if o.decay_steps > 0:
-      return optax.warmup_cosine_decay_schedule(0.0 if o.warmup_steps else o.learning_rate, o.learning_rate,
-                                                o.warmup_steps, o.warmup_steps + o.decay_steps,
-                                                end_value=0.1 * o.learning_rate)
+      return optax.warmup_cosine_decay_schedule(0.0 if o.warmup_steps else peak, peak, o.warmup_steps,
+                                                o.warmup_steps + o.decay_steps, end_value=0.1 * peak)
     if o.warmup_steps > 0:
-      return optax.linear_schedule(0.0, o.learning_rate, o.warmup_steps)
-    return optax.constant_schedule(o.learning_rate)
+      return optax.linear_schedule(0.0, peak, o.warmup_steps)
+    return optax.constant_schedule(peak)
+
+  @property
+  def exact_softmax(self) -> bool:
+    """Whether the SLIDE step computes every output neuron (see :func:`uses_exact_path`)."""
+    return uses_exact_path(self)
 
   def adam_args(self) -> dict[str, float]:
     """Adam's constants as keyword arguments (shared by every optimizer of the model)."""
@@ -210,7 +221,10 @@ def init_from_params(rng: jax.Array, config: ModelConfig, params: NetworkParams,
   """
   k_lsh, k_tables, k_state = jax.random.split(jax.random.fold_in(rng, 1), 3)
   sparse_opt = optim.row_sparse_adam(config.schedule(), **config.adam_args(),
-                                     moment_dtype=jnp.dtype(config.optim.moment_dtype))
+                                     moment_dtype=jnp.dtype(config.optim.moment_dtype),
+                                     second_moment=config.optim.second_moment)
+  # The output layer's weights in their training dtype (the index is built from their float32 values).
+  params = params._replace(out=params.out._replace(w=params.out.w.astype(config.optim.weight_dtype)))
   lsh_params, t = init_index(k_lsh, k_tables, config, params.out, num_valid)
   return SlideState(
       step=jnp.zeros((), jnp.int32),
@@ -226,6 +240,7 @@ def init_index(k_lsh: jax.Array, k_tables: jax.Array, config: ModelConfig, out: 
                num_valid: int | jax.Array | None = None):
   """``(hash functions or None, built index)`` of the output layer, as ``config.tables.candidates`` says."""
   d = config.hidden_dims[-1]
+  out = _float32_rows(out)
   if config.tables.candidates == "clusters":
     c, rows, _ = config.index_sizes
     index = clusters.build_index(clusters.init_index(c, rows, d), out.w, out.b,
@@ -237,7 +252,13 @@ def init_index(k_lsh: jax.Array, k_tables: jax.Array, config: ModelConfig, out: 
   return lsh_params, _build_tables(t, lsh_params, out, num_valid)
 
 
+def _float32_rows(out: SparseLayer) -> SparseLayer:
+  """The layer with float32 weights (bfloat16 ones widened: an O(N d) copy, for index builds only)."""
+  return out._replace(w=out.w.astype(jnp.float32))
+
+
 def _build_tables(t: tables.HashTables, params, out: SparseLayer, num_valid) -> tables.HashTables:
+  out = _float32_rows(out)
   if lsh.input_dim(params) == out.w.shape[1] + 2:  # hash functions drawn for MIPS-reduced rows
     return tables.build_tables(t, params, mips.augment_rows(out.w, out.b), num_valid)
   return tables.build_tables(t, params, out.w, num_valid)
@@ -360,6 +381,62 @@ def local_active_k(config: ModelConfig, count: int) -> int:
   return max(1, min(-(-config.k // count), smallest))
 
 
+# A gathered dot product (sampled step: B x k of them, plus sorting the ids and the query) costs about as much
+# as about ten dense ones (exact step: B x N in BLAS matmuls) on CPU: with k >= N / EXACT_PATH_RATIO the exact
+# step is the faster one.
+EXACT_PATH_RATIO = 8
+
+
+def uses_exact_path(config: ModelConfig) -> bool:
+  """Whether the SLIDE step computes the exact softmax over all of a shard's rows.
+
+  ``network.softmax`` forces it (``exact``) or the sampled one (``sampled``; still exact when ``active_k`` covers
+  every label); ``auto`` takes the exact step where the active set is a large fraction of the rows
+  (``active_k * EXACT_PATH_RATIO >= rows``), where it is cheaper than sampling.
+  """
+  rows = shard_rows(config.num_labels, config.num_shards)
+  k = local_active_k(config, config.num_shards)
+  if k >= rows or config.network.softmax == "exact":
+    return True
+  return config.network.softmax == "auto" and k * EXACT_PATH_RATIO >= rows
+
+
+def _round_stochastically(x: jax.Array, dtype, key: jax.Array) -> jax.Array:
+  """``x`` (float32) in ``dtype``; to bfloat16 rounded stochastically (unbiased), as the row-sparse kernel does.
+
+  Round-to-nearest would lose every update below half a bfloat16 step (Adam's second moment would freeze).
+  """
+  if jnp.dtype(dtype) != jnp.dtype(jnp.bfloat16):
+    return x.astype(dtype)
+  u = jax.lax.bitcast_convert_type(x, jnp.uint32)
+  finite = (u & 0x7F800000) != 0x7F800000
+  u = jnp.where(finite, u + (jax.random.bits(key, x.shape, jnp.uint32) & 0xFFFF), u)
+  return jax.lax.bitcast_convert_type((u >> 16).astype(jnp.uint16), jnp.bfloat16)
+
+
+def _adam_all_rows(params, states, grads, lr, key, *, b1, b2, eps, weight_decay):
+  """Adam on every row of ``params`` (the exact step): what the row-sparse kernel does when all rows are touched.
+
+  ``key`` draws the bits that round bfloat16 weights and moments.
+  """
+  count = states[0].count + 1
+  t = count.astype(jnp.float32)
+  inv_bc1, inv_bc2 = 1.0 / (1.0 - b1 ** t), 1.0 / (1.0 - b2 ** t)
+  new_params, new_states = [], []
+  for i, (w, state, g) in enumerate(zip(params, states, grads)):
+    k_w, k_mu, k_nu = jax.random.split(jax.random.fold_in(key, i), 3)
+    mu = b1 * state.mu.astype(jnp.float32) + (1.0 - b1) * g
+    rowwise = w.ndim == 2 and state.nu.ndim == 1  # row-wise Adam: one second moment per row, of mean(g^2)
+    nu = b2 * state.nu.astype(jnp.float32) + (1.0 - b2) * (jnp.mean(g * g, axis=1) if rowwise else g * g)
+    denom = jnp.sqrt(nu * inv_bc2) + eps
+    w32 = w.astype(jnp.float32)
+    w32 = w32 - lr * ((mu * inv_bc1) / (denom[:, None] if rowwise else denom) + weight_decay * w32)
+    new_params.append(_round_stochastically(w32, w.dtype, k_w))
+    new_states.append(optim.RowSparseAdamState(state.count + 1, _round_stochastically(mu, state.mu.dtype, k_mu),
+                                               _round_stochastically(nu, state.nu.dtype, k_nu)))
+  return tuple(new_params), tuple(new_states)
+
+
 def num_distinct_labels(labels: jax.Array) -> jax.Array:
   """``[B]`` number of distinct non-padding ids per row of ``labels [B, M]``."""
   s = jnp.sort(labels, axis=1)
@@ -446,10 +523,34 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   h, hidden_vjp = jax.vjp(
       lambda dp, tap: hidden_forward(state.embed.w, dp, fids, fvals, tap) * (1.0 if keep is None else keep),
       dense_params, jnp.zeros((B, config.hidden_dims[0]), jnp.float32))
-  if config.k >= config.num_labels:  # exact softmax: every (real) row is active
+  lr = config.schedule()(state.step)
+  adam = config.adam_args()
+  exact = uses_exact_path(config)
+  # A non-finite step is not applied (the loop stops or skips it: --on_nonfinite): the verdict comes from values
+  # every shard agrees on (the loss and dh are psums, h is replicated), and a skipped step changes nothing but
+  # the step counter.
+  if exact:  # every (real) row is active: dense matmuls, Adam on every row
     row_ids = jnp.arange(rows, dtype=jnp.int32)
-    active = jnp.broadcast_to(jnp.where(row_ids < n_valid, row_ids, PAD_ID), (B, rows))
+    valid = row_ids < n_valid
+    w = state.out.w.astype(jnp.float32)  # (bfloat16 weights: widened for the matmuls)
+    logits = jnp.where(valid, h @ w.T + state.out.b, -jnp.inf)
+    count = num_distinct_labels(labels)
+    sample = jnp.broadcast_to(jnp.arange(B)[:, None], local_labels.shape)
+    targets = jnp.zeros((B, rows), jnp.float32).at[sample, jnp.where(local_labels >= 0, local_labels, rows)].set(
+        jnp.broadcast_to((1.0 / jnp.maximum(count, 1))[:, None], local_labels.shape), mode="drop")
+    loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
+    # A shard whose row gradients could overflow poisons dh, so that every shard skips the step (no extra
+    # collective).
+    dh = shard.psum(g_out @ w + jnp.where(_sums_stay_finite(B, g_out, h), 0.0, jnp.nan))
+    d_dense, d_embed = hidden_vjp(dh)
+    finite = all_finite((loss, dh, d_dense, d_embed)) & _sums_stay_finite(fids.size, fvals, d_embed)
+    old_out = ((state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt))
+    new_out = _adam_all_rows(
+        *old_out, (g_out.T @ h, jnp.sum(g_out, axis=0)), lr,
+        jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), 0xADA), **adam)
+    (out_w, out_b), (out_w_opt, out_b_opt) = keep_if(finite, new_out, old_out)  # O(N d), as the step itself
     from_tables = jnp.zeros((B,), jnp.int32)
+    touched = None
   else:
     seed = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     if shard.axis is not None:
@@ -457,41 +558,47 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
     active, from_tables = query_active(
         state, h, config=config, k=local_active_k(config, config.num_shards), num_rows=n_valid,
         labels=local_labels, seed=jax.random.bits(seed, (), jnp.uint32), max_from_index=config.max_from_index)
-  targets = label_targets(active, local_labels, num_distinct_labels(labels))
-  logits = jnp.where(active >= 0, ops.sparse_logits(h, state.out.w, state.out.b, active), -jnp.inf)
-  if config.network.tail_correction and config.k < config.num_labels:
-    logits = logits + tail_log_weights(jnp.sum(targets > 0, axis=1) + from_tables, active.shape[1], n_valid)
-  loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
-  # A shard whose row gradients could overflow poisons dh, so that every shard skips the step (no extra collective).
-  dh = shard.psum(ops.gather_combine(g_out, state.out.w, active)
-                  + jnp.where(_sums_stay_finite(active.size, g_out, h), 0.0, jnp.nan))
-  d_dense, d_embed = hidden_vjp(dh)
+    targets = label_targets(active, local_labels, num_distinct_labels(labels))
+    logits = jnp.where(active >= 0, ops.sparse_logits(h, state.out.w, state.out.b, active), -jnp.inf)
+    if config.network.tail_correction:
+      logits = logits + tail_log_weights(jnp.sum(targets > 0, axis=1) + from_tables, active.shape[1], n_valid)
+    loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
+    # The output rows are written in place in the same pass that computes dh (below), so their verdict comes
+    # first, from the loss and h: with a finite loss every |g_out| <= 1, so the row gradients (sums of at most
+    # active.size terms g_out[b, j] h[b]) and their squares stay finite if this bound does. A skipped step
+    # updates no row (padding ids).
+    applied = all_finite((loss, h)) & _sums_stay_finite(active.size, jnp.ones(()), h)
+    active = jnp.where(applied, active, PAD_ID)
+    # The output layer's weight and bias share their rows: one pass updates both, and computes the hidden
+    # layer's gradient dh = sum_j g_out[b, j] W[active[b, j]] from the rows it reads anyway (W before the update).
+    (out_w, out_b), (out_w_opt, out_b_opt), touched, dh = optim.apply_row_sparse_adam(
+        (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt),
+        ops.RowSparseGrad(active, jnp.where(applied, g_out, 0.0), h), lr, combine=True, **adam)
+    out_w_opt, out_b_opt = (new._replace(count=jnp.where(applied, new.count, old.count)) for new, old in (
+        (out_w_opt, state.out_w_opt), (out_b_opt, state.out_b_opt)))
+    dh = shard.psum(dh)
+    d_dense, d_embed = hidden_vjp(dh)
+    # The rest of the step is decided with dh too. (A non-finite dh from finite rows, loss and h, which the
+    # output layer's update could no longer wait for, would need rows near the float32 limit.)
+    finite = applied & all_finite((dh, d_dense, d_embed)) & _sums_stay_finite(fids.size, fvals, d_embed)
 
-  lr = config.schedule()(state.step)
-  adam = config.adam_args()
-  # A non-finite step is not applied (the loop stops or skips it: --on_nonfinite). The sparse updates write rows
-  # in place, so the verdict comes first, from replicated values (loss and dh are psums: every shard agrees):
-  # a skipped step updates no row (padding ids), and the small dense parts keep their old values.
-  finite = all_finite((loss, dh, d_dense, d_embed)) & _sums_stay_finite(fids.size, fvals, d_embed)
-  active = jnp.where(finite, active, PAD_ID)
-  (out_w, out_b), (out_w_opt, out_b_opt), touched = optim.apply_row_sparse_adam(  # weight and bias: one pass
-      (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt),
-      ops.RowSparseGrad(active, jnp.where(finite, g_out, 0.0), h), lr, after=dh, **adam)
   embed_w, embed_opt, _ = optim.apply_row_sparse_adam(
       state.embed.w, state.embed_opt, ops.RowSparseGrad(jnp.where(finite, fids, PAD_ID), fvals, d_embed), lr,
       **adam)
+  embed_opt = embed_opt._replace(count=jnp.where(finite, embed_opt.count, state.embed_opt.count))
   updates, dense_opt = dense_optimizer(config).update(d_dense, state.dense_opt, dense_params)
   embed_b, hidden = keep_if(finite, optax.apply_updates(dense_params, updates), dense_params)
   dense_opt = keep_if(finite, dense_opt, state.dense_opt)
-  out_w_opt, out_b_opt, embed_opt = (new._replace(count=jnp.where(finite, new.count, old.count)) for new, old in (
-      (out_w_opt, state.out_w_opt), (out_b_opt, state.out_b_opt), (embed_opt, state.embed_opt)))
 
   t = state.tables
-  if config.tables.reinsert == "labels":
+  reinsert = "none" if exact else config.tables.reinsert  # the exact step does not query the index
+  if reinsert == "labels":
     ids = jnp.where(finite, local_labels, PAD_ID).reshape(-1)
-    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(ids, 0), axis=0), ids, rows)
-  elif config.tables.reinsert == "all":
-    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(touched, 0), axis=0), touched, rows)
+    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(ids, 0), axis=0).astype(jnp.float32), ids,
+                           rows)
+  elif reinsert == "all":
+    t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(touched, 0), axis=0).astype(jnp.float32),
+                           touched, rows)
 
   new_state = state._replace(
       step=state.step + 1, embed=SparseLayer(embed_w, embed_b), hidden=hidden, out=SparseLayer(out_w, out_b),
@@ -515,7 +622,8 @@ def rebuild_tables(state: SlideState, num_valid: int | jax.Array | None = None, 
     kmeans_iterations: Lloyd iterations of a clustered index.
   """
   if isinstance(state.tables, clusters.ClusterIndex):
-    return state._replace(tables=clusters.build_index(state.tables, state.out.w, state.out.b,
+    out = _float32_rows(state.out)
+    return state._replace(tables=clusters.build_index(state.tables, out.w, out.b,
                                                       iterations=kmeans_iterations, num_valid=num_valid))
   return state._replace(tables=_build_tables(state.tables, state.lsh, state.out, num_valid))
 
@@ -525,7 +633,8 @@ def new_hash_functions(state: SlideState, config: ModelConfig,
   """Draws new hash functions (a clustered index: new seeds) and rebuilds."""
   key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), -state.step - 1)
   if isinstance(state.tables, clusters.ClusterIndex):
-    return state._replace(tables=clusters.build_index(state.tables, state.out.w, state.out.b, num_valid=num_valid,
+    out = _float32_rows(state.out)
+    return state._replace(tables=clusters.build_index(state.tables, out.w, out.b, num_valid=num_valid,
                                                       iterations=config.tables.kmeans_iterations, key=key))
   params = lsh.init_lsh(key, config.lsh_config, lsh.input_dim(state.lsh) or config.hidden_dims[-1])
   return rebuild_tables(state._replace(lsh=params), num_valid)

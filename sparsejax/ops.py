@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparsejax import _ffi
-from sparsejax._checks import Dims, check_array
+from sparsejax._checks import Dims, check_array, check_weight
 from sparsejax.padding import PAD_ID
 
 
@@ -53,13 +53,15 @@ class RowSparseGrad(NamedTuple):
 def _gather_dot(x, weight, ids, bias, op, ids_name):
   """The gather_dot kernel (arguments checked by the caller); its errors name `op` and its ids `ids_name`."""
   out = jax.ShapeDtypeStruct(ids.shape, jnp.float32)
-  return _ffi.ffi_call("gather_dot", out, vmap_method="sequential")(x, weight, ids, bias, op=op, ids_name=ids_name)
+  call = _ffi.ffi_call("gather_dot" + _ffi.weight_suffix(weight), out, vmap_method="sequential")
+  return call(x, weight, ids, bias, op=op, ids_name=ids_name)
 
 
 def _gather_combine(g, weight, ids, op, ids_name):
   """The gather_combine kernel (arguments checked by the caller); its errors name `op` and `ids_name`."""
   out = jax.ShapeDtypeStruct((ids.shape[0], weight.shape[1]), jnp.float32)
-  return _ffi.ffi_call("gather_combine", out, vmap_method="sequential")(g, weight, ids, op=op, ids_name=ids_name)
+  call = _ffi.ffi_call("gather_combine" + _ffi.weight_suffix(weight), out, vmap_method="sequential")
+  return call(g, weight, ids, op=op, ids_name=ids_name)
 
 
 _NO_BIAS = np.zeros((0,), np.float32)  # NumPy: no JAX array (nor backend) at import
@@ -68,7 +70,7 @@ _NO_BIAS = np.zeros((0,), np.float32)  # NumPy: no JAX array (nor backend) at im
 def _check_gather(op, dense, dense_name, dense_shape, weight, ids):
   dims = Dims(op)
   check_array(dims, "ids", ids, jnp.int32, ("B", "k"))
-  check_array(dims, "weight", weight, jnp.float32, ("N", "d"))
+  check_weight(dims, "weight", weight, ("N", "d"))
   check_array(dims, dense_name, dense, jnp.float32, dense_shape)
   return dims
 
@@ -78,7 +80,7 @@ def gather_dot(x: jax.Array, weight: jax.Array, ids: jax.Array, bias: jax.Array 
 
   Args:
     x: ``[B, d]`` float32.
-    weight: ``[N, d]`` float32.
+    weight: ``[N, d]`` float32 or bfloat16.
     ids: ``[B, k]`` int32 in ``[0, N)`` or -1.
     bias: optional ``[N]`` float32, read in the same pass as the rows.
 
@@ -98,7 +100,7 @@ def gather_combine(g: jax.Array, weight: jax.Array, ids: jax.Array) -> jax.Array
 
   Args:
     g: ``[B, k]`` float32.
-    weight: ``[N, d]`` float32.
+    weight: ``[N, d]`` float32 or bfloat16.
     ids: ``[B, k]`` int32 in ``[0, N)`` or -1.
 
   Returns:
@@ -128,7 +130,7 @@ def _sparse_logits_bwd(res, g):
   h, weight, bias, ids = res
   g = jnp.where(ids == PAD_ID, 0.0, g)
   dh = _gather_combine(g, weight, ids, "sparse_logits", "ids")
-  dweight = RowSparseGrad(ids, g, h).to_dense(weight.shape[0])  # DCE'd unless asked for
+  dweight = RowSparseGrad(ids, g, h).to_dense(weight.shape[0]).astype(weight.dtype)  # DCE'd unless asked for
   dbias = _scatter_bias(g, ids, bias.shape[0])
   return dh, dweight, dbias, None
 
@@ -141,7 +143,7 @@ def sparse_logits(h: jax.Array, weight: jax.Array, bias: jax.Array, ids: jax.Arr
 
   Args:
     h: ``[B, d]`` float32 inputs (hidden activations).
-    weight: ``[N, d]`` float32 output-layer weights.
+    weight: ``[N, d]`` float32 (or bfloat16) output-layer weights.
     bias: ``[N]`` float32 output-layer biases.
     ids: ``[B, k]`` int32 active neuron ids per sample, in ``[0, N)`` or -1
       (padding, whose logit is 0 and gets no gradient).
@@ -170,7 +172,7 @@ def _embedding_bag_fwd(feat_ids, feat_vals, weight, bias):
 def _embedding_bag_bwd(res, dout):
   feat_ids, feat_vals, weight = res
   dvals = _gather_dot(dout, weight, feat_ids, _NO_BIAS, "embedding_bag", "feat_ids")
-  dweight = RowSparseGrad(feat_ids, feat_vals, dout).to_dense(weight.shape[0])  # DCE'd unless asked for
+  dweight = RowSparseGrad(feat_ids, feat_vals, dout).to_dense(weight.shape[0]).astype(weight.dtype)  # DCE'd if unused
   return None, dvals, dweight, dout.sum(axis=0)
 
 
@@ -184,7 +186,7 @@ def embedding_bag(feat_ids: jax.Array, feat_vals: jax.Array, weight: jax.Array,
   Args:
     feat_ids: ``[B, F]`` int32 feature ids in ``[0, num_features)``, -1 padding.
     feat_vals: ``[B, F]`` float32 feature values (ignored where padded).
-    weight: ``[num_features, d]`` float32.
+    weight: ``[num_features, d]`` float32 or bfloat16.
     bias: ``[d]`` float32.
 
   Returns:
@@ -194,6 +196,6 @@ def embedding_bag(feat_ids: jax.Array, feat_vals: jax.Array, weight: jax.Array,
   dims = Dims("embedding_bag")
   check_array(dims, "feat_ids", feat_ids, jnp.int32, ("B", "F"))
   check_array(dims, "feat_vals", feat_vals, jnp.float32, ("B", "F"))
-  check_array(dims, "weight", weight, jnp.float32, ("num_features", "d"))
+  check_weight(dims, "weight", weight, ("num_features", "d"))
   check_array(dims, "bias", bias, jnp.float32, ("d",))
   return _embedding_bag(feat_ids, feat_vals, weight, bias)

@@ -28,11 +28,13 @@ import numpy as np
 import optax
 
 from sparsejax import _ffi
-from sparsejax._checks import Dims, check_array
+from sparsejax._checks import Dims, check_array, check_weight
 from sparsejax.ops import RowSparseGrad
 
 # The moment dtypes the row_sparse_adam kernel implements.
 MOMENT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+# Second moments: one per element (Adam), or one per row (row-wise Adam).
+SECOND_MOMENTS = ("element", "row")
 
 
 class RowSparseAdamState(NamedTuple):
@@ -41,7 +43,8 @@ class RowSparseAdamState(NamedTuple):
   Attributes:
     count: ``[]`` int32 number of updates applied.
     mu: first moments, the parameter's shape.
-    nu: second moments, the parameter's shape.
+    nu: second moments, the parameter's shape; or ``[N]`` for a ``[N, d]``
+      weight under row-wise Adam (one second moment per row).
   """
   count: jax.Array
   mu: jax.Array
@@ -73,7 +76,7 @@ def _check_hyperparameters(learning_rate, b1, b2, eps, weight_decay) -> None:
 def apply_row_sparse_adam(
     params, state, grad: RowSparseGrad, learning_rate: jax.Array | float, *,
     b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
-    after=None,
+    after=None, combine: bool = False,
 ):
   """One lazy Adam step on the rows named by ``grad.ids``.
 
@@ -85,6 +88,10 @@ def apply_row_sparse_adam(
       the ids once and fetches each row's weight and bias together.
     state: the :class:`RowSparseAdamState` of ``params`` (a pair of them for
       a pair). Moments are float32 or bfloat16 (see :func:`row_sparse_adam`).
+      A weight's ``nu`` of shape ``[N]`` selects row-wise Adam. The weight
+      may be bfloat16 (half the bytes per touched row): it is updated in
+      float32 and stored rounded stochastically, with bits hashed from
+      (step, row, column) like bfloat16 moments'; a bias stays float32.
     grad: row-sparse gradient factors (``ids [B, k]``, ``g [B, k]``,
       ``x [B, d]``) of the weight. Duplicate ids are summed before the update.
     learning_rate: scalar step size (may be traced, e.g. from a schedule).
@@ -93,11 +100,20 @@ def apply_row_sparse_adam(
     after: optional pytree of values computed from other reads of the weight
       in the same step (e.g. the input gradient). The update is ordered after
       them, so that XLA can write the weight in place instead of copying it.
+    combine: also return ``combined [B, d]``, ``combined[b] = sum_j
+      grad.g[b, j] * weight[grad.ids[b, j]]`` with the weight read before
+      this update: for a sparse layer whose ``g`` is the cotangent of
+      ``ops.sparse_logits(x, weight, bias, ids)``, the gradient with respect
+      to its input ``x`` (what ``ops.gather_combine`` gives), computed in the
+      same pass over the rows, which saves the separate gather's read of
+      every row. Its summation order differs from ``gather_combine``'s (so
+      may its last bits); it does not depend on the thread count.
 
   Returns:
     ``(new_params, new_state, touched)``, the first two shaped like
     ``params`` and ``state``; ``touched`` is ``[B * k]`` int32: the distinct
-    updated row ids in increasing order, then -1s.
+    updated row ids in increasing order, then -1s. With ``combine``,
+    ``(new_params, new_state, touched, combined)``.
   """
   op = "row_sparse_adam"
   is_pair = isinstance(params, (tuple, list))
@@ -114,14 +130,16 @@ def apply_row_sparse_adam(
   _check_hyperparameters(learning_rate, b1, b2, eps, weight_decay)
   dims = Dims(op)
   if getattr(weight, "ndim", None) == 1 and not is_pair:  # a bias on its own: rows of width 1
-    check_array(dims, "weight", weight, jnp.float32, ("N",))
+    check_weight(dims, "weight", weight, ("N",))
     dims["d"], dims.source["d"] = 1, "weight"
   else:
-    check_array(dims, "weight", weight, jnp.float32, ("N", "d"))
+    check_weight(dims, "weight", weight, ("N", "d"))
   moment_dtype = getattr(w_state.mu, "dtype", None)
   if moment_dtype not in MOMENT_DTYPES:
     raise ValueError(f"row_sparse_adam: argument 'state.mu' must be float32 or bfloat16, got {moment_dtype}")
-  moments = [("state.mu", w_state.mu, weight.shape), ("state.nu", w_state.nu, weight.shape)]
+  rowwise = weight.ndim == 2 and getattr(w_state.nu, "ndim", None) == 1
+  moments = [("state.mu", w_state.mu, weight.shape), ("state.nu", w_state.nu, weight.shape[:1] if rowwise else
+                                                      weight.shape)]
   if is_pair:
     check_array(dims, "bias", bias, jnp.float32, ("N",))
     moments += [("bias state.mu", b_state.mu, bias.shape), ("bias state.nu", b_state.nu, bias.shape)]
@@ -140,11 +158,13 @@ def apply_row_sparse_adam(
   lr = jnp.asarray(learning_rate, jnp.float32)
   shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype)
                  for a in (weight, w_state.mu, w_state.nu, bias, b_state.mu, b_state.nu))
-  shapes += (jax.ShapeDtypeStruct((grad.ids.size,), jnp.int32),)
+  d = 1 if weight.ndim == 1 else weight.shape[1]
+  shapes += (jax.ShapeDtypeStruct((grad.ids.size,), jnp.int32),
+             jax.ShapeDtypeStruct((grad.ids.shape[0] if combine else 0, d), jnp.float32))
   # One kernel per moment dtype (the C++ handlers are typed).
-  call = _ffi.ffi_call(f"row_sparse_adam_{jnp.dtype(moment_dtype).name}", shapes,
+  call = _ffi.ffi_call(f"row_sparse_adam_{jnp.dtype(moment_dtype).name}{_ffi.weight_suffix(weight)}", shapes,
                        input_output_aliases={i: i for i in range(6)}, vmap_method="sequential")
-  new_w, mu, nu, new_b, b_mu, b_nu, touched = call(
+  new_w, mu, nu, new_b, b_mu, b_nu, touched, combined = call(
       weight, w_state.mu, w_state.nu, bias, b_state.mu, b_state.nu,
       grad.ids, grad.g, grad.x, lr, count.astype(jnp.int32),
       # XLA may only overwrite `weight` once every read of it is done. Passing
@@ -153,14 +173,16 @@ def apply_row_sparse_adam(
       *jax.tree.leaves(after),
       b1=np.float32(b1), b2=np.float32(b2), eps=np.float32(eps), weight_decay=np.float32(weight_decay))
   new_w_state = RowSparseAdamState(count, mu, nu)
-  if not is_pair:
-    return new_w, new_w_state, touched
-  return (new_w, new_b), (new_w_state, RowSparseAdamState(b_state.count + 1, b_mu, b_nu)), touched
+  if is_pair:
+    new_params, new_state = (new_w, new_b), (new_w_state, RowSparseAdamState(b_state.count + 1, b_mu, b_nu))
+  else:
+    new_params, new_state = new_w, new_w_state
+  return (new_params, new_state, touched) + ((combined,) if combine else ())
 
 
 def row_sparse_adam(
     learning_rate: float | optax.Schedule, b1: float = 0.9, b2: float = 0.999,
-    eps: float = 1e-8, weight_decay: float = 0.0, moment_dtype=jnp.float32,
+    eps: float = 1e-8, weight_decay: float = 0.0, moment_dtype=jnp.float32, second_moment: str = "element",
 ) -> RowSparseOptimizer:
   """Lazy Adam over the rows a :class:`RowSparseGrad` touches.
 
@@ -174,6 +196,11 @@ def row_sparse_adam(
       stochastically (unbiased) with bits hashed from (step, row, column), so
       runs stay deterministic. The weight update itself uses the unrounded
       float32 moments.
+    second_moment: ``"element"`` (Adam) or ``"row"``: row-wise Adam, as
+      FBGEMM's row-wise optimizers, keeps one second moment per row of a
+      ``[N, d]`` weight, ``nu = b2 nu + (1 - b2) mean_i(g_i^2)``, and scales
+      the whole row's step by it: a third fewer bytes per touched row than
+      Adam's three ``[N, d]`` arrays. A bias (``[N]``) is unaffected.
 
   Returns:
     A :class:`RowSparseOptimizer`. Jit the caller with the parameter and state
@@ -185,12 +212,15 @@ def row_sparse_adam(
 
   if jnp.dtype(moment_dtype) not in MOMENT_DTYPES:
     raise ValueError(f"row_sparse_adam: moment_dtype must be float32 or bfloat16, got {jnp.dtype(moment_dtype)}")
+  if second_moment not in SECOND_MOMENTS:
+    raise ValueError(f"row_sparse_adam: second_moment must be one of {SECOND_MOMENTS}, got {second_moment!r}")
   _check_hyperparameters(None if callable(learning_rate) else learning_rate, b1, b2, eps, weight_decay)
 
   def init_one(p: jax.Array) -> RowSparseAdamState:
     # Two distinct buffers: both are donated to the in-place update.
+    nu_shape = p.shape[:1] if second_moment == "row" else p.shape  # a bias [N]: the same either way
     return RowSparseAdamState(jnp.zeros((), jnp.int32), jnp.zeros(p.shape, moment_dtype),
-                              jnp.zeros(p.shape, moment_dtype))
+                              jnp.zeros(nu_shape, moment_dtype))
 
   def init(params):
     """State for a weight, a bias, or a ``(weight, bias)`` pair."""
@@ -198,11 +228,12 @@ def row_sparse_adam(
       return tuple(init_one(p) for p in params)
     return init_one(params)
 
-  def update(grad: RowSparseGrad, state, params, after=None):
+  def update(grad: RowSparseGrad, state, params, after=None, combine=False):
+    """``(new_params, new_state)``, and ``combined`` with ``combine`` (see :func:`apply_row_sparse_adam`)."""
     count = (state if isinstance(state, RowSparseAdamState) else state[0]).count
     lr = learning_rate(count) if callable(learning_rate) else learning_rate
-    new_params, new_state, _ = apply_row_sparse_adam(
-        params, state, grad, lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, after=after)
-    return new_params, new_state
+    out = apply_row_sparse_adam(
+        params, state, grad, lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, after=after, combine=combine)
+    return out[:2] + out[3:]
 
   return RowSparseOptimizer(init, update)

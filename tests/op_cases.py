@@ -447,7 +447,7 @@ class QueryCodes(LshQuery):
 
 
 class RowSparseAdam(Op):
-  """apply_row_sparse_adam on a weight, a bias alone, or a (weight, bias) pair, from a random state."""
+  """apply_row_sparse_adam on a weight (Adam or row-wise), a bias, or a (weight, bias) pair, from a random state."""
   name, ops = "row_sparse_adam", ("row_sparse_adam",)
   batched = ("weight", "mu", "nu", "bias", "bias_mu", "bias_nu")
   aliases = {"grad.ids": ("ids",), "mu": ("state.mu", "state.nu"), "nu": ("state.nu", "state.mu"),
@@ -457,8 +457,8 @@ class RowSparseAdam(Op):
     if c["layout"] == "vector":
       return {"weight": ("N",), "mu": ("N",), "nu": ("N",), "grad.ids": ("B", "k"), "grad.g": ("B", "k"),
               "grad.x": ("B", 1)}
-    shapes = {"weight": ("N", "d"), "mu": ("N", "d"), "nu": ("N", "d"), "grad.ids": ("B", "k"),
-              "grad.g": ("B", "k"), "grad.x": ("B", "d")}
+    shapes = {"weight": ("N", "d"), "mu": ("N", "d"), "nu": ("N",) if c["layout"] == "rowwise" else ("N", "d"),
+              "grad.ids": ("B", "k"), "grad.g": ("B", "k"), "grad.x": ("B", "d")}
     return {**shapes, "bias": ("N",)} if c["layout"] == "pair" else shapes
 
   def build(self, c, rng):
@@ -467,7 +467,7 @@ class RowSparseAdam(Op):
     wshape = (c["N"],) if c["layout"] == "vector" else (c["N"], d)
     md = jnp.dtype(c["moments"])
     a = dict(weight=floats(rng, wshape, nf), mu=floats(rng, wshape, False).astype(md),
-             nu=np.abs(floats(rng, wshape, False)).astype(md),
+             nu=np.abs(floats(rng, wshape[:1] if c["layout"] == "rowwise" else wshape, False)).astype(md),
              bias=floats(rng, (c["N"],), nf) if c["layout"] == "pair" else None,
              **{"grad.ids": ids_array(rng, (c["B"], c["k"]), c["N"], c["ids"], c["bad_id"]),
                 "grad.g": floats(rng, (c["B"], c["k"]), nf), "grad.x": floats(rng, (c["B"], d), nf)})
@@ -500,10 +500,13 @@ class RowSparseAdam(Op):
       params = (a["weight"], a["bias"])
     grad = ops.RowSparseGrad(a["grad.ids"], a["grad.g"], a["grad.x"])
     return optim.apply_row_sparse_adam(params, state, grad, h["learning_rate"], b1=h["b1"], b2=h["b2"],
-                                       eps=h["eps"], weight_decay=h["weight_decay"])
+                                       eps=h["eps"], weight_decay=h["weight_decay"], combine=c.get("combine", False))
 
   def check(self, c, a, out):
-    new_params, new_state, touched = out
+    new_params, new_state, touched = out[:3]
+    if c.get("combine", False):  # the weight's rows before the update, combined by g
+      weight = np.asarray(a["weight"]).reshape(len(a["weight"]), -1)
+      assert_close(out[3], gather_combine_ref(a["grad.g"], weight, a["grad.ids"]), 1e-4, 1e-5, "combined")
     h = c["hyper"]
     pair = a["bias"] is not None
     moments = lambda *xs: [np.asarray(x, np.float32) for x in xs]

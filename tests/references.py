@@ -187,24 +187,32 @@ def query_ref(buckets, counts, codes, labels, seed, N, k):
 
 
 def adam_ref(w, m, v, count, ids, g, x, lr, b1, b2, eps, wd, bias=None, bm=None, bv=None):
-  """One lazy Adam step in float64: new (w, m, v[, bias, bm, bv]) and the touched ids."""
+  """One lazy Adam step in float64: new (w, m, v[, bias, bm, bv]) and the touched ids.
+
+  ``v`` of shape ``[N]`` for ``w [N, d]``: row-wise Adam (one second moment per row, of the row's mean
+  squared gradient, scaling the whole row's step).
+  """
   w, m, v = f64(w).copy(), f64(m).copy(), f64(v).copy()
   vec = w.ndim == 1
+  rowwise = not vec and v.ndim == 1
   if vec:
     w, m, v = w[:, None], m[:, None], v[:, None]
+  if rowwise:
+    v = v[:, None]
   N = w.shape[0]
   grad = scatter_rows_ref(ids, g, x, N)
   rows = np.unique(ids[ids >= 0])
   t = count + 1
   outs = []
   with np.errstate(all="ignore"):
-    def step(w, m, v, gr):
+    def step(w, m, v, gr, rowwise=False):
       m[rows] = b1 * m[rows] + (1 - b1) * gr[rows]
-      v[rows] = b2 * v[rows] + (1 - b2) * gr[rows] ** 2
+      sq = np.mean(gr[rows] ** 2, axis=1, keepdims=True) if rowwise else gr[rows] ** 2
+      v[rows] = b2 * v[rows] + (1 - b2) * sq
       upd = (m[rows] / (1 - b1**t)) / (np.sqrt(v[rows] / (1 - b2**t)) + eps)
       w[rows] -= lr * (upd + wd * w[rows])
-    step(w, m, v, grad)
-    outs = [w[:, 0], m[:, 0], v[:, 0]] if vec else [w, m, v]
+    step(w, m, v, grad, rowwise)
+    outs = [w[:, 0], m[:, 0], v[:, 0]] if vec else [w, m, v[:, 0] if rowwise else v]
     if bias is not None:
       bias, bm, bv = f64(bias)[:, None].copy(), f64(bm)[:, None].copy(), f64(bv)[:, None].copy()
       step(bias, bm, bv, scatter_rows_ref(ids, g, np.ones((len(x), 1)), N))

@@ -24,11 +24,17 @@ SCRIPT = textwrap.dedent("""
     b = jnp.asarray(rng.normal(size=(N,)), jnp.float32)
     digest.update(np.asarray(ops.gather_dot(h, W, ids, b)).tobytes())
     grad = ops.RowSparseGrad(ids % 500, g, h)  # many duplicates
+    big = ops.RowSparseGrad(ids, g, h)  # ids over all of W: the optimizer's pass spans many slabs
+    Wb = W.astype(jnp.bfloat16)  # bfloat16 weights: gathers, and updates rounded stochastically
+    digest.update(np.asarray(ops.gather_dot(h, Wb, ids, b)).tobytes())
+    digest.update(np.asarray(ops.gather_combine(g, Wb, ids)).tobytes())
     for moment_dtype in (jnp.float32, jnp.bfloat16):  # bfloat16: stochastic rounding
-      opt = optim.row_sparse_adam(0.01, moment_dtype=moment_dtype)
-      (W2, b2), (s, sb) = opt.update(grad, opt.init((W, b)), (W, b))
-      for a in (W2, s.mu, s.nu, b2, sb.mu, sb.nu):
-        digest.update(np.asarray(a).tobytes())
+      for second_moment in ("element", "row"):
+        opt = optim.row_sparse_adam(0.01, moment_dtype=moment_dtype, second_moment=second_moment)
+        for gr, weight in ((grad, W), (big, W), (big, Wb)):
+          (W2, b2), (s, sb), dh = opt.update(gr, opt.init((weight, b)), (weight, b), combine=True)  # dh: over slabs
+          for a in (W2, s.mu, s.nu, b2, sb.mu, sb.nu, dh):
+            digest.update(np.asarray(a).tobytes())
     print(digest.hexdigest())
 """)
 

@@ -13,20 +13,25 @@ import pytest
 from sparsejax import _ffi
 
 # A valid call of every handler: operands and results as [shape, dtype(, fill value)], and attributes.
-_ADAM = lambda moments: dict(
-    args=[[[6, 3], "float32"], [[6, 3], moments], [[6, 3], moments], [[0], "float32"], [[0], moments],
+_ADAM = lambda moments, weight="float32": dict(
+    args=[[[6, 3], weight], [[6, 3], moments], [[6, 3], moments], [[0], "float32"], [[0], moments],
           [[0], moments], [[2, 4], "int32"], [[2, 4], "float32"], [[2, 3], "float32"], [[], "float32", 0.1],
           [[], "int32", 1]],
-    results=[[[6, 3], "float32"], [[6, 3], moments], [[6, 3], moments], [[0], "float32"], [[0], moments],
-             [[0], moments], [[8], "int32"]],
+    results=[[[6, 3], weight], [[6, 3], moments], [[6, 3], moments], [[0], "float32"], [[0], moments],
+             [[0], moments], [[8], "int32"], [[2, 3], "float32"]],
     attrs=dict(b1=("float32", 0.9), b2=("float32", 0.999), eps=("float32", 1e-8), weight_decay=("float32", 0.0)))
 _TABLES = [[[2, 4, 3], "int32"], [[2, 4], "int32"], [[5, 2], "int32"]]
+_GATHER_DOT = lambda weight: dict(
+    args=[[[2, 3], "float32"], [[4, 3], weight], [[2, 5], "int32"], [[0], "float32"]], results=[[[2, 5], "float32"]],
+    attrs=dict(op=("str", "gather_dot"), ids_name=("str", "ids")))
+_GATHER_COMBINE = lambda weight: dict(
+    args=[[[2, 5], "float32"], [[4, 3], weight], [[2, 5], "int32"]], results=[[[2, 3], "float32"]],
+    attrs=dict(op=("str", "gather_combine"), ids_name=("str", "ids")))
 VALID = {
-    "gather_dot": dict(args=[[[2, 3], "float32"], [[4, 3], "float32"], [[2, 5], "int32"], [[0], "float32"]],
-                       results=[[[2, 5], "float32"]], attrs=dict(op=("str", "gather_dot"), ids_name=("str", "ids"))),
-    "gather_combine": dict(args=[[[2, 5], "float32"], [[4, 3], "float32"], [[2, 5], "int32"]],
-                           results=[[[2, 3], "float32"]],
-                           attrs=dict(op=("str", "gather_combine"), ids_name=("str", "ids"))),
+    "gather_dot": _GATHER_DOT("float32"),
+    "gather_dot_bfloat16_weight": _GATHER_DOT("bfloat16"),
+    "gather_combine": _GATHER_COMBINE("float32"),
+    "gather_combine_bfloat16_weight": _GATHER_COMBINE("bfloat16"),
     "simhash": dict(args=[[[2, 3], "float32"], [[3, 8], "float32"]], results=[[[2, 2], "int32"]]),
     "dwta": dict(args=[[[2, 3], "float32"], [[2, 8], "int32"], [[], "uint32"]], results=[[[2, 2], "int32"]]),
     "lsh_tables_insert": dict(args=_TABLES + [[[5], "int32"], [[], "uint32"]], results=_TABLES[:2],
@@ -37,10 +42,13 @@ VALID = {
                              results=[[[5, 3], "int32"], [[5], "int32"]], attrs=dict(max_from_candidates=("int64", 3))),
     "row_sparse_adam_float32": _ADAM("float32"),
     "row_sparse_adam_bfloat16": _ADAM("bfloat16"),
+    "row_sparse_adam_float32_bfloat16_weight": _ADAM("float32", "bfloat16"),
+    "row_sparse_adam_bfloat16_bfloat16_weight": _ADAM("bfloat16", "bfloat16"),
 }
 # The op name that starts the handlers' messages.
-OP_NAME = {"simhash": "lsh_hash[simhash]", "dwta": "lsh_hash[dwta]", "row_sparse_adam_float32": "row_sparse_adam",
-           "row_sparse_adam_bfloat16": "row_sparse_adam"}
+OP_NAME = {"simhash": "lsh_hash[simhash]", "dwta": "lsh_hash[dwta]",
+           **{t: "row_sparse_adam" for t in VALID if t.startswith("row_sparse_adam")},
+           **{t: t.removesuffix("_bfloat16_weight") for t in VALID if t.startswith("gather")}}
 OTHER_DTYPE = {"float32": "int32", "int32": "float32", "uint32": "int32", "bfloat16": "float32"}
 
 

@@ -79,9 +79,9 @@ def _adam_extra(draw, c):
   broken = draw(mostly(st.none(), st.sampled_from(sorted(bad))))
   if broken is not None:
     hyper[broken] = draw(bad[broken])
-  return dict(layout=draw(st.sampled_from(["weight", "vector", "pair"])),
+  return dict(layout=draw(st.sampled_from(["weight", "vector", "pair", "rowwise"])),
               moments=draw(st.sampled_from(["float32", "bfloat16"])),
-              count=draw(mostly(st.sampled_from([0, 1, 4]), st.just(-1))), hyper=hyper)
+              count=draw(mostly(st.sampled_from([0, 1, 4]), st.just(-1))), hyper=hyper, combine=draw(st.booleans()))
 
 
 def _topk_extra(draw, c):

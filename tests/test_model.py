@@ -60,8 +60,72 @@ def test_exact_softmax_step_equals_dense_baseline():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("active_k,softmax,exact", [
+    (40, "sampled", True),    # every label is active: nothing to sample
+    (5, "auto", True),        # 5 x EXACT_PATH_RATIO >= 40 rows: the exact step is the cheaper one
+    (4, "auto", False),       # 4 x 8 < 40
+    (4, "exact", True),
+    (5, "sampled", False),
+])
+def test_exact_path_choice(active_k, softmax, exact):
+  assert model.EXACT_PATH_RATIO == 8
+  cfg = override(model.ModelConfig(300, 40), active_k=active_k, softmax=softmax)
+  assert model.uses_exact_path(cfg) == exact
+  # Sharded: each shard decides on its rows (20 each) and its share of the active set.
+  assert model.uses_exact_path(override(model.ModelConfig(300, 40, num_shards=2), active_k=6, softmax="auto"))
+
+
+def test_automatic_exact_path_step_equals_dense_baseline():
+  """active_k < N, but the active set covers most rows: auto takes the exact step, equal to the dense one."""
+  ds = data.make_synthetic(500, 300, 40, labels_per_sample=2, seed=3)
+  cfg = override(model.ModelConfig(300, 40), hidden_dims=(16,), active_k=8, learning_rate=1e-2, candidates="lsh",
+                 num_tables=4, reinsert="labels")
+  assert model.uses_exact_path(cfg) and not model.uses_exact_path(override(cfg, softmax="sampled"))
+  # One step: after it, lazy Adam (input layer) and dense Adam differ on the rows the next batch leaves out.
+  batch = _batch(ds, 32)
+  s_state, s_metrics = jax.jit(functools.partial(model.train_step, config=cfg))(model.init(jax.random.key(0), cfg),
+                                                                                batch)
+  d_state, d_metrics = jax.jit(functools.partial(dense.train_step, config=cfg))(dense.init(jax.random.key(0), cfg),
+                                                                                batch)
+  np.testing.assert_allclose(s_metrics["loss"], d_metrics["loss"], rtol=1e-5)
+  for got, want in zip(jax.tree.leaves((s_state.embed, s_state.hidden, s_state.out)),
+                       jax.tree.leaves((d_state.embed, d_state.hidden, d_state.out))):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+  # The sampled step on the same state computes another (sampled) loss.
+  sampled = override(cfg, softmax="sampled")
+  _, m = jax.jit(functools.partial(model.train_step, config=sampled))(model.init(jax.random.key(0), sampled),
+                                                                     _batch(ds, 32))
+  assert abs(float(m["loss"]) - float(d_metrics["loss"])) > 1e-3
+
+
+def test_exact_path_with_bfloat16_weights_and_moments_tracks_float32():
+  """The exact step's dense Adam rounds bfloat16 weights and moments stochastically, like the kernel."""
+  ds = data.make_synthetic(500, 300, 40, labels_per_sample=2, seed=3)
+  base = override(model.ModelConfig(300, 40), hidden_dims=(16,), active_k=40, learning_rate=1e-3)
+  finals = {}
+  for dtype in ("float32", "bfloat16"):
+    cfg = override(base, weight_dtype=dtype, moment_dtype=dtype)
+    assert model.uses_exact_path(cfg)
+    state = model.init(jax.random.key(0), cfg)
+    start = np.asarray(state.out.w.astype(jnp.float32))
+    step = jax.jit(functools.partial(model.train_step, config=cfg), donate_argnums=0)
+    for i in range(30):
+      state, _ = step(state, _batch(ds, 32, rng_seed=i))
+    assert state.out.w.dtype == state.out_w_opt.nu.dtype == jnp.dtype(dtype)
+    finals[dtype] = np.asarray(state.out.w.astype(jnp.float32)) - start
+  # 30 steps of lr 1e-3 move a weight ~0.02 in total, each step less than half a bfloat16 step where |w| > 0.25.
+  assert np.abs(finals["float32"]).mean() > 5e-3
+  f16, f32 = finals["bfloat16"], finals["float32"]
+  # Stochastic rounding: the same movement on average, a small zero-mean walk around it (round-to-nearest would
+  # leave most weights where they started).
+  assert np.abs(f16).mean() == pytest.approx(np.abs(f32).mean(), rel=0.05)
+  assert abs(np.mean(f16 - f32)) < 1e-3
+  assert np.corrcoef(f16.ravel(), f32.ravel())[0, 1] > 0.95
+
+
 @pytest.mark.parametrize("index", [dict(candidates="lsh", reinsert="labels"),
-                                   dict(candidates="clusters", random_negatives=0.5, tail_correction=True)])
+                                   dict(candidates="clusters", random_negatives=0.5, tail_correction=True),
+                                   dict(candidates="lsh", reinsert="all", weight_dtype="bfloat16")])
 def test_train_step_does_no_dense_work_on_the_sparse_layers(index):
   N, F, d = 20011, 7919, 16
   cfg = override(model.ModelConfig(F, N), hidden_dims=(d,), active_k=64, num_tables=4, **index)
@@ -70,23 +134,28 @@ def test_train_step_does_no_dense_work_on_the_sparse_layers(index):
            "labels": jnp.zeros((8, 2), jnp.int32)}
   step = jax.jit(functools.partial(model.train_step, config=cfg), donate_argnums=0)
   hlo = step.lower(state, batch).compile().as_text()
+  # Inside a fusion, a convert that only feeds a gather widens just the gathered rows (bfloat16 weights).
+  gathered = set(re.findall(r"gather\((%[\w.]+),", hlo))
   for rows in (N, F):
     big = [l.strip()[:160] for l in hlo.splitlines()
-           if re.search(rf"= f32\[{rows}(,{d})?\]", l)
-           and not re.search(r"parameter\(|get-tuple-element\(|bitcast\(", l)]
+           if re.search(rf"= (f32|bf16)\[{rows}(,{d})?\]", l)
+           and not re.search(r"parameter\(|get-tuple-element\(|bitcast\(", l)
+           and not (" convert(" in l and l.split("=")[0].strip() in gathered)]
     # Only the in-place row-sparse Adam custom calls produce [rows, d] / [rows] arrays.
     assert all("row_sparse_adam" in l for l in big), big
   assert "scatter" not in hlo
 
 
-@pytest.mark.parametrize("moment_dtype", ["float32", "bfloat16"])
-def test_training_lifts_p_at_1_far_above_chance(moment_dtype):
+@pytest.mark.parametrize("moment_dtype,weight_dtype", [("float32", "float32"), ("bfloat16", "float32"),
+                                                      ("bfloat16", "bfloat16")])
+def test_training_lifts_p_at_1_far_above_chance(moment_dtype, weight_dtype):
   ds = data.make_synthetic(6000, 2000, 300, seed=2)
   train, test = data.train_test_split(ds, 0.2, seed=0)
   cfg = override(model.ModelConfig(2000, 300), hidden_dims=(64,), active_k=32, num_tables=8,
-                          learning_rate=3e-3, moment_dtype=moment_dtype)
+                          learning_rate=3e-3, moment_dtype=moment_dtype, weight_dtype=weight_dtype)
   state = model.init(jax.random.key(0), cfg)
   assert state.out_w_opt.nu.dtype == state.embed_opt.mu.dtype == jnp.dtype(moment_dtype)
+  assert state.out.w.dtype == jnp.dtype(weight_dtype) and state.embed.w.dtype == state.out.b.dtype == jnp.float32
   step = jax.jit(functools.partial(model.train_step, config=cfg), donate_argnums=0)
   schedule = model.TableSchedule(period=20, growth=1.0, max_period=20)
   it = data.BatchIterator(train, 64, seed=0, max_features=ds.max_features_per_sample(), max_labels=1)
@@ -171,3 +240,16 @@ def test_tail_corrected_loss_estimates_the_full_softmax():
   uncorrected = float(jax.nn.logsumexp(logits[np.concatenate([chosen, drawn])]) - logits[label])
   assert abs(np.log(np.mean(np.exp(estimates))) - exact) < 0.02 * exact  # unbiased normalizer
   assert exact - uncorrected > 0.1  # without the weights the loss is far too small
+
+
+@pytest.mark.parametrize("scaling,batch_size,want", [
+    ("none", 1024, 3e-3), ("linear", 1024, 24e-3), ("sqrt", 1024, 3e-3 * np.sqrt(8)), ("sqrt", 32, 1.5e-3),
+    ("linear", 128, 3e-3)])
+def test_learning_rate_scaling_with_the_batch_size(scaling, batch_size, want):
+  cfg = override(model.ModelConfig(10, 10), learning_rate=3e-3, batch_size=batch_size, lr_scaling=scaling,
+                 reference_batch_size=128)
+  assert cfg.peak_learning_rate == pytest.approx(want, rel=1e-12)
+  assert float(cfg.schedule()(0)) == pytest.approx(want, rel=1e-6)
+  warm = override(cfg, warmup_steps=100)  # warm-up ramps linearly to the scaled peak
+  np.testing.assert_allclose([float(warm.schedule()(s)) for s in (0, 25, 100, 500)], [0, want / 4, want, want],
+                             rtol=1e-6)

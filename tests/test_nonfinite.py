@@ -34,11 +34,14 @@ def _equal_but_step(a, b):
   return all(jax.tree.leaves(same))
 
 
-@pytest.mark.parametrize("kind", ["slide", "dense"])
+@pytest.mark.parametrize("kind", ["sampled", "exact", "dense"])
 def test_a_nan_step_changes_nothing_but_the_step_counter(kind):
+  """SLIDE's sampled step (output rows written in place), its exact step (k near N) and the dense baseline."""
   config = override(model.ModelConfig(50, 40), hidden_dims=(8,), active_k=8, num_tables=2, candidates="lsh",
-                    reinsert="labels" if kind == "slide" else "none")
-  init, step = ((model.init, model.train_step) if kind == "slide" else (dense.init, dense.train_step))
+                    reinsert="none" if kind == "dense" else "labels",
+                    softmax="exact" if kind == "exact" else "sampled")
+  assert model.uses_exact_path(config) == (kind == "exact")
+  init, step = ((dense.init, dense.train_step) if kind == "dense" else (model.init, model.train_step))
   step = jax.jit(functools.partial(step, config=config))
   rng = np.random.default_rng(0)
   state, metrics = step(init(jax.random.key(0), config), _batch(rng))

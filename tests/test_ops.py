@@ -40,6 +40,22 @@ def test_gather_dot_and_combine_match_dense():
   np.testing.assert_allclose(ops.gather_combine(g, W, ids), jnp.einsum("bk,bkd->bd", g, rows), rtol=1e-5, atol=1e-5)
 
 
+def test_bfloat16_weights_give_the_float32_products_of_their_values():
+  """A bfloat16 weight is widened exactly and summed in the same order: the bits of its float32 copy's results."""
+  h, W, b, ids = _data()
+  Wb = W.astype(jnp.bfloat16)
+  W32 = Wb.astype(jnp.float32)
+  g = jnp.asarray(np.random.default_rng(1).normal(size=ids.shape), jnp.float32)
+  np.testing.assert_array_equal(ops.gather_dot(h, Wb, ids, b), ops.gather_dot(h, W32, ids, b))
+  np.testing.assert_array_equal(ops.gather_combine(g, Wb, ids), ops.gather_combine(g, W32, ids))
+  np.testing.assert_allclose(ops.sparse_logits(h, Wb, b, ids), _dense_logits(h, W32, b, ids), rtol=1e-5, atol=1e-5)
+  dh, dW = jax.grad(lambda h, W: jnp.sum(ops.sparse_logits(h, W, b, ids) * g), argnums=(0, 1))(h, Wb)
+  assert dW.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(dh, ops.gather_combine(jnp.where(ids < 0, 0.0, g), W32, ids))
+  fids, fvals = ids[:, :4], jnp.abs(g[:, :4])
+  np.testing.assert_array_equal(ops.embedding_bag(fids, fvals, Wb, b[:12]), ops.embedding_bag(fids, fvals, W32, b[:12]))
+
+
 def test_sparse_logits_forward_and_jit():
   h, W, b, ids = _data()
   ref = _dense_logits(h, W, b, ids)
@@ -140,6 +156,8 @@ def test_wrong_dtype_and_shape_raise_named_errors():
     ops.sparse_logits(h, W, b, ids.astype(jnp.float32))
   with pytest.raises(TypeError, match="'weight' must have dtype float32, got float16"):
     ops.sparse_logits(h, W.astype(jnp.float16), b, ids)
+  with pytest.raises(TypeError, match="'bias' must have dtype float32, got bfloat16"):  # bfloat16: weights only
+    ops.sparse_logits(h, W.astype(jnp.bfloat16), b.astype(jnp.bfloat16), ids)
   with pytest.raises(ValueError, match=r"'h' must have shape \[B, d\] with d = 12 \(from 'weight'\), got \(6, 5\)"):
     ops.sparse_logits(h[:, :5], W, b, ids)
   with pytest.raises(ValueError, match=r"'bias' must have shape \[N\] with N = 40"):

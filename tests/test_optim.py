@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import references
 
 from sparsejax import optim
 from sparsejax.ops import RowSparseGrad
@@ -124,6 +125,46 @@ def test_bfloat16_moments_round_stochastically_and_track_float32():
   np.testing.assert_allclose(w16 - np.asarray(W0), w32 - np.asarray(W0), rtol=0.02, atol=3e-3)
 
 
+@pytest.mark.parametrize("moment_dtype", [jnp.float32, jnp.bfloat16])
+def test_bfloat16_weights_round_stochastically_and_track_float32(moment_dtype):
+  """At lr 1e-3 every step is below half a bfloat16 step of a weight ~1: round-to-nearest would never move it."""
+  N, d, B, k, steps = 64, 32, 4, 16, 300
+  rng = np.random.default_rng(9)
+  W0 = jnp.asarray(rng.normal(size=(N, d)), jnp.float32).astype(jnp.bfloat16)
+  b0 = jnp.asarray(rng.normal(size=(N,)), jnp.float32)
+  ids = np.arange(N - 8).reshape(B, -1)
+  ids = jnp.asarray(np.concatenate([ids, np.full((B, k - ids.shape[1]), -1)], axis=1), jnp.int32)  # 8 rows idle
+  runs = {}
+  opt = optim.row_sparse_adam(1e-3, moment_dtype=moment_dtype)
+  update = jax.jit(lambda g, s, p: opt.update(g, s, p, combine=True), donate_argnums=(1, 2))
+  # The input gradient reads the rows before the update, widened exactly: the bits of their float32 copy's.
+  g = _grad(rng, B=B, k=k, N=N, d=d)
+  combined = lambda w: opt.update(g, opt.init((w, jnp.array(b0, copy=True))), (w, jnp.array(b0, copy=True)),
+                                  combine=True)[2]
+  np.testing.assert_array_equal(combined(jnp.array(W0, copy=True)), combined(W0.astype(jnp.float32)))
+  for dtype in (jnp.float32, jnp.bfloat16):
+    params = (jnp.array(W0, dtype, copy=True), jnp.array(b0, copy=True))  # both donated
+    state = opt.init(params)
+    grng = np.random.default_rng(10)
+    for _ in range(steps):
+      g = RowSparseGrad(ids, jnp.asarray(1.0 + 0.1 * grng.normal(size=(B, k)), jnp.float32),
+                        jnp.asarray(1.0 + 0.3 * grng.normal(size=(B, d)), jnp.float32))  # a steady drift
+      params, state, _ = update(g, state, params)
+    assert params[0].dtype == dtype and params[1].dtype == jnp.float32
+    runs[dtype] = np.asarray(params[0].astype(jnp.float32)), np.asarray(params[1])
+  (w32, b32), (w16, b16) = runs[jnp.float32], runs[jnp.bfloat16]
+  start = np.asarray(W0.astype(jnp.float32))
+  moved32, moved16 = w32 - start, w16 - start
+  assert np.abs(moved32[:N - 8]).mean() > 0.2  # ~lr per step: far more than a bfloat16 step (<= 0.016) in total
+  # Each rounding adds a zero-mean error of under a bfloat16 step: the weights random-walk around the float32 ones.
+  assert abs(np.mean(moved16[:N - 8] - moved32[:N - 8])) < 0.01  # unbiased
+  assert np.sqrt(np.mean((moved16 - moved32) ** 2)) < 0.06  # ~0.03: the walk of ~300 roundings
+  # Round-to-nearest would leave every weight above 0.25 in magnitude where it started.
+  assert np.abs(moved16[:N - 8]).mean() == pytest.approx(np.abs(moved32[:N - 8]).mean(), rel=0.05)
+  np.testing.assert_array_equal(w16[N - 8:], start[N - 8:])  # untouched rows keep their bits
+  np.testing.assert_array_equal(b16, b32)  # the float32 bias: its gradient does not read the weight
+
+
 def test_moment_dtype_is_checked():
   rng = np.random.default_rng(8)
   W = jnp.asarray(rng.normal(size=(30, 4)), jnp.float32)
@@ -166,3 +207,57 @@ def test_bad_arguments_raise_and_leave_weights_unchanged():
                state, W)
   with pytest.raises(ValueError, match=r"'state.mu' must be float32 of shape \(30, 4\)"):
     opt.update(g, state._replace(mu=state.mu[:10]), W)
+
+
+@pytest.mark.parametrize("moment_dtype", [jnp.float32, jnp.bfloat16])
+def test_combined_is_the_input_gradient_from_the_rows_before_the_update(moment_dtype):
+  # Enough rows that the ids spread over many of the kernel's slabs.
+  rng = np.random.default_rng(7)
+  N, d, B, k = 3000, 8, 6, 40
+  g = _grad(rng, B=B, k=k, N=N, d=d)
+  W = jnp.asarray(rng.normal(size=(N, d)), jnp.float32)
+  b = jnp.asarray(rng.normal(size=(N,)), jnp.float32)
+  opt = optim.row_sparse_adam(0.1, moment_dtype=moment_dtype)
+  want_dx = references.gather_combine_ref(np.asarray(g.g), np.asarray(W), np.asarray(g.ids))
+  outs, _ = references.adam_ref(W, np.zeros((N, d)), np.zeros((N, d)), 0, np.asarray(g.ids), np.asarray(g.g),
+                                 np.asarray(g.x), 0.1, 0.9, 0.999, 1e-8, 0.0, b, np.zeros(N), np.zeros(N))
+  (new_w, new_b), _, dx = jax.jit(lambda p, s: opt.update(g, s, p, combine=True))((W, b), opt.init((W, b)))
+  np.testing.assert_allclose(dx, want_dx, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(new_w, outs[0], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(new_b, outs[3], rtol=1e-4, atol=1e-5)
+  # Without combine: the same update, and the pair of results only.
+  (w2, b2), _ = opt.update(g, opt.init((W, b)), (W, b))
+  np.testing.assert_array_equal(w2, new_w)
+  np.testing.assert_array_equal(b2, new_b)
+
+
+@pytest.mark.parametrize("moment_dtype", [jnp.float32, jnp.bfloat16])
+def test_rowwise_adam_matches_the_reference_over_steps(moment_dtype):
+  rng = np.random.default_rng(8)
+  N, d = 40, 6
+  W0 = jnp.asarray(rng.normal(size=(N, d)), jnp.float32)
+  b0 = jnp.asarray(rng.normal(size=(N,)), jnp.float32)
+  opt = optim.row_sparse_adam(0.05, weight_decay=0.1, moment_dtype=moment_dtype, second_moment="row")
+  state = opt.init((W0, b0))
+  assert state[0].nu.shape == (N,) and state[1].nu.shape == (N,)
+  update = jax.jit(opt.update)
+  params, ref = (W0, b0), [np.asarray(a, np.float64) for a in (W0, np.zeros((N, d)), np.zeros(N), b0, np.zeros(N),
+                                                               np.zeros(N))]
+  tol = dict(rtol=1e-4, atol=1e-5) if moment_dtype == jnp.float32 else dict(rtol=2e-2, atol=2e-3)
+  for t in range(4):
+    g = _grad(rng, B=5, k=6, N=N, d=d)
+    ref, _ = references.adam_ref(*ref[:3], t, np.asarray(g.ids), np.asarray(g.g), np.asarray(g.x), 0.05, 0.9, 0.999,
+                                 1e-8, 0.1, *ref[3:])
+    params, state = update(g, state, params)
+    np.testing.assert_allclose(params[0], ref[0], **tol)
+    np.testing.assert_allclose(params[1], ref[3], **tol)
+    np.testing.assert_allclose(np.asarray(state[0].nu, np.float64), ref[2], **tol)
+  # Row-wise differs from Adam once a row's gradient entries differ in size.
+  (w_adam, _), _ = optim.row_sparse_adam(0.05).update(g, optim.row_sparse_adam(0.05).init((W0, b0)), (W0, b0))
+  (w_row, _), _ = opt.update(g, opt.init((W0, b0)), (W0, b0))
+  assert not np.allclose(w_adam, w_row)
+
+
+def test_second_moment_must_be_element_or_row():
+  with pytest.raises(ValueError, match="row_sparse_adam: second_moment must be one of"):
+    optim.row_sparse_adam(0.1, second_moment="column")
