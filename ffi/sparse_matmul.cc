@@ -66,22 +66,18 @@ inline void GatherCombineRowsT(const float* g, const W* w, const int32_t* ids, f
 }
 
 // Multiversioned (per-ISA) instances, one per weight type.
-SJ_MULTIVERSION void GatherDotRows(const float* x, const float* w, const int32_t* ids, float* out, int64_t b0,
-                                   int64_t b1, const GatherArgs& a) {
-  GatherDotRowsT(x, w, ids, out, b0, b1, a);
-}
-SJ_MULTIVERSION void GatherDotRows(const float* x, const bf16* w, const int32_t* ids, float* out, int64_t b0,
-                                   int64_t b1, const GatherArgs& a) {
-  GatherDotRowsT(x, w, ids, out, b0, b1, a);
-}
-SJ_MULTIVERSION void GatherCombineRows(const float* g, const float* w, const int32_t* ids, float* out, int64_t b0,
-                                       int64_t b1, const GatherArgs& a) {
-  GatherCombineRowsT(g, w, ids, out, b0, b1, a);
-}
-SJ_MULTIVERSION void GatherCombineRows(const float* g, const bf16* w, const int32_t* ids, float* out, int64_t b0,
-                                       int64_t b1, const GatherArgs& a) {
-  GatherCombineRowsT(g, w, ids, out, b0, b1, a);
-}
+#define SJ_GATHER_ROWS(W)                                                                                      \
+  SJ_MULTIVERSION void GatherDotRows(const float* x, const W* w, const int32_t* ids, float* out, int64_t b0,   \
+                                     int64_t b1, const GatherArgs& a) {                                        \
+    GatherDotRowsT(x, w, ids, out, b0, b1, a);                                                                 \
+  }                                                                                                            \
+  SJ_MULTIVERSION void GatherCombineRows(const float* g, const W* w, const int32_t* ids, float* out,           \
+                                         int64_t b0, int64_t b1, const GatherArgs& a) {                        \
+    GatherCombineRowsT(g, w, ids, out, b0, b1, a);                                                             \
+  }
+SJ_GATHER_ROWS(float)
+SJ_GATHER_ROWS(bf16)
+#undef SJ_GATHER_ROWS
 
 // Checks the ids against the weight, then runs `rows(dense, weight, ids,
 // out, b0, b1, args)` over blocks of samples in parallel. The caller has
