@@ -6,21 +6,36 @@ iterator's position) and ``meta`` (the run's config, the sparsejax version, the
 process count and the data's sizes). A save runs in the background; one
 interrupted by a crash never replaces the last complete checkpoint.
 
+Each process seals the checkpoints it saved: once a save is on disk it writes
+``checksums.p<process>.json`` there (size and SHA-256 of every file it sees).
+:meth:`Checkpoints.latest_good_step` verifies them before a resume: a
+checkpoint that is empty, truncated, corrupted or unreadable is named in a
+warning and set aside (renamed ``<step>.corrupt``), and the run resumes from
+the newest good one. A save that fails (a full disk) raises
+:class:`CheckpointError`; the checkpoints already on disk stay as they were.
+
 Before a run resumes, :func:`check_resume` compares the newest checkpoint's
 ``meta`` with the new run and refuses a resume that would not continue the same
 run (other settings, another process count), naming what differs.
 """
 
 import contextlib
+import hashlib
 import importlib.metadata
+import json
 import logging as pylogging
 import os
 import tempfile
+import time
 from typing import Any
 
 from absl import logging
 
 from sparsejax.config import Config, ConfigError, flat_items, format_value, identity_fields
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint could not be written (e.g. a full disk); the message names it and the reason."""
 
 
 class ResumeError(RuntimeError):
@@ -96,9 +111,94 @@ class Checkpoints:
       options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=writable, read_only=not writable)
       self._manager = ocp.CheckpointManager(self.directory, options=options)
 
+    self._unsealed: list[int] = []  # saved by this object, checksums not written yet
+    self._resume_step: int | None = None
+
   def latest_step(self) -> int | None:
     """The newest complete checkpoint's step (None: none yet)."""
     return self._manager.latest_step()
+
+  def _step_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
+
+  def latest_good_step(self) -> int | None:
+    """The newest checkpoint that passes :meth:`verify` (None: none); the ones after it are set aside.
+
+    Each bad one is named in a warning and renamed ``<step>.corrupt`` (by process 0), so that the run goes on
+    from the good one and may save those steps again. Later :meth:`restore` calls restore this step.
+    """
+    import jax
+
+    steps = sorted(self._manager.all_steps(), reverse=True)
+    good = None
+    for i, step in enumerate(steps):
+      problem = self.verify(step)
+      if problem is None:
+        good = step
+        break
+      older = next(iter(steps[i + 1:]), None)
+      logging.warning("checkpoint %s %s: %s", self._step_dir(step), problem,
+                      f"falling back to step {older}" if older is not None else "no older checkpoint: starting anew")
+      if jax.process_index() == 0:
+        os.replace(self._step_dir(step), f"{self._step_dir(step)}.corrupt.{int(time.time())}")
+    if good != (steps[0] if steps else None):
+      self._manager.reload()
+    self._resume_step = good
+    return good
+
+  def verify(self, step: int) -> str | None:
+    """What is wrong with checkpoint ``step`` (empty, a file missing, truncated or changed, unreadable), or None.
+
+    A checkpoint without this process's checksums (an older sparsejax, or a crash right after the save) is only
+    checked for being readable.
+    """
+    directory = self._step_dir(step)
+    if not os.path.isdir(directory) or not os.listdir(directory):
+      return "is empty"
+    path = os.path.join(directory, _checksums_name())
+    if os.path.exists(path):
+      try:
+        with open(path) as f:
+          recorded = json.load(f)
+      except (OSError, ValueError) as e:
+        return f"has an unreadable {path}: {e}"
+      for name, (size, digest) in sorted(recorded.items()):
+        file = os.path.join(directory, name)
+        if not os.path.isfile(file):
+          return f"lacks its file {name}"
+        actual = os.path.getsize(file)
+        if actual != size:
+          return f"has a truncated file {name} ({actual} of {size} bytes)"
+        if _sha256(file) != digest:
+          return f"has a corrupted file {name} (its SHA-256 differs from the one recorded at the save)"
+    try:
+      self.meta(step)
+      self._manager.restore(step, args=self._ocp.args.Composite(data=self._ocp.args.JsonRestore()))
+    except Exception as e:  # noqa: BLE001 -- any failure to read it makes it unusable
+      return f"cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return None
+
+  def _seal(self) -> None:
+    """Writes the checksums of this object's finished saves (atomically: a crash leaves none or all)."""
+    for step in self._unsealed:
+      directory = self._step_dir(step)
+      if not os.path.isdir(directory):  # already deleted (keep_checkpoints)
+        continue
+      sums = {}
+      for parent, _, files in os.walk(directory):
+        for name in files:
+          file = os.path.join(parent, name)
+          relative = os.path.relpath(file, directory)
+          if not relative.startswith("checksums."):
+            sums[relative] = (os.path.getsize(file), _sha256(file))
+      path = os.path.join(directory, _checksums_name())
+      try:
+        with open(path + ".tmp", "w") as f:
+          json.dump(sums, f)
+        os.replace(path + ".tmp", path)
+      except OSError as e:
+        raise CheckpointError(f"cannot write {path}: {e.strerror or e}") from None
+    self._unsealed = []
 
   def meta(self, step: int | None = None) -> dict[str, Any] | None:
     """The ``meta`` record of checkpoint ``step`` (default: the newest); None if it has none."""
@@ -113,9 +213,15 @@ class Checkpoints:
   def save(self, step: int, state, data_state: dict, meta: dict, *, wait: bool = False) -> None:
     """Saves ``state``, the data position and ``meta`` as checkpoint ``step`` (in the background unless ``wait``)."""
     ocp = self._ocp
-    self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                     data=ocp.args.JsonSave(data_state),
-                                                     meta=ocp.args.JsonSave(meta)))
+    self.wait()  # the previous save first (orbax would wait for it too): its checksums are written now
+    try:
+      self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                       data=ocp.args.JsonSave(data_state),
+                                                       meta=ocp.args.JsonSave(meta)))
+    except Exception as e:  # noqa: BLE001 -- orbax and tensorstore raise OSError, ValueError, ...
+      raise CheckpointError(f"saving checkpoint {self._step_dir(step)} failed ({_reason(e)}). The checkpoints "
+                            "saved before it are intact") from None
+    self._unsealed.append(step)
     if wait:
       self.wait()
 
@@ -125,7 +231,7 @@ class Checkpoints:
     Args:
       abstract_state: shapes, dtypes and shardings to restore into.
     """
-    step = self.latest_step()
+    step = self._resume_step if self._resume_step is not None else self.latest_step()
     if step is None:
       return None
     ocp = self._ocp
@@ -150,8 +256,42 @@ class Checkpoints:
       return checkpointer.restore(path, target)
 
   def wait(self) -> None:
-    """Blocks until background saves are on disk."""
-    self._manager.wait_until_finished()
+    """Blocks until background saves are on disk (and sealed with their checksums).
+
+    Raises:
+      CheckpointError: a save failed (e.g. a full disk); the checkpoints saved before it are intact.
+    """
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # noqa: BLE001 -- orbax and tensorstore raise OSError, ValueError, ...
+      steps = ", ".join(self._step_dir(s) for s in self._unsealed)
+      self._unsealed = []
+      raise CheckpointError(f"saving checkpoint {steps} failed ({_reason(e)}). The checkpoints saved before it "
+                            "are intact") from None
+    self._seal()
+
+
+def _reason(error: Exception) -> str:
+  """A failed save's cause in a few words (a full disk says so)."""
+  text = str(error)
+  if getattr(error, "errno", None) == 28 or "No space left on device" in text:
+    return "no space left on device: the disk is full"
+  first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+  return first if len(first) <= 300 else first[:300] + "..."
+
+
+def _checksums_name() -> str:
+  import jax
+
+  return f"checksums.p{jax.process_index()}.json"
+
+
+def _sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    while chunk := f.read(1 << 20):
+      digest.update(chunk)
+  return digest.hexdigest()
 
 
 def make_meta(config: Config, num_shards: int, num_processes: int, data: dict[str, int]) -> dict[str, Any]:

@@ -297,6 +297,7 @@ def train(argv: list[str]) -> None:
   import jax
 
   from sparsejax import checkpoint, distributed  # imported here: creating a JAX backend must wait for the flags
+  from sparsejax.nonfinite import NonFiniteError
   from sparsejax.stopping import Interrupted
   from sparsejax.train import train_and_evaluate
 
@@ -318,6 +319,8 @@ def train(argv: list[str]) -> None:
     usage_error(str(e))
   except checkpoint.ResumeError as e:
     fail(str(e), USAGE_ERROR)
+  except (NonFiniteError, checkpoint.CheckpointError) as e:
+    fail(str(e))
   except Interrupted as e:
     # Several processes: exit 0, as every rank does after the same stop (the launcher's contract).
     fail(str(e), 0 if jax.process_count() > 1 else 128 + e.signum)
@@ -374,6 +377,8 @@ def predict(argv: list[str]) -> None:
     usage_error("give --workdir and --input")
   if FLAGS.input_format not in ("auto", "xc", "svmlight", "text"):
     usage_error(f"--input_format={FLAGS.input_format}: must be one of auto, xc, svmlight, text")
+  if FLAGS.top < 1:  # before the model loads (its upper bound, the model's labels, after)
+    usage_error(f"--top={FLAGS.top}: must be >= 1")
   try:
     model = load(FLAGS.workdir)
     if not 1 <= FLAGS.top <= model.num_labels:

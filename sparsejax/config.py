@@ -398,6 +398,11 @@ class RunConfig(Section):
   propensity_b: float = option(1.5, "Propensity model parameter B of the PSP@k metrics.", identity=False)
   tensorboard: bool = option(False, "Also write TensorBoard events to WORKDIR/tensorboard (needs tensorboardX).",
                              identity=False)
+  on_nonfinite: str = option(
+      "stop", "What a step with a NaN or Inf loss or update does (it is never applied, nor saved): stop (the run "
+      "ends with an error naming the step; the checkpoints on disk are those of earlier steps) or skip_step (the "
+      "run goes on without it; it stops if 20 steps in a row are skipped). Checked at each --log_every reading.",
+      choices=("stop", "skip_step"), identity=False)
   progress: bool = option(
       True, "Show a progress bar when the console is a terminal (otherwise, and with --noprogress, log a line "
       "with the step, the loss and the throughput every --log_every steps).", identity=False)

@@ -73,7 +73,10 @@ def train_step(state: DenseState, batch: dict, *, config: model.ModelConfig,
     loss, grads = psum((loss, grads))
   with jax.named_scope("adam"):
     updates, opt = model.dense_optimizer(config).update(grads, state.opt, params)
-    embed, hidden, out = optax.apply_updates(params, updates)
+    # A non-finite step is not applied (see model.train_step); loss and gradients are psums: every replica agrees.
+    finite = model.all_finite((loss, grads))
+    (embed, hidden, out), opt = model.keep_if(finite, (optax.apply_updates(params, updates), opt),
+                                              (params, state.opt))
   lr = config.schedule()(state.step)
   return state._replace(step=state.step + 1, embed=embed, hidden=hidden, out=out, opt=opt), {
-      "loss": loss, "learning_rate": lr}
+      "loss": loss, "learning_rate": lr, "finite": finite}

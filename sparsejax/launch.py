@@ -501,9 +501,16 @@ def launch(num_processes: int, command: list[str], *, port: int | None = None, l
         rank.proc.wait()
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+  """argparse, but a usage error is one line (naming the flag) and exit status 2, as sparsejax-train's."""
+
+  def error(self, message: str):
+    self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="sparsejax-launch", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = _ArgumentParser(prog="sparsejax-launch", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("-n", "--num_processes", type=int, required=True, help="Number of ranks to start.")
   parser.add_argument("--port", type=int, default=None, help="Coordinator port on 127.0.0.1 (default: a free one).")
   parser.add_argument("--log_dir", default=None,

@@ -14,6 +14,7 @@ and ``labels [B, M] int32`` (-1 padded).
 """
 
 import dataclasses
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -315,6 +316,24 @@ def hidden_forward(embed_w: jax.Array, dense_params, feat_ids: jax.Array, feat_v
   return h
 
 
+def all_finite(tree) -> jax.Array:
+  """Whether every floating-point value in ``tree`` is finite: a ``[]`` bool."""
+  flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+  return functools.reduce(jnp.logical_and, flags, jnp.bool_(True))
+
+
+def _sums_stay_finite(count: int, g: jax.Array, x: jax.Array) -> jax.Array:
+  """Whether row-sparse gradients ``sum of up to count terms g[b, j] x[b]`` and their squares (Adam's second
+  moment) surely stay finite: a bound from the largest factors, O(B k + B d)."""
+  bound = count * jnp.max(jnp.abs(g), initial=0.0) * jnp.max(jnp.abs(x), initial=0.0)
+  return jnp.isfinite(bound * bound)
+
+
+def keep_if(ok: jax.Array, new, old):
+  """``new`` if ``ok`` else ``old``, leaf by leaf (reads both: for small trees, or a model that is dense anyway)."""
+  return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+
 def label_targets(active: jax.Array, labels: jax.Array, num_labels: jax.Array | None = None) -> jax.Array:
   """SLIDE's multi-label target: ``1/|y|`` on each active id that is a label.
 
@@ -542,8 +561,12 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   lr = config.schedule()(state.step)
   adam = config.adam_args()
   exact = uses_exact_path(config)
+  # A non-finite step is not applied (the loop stops or skips it: --on_nonfinite): the verdict comes from values
+  # every shard agrees on (the loss and dh are psums, h is replicated), and a skipped step changes nothing but
+  # the step counter.
   if exact:  # every (real) row is active: dense matmuls, Adam on every row
     from_tables = jnp.zeros((B,), jnp.int32)
+    touched = None
     with jax.named_scope("out_logits"):
       row_ids = jnp.arange(rows, dtype=jnp.int32)
       valid = row_ids < n_valid
@@ -556,12 +579,19 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
     with jax.named_scope("softmax_reduce"):
       loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
     with jax.named_scope("dh_reduce"):  # the step's metric rides along in the same all-reduce
-      dh, tables_fraction = shard.psum((g_out @ w, jnp.mean(from_tables.astype(jnp.float32))))
+      # A shard whose row gradients could overflow poisons dh, so that every shard skips the step (no extra
+      # collective).
+      dh, tables_fraction = shard.psum((g_out @ w + jnp.where(_sums_stay_finite(B, g_out, h), 0.0, jnp.nan),
+                                        jnp.mean(from_tables.astype(jnp.float32))))
+    with jax.named_scope("hidden_bwd"):
+      d_dense, d_embed = hidden_vjp(dh)
+    finite = all_finite((loss, dh, d_dense, d_embed)) & _sums_stay_finite(fids.size, fvals, d_embed)
     with jax.named_scope("out_adam"):
-      (out_w, out_b), (out_w_opt, out_b_opt) = _adam_all_rows(
-          (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt), (g_out.T @ h, jnp.sum(g_out, axis=0)),
-          lr, jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), 0xADA),
-          **adam)
+      old_out = ((state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt))
+      new_out = _adam_all_rows(
+          *old_out, (g_out.T @ h, jnp.sum(g_out, axis=0)), lr,
+          jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), 0xADA), **adam)
+      (out_w, out_b), (out_w_opt, out_b_opt) = keep_if(finite, new_out, old_out)  # O(N d), as the step itself
   else:
     with jax.named_scope("lsh_query"):
       seed = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
@@ -578,29 +608,43 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
     with jax.named_scope("softmax_reduce"):
       loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
     with jax.named_scope("out_adam"):
+      # The output rows are written in place in the same pass that computes dh (below), so their verdict comes
+      # first, from the loss and h: with a finite loss every |g_out| <= 1, so the row gradients (sums of at most
+      # active.size terms g_out[b, j] h[b]) and their squares stay finite if this bound does. A skipped step
+      # updates no row (padding ids).
+      applied = all_finite((loss, h)) & _sums_stay_finite(active.size, jnp.ones(()), h)
+      active = jnp.where(applied, active, PAD_ID)
       # The output layer's weight and bias share their rows: one pass updates both, and computes the hidden
       # layer's gradient dh = sum_j g_out[b, j] W[active[b, j]] from the rows it reads anyway (W before the
       # update).
       (out_w, out_b), (out_w_opt, out_b_opt), touched, dh = optim.apply_row_sparse_adam(
-          (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt), ops.RowSparseGrad(active, g_out, h),
-          lr, combine=True, **adam)
+          (state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt),
+          ops.RowSparseGrad(active, jnp.where(applied, g_out, 0.0), h), lr, combine=True, **adam)
+      out_w_opt, out_b_opt = (new._replace(count=jnp.where(applied, new.count, old.count)) for new, old in (
+          (out_w_opt, state.out_w_opt), (out_b_opt, state.out_b_opt)))
     with jax.named_scope("dh_reduce"):  # the step's metric rides along in the same all-reduce
       dh, tables_fraction = shard.psum((dh, jnp.mean(from_tables.astype(jnp.float32))))
-  with jax.named_scope("hidden_bwd"):
-    d_dense, d_embed = hidden_vjp(dh)
+    with jax.named_scope("hidden_bwd"):
+      d_dense, d_embed = hidden_vjp(dh)
+    # The rest of the step is decided with dh too. (A non-finite dh from finite rows, loss and h, which the
+    # output layer's update could no longer wait for, would need rows near the float32 limit.)
+    finite = applied & all_finite((dh, d_dense, d_embed)) & _sums_stay_finite(fids.size, fvals, d_embed)
 
   with jax.named_scope("embed_adam"):
     embed_w, embed_opt, _ = optim.apply_row_sparse_adam(
-        state.embed.w, state.embed_opt, ops.RowSparseGrad(fids, fvals, d_embed), lr, **adam)
+        state.embed.w, state.embed_opt, ops.RowSparseGrad(jnp.where(finite, fids, PAD_ID), fvals, d_embed), lr,
+        **adam)
+    embed_opt = embed_opt._replace(count=jnp.where(finite, embed_opt.count, state.embed_opt.count))
   with jax.named_scope("dense_adam"):
     updates, dense_opt = dense_optimizer(config).update(d_dense, state.dense_opt, dense_params)
-    embed_b, hidden = optax.apply_updates(dense_params, updates)
+    embed_b, hidden = keep_if(finite, optax.apply_updates(dense_params, updates), dense_params)
+    dense_opt = keep_if(finite, dense_opt, state.dense_opt)
 
   with jax.named_scope("out_adam"):  # re-inserting updated rows is part of updating this shard's rows
     t = state.tables
     reinsert = "none" if exact else config.tables.reinsert  # the exact step does not query the index
     if reinsert == "labels":
-      ids = local_labels.reshape(-1)
+      ids = jnp.where(finite, local_labels, PAD_ID).reshape(-1)
       t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(ids, 0), axis=0).astype(jnp.float32), ids,
                              rows)
     elif reinsert == "all":
@@ -610,7 +654,7 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   new_state = state._replace(
       step=state.step + 1, embed=SparseLayer(embed_w, embed_b), hidden=hidden, out=SparseLayer(out_w, out_b),
       embed_opt=embed_opt, out_w_opt=out_w_opt, out_b_opt=out_b_opt, dense_opt=dense_opt, tables=t)
-  metrics = {"loss": loss, "learning_rate": lr,
+  metrics = {"loss": loss, "learning_rate": lr, "finite": finite,
              "active_from_tables": tables_fraction / config.num_shards}
   return new_state, metrics
 

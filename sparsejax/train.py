@@ -32,6 +32,7 @@ from sparsejax.data import BatchIterator, load_dataset, train_test_split
 from sparsejax.evaluation import Evaluator
 from sparsejax.metric_writer import MetricWriter, read_records
 from sparsejax.netanalysis.collect import StepProfiler
+from sparsejax.nonfinite import NonFiniteError, NonFiniteWatch
 from sparsejax.stopping import Interrupted, StopRequests
 
 # Final-record fields that describe the run rather than a point of a curve.
@@ -54,6 +55,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
 
   Raises:
     ConfigError: an invalid setting or an unwritable work directory (before anything is loaded).
+    NonFiniteError: a NaN or Inf loss or update (``--on_nonfinite``); the checkpoints on disk are finite.
     ResumeError: ``workdir`` holds checkpoints of another run.
     Interrupted: SIGINT or SIGTERM stopped the run (after saving a checkpoint).
   """
@@ -65,7 +67,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   checkpoint.check_writable(workdir)
   checkpoint.quiet_orbax_logs()
   checkpoints = checkpoint.Checkpoints(workdir, config.checkpoint.keep_checkpoints)
-  latest = checkpoints.latest_step()
+  latest = checkpoints.latest_good_step()  # corrupted ones: named, set aside
   meta = None if latest is None else checkpoints.meta(latest)
   if latest is not None:
     checkpoint.check_resume(meta, latest, config, num_shards, workdir)
@@ -127,10 +129,15 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
                           max_labels=sizes["max_labels"])
   try:
     state = loop.train(state, batches, position.get("seconds", 0.0), show_progress=is_chief)
+    if checkpoints.latest_step() != loop.step:
+      loop.save(state, batches, wait=True)
+  except NonFiniteError as e:  # --on_nonfinite: say which checkpoint the run can go back to
+    checkpoints.wait()
+    good = checkpoints.latest_step()
+    raise NonFiniteError(e.step, e.reason + (f". The newest checkpoint, {checkpoints.directory}/{good}, is finite"
+                                             if good is not None else ". No checkpoint was saved")) from None
   finally:
     batches.close()
-  if checkpoints.latest_step() != loop.step:
-    loop.save(state, batches, wait=True)
   checkpoints.wait()
   if loop.stop_signal is not None:
     raise Interrupted(loop.stop_signal, loop.step, checkpoints.directory)
@@ -170,6 +177,7 @@ class _Loop:
     self.steps_per_epoch, self.max_steps = steps_per_epoch, max_steps
     self.step, self.last_loss, self.stop_signal = 0, None, None
     self.train_seconds, self.seconds_before = 0.0, 0.0
+    self.nonfinite = NonFiniteWatch(config.run.on_nonfinite)
 
   def train(self, state, batches: BatchIterator, seconds_before: float, show_progress: bool):
     """Steps until the budget is spent or a signal asks to stop; returns the state."""
@@ -195,6 +203,7 @@ class _Loop:
           state, metrics = run.step(state, batch)
           self.step += 1
           prof.end_step(self.step, (state, metrics))
+          self.nonfinite.add(self.step, metrics.get("finite"))  # read at the sync points below
           window_steps += 1
           state = prof.maintenance("tables", run.maintain, state, self.step)
           self.train_seconds = time.time() - t_loop - eval_seconds
@@ -205,9 +214,12 @@ class _Loop:
                       "samples_per_sec": window_steps * batch_size / max(time.time() - window_start, 1e-9),
                       **prof.log_record()}
             window_start, window_steps = time.time(), 0
+            if self.nonfinite.check() or self.nonfinite.skipped:
+              record["skipped_steps"] = self.nonfinite.skipped
           progress.step(self.step, record.get("loss"), record.get("samples_per_sec"))
           if self.step % config.run.eval_every == 0 and self.step != self.max_steps:  # the final one comes next
             t_eval = time.time()
+            self.nonfinite.check()
             if self.selection is not None:  # periodic evaluations select the model: on the validation split
               record.update(prof.maintenance("eval", self.selection.evaluate, run, state, self.step,
                                              config.run.eval_samples))
@@ -239,6 +251,7 @@ class _Loop:
     finally:
       prof.close()
       progress.close()
+    self.nonfinite.check()
     return state
 
   def _write(self, record: dict) -> None:
@@ -247,6 +260,8 @@ class _Loop:
                          "seconds": self.seconds_before + self.train_seconds, **record})
 
   def save(self, state, batches: BatchIterator, wait: bool = False) -> None:
+    self.nonfinite.check()  # never a checkpoint of a non-finite state
+    self.nonfinite.check_state(state, self.step)
     position = {**batches.state(), "seconds": self.seconds_before + self.train_seconds}
     if self.selection is not None:
       position["selection"] = self.selection.to_json()

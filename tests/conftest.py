@@ -159,10 +159,18 @@ def op_cases(tmp_path, request):
 _TALLIES = pytest.StashKey[list]()
 
 
+@pytest.fixture
+def record_cases(request):
+  """``record_cases(label, tally)``: adds a fuzz test's ``{outcome: count}`` to the session summary."""
+  def record(label: str, tally: dict[str, int]):
+    request.config.stash.setdefault(_TALLIES, []).append((label, sum(tally.values()), dict(tally)))
+  return record
+
+
 def pytest_terminal_summary(terminalreporter, config):
   tallies = config.stash.get(_TALLIES, [])
   if tallies:
-    terminalreporter.section("op cases tried (fuzzing)")
+    terminalreporter.section("cases tried (fuzzing)")
     for label, n, tally in tallies:
       terminalreporter.write_line(f"{label}: {n} cases: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.items())))
     total = sum(n for _, n, _ in tallies)

@@ -246,6 +246,16 @@ def test_malformed_line_reports_file_and_line(tmp_path, body, line, fragment):
   assert fragment in str(info.value)
 
 
+def test_defect_10_a_value_beyond_float32_is_an_error_not_inf(tmp_path):
+  """Issue 12 defect 10: `0:1e39` was read as inf (the finite check ran before the cast to float32)."""
+  path = tmp_path / "big.txt"
+  path.write_text("2 3 2\n0 0:1e39\n1 1:3.4e38\n")
+  with pytest.raises(XCFormatError, match=r"big.txt:2:.*overflows float32"):
+    load_xc_file(path)
+  path.write_text("2 3 2\n0 0:1\n1 1:3.4e38\n")  # the largest float32 values still read, finite
+  assert np.all(np.isfinite(load_xc_file(path).values))
+
+
 def test_error_line_number_in_later_chunk(tmp_path):
   lines = [f"{i % 5} {i % 10}:0.25 {(i + 3) % 10}:1" for i in range(2000)]
   lines[1500] = "1 4:0.5 11:1"  # feature id 11 >= F = 10

@@ -1,5 +1,6 @@
 """Distributed SLIDE: sharded math (virtual devices) and real multi-process jobs (launcher)."""
 
+import contextlib
 import json
 import os
 import re
@@ -204,6 +205,34 @@ def test_dead_or_hung_rank_ends_the_job(tmp_path, how):
     assert "rank 0 failed" not in rest and "rank 0 died" not in rest
   assert "Traceback" not in rest  # rank 0's error: one line
   assert (tmp_path / "logs" / "rank1.log").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_launcher_stops_every_rank_after_a_checkpoint(tmp_path, signum):
+  """Issue 12 defect 7: JAX's preemption notifier caught SIGTERM in the ranks, so Ctrl-C/SIGTERM on the launcher
+  blocked it while the ranks kept training. Now every rank saves at the same step and exits within seconds."""
+  args = _train_args(str(tmp_path), max_steps=10**6, num_epochs=10**5, eval_every=10**6, log_every=100)
+  proc = _launch(2, args, timeout=300)
+  lines = [proc.stdout.readline()]
+  pids = [int(p) for p in re.search(r"pids (\d+), (\d+)\)", lines[0]).groups()]
+  deadline = time.time() + 180
+  while time.time() < deadline and "over 2 processes" not in lines[-1]:  # until both ranks train
+    lines.append(proc.stdout.readline())
+  time.sleep(2)
+  t0 = time.time()
+  proc.send_signal(signum)
+  try:
+    rest, _ = proc.communicate(timeout=60)
+  finally:
+    for pid in pids:
+      with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+  assert time.time() - t0 < 30, rest  # seconds: a save and the exit (--stop_timeout, 30 s, never reached)
+  assert proc.returncode == 128 + signum, rest
+  assert rest.splitlines()[-1] == "[launch] stopped: every rank exited", rest
+  step = max(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())
+  assert step > 0 and {"checksums.p0.json", "checksums.p1.json"} <= set(os.listdir(tmp_path / "checkpoints" /
+                                                                                   str(step)))
 
 
 def test_multiprocess_resume_continues_the_same_run(tmp_path):

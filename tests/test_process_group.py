@@ -91,3 +91,14 @@ def test_arguments_that_cannot_be_right(args, fragment):
 def test_single_process_needs_no_group():
   assert process_group.initialize("127.0.0.1:1234", 1, 0) is False
   assert process_group.initialize() is False or os.environ.get("SLURM_NTASKS")
+
+
+def test_default_timeouts_end_a_broken_start_within_60_seconds():
+  """Issue 12: a start-up fault ends every process within 60 s. The tests above use a 6 s timeout; the defaults
+  (library and sparsejax-train's --initialization_timeout) must keep the same guarantee."""
+  import inspect
+
+  from sparsejax import cli
+  default = inspect.signature(process_group.initialize).parameters["initialization_timeout"].default
+  flag = next(f.default for f in cli.TRAIN.flags if f.name == "initialization_timeout")
+  assert default <= 50 and flag <= 50, (default, flag)  # the watchdog ends the process at this many seconds

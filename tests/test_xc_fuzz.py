@@ -91,7 +91,8 @@ def _load(path, chunk_bytes, fast: bool):
   return ds
 
 
-def test_mutated_files_give_a_dataset_or_an_error_naming_file_and_line(tmp_path, fuzz_settings, capsys):
+def test_mutated_files_give_a_dataset_or_an_error_naming_file_and_line(tmp_path, fuzz_settings, capsys,
+                                                                       record_cases):
   bases = {}
   for seed in range(4):
     ds = make_synthetic(8 + 3 * seed, 30, 9, labels_per_sample=1.5, seed=seed)
@@ -127,4 +128,5 @@ def test_mutated_files_give_a_dataset_or_an_error_naming_file_and_line(tmp_path,
   with capsys.disabled():
     print(f"\nXC reader fuzz: {counts['cases']} cases: {counts['datasets']} datasets, {counts['errors']} "
           "XCFormatErrors with file:line, 0 crashes")
+  record_cases("XC reader (mutated files)", {"dataset": counts["datasets"], "error": counts["errors"]})
   assert counts["cases"] >= 250 and counts["datasets"] > 10 and counts["errors"] > 50, counts

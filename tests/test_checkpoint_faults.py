@@ -1,0 +1,153 @@
+"""Checkpoints under faults: checksums catch corrupted, truncated, missing and empty checkpoints (resume falls back
+to the previous good one, with a warning naming the bad one), and a full disk during a save stops the run with a
+clear error while the last good checkpoint stays intact."""
+
+import glob
+import logging
+import os
+import shutil
+import subprocess
+import uuid
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sparsejax.checkpoint import CheckpointError, Checkpoints
+from sparsejax.config import override
+from sparsejax.train import train_and_evaluate
+
+
+def _save_steps(workdir, steps):
+  checkpoints = Checkpoints(str(workdir), keep=None)
+  for step in steps:
+    checkpoints.save(step, {"w": jax.random.normal(jax.random.key(step), (500,))}, {"index": step}, {"m": 1})
+  checkpoints.wait()
+
+
+def _data_file(workdir, step):
+  """The largest array data file of checkpoint ``step``."""
+  files = [f for f in glob.glob(f"{workdir}/checkpoints/{step}/state/**/d/*", recursive=True) if os.path.isfile(f)]
+  return max(files, key=os.path.getsize)
+
+
+def _flip(path, offset=40, count=16):
+  data = bytearray(open(path, "rb").read())
+  data[offset:offset + count] = bytes(b ^ 0xFF for b in data[offset:offset + count])
+  open(path, "wb").write(bytes(data))
+
+
+def _abstract():
+  return {"w": jax.ShapeDtypeStruct((500,), jnp.float32)}
+
+
+@pytest.mark.parametrize("fault", ["flip 16 bytes", "truncate", "delete a file", "empty directory"])
+def test_a_damaged_newest_checkpoint_is_named_and_the_previous_one_restored(tmp_path, fault, caplog):
+  _save_steps(tmp_path, [1, 2])
+  newest = os.path.join(tmp_path, "checkpoints", "2")
+  if fault == "flip 16 bytes":
+    _flip(_data_file(tmp_path, 2))
+    expected = "has a corrupted file state/"
+  elif fault == "truncate":
+    path = _data_file(tmp_path, 2)
+    os.truncate(path, os.path.getsize(path) // 2)
+    expected = "has a truncated file state/"
+  elif fault == "delete a file":
+    os.remove(_data_file(tmp_path, 2))
+    expected = "lacks its file state/"
+  else:
+    shutil.rmtree(newest)
+    os.makedirs(newest)
+    expected = "is empty"
+  checkpoints = Checkpoints(str(tmp_path), keep=None)
+  with caplog.at_level(logging.WARNING):
+    assert checkpoints.latest_good_step() == 1
+  assert f"checkpoint {newest} {expected}" in caplog.text and "falling back to step 1" in caplog.text
+  state, position = checkpoints.restore(_abstract())
+  np.testing.assert_array_equal(state["w"], jax.random.normal(jax.random.key(1), (500,)))
+  assert position == {"index": 1}
+  # The bad one is set aside: step 2 can be saved again, and is then the newest good one.
+  assert glob.glob(f"{newest}.corrupt.*") and not os.path.exists(newest)
+  checkpoints.save(2, {"w": jnp.zeros(500)}, {"index": 2}, {"m": 1}, wait=True)
+  assert Checkpoints(str(tmp_path), keep=None).latest_good_step() == 2
+
+
+def test_an_intact_checkpoint_passes_and_one_without_checksums_is_still_read(tmp_path, caplog):
+  _save_steps(tmp_path, [1])
+  assert os.path.exists(tmp_path / "checkpoints" / "1" / "checksums.p0.json")
+  with caplog.at_level(logging.WARNING):
+    assert Checkpoints(str(tmp_path)).latest_good_step() == 1
+  assert "checkpoint" not in caplog.text
+  os.remove(tmp_path / "checkpoints" / "1" / "checksums.p0.json")  # e.g. killed right after the save
+  assert Checkpoints(str(tmp_path)).latest_good_step() == 1
+
+
+@pytest.mark.parametrize("item", ["meta", "data"])
+def test_garbled_json_in_a_checkpoint_without_checksums_is_named_and_skipped(tmp_path, caplog, item):
+  """Issue 12 defect 14: a checkpoint's broken JSON raised a bare JSONDecodeError, naming no file."""
+  _save_steps(tmp_path, [1, 2])
+  newest = tmp_path / "checkpoints" / "2"
+  os.remove(newest / "checksums.p0.json")  # only the readability check is left to catch it
+  (newest / item / "metadata").write_text('{"m": ')
+  with caplog.at_level(logging.WARNING):
+    assert Checkpoints(str(tmp_path), keep=None).latest_good_step() == 1
+  assert f"checkpoint {newest} cannot be read (" in caplog.text and "falling back to step 1" in caplog.text
+
+
+def test_defect_4_flipped_bytes_in_a_data_file_are_detected_and_training_resumes_from_the_previous_step(
+    tmp_path, small_config, caplog):
+  """Defect 4: 16 flipped bytes restored 81 optimizer values as garbage and training went on (exit 0)."""
+  config = override(small_config, max_steps=30, checkpoint_every=15, keep_checkpoints=None, eval_every=1000)
+  train_and_evaluate(config, str(tmp_path / "run"))
+  train_and_evaluate(config, str(tmp_path / "reference"))
+  _flip(_data_file(tmp_path / "run", 30))
+  longer = override(config, max_steps=35)
+  with caplog.at_level(logging.WARNING):
+    final = train_and_evaluate(longer, str(tmp_path / "run"))
+  assert f"checkpoint {tmp_path}/run/checkpoints/30 has a corrupted file" in caplog.text
+  assert "falling back to step 15" in caplog.text
+  assert final["last_step"] == 35
+  # Resumed from step 15 (not from garbage): the same state as an intact run extended to step 35.
+  train_and_evaluate(longer, str(tmp_path / "reference"))
+  ours = Checkpoints(str(tmp_path / "run"), writable=False).restore_arrays(35)
+  reference = Checkpoints(str(tmp_path / "reference"), writable=False).restore_arrays(35)
+  jax.tree.map(np.testing.assert_array_equal, ours, reference)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 64 MiB tmpfs (root only; skipped elsewhere)."""
+  mount = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
+  mount.mkdir()
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True).returncode:
+    pytest.skip("cannot mount a tmpfs here (needs root)")
+  yield mount
+  subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(disk, leave_bytes):
+  """Fills ``disk`` but for about ``leave_bytes``."""
+  free = shutil.disk_usage(disk).free - leave_bytes
+  with open(disk / "filler", "wb") as f:
+    while free > 0:
+      chunk = min(free, 1 << 22)
+      f.write(os.urandom(chunk))
+      free -= chunk
+
+
+def test_a_full_disk_during_a_save_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(
+    small_disk, small_config):
+  workdir = small_disk / "run"
+  config = override(small_config, max_steps=15, checkpoint_every=15, eval_every=1000)
+  train_and_evaluate(config, str(workdir))
+  before = Checkpoints(str(workdir), writable=False).restore_arrays(15)
+  _fill(small_disk, leave_bytes=64 << 10)  # room for metrics lines, not for a checkpoint
+  with pytest.raises(CheckpointError, match=r"saving checkpoint .*/checkpoints/30 failed \(no space left on device: "
+                                            r"the disk is full\)\. The checkpoints saved before it are intact"):
+    train_and_evaluate(override(config, max_steps=30), str(workdir))
+  checkpoints = Checkpoints(str(workdir), writable=False)
+  assert checkpoints.latest_good_step() == 15
+  jax.tree.map(np.testing.assert_array_equal, checkpoints.restore_arrays(15), before)
+  os.remove(small_disk / "filler")  # with room again, the run goes on from step 15
+  assert train_and_evaluate(override(config, max_steps=30), str(workdir))["last_step"] == 30
