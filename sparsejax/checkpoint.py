@@ -27,11 +27,23 @@ import logging as pylogging
 import os
 import tempfile
 import time
+import weakref
 from typing import Any
 
 from absl import logging
 
 from sparsejax.config import Config, ConfigError, flat_items, format_value, identity_fields
+
+# Every live orbax CheckpointManager of this process. A save first waits for the others' background saves: orbax
+# synchronizes each save across processes with a barrier of the same name, and two managers saving at once
+# (the run's checkpoints and the best state) fail with "Barrier ... is already ongoing" under load.
+_MANAGERS = weakref.WeakSet()
+
+
+def _finish_other_saves(manager) -> None:
+  for other in list(_MANAGERS):
+    if other is not manager:
+      other.wait_until_finished()
 
 
 class CheckpointError(RuntimeError):
@@ -110,6 +122,7 @@ class Checkpoints:
     with _quiet(pylogging.ERROR if not writable else pylogging.WARNING):
       options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=writable, read_only=not writable)
       self._manager = ocp.CheckpointManager(self.directory, options=options)
+    _MANAGERS.add(self._manager)
 
     self._unsealed: list[int] = []  # saved by this object, checksums not written yet
     self._resume_step: int | None = None
@@ -214,6 +227,7 @@ class Checkpoints:
     """Saves ``state``, the data position and ``meta`` as checkpoint ``step`` (in the background unless ``wait``)."""
     ocp = self._ocp
     self.wait()  # the previous save first (orbax would wait for it too): its checksums are written now
+    _finish_other_saves(self._manager)
     try:
       self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                        data=ocp.args.JsonSave(data_state),
@@ -351,9 +365,11 @@ class BestCheckpoint:
     self._manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(
             max_to_keep=1, best_fn=lambda metrics: metrics[metric], best_mode="max", create=True))
+    _MANAGERS.add(self._manager)
 
   def save(self, step: int, state, value: float) -> None:
     """Saves ``state`` of step ``step`` whose metric is ``value`` (orbax keeps the best one)."""
+    _finish_other_saves(self._manager)
     self._manager.save(step, args=self._ocp.args.Composite(state=self._ocp.args.StandardSave(state)),
                        metrics={self.metric: float(value)}, force=True)
 
