@@ -452,6 +452,12 @@ class NetanalysisConfig(Section):
       False, "Keep the profiler's raw output under WORKDIR/netanalysis/raw/.", identity=False)
 
   def check_combinations(self) -> None:
+    # Linux interface names: 1-15 bytes, no '/' and no whitespace (IFNAMSIZ); whether it exists is checked where the
+    # process runs (hosts differ).
+    iface = self.netanalysis_iface
+    if iface != "auto" and (not 0 < len(iface.encode()) <= 15 or "/" in iface or any(c.isspace() for c in iface)):
+      raise ConfigError("netanalysis_iface", iface,
+                        "is not an interface name (auto, or 1-15 characters without '/' or spaces, e.g. eth0)")
     if self.link_capacity is not None:
       from sparsejax.netanalysis.units import parse_rate  # no JAX: cheap
       try:

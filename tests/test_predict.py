@@ -68,7 +68,9 @@ def test_predict_errors_are_one_line(synthetic_run, tmp_path, installed_command)
   assert out.stderr.strip().splitlines() == [f"sparsejax-predict: error: {tmp_path / 'nothing' / 'checkpoints'}: no "
                                              f"checkpoints (nothing was trained with --workdir={tmp_path / 'nothing'})"]
   out = subprocess.run([predict, f"--workdir={workdir}", "--input=x", "--top=0"], capture_output=True, text=True)
-  assert out.returncode == 2 and "--top=0: must be in [1, 200]" in out.stderr
+  assert out.returncode == 2 and "--top=0: must be >= 1" in out.stderr
+  out = subprocess.run([predict, f"--workdir={workdir}", "--input=x", "--top=201"], capture_output=True, text=True)
+  assert out.returncode == 2 and "--top=201: must be in [1, 200]" in out.stderr
   (tmp_path / "bad.svm").write_text("1 0:0.5 999999:1\n")
   out = subprocess.run([predict, f"--workdir={workdir}", f"--input={tmp_path / 'bad.svm'}"], capture_output=True,
                        text=True)
