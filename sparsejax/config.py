@@ -265,6 +265,10 @@ class TablesConfig(Section):
   kmeans_iterations: int = option(
       2, "Lloyd iterations of each refresh of the clustered index (each a pass over rows x clusters).",
       bounds=NON_NEGATIVE)
+  kmeans_sample: int = option(
+      64, "Rows per cluster that the Lloyd iterations of each refresh see (an evenly spread sample; the final "
+      "assignment covers every row, so a refresh costs about one pass instead of --kmeans_iterations + 1); "
+      "0: all rows.", bounds=NON_NEGATIVE)
   eval_num_clusters: int | None = option(
       None, "Clusters of the index that evaluation and sampled inference build on the final rows (once per "
       "evaluation); none: the larger of 4 x num_clusters and 2048 (finer clusters: more of the k candidates come "

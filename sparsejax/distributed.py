@@ -166,7 +166,8 @@ def make_rebuild(config: model.ModelConfig, mesh: jax.sharding.Mesh, new_hash_fu
     if new_hash_functions:
       state = model.new_hash_functions(state, config, n)
     else:
-      state = model.rebuild_tables(state, n, kmeans_iterations=config.tables.kmeans_iterations)
+      state = model.rebuild_tables(state, n, kmeans_iterations=config.tables.kmeans_iterations,
+                                   kmeans_sample=config.kmeans_sample)
     return _stacked_tables(state)
 
   return jax.jit(_shard_map(local, mesh, (specs,), specs), donate_argnums=0)
@@ -370,8 +371,8 @@ def _single_slide(config, key, schedule, top, sampled_ks) -> Run:
     return scores[:, :top], ids[:, :top], sampled, extra
 
   fresh = functools.partial(model.init, key, config)
-  rebuild = jax.jit(functools.partial(model.rebuild_tables, kmeans_iterations=config.tables.kmeans_iterations),
-                    donate_argnums=0)
+  rebuild = jax.jit(functools.partial(model.rebuild_tables, kmeans_iterations=config.tables.kmeans_iterations,
+                                      kmeans_sample=config.kmeans_sample), donate_argnums=0)
   rehash = jax.jit(functools.partial(model.new_hash_functions, config=config), donate_argnums=0)
   jit_diagnose = jax.jit(diagnose)
   refresh = functools.partial(model.serving_index, config=config)

@@ -95,6 +95,11 @@ class ModelConfig:
     return c, rows, min(self.tables.cluster_probes or c, c)
 
   @property
+  def kmeans_sample(self) -> int | None:
+    """Rows per cluster of the Lloyd iterations of every clustered-index build (None: all rows)."""
+    return self.tables.kmeans_sample or None
+
+  @property
   def eval_index_sizes(self) -> tuple[int, int]:
     """``(clusters, Lloyd iterations)`` of the clustered index built for evaluation and sampled inference."""
     c, rows, _ = self.index_sizes
@@ -260,7 +265,8 @@ def init_index(k_lsh: jax.Array, k_tables: jax.Array, config: ModelConfig, out: 
   if config.tables.candidates == "clusters":
     c, rows, _ = config.index_sizes
     index = clusters.build_index(clusters.init_index(c, rows, d), out.w, out.b,
-                                 iterations=config.tables.kmeans_iterations, num_valid=num_valid, key=k_tables)
+                                 iterations=config.tables.kmeans_iterations, num_valid=num_valid, key=k_tables,
+                                 sample_per_cluster=config.kmeans_sample)
     return None, index
   lsh_params = lsh.init_lsh(k_lsh, config.lsh_config, d + 2 if config.tables.lsh_mips else d)
   t = tables.init_tables(config.lsh_config, config.table_bucket_size, policy=config.tables.table_policy,
@@ -660,22 +666,23 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
 
 
 def rebuild_tables(state: SlideState, num_valid: int | jax.Array | None = None, *,
-                   kmeans_iterations: int = 2) -> SlideState:
+                   kmeans_iterations: int = 2, kmeans_sample: int | None = None) -> SlideState:
   """Refreshes the index from the current rows (amortized work, off the step).
 
   Hash tables: every row is re-hashed into fresh tables (O(N d)). A clustered
-  index: ``kmeans_iterations`` Lloyd iterations from fresh seeds, then every
-  row is assigned (O(N C d) each).
+  index: ``kmeans_iterations`` Lloyd iterations from fresh seeds (on
+  ``kmeans_sample`` rows per cluster), then every row is assigned (O(N C d)).
 
   Args:
     state: the state whose ``tables`` are refreshed.
     num_valid: only rows below it are real (a padded shard); default all.
     kmeans_iterations: Lloyd iterations of a clustered index.
+    kmeans_sample: rows per cluster those iterations see (None: all).
   """
   if isinstance(state.tables, clusters.ClusterIndex):
     out = _float32_rows(state.out)
-    return state._replace(tables=clusters.build_index(state.tables, out.w, out.b,
-                                                      iterations=kmeans_iterations, num_valid=num_valid))
+    return state._replace(tables=clusters.build_index(state.tables, out.w, out.b, iterations=kmeans_iterations,
+                                                      num_valid=num_valid, sample_per_cluster=kmeans_sample))
   return state._replace(tables=_build_tables(state.tables, state.lsh, state.out, num_valid))
 
 
@@ -691,7 +698,7 @@ def serving_index(state: SlideState, config: ModelConfig) -> SlideState:
     rows, d = state.out.w.shape
     out = _float32_rows(state.out)
     return state._replace(tables=clusters.build_index(clusters.init_index(c, rows, d), out.w, out.b,
-                                                      iterations=iterations))
+                                                      iterations=iterations, sample_per_cluster=config.kmeans_sample))
   return rebuild_tables(state, kmeans_iterations=config.tables.kmeans_iterations)
 
 
@@ -702,7 +709,8 @@ def new_hash_functions(state: SlideState, config: ModelConfig,
   if isinstance(state.tables, clusters.ClusterIndex):
     out = _float32_rows(state.out)
     return state._replace(tables=clusters.build_index(state.tables, out.w, out.b, num_valid=num_valid,
-                                                      iterations=config.tables.kmeans_iterations, key=key))
+                                                      iterations=config.tables.kmeans_iterations, key=key,
+                                                      sample_per_cluster=config.kmeans_sample))
   params = lsh.init_lsh(key, config.lsh_config, lsh.input_dim(state.lsh) or config.hidden_dims[-1])
   return rebuild_tables(state._replace(lsh=params), num_valid)
 

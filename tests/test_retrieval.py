@@ -116,6 +116,35 @@ def test_build_index_ignores_the_component_all_rows_share():
                                 np.asarray(clusters.probe(shifted, jnp.asarray(h), 24, 100)))
 
 
+def test_build_index_on_a_sample_partitions_every_row_and_finds_planted_clusters():
+  # 40 planted directions x 75 rows; Lloyd on 16 sampled rows per cluster must still place every valid row in
+  # the cluster of its direction, like the full build (a sample as large as N is the full build, bit for bit).
+  rng = np.random.default_rng(8)
+  c, per, d, num_valid = 40, 75, 16, 2950
+  directions = rng.normal(size=(c, d))
+  truth = np.repeat(np.arange(c), per)
+  w = (directions[truth] + 0.05 * rng.normal(size=(c * per, d))).astype(np.float32)
+  b = np.zeros(c * per, np.float32)
+
+  def build(sample):
+    return clusters.build_index(clusters.init_index(c, c * per, d), jnp.asarray(w), jnp.asarray(b), iterations=4,
+                                num_valid=num_valid, key=jax.random.key(2), sample_per_cluster=sample)
+
+  full, sampled = build(None), build(16)
+  for got, want in zip(jax.tree.leaves(build(per)), jax.tree.leaves(full)):  # 75 x 40 rows >= N: no sample
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  for index in (full, sampled):
+    offsets, rows = np.asarray(index.offsets), np.asarray(index.rows)
+    assert offsets[-1] == num_valid and sorted(rows[:num_valid].tolist()) == list(range(num_valid))
+    assert np.all(rows[num_valid:] == -1)
+    # Purity: the share of rows whose cluster's majority direction is their own.
+    members = [truth[rows[offsets[k]:offsets[k + 1]]] for k in range(c)]
+    pure = sum(np.bincount(m).max() for m in members if len(m))
+    assert pure / num_valid > 0.95, pure / num_valid
+  with pytest.raises(ValueError, match="sample_per_cluster"):
+    build(0)
+
+
 def test_probe_takes_the_best_clusters_members_in_order():
   index, w, b = _index()
   h = np.maximum(np.random.default_rng(5).normal(size=(6, 8)), 0).astype(np.float32)
