@@ -9,8 +9,12 @@ For each N (synthetic data with N labels) it measures, per training step:
   times its whole step), and ``loop_over_isolated_rate`` = isolated / loop step time (>= 0.9 is the target);
 - ``batch_prep_s``: preparing one padded batch (``BatchIterator`` with ``prefetch=0``); it runs on a background
   thread in the loop, so it only costs the loop when it is slower than the step or steals its cores;
-- ``host_overhead_s``: loop minus isolated step minus amortised maintenance (dispatch, bookkeeping, prefetch
-  contention);
+- ``host_overhead_s``: loop minus isolated step minus the refreshes inside the timed windows (dispatch,
+  bookkeeping, prefetch contention);
+- ``refresh_s``: one refresh of the training index; ``refresh_period`` the schedule's first period (lengthened by
+  ``--refresh_budget`` where refreshes are expensive); ``maintenance_per_step_s`` their share per step over the
+  first ``--horizon`` steps, and ``loop_over_isolated_rate_over_horizon`` the loop's rate with that share in
+  place of the few refreshes of the profiled steps;
 - ``parts``: each jitted part timed alone on the same state and batch: hidden forward, candidate query, logits,
   loss, the output layer's Adam pass (which also computes the hidden gradient dh), the hidden layers' vjp, the
   other optimizer updates (input layer, dense layers), table maintenance amortised over its schedule,
@@ -81,15 +85,17 @@ def base_config(args, N: int, **changes) -> Config:
                   log_every=max(1, args.steps // 10), **changes)
 
 
-def loop_seconds_per_step(config: Config) -> tuple[float, dict]:
+def loop_seconds_per_step(config: Config, first_refresh: int = 0) -> tuple[float, dict]:
   """Steady-state training seconds per step of a real run, and its final record.
 
   From the loop's own ``samples_per_sec`` windows (``log_every`` steps each, evaluations excluded), leaving out
   the first window; later windows include table maintenance. Compilations are one-offs a real run amortises
-  over its length: a warm-up run fills the persistent compilation cache first, so they are loaded, not redone.
+  over its length: a warm-up run fills the persistent compilation cache first, so they are loaded, not redone
+  (through ``first_refresh``, the step of the first refresh, where the run gets that far).
   """
-  with tempfile.TemporaryDirectory() as workdir:  # a warm-up run to the first refresh fills the compilation cache
-    train_and_evaluate(override(config, max_steps=config.tables.rebuild_period + 1), workdir)
+  warm_up = min(first_refresh, config.budget.max_steps or first_refresh)
+  with tempfile.TemporaryDirectory() as workdir:  # fills the compilation cache (the step, the refresh)
+    train_and_evaluate(override(config, max_steps=max(warm_up, config.run.log_every) + 1), workdir)
   with tempfile.TemporaryDirectory() as workdir:
     final = train_and_evaluate(config, workdir)
     records = [r for r in read_records(workdir) if "samples_per_sec" in r and not r.get("final")]
@@ -158,22 +164,28 @@ def parts(run, config: model.ModelConfig, state, batch, repeats) -> dict[str, fl
   return res
 
 
-def maintenance_per_step(run, state, config: Config, steps: int, repeats: int) -> tuple[float, int, Any]:
-  """Seconds of table maintenance per step, amortised over ``steps`` of the schedule; the count; the state.
+def time_refresh(run, state, repeats: int) -> tuple[float, Any]:
+  """Seconds of one refresh of the training index (``run.maintain`` at its first due step), and the state.
 
-  Times ``run.maintain`` itself at a step where the schedule makes it rebuild (the training index, not the finer
-  serving index that evaluation builds). ``run.maintain`` donates the state, so the new one is returned.
+  The training index, not the finer serving index that evaluation builds. ``run.maintain`` donates the state, so
+  the new one is returned. 0 where the run never refreshes.
   """
-  schedule = model.TableSchedule.from_config(config.tables)
-  due_steps = [s for s in range(1, steps + 1) if schedule.rebuild_due(s) or schedule.rehash_due(s)]
-  if not due_steps:
-    return 0.0, 0, state
+  schedule = run.schedule
+  due = next((s for s in range(1, 10**7) if schedule.rebuild_due(s) or schedule.rehash_due(s)), None) \
+      if schedule.period or schedule.rehash_period else None
+  if due is None:
+    return 0.0, state
   times = []
   for _ in range(max(2, repeats // 3) + 1):
     t0 = time.perf_counter()
-    state = jax.block_until_ready(run.maintain(state, due_steps[0]))
+    state = jax.block_until_ready(run.maintain(state, due))
     times.append(time.perf_counter() - t0)
-  return float(np.median(times[1:])) * len(due_steps) / steps, len(due_steps), state
+  return float(np.median(times[1:])), state
+
+
+def refreshes_between(schedule: model.TableSchedule, first: int, last: int) -> int:
+  """Refreshes the schedule makes after steps ``first + 1 .. last``."""
+  return sum(schedule.rebuild_due(s) or schedule.rehash_due(s) for s in range(first + 1, last + 1))
 
 
 def bench_size(args, N: int) -> dict:
@@ -197,8 +209,14 @@ def bench_size(args, N: int) -> dict:
   res["isolated_step_s"], state = time_steps(run.step, state, batch, args.repeats)
   if not res["exact_path"]:
     res["parts"] = parts(run, mcfg, state, jax.tree.map(jnp.asarray, batch), args.repeats)
-  res["maintenance_per_step_s"], res["maintenance_count"], state = maintenance_per_step(
-      run, state, config, args.steps, args.repeats)
+  schedule = run.schedule
+  res["refresh_s"], state = time_refresh(run, state, args.repeats)
+  res["refresh_period"] = schedule.period  # first period, after --refresh_budget (model.refresh_cost_in_steps)
+  res["refresh_cost_in_steps_estimate"] = model.refresh_cost_in_steps(mcfg)
+  res["refresh_cost_in_steps_measured"] = res["refresh_s"] / res["isolated_step_s"]
+  # Amortised over a long run (--horizon steps of the schedule), not only over this profile's few hundred steps.
+  res["maintenance_count"] = refreshes_between(schedule, 0, args.horizon)
+  res["maintenance_per_step_s"] = res["refresh_s"] * res["maintenance_count"] / args.horizon
   evaluator = Evaluator.for_run(data.test, train, mf, config.run.propensity_a, config.run.propensity_b)
   t0 = time.perf_counter()
   evaluator(run.predict, state, config.run.eval_samples)
@@ -206,10 +224,17 @@ def bench_size(args, N: int) -> dict:
   res["evaluation_per_step_s"] = res["evaluation_s"] / config.run.eval_every
   del state
 
-  res["loop_step_s"], final = loop_seconds_per_step(config)
+  res["loop_step_s"], final = loop_seconds_per_step(config, schedule.period)
   res["loop_samples_per_sec"] = final["samples_per_sec"]
   res["loop_over_isolated_rate"] = res["isolated_step_s"] / res["loop_step_s"]
-  res["host_overhead_s"] = res["loop_step_s"] - res["isolated_step_s"] - res["maintenance_per_step_s"]
+  # The loop's timed windows (after the first log window) hold this many refreshes: take them out, then add the
+  # long-run share, for the rate over the whole horizon.
+  first = config.run.log_every
+  in_loop = refreshes_between(schedule, first, args.steps)
+  res["loop_refreshes"] = in_loop
+  loop_without = res["loop_step_s"] - in_loop * res["refresh_s"] / max(args.steps - first, 1)
+  res["host_overhead_s"] = loop_without - res["isolated_step_s"]
+  res["loop_over_isolated_rate_over_horizon"] = res["isolated_step_s"] / (loop_without + res["maintenance_per_step_s"])
   if args.dense:
     res["dense_loop_step_s"], _ = loop_seconds_per_step(override(config, model="dense"))
     res["sparse_over_dense_rate"] = res["dense_loop_step_s"] / res["loop_step_s"]
@@ -255,6 +280,8 @@ def main():
   parser.add_argument("--samples", type=int, default=50_000, help="synthetic samples")
   parser.add_argument("--features", type=int, default=20_000, help="synthetic feature space")
   parser.add_argument("--repeats", type=int, default=10)
+  parser.add_argument("--horizon", type=int, default=10_000,
+                      help="steps of the refresh schedule that maintenance is amortised over")
   parser.add_argument("--dense", action=argparse.BooleanOptionalAction, default=True,
                       help="also run the dense full-softmax loop (skipped above 2e5 labels)")
   parser.add_argument("--cores", type=int, default=None, help="cores the run was given (taskset): recorded")

@@ -279,6 +279,7 @@ class Run(NamedTuple):
     describe_step: ``(state, batch) -> CompiledStep``: the step as XLA compiles it for these arguments (its
       collectives and named scopes, :func:`sparsejax.netanalysis.collectives.compile_step`); compiles, does not
       run (the step reuses that compilation).
+    schedule: when ``maintain`` refreshes the index (periods lengthened by ``--refresh_budget``).
   """
   config: model.ModelConfig
   num_shards: int
@@ -291,6 +292,7 @@ class Run(NamedTuple):
   diagnose: Callable[[Any, np.ndarray, np.ndarray, np.ndarray], tuple] | None = None
   refresh_index: Callable[[Any], Any] | None = None
   describe_step: Callable[[Any, dict], Any] | None = None
+  schedule: model.TableSchedule | None = None
 
 
 def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: int = 5,
@@ -320,10 +322,24 @@ def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: 
                    "--softmax=sampled forces it")
     else:
       logging.info("softmax: sampled (%d active of %d rows per shard)", k, rows)
+      schedule = _budgeted_schedule(config.tables, model.refresh_cost_in_steps(sharded))
   if num_shards == 1:
-    return _single_slide(config, key, schedule, top, sampled_ks) if slide else _single_dense(config, key, schedule, top)
-  mesh = make_mesh(num_shards)
-  return (_sharded_slide if slide else _data_parallel_dense)(config, key, schedule, top, mesh)
+    run = _single_slide(config, key, schedule, top, sampled_ks) if slide else _single_dense(config, key, schedule, top)
+  else:
+    run = (_sharded_slide if slide else _data_parallel_dense)(config, key, schedule, top, make_mesh(num_shards))
+  return run._replace(schedule=schedule)
+
+
+def _budgeted_schedule(tables: model.TablesConfig, refresh_steps: float) -> model.TableSchedule:
+  """The refresh schedule of ``tables``, its periods lengthened (and logged) where refreshes would exceed
+  ``--refresh_budget`` of the training time."""
+  schedule = model.TableSchedule.from_config(tables, refresh_steps)
+  if tables.rebuild_period and schedule.period > tables.rebuild_period:
+    logging.info("index refresh: about %.0f steps of work each (estimated from the sizes); first refresh after %d "
+                 "steps instead of --rebuild_period=%d, so that refreshes take at most %g%% of the training time "
+                 "(--refresh_budget=%g; 0 keeps the periods as given)", refresh_steps, schedule.period,
+                 tables.rebuild_period, 100 * tables.refresh_budget, tables.refresh_budget)
+  return schedule
 
 
 def _maintainer(schedule: model.TableSchedule, rebuild, rehash):

@@ -425,6 +425,35 @@ def uses_exact_path(config: ModelConfig) -> bool:
   return config.network.softmax == "auto" and k * EXACT_PATH_RATIO >= rows
 
 
+# A refresh scores every row against every cluster (or hash projection): dot products of a row with a d-vector in
+# blocked matmuls. A training step reads and writes B x k rows at random (gathers, Adam, scatter). Measured on the
+# 2-vCPU VM (benchmarks/train_profile.py, default network): one touched row of a step costs about as much as this
+# many of a refresh's products.
+REFRESH_PRODUCTS_PER_TOUCHED_ROW = 50.0
+
+
+def refresh_cost_in_steps(config: ModelConfig) -> float:
+  """Estimated wall time of one refresh of a shard's training index, in training steps of ``config``.
+
+  From the sizes alone (so every process and every resumed run agrees): the refresh's row-by-vector products
+  (clusters: the final assignment of every row plus the Lloyd iterations on their sample, each against ``C``
+  centroids; LSH: ``K x L`` projections of every row) over the rows a step touches (``batch_size x k``), scaled
+  by :data:`REFRESH_PRODUCTS_PER_TOUCHED_ROW`. 0 where the step is exact (no training index).
+  """
+  if uses_exact_path(config):
+    return 0.0
+  if config.tables.candidates == "clusters":
+    c, rows, _ = config.index_sizes
+    sample = config.kmeans_sample
+    lloyd_rows = rows if sample is None else min(rows, sample * c)
+    products = c * (rows + config.tables.kmeans_iterations * lloyd_rows)
+  else:
+    params = config.lsh_config
+    products = shard_rows(config.num_labels, config.num_shards) * params.num_bits * params.num_tables
+  touched = config.optim.batch_size * local_active_k(config, config.num_shards)
+  return products / (touched * REFRESH_PRODUCTS_PER_TOUCHED_ROW)
+
+
 def _round_stochastically(x: jax.Array, dtype, key: jax.Array) -> jax.Array:
   """``x`` (float32) in ``dtype``; to bfloat16 rounded stochastically (unbiased), as the row-sparse kernel does.
 
@@ -715,6 +744,14 @@ def new_hash_functions(state: SlideState, config: ModelConfig,
   return rebuild_tables(state._replace(lsh=params), num_valid)
 
 
+def min_rebuild_period(config: TablesConfig, refresh_steps: float) -> int:
+  """Shortest period, in steps, that keeps refreshes of ``refresh_steps`` steps within ``config.refresh_budget``
+  of the training time (0: no budget)."""
+  if config.refresh_budget <= 0 or refresh_steps <= 0:
+    return 0
+  return math.ceil(refresh_steps / config.refresh_budget)
+
+
 @dataclasses.dataclass(frozen=True)
 class TableSchedule:
   """When to rebuild the tables and when to draw new hash functions.
@@ -732,8 +769,14 @@ class TableSchedule:
   rehash_period: int = 0
 
   @classmethod
-  def from_config(cls, config: TablesConfig) -> "TableSchedule":
-    return cls(config.rebuild_period, config.rebuild_growth, config.rebuild_max_period, config.rehash_period)
+  def from_config(cls, config: TablesConfig, refresh_steps: float = 0.0) -> "TableSchedule":
+    """The schedule of ``config``, its periods lengthened so that refreshes of ``refresh_steps`` steps each
+    (:func:`refresh_cost_in_steps`) take at most ``config.refresh_budget`` of the training time."""
+    period, max_period = config.rebuild_period, config.rebuild_max_period
+    floor = min_rebuild_period(config, refresh_steps)
+    if period and floor > period:
+      period, max_period = floor, max(max_period, floor)
+    return cls(period, config.rebuild_growth, max_period, config.rehash_period)
 
   def rebuild_due(self, step: int) -> bool:
     """Whether the tables are rebuilt after step ``step`` (1-based count)."""

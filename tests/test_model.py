@@ -1,6 +1,8 @@
 """The SLIDE model: exact-softmax equivalence with the dense baseline, no O(N d) step work, learning."""
 
+import dataclasses
 import functools
+import math
 import re
 
 import jax
@@ -8,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sparsejax import data, dense, inference, metrics, model
+from sparsejax import data, dense, distributed, inference, metrics, model
 from sparsejax.config import override
 
 
@@ -206,6 +208,45 @@ def test_table_schedule_terminates_for_any_values():
   assert shrinking[:3] == [50, 95, 135] and np.all(np.diff(shrinking) >= 1)  # 50, 45, 40.5 ... down to 1
   assert _due(model.TableSchedule(50, 1.05, 0), 10) == list(range(1, 10))  # capped at one step
   assert _due(model.TableSchedule(50, 1.0 + 1e-12, 2000), 200) == [50, 100, 150]
+
+
+def test_refresh_cost_in_steps_from_the_sizes():
+  """Hand-computed: a refresh's row-by-vector products over the rows a step touches, over the calibration."""
+  big = model.ModelConfig(10, 1_000_000)  # C = 1000 clusters, 2 Lloyd iterations on 64 rows per cluster
+  products = 1000 * (1_000_000 + 2 * 64 * 1000)
+  want = products / (128 * 1024 * model.REFRESH_PRODUCTS_PER_TOUCHED_ROW)
+  assert model.refresh_cost_in_steps(big) == pytest.approx(want)
+  every_row = override(big, kmeans_sample=0)  # the Lloyd iterations see every row: three passes
+  assert model.refresh_cost_in_steps(every_row) == pytest.approx(3 * 1000 * 1_000_000 / (128 * 1024 * 50.0))
+  assert model.refresh_cost_in_steps(override(big, batch_size=1024)) == pytest.approx(want / 8)
+  lsh_cfg = override(model.ModelConfig(10, 100_000), candidates="lsh", num_tables=8, num_bits=12)
+  assert model.refresh_cost_in_steps(lsh_cfg) == pytest.approx(100_000 * 12 * 8 / (128 * 1024 * 50.0))
+  assert model.refresh_cost_in_steps(model.ModelConfig(10, 2000)) == 0.0  # exact step: no training index
+
+
+def test_refresh_budget_lengthens_only_expensive_schedules():
+  tables = model.ModelConfig(10, 10).tables  # period 50, growth 1.05, cap 2000, budget 5%
+  assert model.TableSchedule.from_config(tables, 1.0) == model.TableSchedule(50, 1.05, 2000)  # 20 < 50 steps
+  assert model.TableSchedule.from_config(tables, 172.1) == model.TableSchedule(3442, 1.05, 3442)  # 172.1 / 0.05
+  assert model.TableSchedule.from_config(tables, 60.0) == model.TableSchedule(1200, 1.05, 2000)
+  unbudgeted = dataclasses.replace(tables, refresh_budget=0.0)
+  assert model.TableSchedule.from_config(unbudgeted, 172.1) == model.TableSchedule(50, 1.05, 2000)
+  never = dataclasses.replace(tables, rebuild_period=0)
+  assert model.TableSchedule.from_config(never, 172.1).period == 0  # never stays never
+  # Over any horizon the refreshes' estimated share stays within the budget.
+  s = model.TableSchedule.from_config(tables, 172.1)
+  for horizon in (5_000, 20_000, 100_000):
+    assert len(_due(s, horizon)) * 172.1 <= 0.05 * horizon
+
+
+def test_run_uses_the_budgeted_schedule():
+  """make_run's maintain follows the lengthened schedule: no refresh at 50 steps at N = 10^6, one at its period."""
+  cfg = model.ModelConfig(10, 1_000_000)
+  run = distributed.make_run(cfg, seed=0)
+  period = math.ceil(model.refresh_cost_in_steps(cfg) / cfg.tables.refresh_budget)
+  assert run.schedule.period == period > 50
+  small = distributed.make_run(model.ModelConfig(10, 20_000), seed=0)
+  assert small.schedule == model.TableSchedule(50, 1.05, 2000)
 
 
 def test_new_hash_functions_rebuild_tables():
