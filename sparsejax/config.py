@@ -304,9 +304,10 @@ class TablesConfig(Section):
   rehash_period: int = option(
       0, "Steps between drawing new hash functions (and rebuilding); 0: keep the first ones.", bounds=NON_NEGATIVE)
   refresh_budget: float = option(
-      0.05, "Largest share of the training time that refreshing the index may take, estimated from the index's "
+      0.25, "Largest share of the training time that refreshing the index may take, estimated from the index's "
       "and the step's sizes: where one refresh costs many steps (large N) the periods between refreshes are "
-      "lengthened to fit (the log says so); 0: the periods as given.", bounds=Range(0, 1, hi_open=True))
+      "lengthened to fit (the log says so); 0: the periods as given. Fresher indexes give harder negatives and "
+      "better sampled inference, rarer ones more steps per second.", bounds=Range(0, 1, hi_open=True))
 
   def check_combinations(self) -> None:
     if self.reinsert != "none" and (self.candidates == "clusters" or self.lsh_mips):

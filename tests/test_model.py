@@ -225,7 +225,7 @@ def test_refresh_cost_in_steps_from_the_sizes():
 
 
 def test_refresh_budget_lengthens_only_expensive_schedules():
-  tables = model.ModelConfig(10, 10).tables  # period 50, growth 1.05, cap 2000, budget 5%
+  tables = dataclasses.replace(model.ModelConfig(10, 10).tables, refresh_budget=0.05)  # period 50, x1.05, cap 2000
   assert model.TableSchedule.from_config(tables, 1.0) == model.TableSchedule(50, 1.05, 2000)  # 20 < 50 steps
   assert model.TableSchedule.from_config(tables, 172.1) == model.TableSchedule(3442, 1.05, 3442)  # 172.1 / 0.05
   assert model.TableSchedule.from_config(tables, 60.0) == model.TableSchedule(1200, 1.05, 2000)
