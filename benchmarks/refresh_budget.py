@@ -38,9 +38,8 @@ def main():
                       eval_every=10**9, checkpoint_every=10**9, progress=False, log_every=25, refresh_budget=budget)
     with tempfile.TemporaryDirectory() as workdir:
       final = train_and_evaluate(config, workdir)
-    mcfg = config.model_config(args.features, args.labels)
-    run = {"refresh_budget": budget, "first_refresh_period":
-           model.TableSchedule.from_config(config.tables, model.refresh_cost_in_steps(mcfg)).period,
+    schedule = model.TableSchedule.for_model(config.model_config(args.features, args.labels))
+    run = {"refresh_budget": budget, "first_refresh_period": schedule.period,
            **{k: final.get(k) for k in ("step", "samples_per_sec", "train_seconds", "p@1", "p@5", "sampled_p@1")}}
     print(json.dumps(run), flush=True)
     runs.append(run)

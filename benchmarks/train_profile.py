@@ -170,9 +170,9 @@ def time_refresh(run, state, repeats: int) -> tuple[float, Any]:
   The training index, not the finer serving index that evaluation builds. ``run.maintain`` donates the state, so
   the new one is returned. 0 where the run never refreshes.
   """
-  schedule = run.schedule
-  due = next((s for s in range(1, 10**7) if schedule.rebuild_due(s) or schedule.rehash_due(s)), None) \
-      if schedule.period or schedule.rehash_period else None
+  schedule = run.schedule  # the first refresh comes within the longer of the two periods (none where both are 0)
+  due = next((s for s in range(1, max(schedule.period, schedule.rehash_period) + 1)
+              if schedule.rebuild_due(s) or schedule.rehash_due(s)), None)
   if due is None:
     return 0.0, state
   times = []

@@ -322,7 +322,7 @@ def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: 
                    "--softmax=sampled forces it")
     else:
       logging.info("softmax: sampled (%d active of %d rows per shard)", k, rows)
-      schedule = _budgeted_schedule(config.tables, model.refresh_cost_in_steps(sharded))
+      schedule = _budgeted_schedule(sharded)
   if num_shards == 1:
     run = _single_slide(config, key, schedule, top, sampled_ks) if slide else _single_dense(config, key, schedule, top)
   else:
@@ -330,15 +330,14 @@ def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: 
   return run._replace(schedule=schedule)
 
 
-def _budgeted_schedule(tables: model.TablesConfig, refresh_steps: float) -> model.TableSchedule:
-  """The refresh schedule of ``tables``, its periods lengthened (and logged) where refreshes would exceed
-  ``--refresh_budget`` of the training time."""
-  schedule = model.TableSchedule.from_config(tables, refresh_steps)
+def _budgeted_schedule(config: model.ModelConfig) -> model.TableSchedule:
+  """:meth:`model.TableSchedule.for_model`, logged where ``--refresh_budget`` lengthened its periods."""
+  schedule, tables = model.TableSchedule.for_model(config), config.tables
   if tables.rebuild_period and schedule.period > tables.rebuild_period:
     logging.info("index refresh: about %.0f steps of work each (estimated from the sizes); first refresh after %d "
                  "steps instead of --rebuild_period=%d, so that refreshes take at most %g%% of the training time "
-                 "(--refresh_budget=%g; 0 keeps the periods as given)", refresh_steps, schedule.period,
-                 tables.rebuild_period, 100 * tables.refresh_budget, tables.refresh_budget)
+                 "(--refresh_budget=%g; 0 keeps the periods as given)", model.refresh_cost_in_steps(config),
+                 schedule.period, tables.rebuild_period, 100 * tables.refresh_budget, tables.refresh_budget)
   return schedule
 
 

@@ -779,6 +779,12 @@ class TableSchedule:
       period, max_period = floor, max(max_period, floor)
     return cls(period, config.rebuild_growth, max_period, config.rehash_period)
 
+  @classmethod
+  def for_model(cls, config: ModelConfig) -> "TableSchedule":
+    """The schedule of a sampled SLIDE run of ``config`` (one shard's sizes): :meth:`from_config` with the
+    refresh's estimated cost, :func:`refresh_cost_in_steps`."""
+    return cls.from_config(config.tables, refresh_cost_in_steps(config))
+
   def rebuild_due(self, step: int) -> bool:
     """Whether the tables are rebuilt after step ``step`` (1-based count)."""
     if self.period <= 0 or step <= 0:
