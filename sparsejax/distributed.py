@@ -5,8 +5,8 @@ one mesh axis ``"shard"``; process p holds rows ``[p * R, (p + 1) * R)`` of
 the N-wide output layer (``R = ceil(N / P)``, the last shard padded), their
 Adam moments and their own LSH tables. The batch, the input and hidden
 layers are replicated and updated identically everywhere (the kernels are
-deterministic). Per step the processes exchange only ``O(B d)`` numbers: a
-pmax and psums of ``[B]`` softmax partials and the psum of ``dh [B, d]``.
+deterministic). Per step the processes exchange only ``O(B d)`` numbers: one
+all-gather of ``[4, B]`` softmax partials and one psum of ``dh [B, d]``.
 
 For comparison, :func:`make_dp_train_step` is the dense data-parallel
 baseline (Horovod-style): every process holds the whole model, takes a slice
@@ -95,7 +95,7 @@ def _num_valid(config: model.ModelConfig, rows: int):
 
 
 def _shard_map(fn, mesh, in_specs, out_specs):
-  # check_vma=False: the step does its own collectives (explicit pmax/psum),
+  # check_vma=False: the step does its own collectives (explicit all_gather/psum),
   # and replicated values are replicated by construction.
   return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 

@@ -389,8 +389,18 @@ class Shard(NamedTuple):
   def psum(self, x):
     return x if self.axis is None else jax.lax.psum(x, self.axis)
 
-  def pmax(self, x):
-    return x if self.axis is None else jax.lax.pmax(x, self.axis)
+  def psum_packed(self, *arrays):
+    """``psum`` of float32 arrays as one flat array: one collective call (a tuple all-reduce makes one per array,
+    each paying the link's latency)."""
+    if self.axis is None:
+      return arrays
+    flat = jax.lax.psum(jnp.concatenate([jnp.ravel(a).astype(jnp.float32) for a in arrays]), self.axis)
+    offsets = np.cumsum([0] + [a.size for a in arrays])
+    return tuple(flat[i:j].reshape(a.shape) for a, i, j in zip(arrays, offsets[:-1], offsets[1:]))
+
+  def all_gather(self, x):
+    """``[P, ...]``: every shard's ``x``, in shard order (``[1, ...]`` for one process)."""
+    return x[None] if self.axis is None else jax.lax.all_gather(x, self.axis)
 
 
 def shard_rows(num_labels: int, count: int) -> int:
@@ -516,8 +526,14 @@ def tail_log_weights(num_before: jax.Array, k: int, num_rows: jax.Array | int) -
 def sharded_softmax_cross_entropy(logits: jax.Array, targets: jax.Array, shard: Shard = Shard()):
   """Softmax cross-entropy over the union of the shards' active sets, and its gradient.
 
-  Each shard holds some columns of every sample's logits; the normalizer is
-  combined across shards with one pmax and two psums of ``[B]`` numbers.
+  Each shard holds some columns of every sample's logits. The shards
+  exchange their partial softmax normalizers in one all-gather of ``[4, B]``
+  numbers per shard (local max, sum of exponentials relative to it, target
+  logit, target mass) and each combines them in shard order, so every
+  replica gets bit-identical results. One small collective rather than a
+  pmax followed by a psum: at these sizes a collective costs its latency,
+  not its bytes (``benchmarks/RESULTS.md``, "One collective for the softmax
+  normalizer").
 
   Args:
     logits: ``[B, k]`` this shard's logits (``-inf`` at padding).
@@ -529,12 +545,20 @@ def sharded_softmax_cross_entropy(logits: jax.Array, targets: jax.Array, shard: 
     ``(loss, g)``: the mean loss over labeled samples (same on all shards) and
     ``g = dloss/dlogits`` ``[B, k]``.
   """
-  m = shard.pmax(jnp.max(logits, axis=1))
-  m = jnp.where(jnp.isfinite(m), m, 0.0)
-  sum_exp, target_logit, mass = shard.psum((
-      jnp.sum(jnp.exp(logits - m[:, None]), axis=1),
+  local_max = jnp.max(logits, axis=1)  # -inf where this shard has no active id for the sample
+  shift = jnp.where(jnp.isfinite(local_max), local_max, 0.0)
+  parts = shard.all_gather(jnp.stack([
+      local_max,
+      jnp.sum(jnp.exp(logits - shift[:, None]), axis=1),
       jnp.sum(jnp.where(targets > 0, targets * logits, 0.0), axis=1),
-      jnp.sum(targets, axis=1)))
+      jnp.sum(targets, axis=1)]))  # [P, 4, B]
+  maxes, sums = parts[:, 0], parts[:, 1]
+  m = jnp.max(maxes, axis=0)
+  m = jnp.where(jnp.isfinite(m), m, 0.0)
+  # Only shards without any active id (max -inf, sum 0) drop out: an overflowed (+inf) or NaN logit still makes
+  # the loss non-finite, so that the step is skipped.
+  sum_exp = jnp.sum(jnp.where(maxes == -jnp.inf, 0.0, sums * jnp.exp(maxes - m)), axis=0)
+  target_logit, mass = jnp.sum(parts[:, 2], axis=0), jnp.sum(parts[:, 3], axis=0)
   lse = m + jnp.log(sum_exp)
   labeled = mass > 0
   count = jnp.maximum(jnp.sum(labeled), 1)
@@ -550,7 +574,7 @@ STEP_SCOPES = {
     "hidden_fwd": "replicated",  # input and hidden layers, forward
     "lsh_query": "sharded",  # each shard samples k/P ids from its own tables
     "out_logits": "sharded",  # logits of this shard's active ids
-    "softmax_reduce": "sharded",  # local softmax partials, then the pmax / psums of [B] numbers
+    "softmax_reduce": "sharded",  # local softmax partials, then one all-gather of [4, B] numbers
     "dh_reduce": "sharded",  # the psum of dh (this shard's part of dh = g W comes from out_adam's pass)
     "hidden_bwd": "replicated",
     "out_adam": "sharded",  # row-sparse Adam on this shard's active rows (and table re-insertion)
@@ -617,8 +641,8 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
     with jax.named_scope("dh_reduce"):  # the step's metric rides along in the same all-reduce
       # A shard whose row gradients could overflow poisons dh, so that every shard skips the step (no extra
       # collective).
-      dh, tables_fraction = shard.psum((g_out @ w + jnp.where(_sums_stay_finite(B, g_out, h), 0.0, jnp.nan),
-                                        jnp.mean(from_tables.astype(jnp.float32))))
+      dh, tables_fraction = shard.psum_packed(g_out @ w + jnp.where(_sums_stay_finite(B, g_out, h), 0.0, jnp.nan),
+                                              jnp.mean(from_tables.astype(jnp.float32)))
     with jax.named_scope("hidden_bwd"):
       d_dense, d_embed = hidden_vjp(dh)
     finite = all_finite((loss, dh, d_dense, d_embed)) & _sums_stay_finite(fids.size, fvals, d_embed)
@@ -659,7 +683,7 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
       out_w_opt, out_b_opt = (new._replace(count=jnp.where(applied, new.count, old.count)) for new, old in (
           (out_w_opt, state.out_w_opt), (out_b_opt, state.out_b_opt)))
     with jax.named_scope("dh_reduce"):  # the step's metric rides along in the same all-reduce
-      dh, tables_fraction = shard.psum((dh, jnp.mean(from_tables.astype(jnp.float32))))
+      dh, tables_fraction = shard.psum_packed(dh, jnp.mean(from_tables.astype(jnp.float32)))
     with jax.named_scope("hidden_bwd"):
       d_dense, d_embed = hidden_vjp(dh)
     # The rest of the step is decided with dh too. (A non-finite dh from finite rows, loss and h, which the

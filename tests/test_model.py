@@ -46,6 +46,24 @@ def test_sharded_softmax_gradient_matches_autodiff():
   np.testing.assert_array_equal(model.num_distinct_labels(jnp.array([[3, 3, -1, 1], [-1, -1, -1, -1]])), [2, 0])
 
 
+def test_sharded_softmax_across_shards_matches_one_shard():
+  """Columns split over 3 shards (vmap with an axis name runs the all-gather) give the one-shard loss and gradient,
+  also where a shard has no active id for a sample; an overflowed logit on one shard still poisons the loss."""
+  rng = np.random.default_rng(1)
+  logits = jnp.asarray(rng.normal(size=(4, 9)) * 30, jnp.float32)
+  logits = logits.at[2, 3:6].set(-jnp.inf).at[0, 7].set(-jnp.inf)  # sample 2: shard 1 has nothing active
+  t = jnp.zeros((4, 9)).at[0, 1].set(0.5).at[0, 8].set(0.5).at[1, 4].set(1.0).at[2, 0].set(1.0)  # sample 3 unlabeled
+  split = lambda x: jnp.stack(jnp.split(x, 3, axis=1))  # [3, B, 3]
+  sharded = jax.vmap(lambda lg, tt: model.sharded_softmax_cross_entropy(lg, tt, model.Shard("s")), axis_name="s")
+  loss, g = sharded(split(logits), split(t))
+  want_loss, want_g = model.sharded_softmax_cross_entropy(logits, t)
+  np.testing.assert_allclose(loss, np.full(3, want_loss), rtol=1e-6)
+  np.testing.assert_allclose(jnp.concatenate(list(g), axis=1), want_g, rtol=1e-5, atol=1e-7)
+  assert np.all(np.asarray(loss) == np.asarray(loss)[0])  # every shard agrees exactly
+  loss, _ = sharded(split(logits.at[1, 2].set(jnp.inf)), split(t))
+  assert not np.any(np.isfinite(np.asarray(loss)))
+
+
 def test_exact_softmax_step_equals_dense_baseline():
   """With every output active, one sparse step equals one dense full-softmax step."""
   ds = data.make_synthetic(500, 300, 40, labels_per_sample=2, seed=1)

@@ -112,15 +112,17 @@ def _check(result: dict, P: int):
     assert listed == r["jaxpr"] == r["hlo"] == r["collective_bytes"] > 0, (key, listed, r)
     for c in r["list"]:
       assert c["group_size"] == P
-      assert c["wire_bytes"] == pytest.approx(2 * (P - 1) / P * c["operand_bytes"])  # all are all-reduces
+      ring = {"all-reduce": 2 * (P - 1) / P, "all-gather": P - 1}[c["kind"]]  # all-gather: (P-1)/P of P operands
+      assert c["wire_bytes"] == pytest.approx(ring * c["operand_bytes"])
   # The sparse job's collectives do not depend on N (O(batch x hidden)); the dense one's carry every gradient.
   strip = lambda lst: [{k: v for k, v in c.items() if k != "producers"} for c in lst]
   assert strip(result["sparse/600"]["list"]) == strip(result["sparse/4800"]["list"])
   assert sum(c["operand_bytes"] for c in result["sparse/600"]["list"]) <= 4 * (24 * 16 + 8 * 24 + 8)
   n_params = 300 * 16 + 16 + 600 * 16 + 600
   assert max(c["operand_bytes"] for c in result["dense/600"]["list"]) >= 4 * n_params
-  scopes = {c["scope"] for c in result["sparse/600"]["list"]}
-  assert {s for scope in scopes for s in scope.split("+")} == {"softmax_reduce", "dh_reduce"}
+  # Two collectives per sparse step: the softmax partials' all-gather, then the psum of dh.
+  assert [(c["kind"], c["scope"]) for c in result["sparse/600"]["list"]] == [
+      ("all-gather", "softmax_reduce"), ("all-reduce", "dh_reduce")]
   assert {c["scope"] for c in result["dense/600"]["list"]} == {"forward", "grad_reduce"}
 
 
