@@ -513,6 +513,8 @@ def test_gcide_loader_is_a_long_tailed_reverse_dictionary():
   n = len(train) + len(test)
   assert 70_000 < n < 110_000 and 0.17 < len(test) / n < 0.23
   assert train.num_labels == test.num_labels == len(info.label_names) >= 20_000
+  # Headwords are words (the package has a few keys that are raw entry text): labels.txt holds one per line.
+  assert not any(c in name for name in info.label_names for c in "\n\r[]")
   assert len(info.train_texts) == len(train) and len(info.test_texts) == len(test)
   freqs = train.label_frequencies() + test.label_frequencies()
   assert freqs.min() >= 1 and freqs.max() >= 30 and np.median(freqs) <= 3  # long tail

@@ -56,6 +56,8 @@ def _definitions() -> list[tuple[str, str]]:
   out = []
   for path in sorted((p for p in root.iterdir() if p.name.endswith(".json")), key=lambda p: p.name):
     for word, entry in json.loads(path.read_text(encoding="utf-8")).items():
+      if "\n" in word:  # a few keys are raw entry text that leaked through the package's parser ("a\na` (, n. ...")
+        continue
       for pos in entry.get("pos", ()):
         for definition in pos.get("definitions", ()):
           text = " ".join(definition.get("text", "").split())
