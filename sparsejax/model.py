@@ -532,8 +532,8 @@ def sharded_softmax_cross_entropy(logits: jax.Array, targets: jax.Array, shard: 
   logit, target mass) and each combines them in shard order, so every
   replica gets bit-identical results. One small collective rather than a
   pmax followed by a psum: at these sizes a collective costs its latency,
-  not its bytes (``benchmarks/RESULTS.md``, "One collective for the softmax
-  normalizer").
+  not its bytes (``benchmarks/RESULTS.md``, "Two collectives per sparse
+  step instead of six gloo calls").
 
   Args:
     logits: ``[B, k]`` this shard's logits (``-inf`` at padding).
