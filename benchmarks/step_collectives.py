@@ -12,7 +12,7 @@ shapes (``B`` samples, hidden width ``d``):
 
 Run under the launcher, P local processes (loopback)::
 
-  python -m sparsejax.launch -n 4 benchmarks/step_collectives.py -- --json=/tmp/coll_p4.json
+  python -m sparsejax.launch -n 4 benchmarks/step_collectives.py --json=/tmp/coll_p4.json
 
 Each variant: ``--calls`` timed calls after a warm-up, alternating the variants ``--rounds`` times; reported per
 variant: the median over rounds of each round's median call, and the p10.
