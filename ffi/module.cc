@@ -22,7 +22,8 @@ namespace nb = nanobind;
   X(dwta, Dwta)                                                                    \
   X(lsh_tables_insert, LshTablesInsert)                                            \
   X(lsh_query, LshQuery)                                                           \
-  X(merge_candidates, MergeCandidates)
+  X(merge_candidates, MergeCandidates)                                             \
+  X(cluster_probe, ClusterProbe)
 
 namespace sparsejax {
 extern "C" {

@@ -110,6 +110,9 @@ SIGNATURES: dict[str, Signature] = {
         (Buffer("candidates", "int32", (2,)), Buffer("labels", "int32", (2,)), Buffer("seed", "uint32", (0,)),
          Buffer("num_rows", "int32", (0,))),
         (Buffer("active", "int32", (2,)), Buffer("num_from_candidates", "int32", (1,)))),
+    "cluster_probe": Signature(
+        (Buffer("scores", "float32", (2,)), Buffer("offsets", "int32", (1,)), Buffer("rows", "int32", (1,))),
+        (Buffer("ids", "int32", (2,)),)),
     **{f"row_sparse_adam_{moments}{suffix}": _adam_signature(moments, weight)
        for weight, suffix in _WEIGHTS for moments in ("float32", "bfloat16")},
 }

@@ -40,13 +40,15 @@ VALID = {
                       results=[[[5, 3], "int32"], [[5], "int32"]]),
     "merge_candidates": dict(args=[[[5, 4], "int32"], [[5, 0], "int32"], [[], "uint32"], [[], "int32", 10]],
                              results=[[[5, 3], "int32"], [[5], "int32"]], attrs=dict(max_from_candidates=("int64", 3))),
+    "cluster_probe": dict(args=[[[5, 4], "float32"], [[5], "int32"], [[6], "int32"]], results=[[[5, 3], "int32"]],
+                          attrs=dict(probes=("int64", 2))),
     "row_sparse_adam_float32": _ADAM("float32"),
     "row_sparse_adam_bfloat16": _ADAM("bfloat16"),
     "row_sparse_adam_float32_bfloat16_weight": _ADAM("float32", "bfloat16"),
     "row_sparse_adam_bfloat16_bfloat16_weight": _ADAM("bfloat16", "bfloat16"),
 }
 # The op name that starts the handlers' messages.
-OP_NAME = {"simhash": "lsh_hash[simhash]", "dwta": "lsh_hash[dwta]",
+OP_NAME = {"simhash": "lsh_hash[simhash]", "cluster_probe": "index_probe", "dwta": "lsh_hash[dwta]",
            **{t: "row_sparse_adam" for t in VALID if t.startswith("row_sparse_adam")},
            **{t: t.removesuffix("_bfloat16_weight") for t in VALID if t.startswith("gather")}}
 OTHER_DTYPE = {"float32": "int32", "int32": "float32", "uint32": "int32", "bfloat16": "float32"}

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sparsejax import clusters, lsh, mips, model, retrieval, tables
+from sparsejax import _ffi, clusters, lsh, mips, model, retrieval, tables
 
 
 def test_mips_reduction_ranks_like_inner_products():
@@ -156,6 +156,52 @@ def test_probe_takes_the_best_clusters_members_in_order():
     want = np.concatenate([rows[offsets[c]:offsets[c + 1]] for c in best])[:60]
     assert got[i, :len(want)].tolist() == want.tolist()
     assert np.all(got[i, len(want):] == -1)
+
+
+def _probe_reference(scores, offsets, rows, probes, count):
+  """Brute force: every non-empty cluster ranked by score (NaN last, ties to the lower id), members in order."""
+  out = np.full((scores.shape[0], count), -1, np.int32)
+  for i, s in enumerate(scores):
+    ranked = sorted((k for k in range(len(s)) if offsets[k + 1] > offsets[k]),
+                    key=lambda k: (np.isnan(s[k]), -np.nan_to_num(s[k], nan=0.0), k))[:probes]
+    got = np.concatenate([rows[offsets[k]:offsets[k + 1]] for k in ranked] + [np.zeros(0, np.int32)])[:count]
+    out[i, :len(got)] = got
+  return out
+
+
+@pytest.mark.parametrize("probes,count", [(1, 5), (3, 40), (50, 17), (50, 400), (7, 0)])
+def test_probe_kernel_against_brute_force(probes, count):
+  """Ties, NaN and -inf scores, empty clusters, a probe limit and counts beyond all members (the kernel's
+  partial sort extends itself when the first batch of clusters falls short)."""
+  rng = np.random.default_rng(probes * 100 + count)
+  C, R, B = 50, 300, 16
+  sizes = rng.integers(0, 13, size=C)
+  sizes[rng.random(C) < 0.2] = 0  # empty clusters
+  offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+  assert offsets[-1] <= R
+  rows = rng.permutation(R).astype(np.int32)
+  scores = rng.choice(np.float32([-1.0, 0.0, 0.5, 1.0, 2.0, np.nan, -np.inf]), size=(B, C))  # many ties
+  index = clusters.ClusterIndex(jnp.zeros((C, 3), jnp.float32), jnp.asarray(offsets), jnp.asarray(rows))
+  call = _ffi.ffi_call("cluster_probe", jax.ShapeDtypeStruct((B, count), jnp.int32))
+  got = np.asarray(call(jnp.asarray(scores), index.offsets, index.rows, probes=np.int64(probes)))
+  np.testing.assert_array_equal(got, _probe_reference(scores, offsets, rows, probes, count))
+
+
+def test_probe_rejects_a_corrupt_index():
+  index, _, _ = _index(n=60, d=4, c=5, seed=2)
+  h = jnp.ones((2, 4), jnp.float32)
+  offsets = np.asarray(index.offsets).copy()
+  offsets[2] = offsets[1] - 1  # decreasing: would read members of another cluster, or before 'rows'
+  bad = clusters.ClusterIndex(index.centroids, jnp.asarray(offsets), index.rows)
+  with pytest.raises(Exception, match=r"index_probe: argument 'index.offsets' must be non-decreasing in \[0, R = 60\]"
+                                      r" .*offsets\[2\]"):
+    jax.block_until_ready(clusters.probe(bad, h, probes=5, count=10))
+  offsets[2], offsets[5] = offsets[1], 61  # past the end of 'rows'
+  bad = clusters.ClusterIndex(index.centroids, jnp.asarray(offsets), index.rows)
+  with pytest.raises(Exception, match=r"offsets\[5\] = 61"):
+    jax.block_until_ready(jax.jit(clusters.probe, static_argnums=(2, 3))(bad, h, 5, 10))
+  with pytest.raises(ValueError, match=r"index_probe: argument 'probes' must be in \[1, inf\], got 0"):
+    clusters.probe(index, h, probes=0, count=10)
 
 
 def test_index_query_finds_the_top_logits():
