@@ -40,8 +40,10 @@ class ClusterIndex:
 
   Attributes:
     centroids: ``[C, d + 2]`` float32 probe vectors: cluster c's mean row
-      ``[mean w, mean b, 0]`` (a query's score of the cluster is its members'
-      mean logit); all zero before the first build and for empty clusters.
+      and spread ``[mean w, mean b, s]`` (a query's score of the cluster is
+      its members' mean logit, plus, if asked, a multiple of ``s``, the root
+      mean square distance of its members' ``[w, b]`` from the mean row); all
+      zero before the first build and for empty clusters.
     offsets: ``[C + 1]`` int32: cluster c's members are
       ``rows[offsets[c]:offsets[c + 1]]``.
     rows: ``[N]`` int32 row ids grouped by cluster, each cluster's closest to
@@ -182,19 +184,27 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
   offsets = jnp.concatenate([jnp.zeros((1,), sizes.dtype), jnp.cumsum(sizes)]).astype(jnp.int32)
   # Rows cluster by cluster, closest to the centroid first.
   rows = jnp.lexsort((-score, assign)).astype(jnp.int32)
-  # Probe vectors: each cluster's mean row [w, b, 0], so that a query scores a cluster by its members' mean logit.
-  means = jax.ops.segment_sum(jnp.concatenate([w, b[:, None]], axis=1), assign, num_clusters + 1)[:num_clusters]
-  means = means / jnp.maximum(sizes, 1)[:, None].astype(jnp.float32)
-  probe_vectors = jnp.concatenate([means, jnp.zeros((num_clusters, 1), jnp.float32)], axis=1)
+  # Probe vectors: each cluster's mean row [w, b], so that a query scores a cluster by its members' mean logit,
+  # and the members' spread around it: rms distance^2 = mean |x|^2 - |mean x|^2 (no [N, d] gather of the means).
+  wb = jnp.concatenate([w, b[:, None]], axis=1)
+  count = jnp.maximum(sizes, 1)[:, None].astype(jnp.float32)
+  means = jax.ops.segment_sum(wb, assign, num_clusters + 1)[:num_clusters] / count
+  square = jax.ops.segment_sum(jnp.sum(wb * wb, axis=1), assign, num_clusters + 1)[:num_clusters] / count[:, 0]
+  spreads = jnp.sqrt(jnp.maximum(square - jnp.sum(means * means, axis=1), 0.0))
+  probe_vectors = jnp.concatenate([means, jnp.where(sizes > 0, spreads, 0.0)[:, None]], axis=1)
   return ClusterIndex(centroids=probe_vectors, offsets=offsets,
                       rows=jnp.where(jnp.arange(n) < offsets[-1], rows, -1))
 
 
-def probe(index: ClusterIndex, queries: jax.Array, probes: int, count: int) -> jax.Array:
+def probe(index: ClusterIndex, queries: jax.Array, probes: int, count: int, spread_weight: float = 0.0) -> jax.Array:
   """The first ``count`` members of each query's ``probes`` best clusters, best cluster first.
 
-  A cluster's score is ``[h, 1]`` times its probe vector (its members' mean
-  logit), so one ``[B, C]`` matmul ranks the clusters. The kernel then
+  A cluster's score is ``[h, 1]`` times its mean row (its members' mean
+  logit) plus ``spread_weight`` times ``|[h, 1]| s / sqrt(d + 1)``, the
+  standard deviation its members' logits would have if their spread ``s``
+  were the same in every direction: a cluster of scattered rows is more
+  likely to hold the largest logit than its mean says. One ``[B, C]`` matmul
+  ranks the clusters. The kernel then
   sorts, per query, only as many clusters as its ``count`` members need (a
   partial sort, ``O(C log m)`` for ``m`` clusters used) and copies their
   members: a ``top_k`` over all ``C`` clusters compiled to a full sort of
@@ -206,6 +216,7 @@ def probe(index: ClusterIndex, queries: jax.Array, probes: int, count: int) -> j
     queries: ``[B, d]`` float32 hidden activations.
     probes: at most this many clusters per query (>= 1).
     count: candidates per query.
+    spread_weight: weight of the clusters' spread in their score (0: the mean logit alone).
 
   Returns:
     ``[B, count]`` int32 row ids, -1 past the probed clusters' members.
@@ -219,6 +230,9 @@ def probe(index: ClusterIndex, queries: jax.Array, probes: int, count: int) -> j
   count = check_int("index_probe", "count", count, 0)
   c = index.centroids
   scores = jnp.dot(queries, c[:, :-2].T, precision="highest") + c[:, -2]  # [h, 1] . mean row
+  if spread_weight:
+    norms = jnp.sqrt(jnp.sum(queries * queries, axis=1, keepdims=True) + 1.0)  # |[h, 1]|
+    scores = scores + (spread_weight / math.sqrt(dims["d"] + 1)) * norms * c[:, -1]
   call = _ffi.ffi_call("cluster_probe", jax.ShapeDtypeStruct((dims["B"], count), jnp.int32),
                        vmap_method="sequential")
   return call(scores, index.offsets, index.rows, probes=np.int64(min(probes, dims["C"])))
@@ -262,7 +276,7 @@ def merge_candidates(candidates: jax.Array, *, k: int, num_rows: int | jax.Array
 
 def index_query(index: ClusterIndex, queries: jax.Array, *, k: int, num_rows: int | jax.Array, probes: int,
                 labels: jax.Array | None = None, seed: jax.Array | int = 0,
-                max_from_index: int | None = None) -> tuple[jax.Array, jax.Array]:
+                max_from_index: int | None = None, spread_weight: float = 0.0) -> tuple[jax.Array, jax.Array]:
   """The ``k`` neurons to compute for each query (the clustered-index analogue of ``lsh_query``).
 
   Args:
@@ -274,10 +288,11 @@ def index_query(index: ClusterIndex, queries: jax.Array, *, k: int, num_rows: in
     labels: optional ``[B, max_labels]`` true labels (first in each row).
     seed: random fill seed.
     max_from_index: at most this many ids from the index per row.
+    spread_weight: see :func:`probe`.
 
   Returns:
     ``(active [B, k] int32, num_from_index [B] int32)``.
   """
   count = k if max_from_index is None else max_from_index
-  return merge_candidates(probe(index, queries, probes, count), k=k, num_rows=num_rows, labels=labels, seed=seed,
-                          max_from_candidates=count)
+  return merge_candidates(probe(index, queries, probes, count, spread_weight), k=k, num_rows=num_rows,
+                          labels=labels, seed=seed, max_from_candidates=count)

@@ -262,6 +262,10 @@ class TablesConfig(Section):
       None, "Clusters of the clustered index; none: about sqrt(rows).", bounds=AT_LEAST_ONE)
   cluster_probes: int | None = option(
       None, "Clusters whose members a sample may take, best first; none: all (ranked).", bounds=AT_LEAST_ONE)
+  cluster_spread_weight: float = option(
+      1.0, "Clusters are ranked by their members' mean logit plus this many times the spread of their logits "
+      "(estimated from the rows' distance to their cluster's mean row); 0: the mean logit alone.",
+      bounds=NON_NEGATIVE)
   kmeans_iterations: int = option(
       2, "Lloyd iterations of each refresh of the clustered index (each a pass over rows x clusters).",
       bounds=NON_NEGATIVE)
@@ -271,11 +275,11 @@ class TablesConfig(Section):
       "0: all rows.", bounds=NON_NEGATIVE)
   eval_num_clusters: int | None = option(
       None, "Clusters of the index that evaluation and sampled inference build on the final rows (once per "
-      "evaluation); none: the larger of 4 x num_clusters and 2048 (finer clusters: more of the k candidates come "
+      "evaluation); none: the larger of 4 x num_clusters and 4096 (finer clusters: more of the k candidates come "
       "from the best ones).",
       bounds=AT_LEAST_ONE)
   eval_kmeans_iterations: int = option(
-      3, "Lloyd iterations of the index built for evaluation and sampled inference.", bounds=NON_NEGATIVE)
+      2, "Lloyd iterations of the index built for evaluation and sampled inference.", bounds=NON_NEGATIVE)
   lsh_mips: bool = option(
       False, "LSH: hash rows and queries reduced from inner products to cosines (simple-LSH) instead of raw ones.")
   lsh_family: str = option(

@@ -30,11 +30,12 @@ from sparsejax.padding import PAD_ID
 # Default clusters of the evaluation index: at least this many (and 4 x the training index's). Measured on a
 # synthetic 20K-label network after 2 epochs (5 Lloyd iterations), sampled over exact P@1 at k = 1024 and at
 # k = 400 (2% of N): 141 clusters (2 iterations, the training index) 0.84 / 0.78, 2048: 0.96 / 0.85, 3003:
-# 0.96 / 0.88; on the 200K-label set after 1 epoch, 2048 clusters: 0.98 at k = 1024, 1.00 at k = 4000. Finer
-# clusters cost more to rank (B x C x d) and to build (N x C x d per Lloyd iteration, once per evaluation).
-# Lloyd iterations barely matter there (2048 clusters, k = 1024 / 400: 2 iterations 0.96 / 0.86, 3: 0.96 / 0.87,
-# 10: 0.96 / 0.84): the default is 3.
-EVAL_MIN_CLUSTERS = 2048
+# 0.96 / 0.88. On the 200K-label set after 12 epochs (the 300 s run of benchmarks/accuracy.py; 10,000 test
+# queries, k = 1024, clusters ranked by mean logit + spread): 512 clusters 0.61, 2048 (3 iterations) 0.926, 4096
+# (1 iteration) 0.954, (2) 0.970, (3) 0.971. Finer clusters cost more to rank (B x C x d) and to build
+# (N x C x d per Lloyd iteration, once per evaluation): at N = 2*10^5 and d = 128, 2048 clusters and 3 iterations
+# take 5.2 s, 4096 and 2 iterations 10.2 s on 2 cores.
+EVAL_MIN_CLUSTERS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,8 +299,8 @@ def query_active(state: SlideState, h: jax.Array, *, config: ModelConfig, k: int
   if isinstance(state.tables, clusters.ClusterIndex):
     # Default: all of this index's clusters, ranked; at most k of them can contribute (none is empty).
     probes = min(config.tables.cluster_probes or state.tables.centroids.shape[0], k)
-    return clusters.index_query(state.tables, h, k=k, num_rows=num_rows, probes=probes,
-                                labels=labels, seed=seed, max_from_index=max_from_index)
+    return clusters.index_query(state.tables, h, k=k, num_rows=num_rows, probes=probes, labels=labels, seed=seed,
+                                max_from_index=max_from_index, spread_weight=config.tables.cluster_spread_weight)
   if lsh.input_dim(state.lsh) == h.shape[1] + 2:
     h = mips.augment_queries(h)
   return tables.lsh_query(state.tables, state.lsh, h, k=k, num_rows=num_rows, labels=labels, seed=seed)

@@ -91,7 +91,8 @@ def test_build_index_is_a_partition_with_the_clusters_mean_rows():
     members = rows[offsets[c]:offsets[c + 1]]
     want = wb[members].mean(axis=0) if len(members) else np.zeros(wb.shape[1])
     np.testing.assert_allclose(cent[c, :-1], want, rtol=1e-4, atol=1e-5)  # probe vector: the mean row
-    assert cent[c, -1] == 0
+    spread = np.sqrt(np.mean(np.sum((wb[members] - want) ** 2, axis=1))) if len(members) else 0.0
+    np.testing.assert_allclose(cent[c, -1], spread, rtol=1e-3, atol=1e-4)  # rms distance from it
   stats = retrieval.index_fill(index)
   assert stats["cluster_mean"] == pytest.approx(470 / 20) and stats["cluster_max"] == np.diff(offsets).max()
 
@@ -204,6 +205,24 @@ def test_probe_rejects_a_corrupt_index():
     clusters.probe(index, h, probes=0, count=10)
 
 
+def test_probe_ranks_clusters_by_mean_logit_plus_spread():
+  index, w, b = _index()
+  h = np.maximum(np.random.default_rng(7).normal(size=(6, 8)), 0).astype(np.float32)
+  cent, offsets, rows = (np.asarray(index.centroids, np.float64), np.asarray(index.offsets), np.asarray(index.rows))
+  q = np.concatenate([h, np.ones((6, 1))], 1)
+  for weight in (0.5, 3.0):
+    got = np.asarray(clusters.probe(index, jnp.asarray(h), probes=5, count=70, spread_weight=weight))
+    score = q @ cent[:, :-1].T + weight * np.linalg.norm(q, axis=1, keepdims=True) * cent[:, -1] / np.sqrt(9)
+    for i in range(6):
+      best = np.argsort(-score[i], kind="stable")[:5]
+      want = np.concatenate([rows[offsets[c]:offsets[c + 1]] for c in best])[:70]
+      assert got[i, :len(want)].tolist() == want.tolist()
+  # A large weight changes the order: it is not ignored.
+  plain = np.asarray(clusters.probe(index, jnp.asarray(h), probes=5, count=70))
+  assert not np.array_equal(plain, np.asarray(clusters.probe(index, jnp.asarray(h), probes=5, count=70,
+                                                             spread_weight=50.0)))
+
+
 def test_index_query_finds_the_top_logits():
   index, w, b = _index(n=2000, d=16, c=45, seed=3)
   h = np.maximum(np.random.default_rng(6).normal(size=(32, 16)), 0).astype(np.float32)
@@ -288,7 +307,8 @@ def test_serving_index_is_built_finer_on_the_final_rows():
   h = np.maximum(rng.normal(size=(16, 8)), 0).astype(np.float32)
   active, n = model.query_active(served, jnp.asarray(h), config=config, k=64, num_rows=400)
   assert np.all(np.asarray(n) == 64)
-  np.testing.assert_array_equal(np.asarray(active), np.asarray(clusters.probe(want, jnp.asarray(h), 40, 64)))
+  np.testing.assert_array_equal(np.asarray(active), np.asarray(clusters.probe(
+      want, jnp.asarray(h), 40, 64, spread_weight=config.tables.cluster_spread_weight)))
   top = np.argsort(-(h @ np.asarray(out.w).T + np.asarray(out.b)), axis=1)[:, :5]
   found = np.mean([len(set(top[i]) & set(np.asarray(active)[i].tolist())) / 5 for i in range(16)])
   assert found > 0.5, found  # 16% of the rows hold most of the exact top 5
