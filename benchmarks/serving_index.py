@@ -1,0 +1,101 @@
+"""Sampled inference of a finished accuracy run under variants of the serving index (issue 9).
+
+Evaluation and sampled inference build a clustered index on the final rows (``model.serving_index``). This
+restores a ``benchmarks/accuracy.py`` sparsejax run's selected state, builds that index under each variant
+(config overrides: ``eval_num_clusters``, ``eval_kmeans_iterations``, ``cluster_spread_weight``, ...) and
+evaluates the test set exactly and sampled at the training k, with the retrieval diagnostics:
+
+  python benchmarks/accuracy.py --dataset synthetic --system sparsejax --budget 300   # the run
+  python benchmarks/serving_index.py --dataset synthetic --tag 300s \\
+      --variant "before=eval_num_clusters=2048,eval_kmeans_iterations=3,cluster_spread_weight=0" \\
+      --variant "spread=eval_num_clusters=2048,eval_kmeans_iterations=3" \\
+      --variant "4096/1=eval_num_clusters=4096,eval_kmeans_iterations=1" \\
+      --variant "4096/2 (the defaults)=eval_num_clusters=4096,eval_kmeans_iterations=2" \\
+      --variant "4096/3=eval_num_clusters=4096,eval_kmeans_iterations=3" \\
+      --json benchmarks/results/serving_index_synthetic.json
+
+A run's ``config.json`` holds the values of its time, so each variant names every setting it compares.
+Each variant also times the index build alone (jitted, second call, on this machine's cores).
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import accuracy  # noqa: E402  (this directory's benchmark: its data files, run layout and selected state)
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+  """``NAME=KEY=VALUE,KEY=VALUE`` (values as JSON, else strings) -> ``(NAME, overrides)``."""
+  name, _, rest = text.partition("=")
+  overrides = {}
+  for item in filter(None, rest.split(",")):
+    key, sep, value = item.partition("=")
+    if not sep:
+      raise SystemExit(f"error: --variant {text!r}: {item!r} is not KEY=VALUE")
+    try:
+      overrides[key.strip()] = json.loads(value)
+    except json.JSONDecodeError:
+      overrides[key.strip()] = value
+  return name.strip(), overrides
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--dataset", default="synthetic", choices=("synthetic", "gcide", "icd10", "tiny"))
+  parser.add_argument("--tag", default="300s", help="the run's tag (300s for --budget 300, 1ep for --num_epochs 1)")
+  parser.add_argument("--workdir", default="/tmp/sparsejax_accuracy", help="accuracy.py's --workdir")
+  parser.add_argument("--variant", action="append", required=True, metavar="NAME=KEY=VALUE,...",
+                      help="a serving index (config overrides; 'NAME=' alone: the defaults)")
+  parser.add_argument("--json", default=None, help="write the results here")
+  args = parser.parse_args()
+
+  import jax
+
+  from sparsejax import data as xcdata
+  from sparsejax import distributed, model
+  from sparsejax.config import Config, override
+  from sparsejax.evaluation import Evaluator
+
+  workdir = os.path.join(args.workdir, args.dataset)
+  run_dir = os.path.join(workdir, f"sparsejax-{args.tag}")
+  train_path, test_path = os.path.join(workdir, "train.txt"), os.path.join(workdir, "test.txt")
+  with open(os.path.join(run_dir, "config.json")) as f:
+    config = Config.from_dict(json.load(f))
+  train, test = xcdata.load_xc_file(train_path), xcdata.load_xc_file(test_path)
+  max_features = config.data.max_features or train.max_features_per_sample()
+  _, state = accuracy.selected_state(config, run_dir, test_path)
+  evaluator = Evaluator.for_run(test, train, max_features, config.run.propensity_a, config.run.propensity_b)
+  results = []
+  for name, overrides in map(parse_variant, args.variant):
+    cfg = override(config, **overrides) if overrides else config
+    model_config = cfg.model_config(test.num_features, test.num_labels)
+    run = distributed.make_run(model_config, seed=cfg.run.seed)
+    build = jax.jit(lambda s, c=model_config: model.serving_index(s, c))
+    jax.block_until_ready(build(state))
+    start = time.perf_counter()
+    served = jax.block_until_ready(build(state))
+    build_seconds = time.perf_counter() - start
+    r = evaluator(run.predict, served, None, diagnose=run.diagnose)
+    clusters_, iterations = model_config.eval_index_sizes
+    row = dict(variant=name, overrides=overrides, clusters=clusters_, iterations=iterations,
+               spread_weight=model_config.tables.cluster_spread_weight, build_seconds=build_seconds,
+               **{key: float(r[key]) for key in ("p@1", "sampled_p@1", "label_recall", "topk_recall@10")})
+    row["sampled_over_exact_p@1"] = row["sampled_p@1"] / row["p@1"] if row["p@1"] else None
+    results.append(row)
+    print(f"{name}: {clusters_} clusters, {iterations} iterations, spread weight {row['spread_weight']}: build "
+          f"{build_seconds:.1f} s; P@1 {row['p@1']:.4f}, sampled {row['sampled_p@1']:.4f} "
+          f"({row['sampled_over_exact_p@1']:.3f} x), label_recall {row['label_recall']:.3f}, "
+          f"topk_recall@10 {row['topk_recall@10']:.3f}", flush=True)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(dict(dataset=args.dataset, run=run_dir, k=config.network.active_k, test_queries=len(test),
+                     machine=dict(platform=platform.platform(), cpus=os.cpu_count()), results=results), f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
