@@ -71,6 +71,10 @@ def _exact_topk_jit(h, weight, bias, k, chunk, precision):
     # NaN ranks as -inf (top_k alone would put +NaN first and -NaN last,
     # below the -inf of masked rows); the scores keep their NaNs.
     _, pos = jax.lax.top_k(jnp.where(jnp.isnan(scores), neg_inf, scores), k)  # ties: lower index first
+    # The barrier keeps a caller's slices of the result ([:, :5] and [:, :10] of one top 10) from being folded
+    # into the top_k: XLA:CPU then sorted every row in full instead of running its TopK (measured in
+    # evaluation's diagnostics at N = 25K: 5 s instead of 0.2 s per 1,024 queries).
+    pos = jax.lax.optimization_barrier(pos)
     return jnp.take_along_axis(scores, pos, axis=1), pos
 
   def chunk_topk(c):

@@ -90,6 +90,24 @@ def test_exact_topk_never_materialises_full_logits():
   assert f"f32[{n},{num_out}]" not in jaxpr
 
 
+def test_exact_topk_stays_a_top_k_when_the_caller_slices_it():
+  """Evaluation's diagnostics take [:, :5] and [:, :10] of one exact top 10. XLA:CPU folded those slices into the
+  top_k and then sorted every row of [B, N] in full (25x slower at N = 25K); the result must stay a TopK."""
+  h = jnp.ones((64, 8), jnp.float32)
+  w = jnp.asarray(np.random.default_rng(0).normal(size=(3000, 8)), jnp.float32)
+
+  def sliced(h, w):
+    scores, ids = exact_topk(h, w, None, 10)
+    return scores[:, :5], ids[:, :5], ids[:, :10]
+
+  hlo = jax.jit(sliced).lower(h, w).compile().as_text()
+  assert " sort(" not in hlo
+  assert 'custom_call_target="TopK"' in hlo
+  got = jax.jit(sliced)(h, w)
+  want = exact_topk(h, w, None, 10)
+  np.testing.assert_array_equal(got[2], want[1])
+
+
 def test_exact_topk_validation():
   h, w, b = _int_problem(0, n=2, num_out=10, d=3)
   with pytest.raises(ValueError):

@@ -1,0 +1,72 @@
+"""Time of one periodic evaluation of a finished accuracy run, by part.
+
+A training run evaluates its validation split every ``--evals_per_epoch``-th of an epoch: it builds the serving
+index on the current rows, then runs exact and sampled inference with the retrieval diagnostics
+(``Run.diagnose``). This restores a ``benchmarks/accuracy.py`` sparsejax run's selected state and times those
+parts on ``--samples`` test samples (the second of two rounds, after compilation):
+
+  python benchmarks/accuracy.py --dataset gcide --system sparsejax --budget 300   # the run
+  python benchmarks/evaluation_time.py --dataset gcide --tag 300s --json benchmarks/results/evaluation_time_gcide.json
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import accuracy  # noqa: E402  (this directory's benchmark: its data files, run layout and selected state)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--dataset", default="gcide", choices=("synthetic", "gcide", "icd10", "tiny"))
+  parser.add_argument("--tag", default="300s", help="the run's tag (300s for --budget 300, 1ep for --num_epochs 1)")
+  parser.add_argument("--workdir", default="/tmp/sparsejax_accuracy", help="accuracy.py's --workdir")
+  parser.add_argument("--samples", type=int, default=5000, help="test samples evaluated (accuracy.py's default "
+                      "--eval_samples)")
+  parser.add_argument("--json", default=None, help="write the results here")
+  args = parser.parse_args()
+
+  import jax
+
+  from sparsejax import data as xcdata
+  from sparsejax.config import Config
+  from sparsejax.evaluation import Evaluator
+
+  workdir = os.path.join(args.workdir, args.dataset)
+  run_dir = os.path.join(workdir, f"sparsejax-{args.tag}")
+  train_path, test_path = os.path.join(workdir, "train.txt"), os.path.join(workdir, "test.txt")
+  with open(os.path.join(run_dir, "config.json")) as f:
+    config = Config.from_dict(json.load(f))
+  train, test = xcdata.load_xc_file(train_path), xcdata.load_xc_file(test_path)
+  max_features = config.data.max_features or train.max_features_per_sample()
+  run, state = accuracy.selected_state(config, run_dir, test_path)
+  evaluator = Evaluator.for_run(test, train, max_features, config.run.propensity_a, config.run.propensity_b)
+  samples = min(args.samples, len(test))
+  for _ in range(2):  # the first round compiles
+    start = time.perf_counter()
+    served = jax.block_until_ready(run.refresh_index(state))
+    build = time.perf_counter() - start
+    start = time.perf_counter()
+    evaluator(run.predict, served, samples)
+    predict = time.perf_counter() - start
+    start = time.perf_counter()
+    evaluator(run.predict, served, samples, diagnose=run.diagnose)
+    diagnose = time.perf_counter() - start
+  result = dict(dataset=args.dataset, run=run_dir, samples=samples, num_labels=test.num_labels,
+                serving_index_seconds=build, predict_seconds=predict, diagnose_seconds=diagnose,
+                evaluation_seconds=build + diagnose,
+                machine=dict(platform=platform.platform(), cpus=os.cpu_count()))
+  print(f"{args.dataset}: {samples} samples, N = {test.num_labels}: serving index {build:.2f} s, exact + sampled "
+        f"inference {predict:.2f} s, with the diagnostics {diagnose:.2f} s (an evaluation: index + diagnostics "
+        f"{build + diagnose:.2f} s)")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
