@@ -178,6 +178,40 @@ def selected_state(config, run_dir: str, test_path: str):
   return run, run.refresh_index(state)
 
 
+def add_finished_run_flags(parser: argparse.ArgumentParser, dataset: str) -> None:
+  """The flags that name a finished sparsejax run of this benchmark (see :func:`finished_run`)."""
+  parser.add_argument("--dataset", default=dataset, choices=("synthetic", "gcide", "icd10", "tiny"))
+  parser.add_argument("--tag", default="300s", help="the run's tag (300s for --budget 300, 1ep for --num_epochs 1)")
+  parser.add_argument("--workdir", default="/tmp/sparsejax_accuracy", help="accuracy.py's --workdir")
+
+
+def finished_run_dir(args) -> str:
+  """The directory of the run that :func:`add_finished_run_flags`'s flags name."""
+  return os.path.join(args.workdir, args.dataset, f"sparsejax-{args.tag}")
+
+
+def finished_run(args):
+  """A finished sparsejax run named by :func:`add_finished_run_flags`'s flags, restored for evaluation.
+
+  Returns:
+    ``(config, test, run, state, evaluator)``: the run's config, the test set, the run and its selected state
+    (index refreshed as for serving), and an evaluator of the test set as the run's own evaluations are made.
+  """
+  from sparsejax.config import Config
+  from sparsejax.evaluation import Evaluator
+
+  workdir = os.path.join(args.workdir, args.dataset)
+  run_dir = finished_run_dir(args)
+  test_path = os.path.join(workdir, "test.txt")
+  with open(os.path.join(run_dir, "config.json")) as f:
+    config = Config.from_dict(json.load(f))
+  train, test = xcdata.load_xc_file(os.path.join(workdir, "train.txt")), xcdata.load_xc_file(test_path)
+  max_features = config.data.max_features or train.max_features_per_sample()
+  run, state = selected_state(config, run_dir, test_path)
+  evaluator = Evaluator.for_run(test, train, max_features, config.run.propensity_a, config.run.propensity_b)
+  return config, test, run, state, evaluator
+
+
 def exact_label_ranks(state, dataset, max_features: int, batch: int = 1024, row_chunk: int = 32768) -> np.ndarray:
   """``[n, M]`` rank of each true label among all N logits of its query (0: first; -1 where padding).
 

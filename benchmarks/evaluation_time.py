@@ -22,9 +22,7 @@ import accuracy  # noqa: E402  (this directory's benchmark: its data files, run 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--dataset", default="gcide", choices=("synthetic", "gcide", "icd10", "tiny"))
-  parser.add_argument("--tag", default="300s", help="the run's tag (300s for --budget 300, 1ep for --num_epochs 1)")
-  parser.add_argument("--workdir", default="/tmp/sparsejax_accuracy", help="accuracy.py's --workdir")
+  accuracy.add_finished_run_flags(parser, "gcide")
   parser.add_argument("--samples", type=int, default=5000, help="test samples evaluated (accuracy.py's default "
                       "--eval_samples)")
   parser.add_argument("--json", default=None, help="write the results here")
@@ -32,19 +30,7 @@ def main() -> None:
 
   import jax
 
-  from sparsejax import data as xcdata
-  from sparsejax.config import Config
-  from sparsejax.evaluation import Evaluator
-
-  workdir = os.path.join(args.workdir, args.dataset)
-  run_dir = os.path.join(workdir, f"sparsejax-{args.tag}")
-  train_path, test_path = os.path.join(workdir, "train.txt"), os.path.join(workdir, "test.txt")
-  with open(os.path.join(run_dir, "config.json")) as f:
-    config = Config.from_dict(json.load(f))
-  train, test = xcdata.load_xc_file(train_path), xcdata.load_xc_file(test_path)
-  max_features = config.data.max_features or train.max_features_per_sample()
-  run, state = accuracy.selected_state(config, run_dir, test_path)
-  evaluator = Evaluator.for_run(test, train, max_features, config.run.propensity_a, config.run.propensity_b)
+  _, test, run, state, evaluator = accuracy.finished_run(args)
   samples = min(args.samples, len(test))
   for _ in range(2):  # the first round compiles
     start = time.perf_counter()
@@ -56,7 +42,8 @@ def main() -> None:
     start = time.perf_counter()
     evaluator(run.predict, served, samples, diagnose=run.diagnose)
     diagnose = time.perf_counter() - start
-  result = dict(dataset=args.dataset, run=run_dir, samples=samples, num_labels=test.num_labels,
+  result = dict(dataset=args.dataset, run=accuracy.finished_run_dir(args),
+                samples=samples, num_labels=test.num_labels,
                 serving_index_seconds=build, predict_seconds=predict, diagnose_seconds=diagnose,
                 evaluation_seconds=build + diagnose,
                 machine=dict(platform=platform.platform(), cpus=os.cpu_count()))

@@ -46,9 +46,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--dataset", default="synthetic", choices=("synthetic", "gcide", "icd10", "tiny"))
-  parser.add_argument("--tag", default="300s", help="the run's tag (300s for --budget 300, 1ep for --num_epochs 1)")
-  parser.add_argument("--workdir", default="/tmp/sparsejax_accuracy", help="accuracy.py's --workdir")
+  accuracy.add_finished_run_flags(parser, "synthetic")
   parser.add_argument("--variant", action="append", required=True, metavar="NAME=KEY=VALUE,...",
                       help="a serving index (config overrides; 'NAME=' alone: the defaults)")
   parser.add_argument("--json", default=None, help="write the results here")
@@ -56,20 +54,10 @@ def main() -> None:
 
   import jax
 
-  from sparsejax import data as xcdata
   from sparsejax import distributed, model
-  from sparsejax.config import Config, override
-  from sparsejax.evaluation import Evaluator
+  from sparsejax.config import override
 
-  workdir = os.path.join(args.workdir, args.dataset)
-  run_dir = os.path.join(workdir, f"sparsejax-{args.tag}")
-  train_path, test_path = os.path.join(workdir, "train.txt"), os.path.join(workdir, "test.txt")
-  with open(os.path.join(run_dir, "config.json")) as f:
-    config = Config.from_dict(json.load(f))
-  train, test = xcdata.load_xc_file(train_path), xcdata.load_xc_file(test_path)
-  max_features = config.data.max_features or train.max_features_per_sample()
-  _, state = accuracy.selected_state(config, run_dir, test_path)
-  evaluator = Evaluator.for_run(test, train, max_features, config.run.propensity_a, config.run.propensity_b)
+  config, test, _, state, evaluator = accuracy.finished_run(args)
   results = []
   for name, overrides in map(parse_variant, args.variant):
     cfg = override(config, **overrides) if overrides else config
@@ -93,7 +81,8 @@ def main() -> None:
           f"topk_recall@10 {row['topk_recall@10']:.3f}", flush=True)
   if args.json:
     with open(args.json, "w") as f:
-      json.dump(dict(dataset=args.dataset, run=run_dir, k=config.network.active_k, test_queries=len(test),
+      json.dump(dict(dataset=args.dataset, run=accuracy.finished_run_dir(args),
+                     k=config.network.active_k, test_queries=len(test),
                      machine=dict(platform=platform.platform(), cpus=os.cpu_count()), results=results), f, indent=1)
 
 

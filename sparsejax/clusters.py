@@ -191,7 +191,7 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
   means = jax.ops.segment_sum(wb, assign, num_clusters + 1)[:num_clusters] / count
   square = jax.ops.segment_sum(jnp.sum(wb * wb, axis=1), assign, num_clusters + 1)[:num_clusters] / count[:, 0]
   spreads = jnp.sqrt(jnp.maximum(square - jnp.sum(means * means, axis=1), 0.0))
-  probe_vectors = jnp.concatenate([means, jnp.where(sizes > 0, spreads, 0.0)[:, None]], axis=1)
+  probe_vectors = jnp.concatenate([means, spreads[:, None]], axis=1)  # an empty cluster: all zero
   return ClusterIndex(centroids=probe_vectors, offsets=offsets,
                       rows=jnp.where(jnp.arange(n) < offsets[-1], rows, -1))
 
@@ -203,13 +203,13 @@ def probe(index: ClusterIndex, queries: jax.Array, probes: int, count: int, spre
   logit) plus ``spread_weight`` times ``|[h, 1]| s / sqrt(d + 1)``, the
   standard deviation its members' logits would have if their spread ``s``
   were the same in every direction: a cluster of scattered rows is more
-  likely to hold the largest logit than its mean says. One ``[B, C]`` matmul
-  ranks the clusters. The kernel then
-  sorts, per query, only as many clusters as its ``count`` members need (a
-  partial sort, ``O(C log m)`` for ``m`` clusters used) and copies their
-  members: a ``top_k`` over all ``C`` clusters compiled to a full sort of
-  each row on XLA:CPU. Ties go to the lower cluster id, NaN scores rank
-  last and empty clusters never take a probe.
+  likely to hold the largest logit than its mean says. One ``[B, C]``
+  matmul scores the clusters; the ``cluster_probe`` kernel then sorts, per
+  query, only as many clusters as its ``count`` members need (``O(C log m)``
+  for ``m`` clusters used; a ``top_k`` over all ``C`` compiled to a full
+  sort of each row on XLA:CPU) and copies their members. Ties go to the
+  lower cluster id, NaN scores rank last and empty clusters never take a
+  probe.
 
   Args:
     index: a built index.
@@ -235,7 +235,7 @@ def probe(index: ClusterIndex, queries: jax.Array, probes: int, count: int, spre
     scores = scores + (spread_weight / math.sqrt(dims["d"] + 1)) * norms * c[:, -1]
   call = _ffi.ffi_call("cluster_probe", jax.ShapeDtypeStruct((dims["B"], count), jnp.int32),
                        vmap_method="sequential")
-  return call(scores, index.offsets, index.rows, probes=np.int64(min(probes, dims["C"])))
+  return call(scores, index.offsets, index.rows, probes=np.int64(probes))  # the kernel takes at most C
 
 
 def merge_candidates(candidates: jax.Array, *, k: int, num_rows: int | jax.Array, labels: jax.Array | None = None,

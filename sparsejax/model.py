@@ -34,7 +34,7 @@ from sparsejax.padding import PAD_ID
 # queries, k = 1024, clusters ranked by mean logit + spread): 512 clusters 0.61, 2048 (3 iterations) 0.926, 4096
 # (1 iteration) 0.954, (2) 0.970, (3) 0.971. Finer clusters cost more to rank (B x C x d) and to build
 # (N x C x d per Lloyd iteration, once per evaluation): at N = 2*10^5 and d = 128, 2048 clusters and 3 iterations
-# take 5.2 s, 4096 and 2 iterations 10.2 s on 2 cores.
+# take 4.9 s, 4096 and 2 iterations 9.6 s on 2 cores (benchmarks/serving_index.py).
 EVAL_MIN_CLUSTERS = 4096
 
 
