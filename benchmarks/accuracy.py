@@ -35,7 +35,7 @@ reads a dataset's files, checks them against issue 9's acceptance targets
 The same-budget comparison (a quiet 2-core machine, nothing else running;
 each invocation takes at most about 9 minutes):
 
-  for d in synthetic gcide; do
+  for d in synthetic gcide gcide_cloze; do
     for s in sparsejax all_active dense napkinxc; do
       python benchmarks/accuracy.py --dataset $d --system $s --budget 300
     done
@@ -79,6 +79,8 @@ def write_files(dataset: str, workdir: str, seed: int) -> tuple[str, str]:
     train, test = full.subset(np.arange(100_000)), full.subset(np.arange(100_000, 110_000))
   elif dataset == "gcide":
     train, test, _ = xcdata.load_gcide(seed=seed)
+  elif dataset == "gcide_cloze":
+    train, test, _ = xcdata.load_gcide_cloze(seed=seed)
   elif dataset == "tiny":  # smoke tests of the benchmark itself
     full = xcdata.make_synthetic(3_300, 2_000, 2_000, seed=seed)
     train, test = full.subset(np.arange(3_000)), full.subset(np.arange(3_000, 3_300))
@@ -180,7 +182,7 @@ def selected_state(config, run_dir: str, test_path: str):
 
 def add_finished_run_flags(parser: argparse.ArgumentParser, dataset: str) -> None:
   """The flags that name a finished sparsejax run of this benchmark (see :func:`finished_run`)."""
-  parser.add_argument("--dataset", default=dataset, choices=("synthetic", "gcide", "icd10", "tiny"))
+  parser.add_argument("--dataset", default=dataset, choices=("synthetic", "gcide", "gcide_cloze", "icd10", "tiny"))
   parser.add_argument("--tag", default="300s", help="the run's tag (300s for --budget 300, 1ep for --num_epochs 1)")
   parser.add_argument("--workdir", default="/tmp/sparsejax_accuracy", help="accuracy.py's --workdir")
 
@@ -540,7 +542,7 @@ def report(args) -> None:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--dataset", default="synthetic", choices=("synthetic", "gcide", "icd10", "tiny"),
+  parser.add_argument("--dataset", default="synthetic", choices=("synthetic", "gcide", "gcide_cloze", "icd10", "tiny"),
                       help="synthetic: issue 9's 200K-label set; tiny: 2K labels, to check the benchmark runs")
   parser.add_argument("--system", choices=SYSTEMS, help="what to train (one per invocation)")
   budget = parser.add_mutually_exclusive_group()

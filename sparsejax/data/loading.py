@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from ..config import ConfigError
 from .dataset import XCDataset, train_test_split
-from .gcide import load_gcide
+from .gcide import MISSING_PACKAGE, load_gcide, load_gcide_cloze
 from .icd10 import load_icd10
 from .synthetic import make_synthetic
 from .xc_format import load_xc_file
@@ -16,7 +17,7 @@ class LoadedData(NamedTuple):
 
   Attributes:
     train, test: the splits, over the same features and labels.
-    label_names: ``[L]`` a name per label, where the dataset has them (ICD-10 codes, GCIDE headwords); else None.
+    label_names: ``[L]`` a name per label, where the dataset has them (ICD-10 codes, GCIDE words); else None.
     vectorizer: what turns raw text into feature rows (ICD-10's fitted TF-IDF, with a sklearn
       ``transform``), where the dataset has one; else None.
   """
@@ -34,14 +35,21 @@ def load_dataset(config, *, seed: int = 0) -> LoadedData:
     seed: seed of the synthetic data and of the train/test split.
 
   Raises:
+    ConfigError: a built-in dataset whose optional package is not installed.
     XCFormatError: a malformed file (naming file and line).
     ValueError: train and test files of different shapes.
   """
   if config.dataset == "icd10":
     train, test, info = load_icd10(label_level=config.icd10_labels, seed=seed, test_fraction=config.test_fraction)
     return LoadedData(train, test, info.label_names, info.vectorizer)
-  if config.dataset == "gcide":
-    train, test, info = load_gcide(seed=seed, test_fraction=config.test_fraction)
+  if config.dataset in ("gcide", "gcide_cloze"):
+    load = load_gcide if config.dataset == "gcide" else load_gcide_cloze
+    try:
+      train, test, info = load(seed=seed, test_fraction=config.test_fraction)
+    except ImportError as e:
+      if str(e) != MISSING_PACKAGE:
+        raise
+      raise ConfigError("dataset", config.dataset, str(e)) from None
     return LoadedData(train, test, info.label_names, info.vectorizer)
   if config.dataset == "synthetic":
     full = make_synthetic(config.synthetic_samples, config.synthetic_features, config.synthetic_labels,
@@ -53,4 +61,4 @@ def load_dataset(config, *, seed: int = 0) -> LoadedData:
       raise ValueError(f"{config.test_file}: header has {test.num_features} features / {test.num_labels} labels, "
                        f"but {config.train_file} has {train.num_features} / {train.num_labels}")
     return LoadedData(train, test)
-  raise ValueError(f"unknown dataset {config.dataset!r}: use 'icd10', 'gcide', 'synthetic' or 'files'")
+  raise ValueError(f"unknown dataset {config.dataset!r}: use 'icd10', 'gcide', 'gcide_cloze', 'synthetic' or 'files'")
