@@ -6,6 +6,7 @@ step and the last epoch's validation P@1 (how far the run fell from its peak). J
 
   python benchmarks/regularization.py --dataset gcide --epochs 8
   python benchmarks/regularization.py --dataset synthetic --epochs 4
+  python benchmarks/regularization.py --dataset gcide_cloze --epochs 8
 
 A variant is ``name:flag=value,flag=value`` (``Config`` field names), ``;``-separated in ``--variants``; the
 first is the reference. Timings are not compared, only accuracy.
@@ -44,7 +45,7 @@ def _parse(text: str, epoch_steps: int, epochs: float) -> list[tuple[str, dict]]
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--dataset", default="gcide", choices=("gcide", "synthetic", "icd10"))
+  parser.add_argument("--dataset", default="gcide", choices=("gcide", "gcide_cloze", "synthetic", "icd10"))
   parser.add_argument("--labels", type=int, default=200_000, help="synthetic labels")
   parser.add_argument("--samples", type=int, default=110_000, help="synthetic samples")
   parser.add_argument("--features", type=int, default=100_000, help="synthetic features")
@@ -56,7 +57,7 @@ def main():
   base = override(Config(), dataset=args.dataset, num_epochs=args.epochs, checkpoint_every=10**9, progress=False,
                   log_every=100, **(dict(synthetic_labels=args.labels, synthetic_samples=args.samples,
                                          synthetic_features=args.features) if args.dataset == "synthetic" else {}))
-  if args.dataset == "gcide":
+  if args.dataset in ("gcide", "gcide_cloze"):
     base = override(base, test_fraction=0.2)
   loaded = load_dataset(base.data, seed=base.run.seed)
   num_train = loaded.train.num_samples - round(loaded.train.num_samples * base.data.validation_fraction)
