@@ -503,10 +503,11 @@ def plot(runs: dict, path: str, title: str) -> None:
     line = ax.plot([p["seconds"] for p in points], [p["p@1"] for p in points], "o" if len(points) == 1 else "-o",
                    markersize=3, label=f"{system} ({tag})" + (", validation" if len(points) > 1 else ", test"))
     f = run["final"]
-    if len(points) > 1:  # the selected state's test P@1, at the training seconds of the run
-      ax.plot([f["seconds"]], [f["p@1"]], "*", markersize=10, color=line[0].get_color())
+    if len(points) > 1:  # the selected state's test P@1, at the training seconds it was reached
+      reached = [p["seconds"] for p in points if p.get("step") == f.get("selected_step")]
+      ax.plot([reached[0] if reached else f["seconds"]], [f["p@1"]], "*", markersize=10, color=line[0].get_color())
   ax.set_xlabel("training seconds (evaluations excluded)")
-  ax.set_ylabel("P@1 (lines: validation split; stars: selected state on the test set)")
+  ax.set_ylabel("P@1 (lines: validation split; stars: selected state on the test set, when reached)", fontsize=8)
   ax.set_title(title)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
