@@ -79,8 +79,9 @@ def time_steps(step, state, batch, repeats):
 
 
 def base_config(args, N: int, **changes) -> Config:
-  return override(Config(), dataset=args.dataset, synthetic_labels=N, synthetic_samples=args.samples,
-                  synthetic_features=args.features, validation_fraction=0.0, batch_size=args.batch_size,
+  sizes = dict(synthetic_labels=N, synthetic_samples=args.samples, synthetic_features=args.features) \
+      if args.dataset == "synthetic" else {}
+  return override(Config(), dataset=args.dataset, **sizes, validation_fraction=0.0, batch_size=args.batch_size,
                   max_steps=args.steps, eval_every=args.eval_every, checkpoint_every=10**9, progress=False,
                   log_every=max(1, args.steps // 10), **changes)
 
@@ -272,8 +273,8 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--sizes", default="20000,200000,1000000",
                       help="label counts N, comma-separated (synthetic); empty: none (e.g. --batch_compare only)")
-  parser.add_argument("--dataset", default="synthetic", choices=("synthetic", "icd10"),
-                      help="icd10: the built-in dataset, once (its own N)")
+  parser.add_argument("--dataset", default="synthetic", choices=("synthetic", "icd10", "gcide", "gcide_cloze"),
+                      help="icd10, gcide, gcide_cloze: a built-in dataset, once (its own N)")
   parser.add_argument("--batch_size", type=int, default=128)
   parser.add_argument("--steps", type=int, default=300, help="steps of each training run")
   parser.add_argument("--eval_every", type=int, default=500, help="--eval_every of the runs (amortised evaluation)")
