@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 from ..config import ConfigError
 from .dataset import XCDataset, train_test_split
-from .gcide import MISSING_PACKAGE, load_gcide, load_gcide_cloze
+from .gcide import MissingPackage, load_gcide, load_gcide_cloze
 from .icd10 import load_icd10
 from .synthetic import make_synthetic
 from .xc_format import load_xc_file
@@ -46,9 +46,7 @@ def load_dataset(config, *, seed: int = 0) -> LoadedData:
     load = load_gcide if config.dataset == "gcide" else load_gcide_cloze
     try:
       train, test, info = load(seed=seed, test_fraction=config.test_fraction)
-    except ImportError as e:
-      if str(e) != MISSING_PACKAGE:
-        raise
+    except MissingPackage as e:
       raise ConfigError("dataset", config.dataset, str(e)) from None
     return LoadedData(train, test, info.label_names, info.vectorizer)
   if config.dataset == "synthetic":
