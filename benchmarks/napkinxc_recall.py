@@ -52,8 +52,12 @@ def main() -> None:
     test = test.subset(np.arange(min(args.queries, len(test))))
   x = scipy.sparse.csr_matrix((test.values, test.indices, test.indptr), shape=(len(test), test.num_features))
   labels = [test.label_indices[test.label_indptr[i]:test.label_indptr[i + 1]] for i in range(len(test))]
+  if not any(len(y) for y in labels):
+    raise SystemExit(f"no test query of {args.dataset} has a label")
   model = PLT(run_dir)
   model.load()
+  trained = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(max(
+      os.path.getmtime(os.path.join(run_dir, name)) for name in os.listdir(run_dir))))
   start = time.perf_counter()
   top = model.predict(x, top_k=max(args.k))
   seconds = time.perf_counter() - start
@@ -63,7 +67,7 @@ def main() -> None:
           f"(label_recall); predicting the top {max(args.k)} took {seconds:.1f} s")
   if args.json:
     with open(args.json, "w") as f:
-      json.dump(dict(dataset=args.dataset, run=run_dir, queries=len(test), label_recall=results,
+      json.dump(dict(dataset=args.dataset, run=run_dir, model_written=trained, queries=len(test), label_recall=results,
                      predict_seconds=seconds, machine=dict(platform=platform.platform(), cpus=os.cpu_count())),
                 f, indent=1)
 

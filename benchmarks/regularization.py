@@ -6,7 +6,7 @@ step and the last epoch's validation P@1 (how far the run fell from its peak). J
 
   python benchmarks/regularization.py --dataset gcide --epochs 8
   python benchmarks/regularization.py --dataset synthetic --epochs 4
-  python benchmarks/regularization.py --dataset gcide_cloze --epochs 8
+  python benchmarks/regularization.py --dataset gcide_cloze --epochs 6
 
 A variant is ``name:flag=value,flag=value`` (``Config`` field names), ``;``-separated in ``--variants``; the
 first is the reference. Timings are not compared, only accuracy.

