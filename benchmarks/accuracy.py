@@ -168,15 +168,20 @@ def curve_and_selection(run_dir: str, final: dict) -> dict:
   return result
 
 
-def selected_state(config, run_dir: str, test_path: str):
-  """``(run, state)``: the run's selected (else latest) state, its index refreshed as for serving."""
+def restored_state(config, run_dir: str, test):
+  """``(run, state)``: the run's selected (else latest) state as saved, for data shaped like ``test``."""
   from sparsejax import checkpoint, distributed
 
-  test = xcdata.load_xc_file(test_path)
   run = distributed.make_run(config.model_config(test.num_features, test.num_labels), seed=config.run.seed)
   state = checkpoint.BestCheckpoint(run_dir, config.run.selection_metric).restore(run.abstract_state())
   if state is None:
     state = checkpoint.Checkpoints(run_dir, writable=False).restore(run.abstract_state())[0]
+  return run, state
+
+
+def selected_state(config, run_dir: str, test_path: str):
+  """``(run, state)``: the run's selected (else latest) state, its index refreshed as for serving."""
+  run, state = restored_state(config, run_dir, xcdata.load_xc_file(test_path))
   return run, run.refresh_index(state)
 
 
@@ -197,19 +202,20 @@ def finished_run(args):
 
   Returns:
     ``(config, test, run, state, evaluator)``: the run's config, the test set, the run and its selected state
-    (index refreshed as for serving), and an evaluator of the test set as the run's own evaluations are made.
+    as saved (its callers build the serving index themselves, under their variants or timed), and an evaluator
+    of the test set as the run's own evaluations are made.
   """
   from sparsejax.config import Config
   from sparsejax.evaluation import Evaluator
 
   workdir = os.path.join(args.workdir, args.dataset)
   run_dir = finished_run_dir(args)
-  test_path = os.path.join(workdir, "test.txt")
   with open(os.path.join(run_dir, "config.json")) as f:
     config = Config.from_dict(json.load(f))
-  train, test = xcdata.load_xc_file(os.path.join(workdir, "train.txt")), xcdata.load_xc_file(test_path)
+  train = xcdata.load_xc_file(os.path.join(workdir, "train.txt"))
+  test = xcdata.load_xc_file(os.path.join(workdir, "test.txt"))
   max_features = config.data.max_features or train.max_features_per_sample()
-  run, state = selected_state(config, run_dir, test_path)
+  run, state = restored_state(config, run_dir, test)
   evaluator = Evaluator.for_run(test, train, max_features, config.run.propensity_a, config.run.propensity_b)
   return config, test, run, state, evaluator
 
