@@ -132,6 +132,55 @@ SJ_ADAM_ROWS(bf16, float)
 SJ_ADAM_ROWS(bf16, bf16)
 #undef SJ_ADAM_ROWS
 
+// The per-slot half of the pass: one row's gradient, summed over its slots
+// [it, end) (keys id << 32 | position, all of the row's id, in position
+// order) into grad, and, with `combined`, g * w_row added to each slot's
+// sample's row of it. Returns the bias gradient (the sum of the slots' g).
+// Multiversioned like the Adam rows (elementwise, no contraction: the same
+// floats on every ISA); a slot's sample is position / k, in 32 bits.
+template <typename W>
+inline float SumRowSlotsT(const uint64_t* it, const uint64_t* end, const float* __restrict__ gp,
+                          const float* __restrict__ xp, uint32_t k, int64_t d, const W* __restrict__ w_row,
+                          float* __restrict__ grad, float* __restrict__ combined) {
+  std::fill(grad, grad + d, 0.0f);
+  float grad_bias = 0.0f;
+  for (; it != end; ++it) {
+    const uint32_t pos = static_cast<uint32_t>(*it);
+    const int64_t sample = pos / k;
+    const float gv = gp[pos];
+    Axpy(gv, xp + sample * d, grad, d);
+    if (combined != nullptr) Axpy(gv, w_row, combined + sample * d, d);
+    grad_bias += gv;
+  }
+  return grad_bias;
+}
+#define SJ_ROW_SLOTS(W)                                                                                     \
+  SJ_MULTIVERSION float SumRowSlots(const uint64_t* it, const uint64_t* end, const float* gp, const float* xp, \
+                                    uint32_t k, int64_t d, const W* w_row, float* grad, float* combined) {     \
+    return SumRowSlotsT(it, end, gp, xp, k, d, w_row, grad, combined);                                      \
+  }
+SJ_ROW_SLOTS(float)
+SJ_ROW_SLOTS(bf16)
+#undef SJ_ROW_SLOTS
+
+// Orders one range's keys by id, keeping position order among equal ids (they
+// arrive in position order): the order std::sort gives these distinct keys,
+// by a counting sort over the range's ids [lo, lo + width) when that is the
+// cheaper one. `count` has width + 1 slots and `tmp` the range's size.
+inline void SortRangeKeys(uint64_t* kb, uint64_t* ke, int64_t lo, int64_t width, int64_t* count, uint64_t* tmp) {
+  const int64_t n = ke - kb;
+  if (n < 2) return;
+  if (width > 4 * n) {
+    std::sort(kb, ke);
+    return;
+  }
+  std::fill(count, count + width + 1, 0);
+  for (uint64_t* it = kb; it != ke; ++it) ++count[static_cast<int64_t>(*it >> 32) - lo + 1];
+  for (int64_t i = 1; i <= width; ++i) count[i] += count[i - 1];
+  for (uint64_t* it = kb; it != ke; ++it) tmp[count[static_cast<int64_t>(*it >> 32) - lo]++] = *it;
+  std::copy(tmp, tmp + n, kb);
+}
+
 // The rows of one parameter (weight or bias) with their moments.
 template <typename W, typename M>
 struct Rows {
@@ -162,20 +211,22 @@ struct Rows {
 constexpr int kPrefetchRows = 4;
 
 // Updates the rows of id ranges [r0, r1): keys[start[r] .. start[r + 1]) are
-// range r's (id << 32 | position) keys. `grad` is scratch of d floats.
-// Not inlined: perf (and the prefetch test) can then name it.
+// range r's (id << 32 | position) keys, range r's ids are [first[r],
+// first[r + 1]). `grad` is scratch of d floats, `count` and `tmp` of
+// SortRangeKeys' sizes. Not inlined: perf (and the prefetch test) can then name it.
 // `combined` (or null): the slab's [B, d] accumulator of g[pos] * W[row].
 template <typename W, typename M>
 [[gnu::noinline]] void UpdateRanges(int64_t r0, int64_t r1, const Rows<W, M>& weight, const Rows<float, M>& bias,
-                  const int64_t* start,
+                  const int64_t* start, const int64_t* first,
                   uint64_t* keys, int64_t* unique_in_range, const float* gp, const float* xp, int64_t k,
-                  const AdamConsts& h, uint64_t step_seed, float* grad, float* combined) {
+                  const AdamConsts& h, uint64_t step_seed, float* grad, int64_t* count, uint64_t* tmp,
+                  float* combined) {
   const int64_t d = weight.d;
   const bool has_bias = bias.w != nullptr;
   for (int64_t r = r0; r < r1; ++r) {
     uint64_t* kb = keys + start[r];
     uint64_t* ke = keys + start[r + 1];
-    std::sort(kb, ke);
+    SortRangeKeys(kb, ke, first[r], first[r + 1] - first[r], count, tmp);
     int64_t n_unique = 0;
     // A cursor kPrefetchRows distinct rows ahead prefetches the rows to come.
     uint64_t* pf = kb;
@@ -190,15 +241,11 @@ template <typename W, typename M>
     for (uint64_t* it = kb; it != ke;) {
       prefetch_next();
       const int64_t row = static_cast<int64_t>(*it >> 32);
-      std::fill(grad, grad + d, 0.0f);
-      float grad_bias = 0.0f;
-      const W* w_row = weight.w + row * d;
-      for (; it != ke && static_cast<int64_t>(*it >> 32) == row; ++it) {
-        const int64_t pos = static_cast<int64_t>(*it & 0xffffffffULL);
-        Axpy(gp[pos], xp + (pos / k) * d, grad, d);
-        if (combined != nullptr) Axpy(gp[pos], w_row, combined + (pos / k) * d, d);
-        grad_bias += gp[pos];
-      }
+      uint64_t* row_end = it;
+      while (row_end != ke && static_cast<int64_t>(*row_end >> 32) == row) ++row_end;
+      float grad_bias = SumRowSlots(it, row_end, gp, xp, static_cast<uint32_t>(k), d, weight.w + row * d, grad,
+                                    combined);
+      it = row_end;
       const uint64_t seed = HashCombine(step_seed, static_cast<uint64_t>(row));
       weight.Update(row, grad, h, static_cast<uint32_t>(seed));
       if (has_bias) bias.Update(row, &grad_bias, h, static_cast<uint32_t>(seed >> 32));
@@ -283,7 +330,16 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<WT> weight, Momen
     // each block fills them in position order: the same keys on any number
     // of threads.
     const int64_t R = std::min<int64_t>(kNumRanges, std::max<int64_t>(N, 1));
-    auto range_of = [&](int32_t id) { return static_cast<int64_t>(id) * R / N; };
+    // Range r's ids are those with id * R / N == r: [ceil(r * N / R), ceil((r + 1) * N / R)).
+    std::vector<int64_t> first(R + 1);
+    for (int64_t r = 0; r <= R; ++r) first[r] = (r * N + R - 1) / R;
+    // id * R / N without a division per id: a 32-bit fixed-point reciprocal
+    // (never above R / N) gives it or one less, and first[] settles which.
+    const uint64_t reciprocal = (static_cast<uint64_t>(R) << 32) / static_cast<uint64_t>(N);
+    auto range_of = [&](int32_t id) {
+      int64_t r = static_cast<int64_t>((static_cast<uint64_t>(id) * reciprocal) >> 32);
+      return r + (id >= first[r + 1]);
+    };
     const int64_t num_blocks = (M + kBucketBlock - 1) / kBucketBlock;
     std::vector<int64_t> slots(num_blocks * R, 0);  // [block][range]: counts, then first slots
     SJ_RETURN_IF_ERROR(ParallelLoop(pool, num_blocks, 1).Run(c.op(), [&](int64_t, int64_t k0, int64_t k1) {
@@ -331,12 +387,22 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<WT> weight, Momen
     const int64_t num_slabs = (R + slab - 1) / slab;
     ParallelLoop loop(pool, R, slab);
     std::vector<float> grad(loop.workers() * d);
+    int64_t max_width = 0, max_keys = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      max_width = std::max(max_width, first[r + 1] - first[r]);
+      max_keys = std::max(max_keys, start[r + 1] - start[r]);
+    }
+    // Counting-sort scratch, only as wide as SortRangeKeys uses it.
+    const int64_t count_size = std::min(max_width, 4 * max_keys) + 1;
+    std::vector<int64_t> count(loop.workers() * count_size);
+    std::vector<uint64_t> tmp(loop.workers() * std::max<int64_t>(max_keys, 1));
     std::unique_ptr<float[]> acc(combine ? new float[num_slabs * B * d] : nullptr);  // zeroed by its slab
     SJ_RETURN_IF_ERROR(loop.Run(c.op(), [&](int64_t w, int64_t r0, int64_t r1) {
       float* slab_acc = combine ? acc.get() + (r0 / slab) * B * d : nullptr;
       if (combine) std::fill(slab_acc, slab_acc + B * d, 0.0f);
-      UpdateRanges(r0, r1, wr, br, start.data(), keys.get(), unique_in_range.data(), g.typed_data(),
-                   x.typed_data(), k, h, step_seed, grad.data() + w * d, slab_acc);
+      UpdateRanges(r0, r1, wr, br, start.data(), first.data(), keys.get(), unique_in_range.data(),
+                   g.typed_data(), x.typed_data(), k, h, step_seed, grad.data() + w * d,
+                   count.data() + w * count_size, tmp.data() + w * std::max<int64_t>(max_keys, 1), slab_acc);
     }));
     if (combine) {  // combined[b] = sum over slabs, in slab order
       float* out = combined->typed_data();

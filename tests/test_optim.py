@@ -78,6 +78,31 @@ def test_bias_vector_and_touched_ids():
   assert np.all(np.asarray(touched)[len(want):] == -1)
 
 
+
+def test_dense_and_sparse_id_ranges_both_match_the_reference():
+  # The kernel orders each id range's slots by a counting sort where the range holds many slots for its
+  # width (here ids 0-299, many repeated) and by a comparison sort elsewhere (the ids spread over the rest).
+  rng = np.random.default_rng(12)
+  N, d, B, k = 20_000, 8, 8, 96
+  ids = rng.integers(300, N, size=(B, k)).astype(np.int32)
+  ids[:, : k // 2] = rng.integers(0, 300, size=(B, k // 2))
+  ids[3, 5:9] = -1
+  g = RowSparseGrad(jnp.asarray(ids), jnp.asarray(rng.normal(size=(B, k)), jnp.float32),
+                    jnp.asarray(rng.normal(size=(B, d)), jnp.float32))
+  W = jnp.asarray(rng.normal(size=(N, d)), jnp.float32)
+  b = jnp.asarray(rng.normal(size=(N,)), jnp.float32)
+  opt = optim.row_sparse_adam(0.1)
+  (new_w, new_b), _, touched, dx = optim.apply_row_sparse_adam((W, b), opt.init((W, b)), g, 0.1, combine=True)
+  outs, _ = references.adam_ref(W, np.zeros((N, d)), np.zeros((N, d)), 0, ids, np.asarray(g.g), np.asarray(g.x),
+                                 0.1, 0.9, 0.999, 1e-8, 0.0, b, np.zeros(N), np.zeros(N))
+  np.testing.assert_allclose(new_w, outs[0], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(new_b, outs[3], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(dx, references.gather_combine_ref(np.asarray(g.g), np.asarray(W), ids),
+                             rtol=1e-5, atol=1e-5)
+  want = np.unique(ids[ids >= 0])
+  np.testing.assert_array_equal(np.asarray(touched)[: len(want)], want)
+  assert np.all(np.asarray(touched)[len(want):] == -1)
+
 def test_weight_and_bias_pair_equals_two_separate_updates():
   """The fused layer update gives the bits of separate weight and bias updates."""
   rng = np.random.default_rng(5)
