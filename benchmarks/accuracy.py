@@ -47,6 +47,12 @@ The fixed-epoch comparison (accuracy only: fine on a busy machine, but slow):
   python benchmarks/accuracy.py --dataset synthetic --system sparsejax --num_epochs 0.25 --evals_per_epoch 4
   python benchmarks/accuracy.py --dataset synthetic --system all_active --num_epochs 0.25
 
+A run with other settings (``--set``) is named with ``--variant``: it gets its own files (``4ep+k512``) and
+``--report`` lists it apart from the acceptance figures:
+
+  python benchmarks/accuracy.py --dataset gcide_cloze --system sparsejax --num_epochs 4 --set active_k=512 \
+    --variant k512
+
 Smoke test of the benchmark itself: ``--dataset tiny --budget 8``.
 """
 
@@ -56,6 +62,7 @@ import glob
 import json
 import os
 import platform
+import re
 import statistics
 import time
 
@@ -66,6 +73,7 @@ from sparsejax import data as xcdata
 SYSTEMS = ("sparsejax", "all_active", "dense", "napkinxc")
 SLIDE_SYSTEMS = ("sparsejax", "all_active")
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "accuracy")
+DEFAULT_WORKDIR = "/tmp/sparsejax_accuracy"
 
 
 def write_files(dataset: str, workdir: str, seed: int) -> tuple[str, str]:
@@ -385,15 +393,17 @@ def run_napkinxc(train_path: str, test_path: str, run_dir: str, args) -> dict:
           "wall_seconds": seconds}
 
 
-def tag_of(budget: float | None, num_epochs: float | None) -> str:
-  return f"{budget:g}s" if budget is not None else f"{num_epochs:g}ep"
+def tag_of(budget: float | None, num_epochs: float | None, variant: str | None = None) -> str:
+  """``300s`` or ``4ep``, and ``+VARIANT`` for a run that is not the systems' defaults (see ``--variant``)."""
+  tag = f"{budget:g}s" if budget is not None else f"{num_epochs:g}ep"
+  return f"{tag}+{variant}" if variant else tag
 
 
 def train_one(args) -> str:
   """Trains ``args.system`` on ``args.dataset``; returns the path of the JSON it wrote."""
   workdir = os.path.join(args.workdir, args.dataset)
   train_path, test_path = write_files(args.dataset, workdir, args.seed)
-  tag = tag_of(args.budget, args.num_epochs)
+  tag = tag_of(args.budget, args.num_epochs, args.variant)
   run_dir = os.path.join(workdir, f"{args.system}-{tag}")
   if args.system == "napkinxc":
     result = run_napkinxc(train_path, test_path, run_dir, args)
@@ -402,6 +412,7 @@ def train_one(args) -> str:
   final = result["final"]
   report = {
       "dataset": args.dataset, "system": args.system, "budget_seconds": args.budget, "num_epochs": args.num_epochs,
+      "settings": args.set or [],
       "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
       "load_average_at_end": os.getloadavg(), "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
       **result,
@@ -429,7 +440,7 @@ def evaluate_again(args) -> str:
 
   workdir = os.path.join(args.workdir, args.dataset)
   train_path, test_path = write_files(args.dataset, workdir, args.seed)
-  tag = tag_of(args.budget, args.num_epochs)
+  tag = tag_of(args.budget, args.num_epochs, args.variant)
   run_dir = os.path.join(workdir, f"sparsejax-{tag}")
   path = os.path.join(args.out, f"{args.dataset}-sparsejax-{tag}.json")
   with open(path) as f:
@@ -522,22 +533,27 @@ def plot(runs: dict, path: str, title: str) -> None:
 
 
 def report(args) -> None:
-  runs = {}
+  runs, variants = {}, {}
   for path in sorted(glob.glob(os.path.join(args.out, f"{args.dataset}-*.json"))):
     name = os.path.basename(path)[len(args.dataset) + 1:-len(".json")]
     if name == "summary":
       continue
     system, tag = name.rsplit("-", 1)
     with open(path) as f:
-      runs[(system, tag)] = json.load(f)
+      (variants if "+" in tag else runs)[(system, tag)] = json.load(f)
   if not runs:
     raise SystemExit(f"no runs of {args.dataset} in {args.out}: train some first")
-  summary = {"dataset": args.dataset, "runs": sorted(f"{s}-{t}" for s, t in runs), "acceptance": summarize(runs)}
+  summary = {"dataset": args.dataset, "runs": sorted(f"{s}-{t}" for s, t in runs), "acceptance": summarize(runs),
+             # Runs with other settings: listed, never part of the acceptance figures or the plot.
+             "variants": {f"{s}-{t}": {key: run["final"].get(key) for key in ("p@1", "p@5", "samples_per_sec")}
+                          | {"settings": run.get("settings")} for (s, t), run in sorted(variants.items())}}
   path = os.path.join(args.out, f"{args.dataset}-summary.json")
   with open(path, "w") as f:
     json.dump(summary, f, indent=1, default=float)
   for key, value in summary["acceptance"].items():
     print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+  for name, figures in summary["variants"].items():
+    print(f"variant {name}: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
   print(f"wrote {path}")
   try:
     plot(runs, os.path.join(args.out, f"{args.dataset}.png"), f"{args.dataset}: P@1 against training time "
@@ -570,10 +586,20 @@ def main():
                       help="further k of the selected state's sampled-inference sweep (besides active_k, 2%% of N)")
   parser.add_argument("--inference_batch", type=int, default=1024, help="samples per timed inference batch")
   parser.add_argument("--inference_repeats", type=int, default=5, help="timed inference calls (median)")
-  parser.add_argument("--workdir", default="/tmp/sparsejax_accuracy", help="data files and run directories")
+  parser.add_argument("--workdir", default=DEFAULT_WORKDIR, help="data files and run directories")
   parser.add_argument("--out", default=DEFAULT_OUT, help="directory of the JSON files (and the plot)")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--variant", default=None, metavar="NAME",
+                      help="name a run whose settings differ from the defaults (with --set): its run directory and "
+                      "JSON get TAG+NAME (e.g. 4ep+k512), so it overwrites no default run, and --report lists it "
+                      "apart from the acceptance figures and the plot")
   args = parser.parse_args()
+  if args.variant is not None and not re.fullmatch(r"[A-Za-z0-9_.=]+", args.variant):
+    parser.error(f"--variant must be letters, digits, '_', '.' or '=' (it names files), got {args.variant!r}")
+  overwrites_defaults = args.workdir == DEFAULT_WORKDIR or args.out == DEFAULT_OUT
+  if args.set and args.variant is None and not args.report and overwrites_defaults:
+    parser.error("--set changes the systems' settings: name the run with --variant NAME (or give it its own "
+                 "--workdir and --out), so that it does not overwrite the default run's files")
   if args.report:
     return report(args)
   if args.evaluate_again:

@@ -391,9 +391,11 @@ class RunConfig(Section):
   """Seed, evaluation and logging."""
   seed: int = option(0, "Seed of the initialization, the data split and order, and the LSH sampling.",
                      bounds=NON_NEGATIVE)
-  eval_every: int = option(500, "Steps between evaluations on the test set.", bounds=AT_LEAST_ONE, identity=False)
+  eval_every: int = option(
+      500, "Steps between periodic evaluations: of the validation split (the test set with "
+      "--validation_fraction=0).", bounds=AT_LEAST_ONE, identity=False)
   eval_samples: int | None = option(
-      5000, "Test samples of the periodic evaluations; none: all (the final evaluation always uses all).",
+      5000, "Samples of the periodic evaluations; none: all (the final evaluation on the test set always uses all).",
       bounds=AT_LEAST_ONE, identity=False)
   selection_metric: str = option(
       "p@1", "Validation metric that selects the best checkpoint (higher is better).",
