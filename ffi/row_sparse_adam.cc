@@ -43,6 +43,9 @@ constexpr int64_t kNumRanges = 256;
 constexpr int64_t kNumSlabs = 32;
 // Positions per block of the parallel bucketing of ids by range.
 constexpr int64_t kBucketBlock = 8192;
+// A range's slots are counting-sorted when its ids span at most this many
+// times as many values as it has slots (else std::sort): sizes the scratch too.
+constexpr int64_t kCountingSortSpan = 4;
 
 struct AdamConsts {
   float b1, b2, eps, weight_decay, step_size, inv_bc1, inv_bc2;
@@ -170,7 +173,7 @@ SJ_ROW_SLOTS(bf16)
 inline void SortRangeKeys(uint64_t* kb, uint64_t* ke, int64_t lo, int64_t width, int64_t* count, uint64_t* tmp) {
   const int64_t n = ke - kb;
   if (n < 2) return;
-  if (width > 4 * n) {
+  if (width > kCountingSortSpan * n) {
     std::sort(kb, ke);
     return;
   }
@@ -393,16 +396,17 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<WT> weight, Momen
       max_keys = std::max(max_keys, start[r + 1] - start[r]);
     }
     // Counting-sort scratch, only as wide as SortRangeKeys uses it.
-    const int64_t count_size = std::min(max_width, 4 * max_keys) + 1;
+    const int64_t count_size = std::min(max_width, kCountingSortSpan * max_keys) + 1;
+    const int64_t tmp_size = std::max<int64_t>(max_keys, 1);
     std::vector<int64_t> count(loop.workers() * count_size);
-    std::vector<uint64_t> tmp(loop.workers() * std::max<int64_t>(max_keys, 1));
+    std::vector<uint64_t> tmp(loop.workers() * tmp_size);
     std::unique_ptr<float[]> acc(combine ? new float[num_slabs * B * d] : nullptr);  // zeroed by its slab
     SJ_RETURN_IF_ERROR(loop.Run(c.op(), [&](int64_t w, int64_t r0, int64_t r1) {
       float* slab_acc = combine ? acc.get() + (r0 / slab) * B * d : nullptr;
       if (combine) std::fill(slab_acc, slab_acc + B * d, 0.0f);
       UpdateRanges(r0, r1, wr, br, start.data(), first.data(), keys.get(), unique_in_range.data(),
                    g.typed_data(), x.typed_data(), k, h, step_seed, grad.data() + w * d,
-                   count.data() + w * count_size, tmp.data() + w * std::max<int64_t>(max_keys, 1), slab_acc);
+                   count.data() + w * count_size, tmp.data() + w * tmp_size, slab_acc);
     }));
     if (combine) {  // combined[b] = sum over slabs, in slab order
       float* out = combined->typed_data();
