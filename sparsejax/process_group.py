@@ -20,7 +20,12 @@ with a process count some ranks were not started with:
 What JAX itself reports, immediately and naming the task: a ``process_id``
 outside the coordinator's ``[0, P)`` (``Unexpected task registered``) and a
 ``process_id`` taken by two processes (``... with a different incarnation``
-or ``... from a newer incarnation``: the older of the two is ended).
+or ``... from a newer incarnation``). Of two processes with one
+``process_id``, one is left out and ends by the watchdog, naming its rank; if
+it connects only after the job assembled, the coordination service fails the
+whole job and JAX aborts every process (the coordinator's log names the
+task; the others say only that the service reported a fatal error, because
+JAX 0.10's error callback cannot be set from Python).
 """
 
 import json

@@ -67,12 +67,26 @@ def test_a_rank_that_never_starts_ends_the_others():
 
 
 def test_a_duplicate_process_id_ends_or_is_left_out():
-  """Ranks 0, 1, 1: one of the two rank-1 processes joins, the other ends with a message naming rank 1."""
+  """Ranks 0, 1, 1: never two rank 1s in one job; every process joins or ends, and rank 1 is named as the conflict.
+
+  Which processes end depends on timing. If the second rank 1 connects before
+  the job has assembled, it is left out: its watchdog ends it naming rank 1,
+  and the other two join. If it connects after, the coordination service
+  declares the job failed ("1 unexpectedly tried to connect with a different
+  incarnation", in the coordinator's log) and JAX aborts every process: the
+  rank 1 that had joined says only that the service reported a fatal error
+  (CI run of 2026-11-24), which is JAX's message, not one this library can
+  change (its error callback cannot be set from Python in JAX 0.10).
+  """
   results, seconds, _ = _job([(2, 0), (2, 1), (2, 1)])
   joined = [out for code, out in results if code == 0 and "joined a job of 2" in out]
   failed = [out for code, out in results if code != 0]
   assert len(joined) + len(failed) == 3 and len(failed) >= 1, results
-  assert all("rank 1" in out or "task=1" in out or "1 unexpectedly" in out for out in failed), failed
+  assert sum("rank 1 joined" in out for out in joined) <= 1, joined
+  names_rank_1 = lambda out: "StartupError: rank 1 of 2" in out or "1 unexpectedly tried to connect" in out
+  assert any(names_rank_1(out) for out in failed), failed
+  for out in failed:
+    assert names_rank_1(out) or "coordination service" in out, out
   assert seconds < TIMEOUT + 30
 
 
