@@ -135,36 +135,85 @@ SJ_ADAM_ROWS(bf16, float)
 SJ_ADAM_ROWS(bf16, bf16)
 #undef SJ_ADAM_ROWS
 
-// The per-slot half of the pass: one row's gradient, summed over its slots
-// [it, end) (keys id << 32 | position, all of the row's id, in position
-// order) into grad, and, with `combined`, g * w_row added to each slot's
-// sample's row of it. Returns the bias gradient (the sum of the slots' g).
-// Multiversioned like the Adam rows (elementwise, no contraction: the same
-// floats on every ISA); a slot's sample is position / k, in 32 bits.
-template <typename W>
-inline float SumRowSlotsT(const uint64_t* it, const uint64_t* end, const float* __restrict__ gp,
-                          const float* __restrict__ xp, uint32_t k, int64_t d, const W* __restrict__ w_row,
-                          float* __restrict__ grad, float* __restrict__ combined) {
-  std::fill(grad, grad + d, 0.0f);
-  float grad_bias = 0.0f;
-  for (; it != end; ++it) {
-    const uint32_t pos = static_cast<uint32_t>(*it);
-    const int64_t sample = pos / k;
-    const float gv = gp[pos];
-    Axpy(gv, xp + sample * d, grad, d);
-    if (combined != nullptr) Axpy(gv, w_row, combined + sample * d, d);
-    grad_bias += gv;
+// The per-slot half of the pass: one row's gradient, summed over its n slots
+// (sample << 32 | the bits of g, in position order) into grad, and, with
+// `combined`, g * w_row added to each slot's sample's row of it. Returns the
+// bias gradient (the sum of the slots' g). Columns are taken kSlotBlock at a
+// time, so a block of the row's gradient and weight stays in registers over
+// all of its slots; each element still sums its slots in the same order (the
+// same floats as one slot at a time). Multiversioned like the Adam rows
+// (elementwise, no contraction: the same floats on every ISA).
+constexpr int64_t kSlotBlock = 64;
+
+inline float SlotG(uint64_t slot) {
+  const uint32_t bits = static_cast<uint32_t>(slot);
+  float g;
+  std::memcpy(&g, &bits, 4);
+  return g;
+}
+
+// Columns [c0, c0 + width) of SumRowSlots (width = kWidth, or at most
+// kSlotBlock when kWidth is 0). It and SumRowSlotsT are always inlined: they
+// must be compiled for the ISA of the multiversioned SumRowSlots that calls them.
+template <int64_t kWidth, typename W>
+[[gnu::always_inline]] inline void SumSlotColumns(const uint64_t* slots, int64_t n, const float* __restrict__ xp,
+                                                  int64_t d, int64_t c0, int64_t width, const W* __restrict__ w_row,
+                                                  float* __restrict__ grad, float* __restrict__ combined) {
+  const int64_t cols = kWidth > 0 ? kWidth : width;
+  float acc[kSlotBlock] = {0.0f};
+  float wb[kSlotBlock];
+  for (int64_t j = 0; j < cols; ++j) wb[j] = Load(w_row[c0 + j]);
+  for (int64_t i = 0; i < n; ++i) {
+    const float gv = SlotG(slots[i]);
+    const int64_t sample = static_cast<int64_t>(slots[i] >> 32);
+    const float* __restrict__ xs = xp + sample * d + c0;
+    for (int64_t j = 0; j < cols; ++j) acc[j] += gv * xs[j];
+    if (combined != nullptr) {
+      float* __restrict__ cs = combined + sample * d + c0;
+      for (int64_t j = 0; j < cols; ++j) cs[j] += gv * wb[j];
+    }
   }
+  std::copy(acc, acc + cols, grad + c0);
+}
+
+template <typename W>
+[[gnu::always_inline]] inline float SumRowSlotsT(const uint64_t* slots, int64_t n, const float* __restrict__ xp,
+                                                 int64_t d, const W* __restrict__ w_row, float* __restrict__ grad,
+                                                 float* __restrict__ combined) {
+  float grad_bias = 0.0f;
+  for (int64_t i = 0; i < n; ++i) grad_bias += SlotG(slots[i]);
+  int64_t c0 = 0;
+  for (; c0 + kSlotBlock <= d; c0 += kSlotBlock) {
+    SumSlotColumns<kSlotBlock>(slots, n, xp, d, c0, kSlotBlock, w_row, grad, combined);
+  }
+  if (c0 < d) SumSlotColumns<0>(slots, n, xp, d, c0, d - c0, w_row, grad, combined);
   return grad_bias;
 }
 #define SJ_ROW_SLOTS(W)                                                                                     \
-  SJ_MULTIVERSION float SumRowSlots(const uint64_t* it, const uint64_t* end, const float* gp, const float* xp, \
-                                    uint32_t k, int64_t d, const W* w_row, float* grad, float* combined) {     \
-    return SumRowSlotsT(it, end, gp, xp, k, d, w_row, grad, combined);                                      \
+  SJ_MULTIVERSION float SumRowSlots(const uint64_t* slots, int64_t n, const float* xp, int64_t d,          \
+                                    const W* w_row, float* grad, float* combined) {                        \
+    return SumRowSlotsT(slots, n, xp, d, w_row, grad, combined);                                           \
   }
 SJ_ROW_SLOTS(float)
 SJ_ROW_SLOTS(bf16)
 #undef SJ_ROW_SLOTS
+
+// Replaces a range's sorted keys' positions by what the per-slot sums read
+// (sample << 32 | the bits of g[pos]) into `slots`: one pass of independent
+// loads, so that the scattered reads of g overlap instead of each stalling
+// its slot's sums. sample = pos / k without a division per slot: a 32-bit
+// fixed-point reciprocal of k gives it or one less.
+inline void GatherSlots(const uint64_t* kb, int64_t n, const float* gp, uint32_t k, uint64_t reciprocal_k,
+                        uint64_t* slots) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t pos = static_cast<uint32_t>(kb[i]);
+    uint64_t sample = (static_cast<uint64_t>(pos) * reciprocal_k) >> 32;
+    sample += pos - sample * k >= k;
+    uint32_t bits;
+    std::memcpy(&bits, gp + pos, 4);
+    slots[i] = sample << 32 | bits;
+  }
+}
 
 // Orders one range's keys by id, keeping position order among equal ids (they
 // arrive in position order): the order std::sort gives these distinct keys,
@@ -216,7 +265,8 @@ constexpr int kPrefetchRows = 4;
 // Updates the rows of id ranges [r0, r1): keys[start[r] .. start[r + 1]) are
 // range r's (id << 32 | position) keys, range r's ids are [first[r],
 // first[r + 1]). `grad` is scratch of d floats, `count` and `tmp` of
-// SortRangeKeys' sizes. Not inlined: perf (and the prefetch test) can then name it.
+// SortRangeKeys' sizes (tmp then holds the range's slots for SumRowSlots).
+// Not inlined: perf (and the prefetch test) can then name it.
 // `combined` (or null): the slab's [B, d] accumulator of g[pos] * W[row].
 template <typename W, typename M>
 [[gnu::noinline]] void UpdateRanges(int64_t r0, int64_t r1, const Rows<W, M>& weight, const Rows<float, M>& bias,
@@ -226,10 +276,13 @@ template <typename W, typename M>
                   float* combined) {
   const int64_t d = weight.d;
   const bool has_bias = bias.w != nullptr;
+  const uint64_t reciprocal_k = (uint64_t{1} << 32) / static_cast<uint64_t>(k);
   for (int64_t r = r0; r < r1; ++r) {
     uint64_t* kb = keys + start[r];
     uint64_t* ke = keys + start[r + 1];
     SortRangeKeys(kb, ke, first[r], first[r + 1] - first[r], count, tmp);
+    // The sort is done with tmp: it now holds the slots' (sample, g), index for index with the keys.
+    GatherSlots(kb, ke - kb, gp, static_cast<uint32_t>(k), reciprocal_k, tmp);
     int64_t n_unique = 0;
     // A cursor kPrefetchRows distinct rows ahead prefetches the rows to come.
     uint64_t* pf = kb;
@@ -246,8 +299,7 @@ template <typename W, typename M>
       const int64_t row = static_cast<int64_t>(*it >> 32);
       uint64_t* row_end = it;
       while (row_end != ke && static_cast<int64_t>(*row_end >> 32) == row) ++row_end;
-      float grad_bias = SumRowSlots(it, row_end, gp, xp, static_cast<uint32_t>(k), d, weight.w + row * d, grad,
-                                    combined);
+      float grad_bias = SumRowSlots(tmp + (it - kb), row_end - it, xp, d, weight.w + row * d, grad, combined);
       it = row_end;
       const uint64_t seed = HashCombine(step_seed, static_cast<uint64_t>(row));
       weight.Update(row, grad, h, static_cast<uint32_t>(seed));
