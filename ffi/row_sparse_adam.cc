@@ -51,9 +51,9 @@ struct AdamConsts {
   float b1, b2, eps, weight_decay, step_size, inv_bc1, inv_bc2;
 };
 
-inline void Store(float* p, float x, uint32_t /*random*/) { *p = x; }
+SJ_INLINE void Store(float* p, float x, uint32_t /*random*/) { *p = x; }
 // Stochastic rounding: add 16 random bits below the kept mantissa, truncate.
-inline void Store(bf16* p, float x, uint32_t random) {
+SJ_INLINE void Store(bf16* p, float x, uint32_t random) {
   uint32_t u;
   std::memcpy(&u, &x, 4);
   const bool finite = (u & 0x7f800000u) != 0x7f800000u;
@@ -61,7 +61,7 @@ inline void Store(bf16* p, float x, uint32_t random) {
 }
 
 // 32 random bits for element i of a row (seed: a hash of step and row).
-inline uint32_t ElementBits(uint32_t seed, int64_t i) {
+SJ_INLINE uint32_t ElementBits(uint32_t seed, int64_t i) {
   uint32_t h = (seed + static_cast<uint32_t>(i)) * 0x9E3779B1u;
   h ^= h >> 16;
   h *= 0x85EBCA6Bu;
@@ -71,11 +71,11 @@ inline uint32_t ElementBits(uint32_t seed, int64_t i) {
 
 // The random bits that round element i of a bfloat16 weight row (a stream
 // apart from the moments').
-inline uint32_t WeightBits(uint32_t seed, int64_t i) { return ElementBits(~seed, i); }
+SJ_INLINE uint32_t WeightBits(uint32_t seed, int64_t i) { return ElementBits(~seed, i); }
 
 // Writes a row's new weight (stochastically rounded when bfloat16).
 template <typename W>
-inline void StoreWeight(W* w, int64_t i, float x, uint32_t seed) {
+SJ_INLINE void StoreWeight(W* w, int64_t i, float x, uint32_t seed) {
   uint32_t bits = 0;
   if constexpr (sizeof(W) == 2) bits = WeightBits(seed, i);
   Store(w + i, x, bits);
@@ -85,7 +85,7 @@ inline void StoreWeight(W* w, int64_t i, float x, uint32_t seed) {
 // first moments m, and one second moment *v for the row, of the mean of the
 // squared gradient over the row (summed in Dot's fixed order).
 template <typename W, typename M>
-inline void RowwiseAdamRowT(W* __restrict__ w, M* __restrict__ m, M* __restrict__ v, const float* __restrict__ g,
+SJ_INLINE void RowwiseAdamRowT(W* __restrict__ w, M* __restrict__ m, M* __restrict__ v, const float* __restrict__ g,
                             int64_t d, const AdamConsts& h, uint32_t seed) {
   const float mean_sq = Dot(g, g, d) / static_cast<float>(d);
   const float vi = h.b2 * Load(*v) + (1.0f - h.b2) * mean_sq;
@@ -103,7 +103,7 @@ inline void RowwiseAdamRowT(W* __restrict__ w, M* __restrict__ m, M* __restrict_
 
 // One row's Adam update; restrict pointers let the compiler vectorize it.
 template <typename W, typename M>
-inline void AdamRowT(W* __restrict__ w, M* __restrict__ m, M* __restrict__ v, const float* __restrict__ g,
+SJ_INLINE void AdamRowT(W* __restrict__ w, M* __restrict__ m, M* __restrict__ v, const float* __restrict__ g,
                      int64_t d, const AdamConsts& h, uint32_t seed) {
   for (int64_t i = 0; i < d; ++i) {
     const float mi = h.b1 * Load(m[i]) + (1.0f - h.b1) * g[i];
@@ -145,7 +145,7 @@ SJ_ADAM_ROWS(bf16, bf16)
 // (elementwise, no contraction: the same floats on every ISA).
 constexpr int64_t kSlotBlock = 64;
 
-inline float SlotG(uint64_t slot) {
+SJ_INLINE float SlotG(uint64_t slot) {
   const uint32_t bits = static_cast<uint32_t>(slot);
   float g;
   std::memcpy(&g, &bits, 4);
@@ -153,12 +153,11 @@ inline float SlotG(uint64_t slot) {
 }
 
 // Columns [c0, c0 + width) of SumRowSlots (width = kWidth, or at most
-// kSlotBlock when kWidth is 0). It and SumRowSlotsT are always inlined: they
-// must be compiled for the ISA of the multiversioned SumRowSlots that calls them.
+// kSlotBlock when kWidth is 0).
 template <int64_t kWidth, typename W>
-[[gnu::always_inline]] inline void SumSlotColumns(const uint64_t* slots, int64_t n, const float* __restrict__ xp,
-                                                  int64_t d, int64_t c0, int64_t width, const W* __restrict__ w_row,
-                                                  float* __restrict__ grad, float* __restrict__ combined) {
+SJ_INLINE void SumSlotColumns(const uint64_t* slots, int64_t n, const float* __restrict__ xp, int64_t d, int64_t c0,
+                              int64_t width, const W* __restrict__ w_row, float* __restrict__ grad,
+                              float* __restrict__ combined) {
   const int64_t cols = kWidth > 0 ? kWidth : width;
   float acc[kSlotBlock] = {0.0f};
   float wb[kSlotBlock];
@@ -177,9 +176,8 @@ template <int64_t kWidth, typename W>
 }
 
 template <typename W>
-[[gnu::always_inline]] inline float SumRowSlotsT(const uint64_t* slots, int64_t n, const float* __restrict__ xp,
-                                                 int64_t d, const W* __restrict__ w_row, float* __restrict__ grad,
-                                                 float* __restrict__ combined) {
+SJ_INLINE float SumRowSlotsT(const uint64_t* slots, int64_t n, const float* __restrict__ xp, int64_t d,
+                             const W* __restrict__ w_row, float* __restrict__ grad, float* __restrict__ combined) {
   float grad_bias = 0.0f;
   for (int64_t i = 0; i < n; ++i) grad_bias += SlotG(slots[i]);
   int64_t c0 = 0;

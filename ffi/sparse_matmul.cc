@@ -20,7 +20,7 @@ namespace {
 constexpr int64_t kPrefetchAhead = 8;
 
 template <typename W>
-inline void PrefetchRow(const W* w, const float* bias, const int32_t* ids, int64_t j, int64_t k, int64_t d) {
+SJ_INLINE void PrefetchRow(const W* w, const float* bias, const int32_t* ids, int64_t j, int64_t k, int64_t d) {
   if (j >= k) return;
   const int32_t id = ids[j];
   if (id == kPadId) return;
@@ -34,8 +34,8 @@ struct GatherArgs {
 };
 
 template <typename W>
-inline void GatherDotRowsT(const float* x, const W* w, const int32_t* ids, float* out, int64_t b0, int64_t b1,
-                           const GatherArgs& a) {
+SJ_INLINE void GatherDotRowsT(const float* x, const W* w, const int32_t* ids, float* out, int64_t b0, int64_t b1,
+                              const GatherArgs& a) {
   for (int64_t b = b0; b < b1; ++b) {
     const float* xb = x + b * a.d;
     for (int64_t j = 0; j < a.k; ++j) {
@@ -52,8 +52,8 @@ inline void GatherDotRowsT(const float* x, const W* w, const int32_t* ids, float
 }
 
 template <typename W>
-inline void GatherCombineRowsT(const float* g, const W* w, const int32_t* ids, float* out, int64_t b0, int64_t b1,
-                               const GatherArgs& a) {
+SJ_INLINE void GatherCombineRowsT(const float* g, const W* w, const int32_t* ids, float* out, int64_t b0,
+                                  int64_t b1, const GatherArgs& a) {
   for (int64_t b = b0; b < b1; ++b) {
     float* ob = out + b * a.d;
     std::fill(ob, ob + a.d, 0.0f);
