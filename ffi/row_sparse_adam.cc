@@ -85,8 +85,8 @@ SJ_INLINE void StoreWeight(W* w, int64_t i, float x, uint32_t seed) {
 // first moments m, and one second moment *v for the row, of the mean of the
 // squared gradient over the row (summed in Dot's fixed order).
 template <typename W, typename M>
-SJ_INLINE void RowwiseAdamRowT(W* __restrict__ w, M* __restrict__ m, M* __restrict__ v, const float* __restrict__ g,
-                            int64_t d, const AdamConsts& h, uint32_t seed) {
+SJ_INLINE void RowwiseAdamRowT(W* __restrict__ w, M* __restrict__ m, M* __restrict__ v,
+                               const float* __restrict__ g, int64_t d, const AdamConsts& h, uint32_t seed) {
   const float mean_sq = Dot(g, g, d) / static_cast<float>(d);
   const float vi = h.b2 * Load(*v) + (1.0f - h.b2) * mean_sq;
   Store(v, vi, sizeof(M) == 2 ? ElementBits(seed, d) : 0);
@@ -104,7 +104,7 @@ SJ_INLINE void RowwiseAdamRowT(W* __restrict__ w, M* __restrict__ m, M* __restri
 // One row's Adam update; restrict pointers let the compiler vectorize it.
 template <typename W, typename M>
 SJ_INLINE void AdamRowT(W* __restrict__ w, M* __restrict__ m, M* __restrict__ v, const float* __restrict__ g,
-                     int64_t d, const AdamConsts& h, uint32_t seed) {
+                        int64_t d, const AdamConsts& h, uint32_t seed) {
   for (int64_t i = 0; i < d; ++i) {
     const float mi = h.b1 * Load(m[i]) + (1.0f - h.b1) * g[i];
     const float vi = h.b2 * Load(v[i]) + (1.0f - h.b2) * g[i] * g[i];
@@ -196,10 +196,10 @@ SJ_ROW_SLOTS(float)
 SJ_ROW_SLOTS(bf16)
 #undef SJ_ROW_SLOTS
 
-// Replaces a range's sorted keys' positions by what the per-slot sums read
-// (sample << 32 | the bits of g[pos]) into `slots`: one pass of independent
-// loads, so that the scattered reads of g overlap instead of each stalling
-// its slot's sums. sample = pos / k without a division per slot: a 32-bit
+// Writes, index for index with a range's sorted keys, what the per-slot sums
+// read (sample << 32 | the bits of g[pos]) into `slots`: one pass of
+// independent loads, so that the scattered reads of g overlap instead of each
+// stalling its slot's sums. sample = pos / k without a division per slot: a 32-bit
 // fixed-point reciprocal of k gives it or one less.
 inline void GatherSlots(const uint64_t* kb, int64_t n, const float* gp, uint32_t k, uint64_t reciprocal_k,
                         uint64_t* slots) {
