@@ -274,7 +274,8 @@ template <typename W, typename M>
                   float* combined) {
   const int64_t d = weight.d;
   const bool has_bias = bias.w != nullptr;
-  const uint64_t reciprocal_k = (uint64_t{1} << 32) / static_cast<uint64_t>(k);
+  // k = 0 (ids [B, 0]) leaves every range empty; the reciprocal is then never used.
+  const uint64_t reciprocal_k = k > 0 ? (uint64_t{1} << 32) / static_cast<uint64_t>(k) : 0;
   for (int64_t r = r0; r < r1; ++r) {
     uint64_t* kb = keys + start[r];
     uint64_t* ke = keys + start[r + 1];
