@@ -389,7 +389,8 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<WT> weight, Momen
     for (int64_t r = 0; r <= R; ++r) first[r] = (r * N + R - 1) / R;
     // id * R / N without a division per id: a 32-bit fixed-point reciprocal
     // (never above R / N) gives it or one less, and first[] settles which.
-    const uint64_t reciprocal = (static_cast<uint64_t>(R) << 32) / static_cast<uint64_t>(N);
+    // (N = 0: every id is padding, range_of is never called.)
+    const uint64_t reciprocal = N > 0 ? (static_cast<uint64_t>(R) << 32) / static_cast<uint64_t>(N) : 0;
     auto range_of = [&](int32_t id) {
       int64_t r = static_cast<int64_t>((static_cast<uint64_t>(id) * reciprocal) >> 32);
       return r + (id >= first[r + 1]);

@@ -63,21 +63,21 @@ def test_multi_step_matches_lazy_reference_with_schedule_and_decay():
   np.testing.assert_array_equal(np.asarray(W)[untouched], np.asarray(W0)[untouched])
 
 
-@pytest.mark.parametrize("B", [0, 3])
-def test_no_active_ids_leave_everything_unchanged(B):
-  # ids [B, 0] (and [0, 0]): no slot, so no row is touched. Regression: the kernel divided by k = 0 (SIGFPE),
-  # found by tests/test_fuzz_ops.py in CI.
+@pytest.mark.parametrize("B,k,N", [(0, 0, 5), (3, 0, 5), (3, 2, 0)])
+def test_no_active_ids_leave_everything_unchanged(B, k, N):
+  # ids [B, 0] (and [0, 0]), or only padding in a layer of no rows: no slot, so no row is touched.
+  # Regression: the kernel divided by k = 0 and by N = 0 (SIGFPE); the first found by tests/test_fuzz_ops.py in CI.
   rng = np.random.default_rng(3)
-  W = jnp.asarray(rng.normal(size=(5, 4)), jnp.float32)
-  b = jnp.asarray(rng.normal(size=(5,)), jnp.float32)
-  g = RowSparseGrad(jnp.zeros((B, 0), jnp.int32), jnp.zeros((B, 0), jnp.float32),
+  W = jnp.asarray(rng.normal(size=(N, 4)), jnp.float32)
+  b = jnp.asarray(rng.normal(size=(N,)), jnp.float32)
+  g = RowSparseGrad(jnp.full((B, k), -1, jnp.int32), jnp.ones((B, k), jnp.float32),
                     jnp.asarray(rng.normal(size=(B, 4)), jnp.float32))
   opt = optim.row_sparse_adam(0.1)
   (new_w, new_b), state, touched, dx = optim.apply_row_sparse_adam((W, b), opt.init((W, b)), g, 0.1, combine=True)
   np.testing.assert_array_equal(new_w, W)
   np.testing.assert_array_equal(new_b, b)
   np.testing.assert_array_equal(state[0].mu, 0.0)
-  assert touched.shape == (0,) and dx.shape == (B, 4)
+  assert touched.shape == (B * k,) and np.all(np.asarray(touched) == -1) and dx.shape == (B, 4)
   np.testing.assert_array_equal(dx, 0.0)
 
 
