@@ -78,11 +78,13 @@ def has_bad_ids(ids, n):
   return bool(((ids < -1) | (ids >= n)).any())
 
 
-def corrupt(rng, x, kind):
+def corrupt(rng, x, kind, name=""):
   """(x with a wrong dtype, rank or size, the axis grown by one for kind 'size')."""
   x = np.asarray(x)
   if kind == "dtype":
-    return x.astype(jnp.dtype(rng.choice(OTHER_DTYPE[x.dtype.name]))), None
+    # A weight may be bfloat16 (the ops that take one accept float32 and bfloat16 weights).
+    other = [t for t in OTHER_DTYPE[x.dtype.name] if not (name == "weight" and t == "bfloat16")]
+    return x.astype(jnp.dtype(rng.choice(other))), None
   if kind == "rank":
     return (x[None] if x.ndim == 0 or rng.random() < 0.5 else x[..., None]), None
   axis = int(rng.integers(x.ndim))
@@ -600,7 +602,7 @@ def run_case(c):
   names = None
   if c.get("corrupt"):
     arg = c["corrupt"][0]
-    args[arg], axis = corrupt(rng, args[arg], c["corrupt"][1])
+    args[arg], axis = corrupt(rng, args[arg], c["corrupt"][1], arg)
     names = names_for(op, c, args, axis, args[arg].dtype)
   invalid = op.invalid(c, args)
   if invalid is not None:
