@@ -196,11 +196,19 @@ SJ_ROW_SLOTS(float)
 SJ_ROW_SLOTS(bf16)
 #undef SJ_ROW_SLOTS
 
+// floor(2^32 * scale / divisor): with it, x * scale / divisor (all three below
+// 2^32) is (x * reciprocal) >> 32 or one more, without a division per x. The
+// pass's two quotients (a slot's sample, an id's range) use it; a divisor of 0
+// (no slots, or a layer of no rows) has nothing to divide and gets 0.
+inline uint64_t FixedPointReciprocal(uint64_t scale, uint64_t divisor) {
+  return divisor > 0 ? (scale << 32) / divisor : 0;
+}
+
 // Writes, index for index with a range's sorted keys, what the per-slot sums
 // read (sample << 32 | the bits of g[pos]) into `slots`: one pass of
 // independent loads, so that the scattered reads of g overlap instead of each
-// stalling its slot's sums. sample = pos / k without a division per slot: a 32-bit
-// fixed-point reciprocal of k gives it or one less.
+// stalling its slot's sums. sample = pos / k by FixedPointReciprocal(1, k),
+// corrected by one where it falls short.
 inline void GatherSlots(const uint64_t* kb, int64_t n, const float* gp, uint32_t k, uint64_t reciprocal_k,
                         uint64_t* slots) {
   for (int64_t i = 0; i < n; ++i) {
@@ -274,8 +282,7 @@ template <typename W, typename M>
                   float* combined) {
   const int64_t d = weight.d;
   const bool has_bias = bias.w != nullptr;
-  // k = 0 (ids [B, 0]) leaves every range empty; the reciprocal is then never used.
-  const uint64_t reciprocal_k = k > 0 ? (uint64_t{1} << 32) / static_cast<uint64_t>(k) : 0;
+  const uint64_t reciprocal_k = FixedPointReciprocal(1, static_cast<uint64_t>(k));
   for (int64_t r = r0; r < r1; ++r) {
     uint64_t* kb = keys + start[r];
     uint64_t* ke = keys + start[r + 1];
@@ -389,8 +396,7 @@ ffi::Error RowSparseAdamImpl(ffi::ThreadPool pool, ffi::Buffer<WT> weight, Momen
     for (int64_t r = 0; r <= R; ++r) first[r] = (r * N + R - 1) / R;
     // id * R / N without a division per id: a 32-bit fixed-point reciprocal
     // (never above R / N) gives it or one less, and first[] settles which.
-    // (N = 0: every id is padding, range_of is never called.)
-    const uint64_t reciprocal = N > 0 ? (static_cast<uint64_t>(R) << 32) / static_cast<uint64_t>(N) : 0;
+    const uint64_t reciprocal = FixedPointReciprocal(static_cast<uint64_t>(R), static_cast<uint64_t>(N));
     auto range_of = [&](int32_t id) {
       int64_t r = static_cast<int64_t>((static_cast<uint64_t>(id) * reciprocal) >> 32);
       return r + (id >= first[r + 1]);
