@@ -15,18 +15,45 @@
 
 namespace sparsejax {
 
-// Open-addressing set of non-negative int32 ids with O(capacity) reset.
+// A set of ids in [0, N) with a cheap reset. Where N is small enough, a
+// bitmap over [0, N): an insert tests and sets one bit, and a reset clears
+// only the words of the ids inserted (at most k + 1 per row). Else open
+// addressing sized by the most ids one row holds, reset in O(capacity).
+// Callers insert only ids already checked to be in [0, N).
 class IdSet {
  public:
-  explicit IdSet(int64_t max_size) {
+  // Larger N use the hash set: a bitmap of 2^22 bits (512 KB) still stays in L2.
+  static constexpr int64_t kMaxBitmapIds = int64_t{1} << 22;
+
+  IdSet(int64_t max_size, int64_t N) : bitmap_(N >= 1 && N <= kMaxBitmapIds) {
+    if (bitmap_) {
+      bits_.assign((N + 63) / 64, 0);
+      inserted_.reserve(max_size + 1);  // PutLabels may insert one label past k
+      return;
+    }
     int64_t cap = 16;
     while (cap < 2 * max_size) cap <<= 1;
     slots_.assign(cap, -1);
     mask_ = cap - 1;
   }
-  void Clear() { std::fill(slots_.begin(), slots_.end(), -1); }
+  void Clear() {
+    if (bitmap_) {
+      for (const int32_t id : inserted_) bits_[id >> 6] = 0;
+      inserted_.clear();
+      return;
+    }
+    std::fill(slots_.begin(), slots_.end(), -1);
+  }
   // Returns true if the id was not yet in the set.
   bool Insert(int32_t id) {
+    if (bitmap_) {
+      uint64_t& word = bits_[id >> 6];
+      const uint64_t bit = uint64_t{1} << (id & 63);
+      if (word & bit) return false;
+      word |= bit;
+      inserted_.push_back(id);
+      return true;
+    }
     uint64_t h = SplitMix64(static_cast<uint64_t>(id)) & mask_;
     while (slots_[h] >= 0) {
       if (slots_[h] == id) return false;
@@ -37,14 +64,17 @@ class IdSet {
   }
 
  private:
+  bool bitmap_;
+  std::vector<uint64_t> bits_;
+  std::vector<int32_t> inserted_;
   std::vector<int32_t> slots_;
-  uint64_t mask_;
+  uint64_t mask_ = 0;
 };
 
 // One worker's scratch for building rows of k ids out of [0, N), allocated
 // before the parallel loop (a kernel's only allocation that can fail).
 struct ActiveSetScratch {
-  ActiveSetScratch(int64_t k, int64_t N) : set(k) {
+  ActiveSetScratch(int64_t k, int64_t N) : set(k, N) {
     if (2 * k > N) {  // random fill by listing the unused ids
       used.resize(N);
       unused.reserve(N);

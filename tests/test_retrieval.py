@@ -43,12 +43,14 @@ def _merge_reference(candidates, labels, k, max_from):
   return out, taken
 
 
+# N = 20: the random fill lists the unused ids (2k > N); 5M: the kernel's id set is a hash set, not a bitmap.
+@pytest.mark.parametrize("N", [20, 200, 5_000_000])
 @pytest.mark.parametrize("max_from", [None, 5])
-def test_merge_candidates_against_reference(max_from):
+def test_merge_candidates_against_reference(max_from, N):
   rng = np.random.default_rng(1)
-  B, C, k, N = 16, 30, 12, 200
-  cand = rng.integers(-1, 40, size=(B, C)).astype(np.int32)  # repeats and padding
-  labels = rng.integers(-1, 60, size=(B, 3)).astype(np.int32)
+  B, C, k = 16, 30, 12
+  cand = rng.integers(-1, min(40, N), size=(B, C)).astype(np.int32)  # repeats and padding
+  labels = rng.integers(-1, min(60, N), size=(B, 3)).astype(np.int32)
   active, n = clusters.merge_candidates(jnp.asarray(cand), k=k, num_rows=N, labels=jnp.asarray(labels), seed=7,
                                         max_from_candidates=max_from)
   active, n = np.asarray(active), np.asarray(n)
