@@ -1,0 +1,88 @@
+"""Times the two per-sample kernels of a sampled step's forward, alone: building the active sets and their logits.
+
+- ``merge_candidates``: each sample's active set of ``k`` distinct ids from its labels, ``--candidates`` ranked
+  candidates (as the clustered index's probe returns them) and a random fill; the set of ids already taken is
+  the kernel's inner loop.
+- ``gather_dot``: the logits ``<h[b], W[ids[b, j]]> + bias`` of those sets (``sparse_logits``' forward).
+
+At the GCIDE cloze shape by default (N = 20,912, B = 128, k = 1024, d = 128, half of each set from the
+index). Ids are drawn per sample without repeats, Zipf-like as in ``adam_pass.py``. Prints the minimum and
+median milliseconds of ``--repeats`` timings of ``--iters`` calls each, and a checksum of the outputs, so that
+two builds can be compared in turn on this noisy VM (same checksum: same outputs):
+
+  python benchmarks/query_and_logits.py
+  python benchmarks/query_and_logits.py --num_labels 1000000 --zipf 0
+  PYTHONPATH=/path/to/other/site-packages python benchmarks/query_and_logits.py   # another build
+"""
+
+import argparse
+import hashlib
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sparsejax import clusters, ops
+
+
+def timed(fn, args, iters: int, repeats: int) -> list[float]:
+  """Milliseconds per call of ``fn(*args)``, one figure per repeat of ``iters`` calls."""
+  jax.block_until_ready(fn(*args))
+  ms = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    for _ in range(iters):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    ms.append((time.perf_counter() - start) / iters * 1e3)
+  return ms
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--num_labels", type=int, default=20_912)
+  parser.add_argument("--batch_size", type=int, default=128)
+  parser.add_argument("--active_k", type=int, default=1024)
+  parser.add_argument("--candidates", type=int, default=512, help="ranked candidates per sample (from the index)")
+  parser.add_argument("--dim", type=int, default=128)
+  parser.add_argument("--zipf", type=float, default=0.6, help="id frequency ~ 1 / rank^zipf; 0: uniform")
+  parser.add_argument("--iters", type=int, default=100, help="calls per timing")
+  parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--json", default=None)
+  args = parser.parse_args()
+
+  n, d, b, k, c = args.num_labels, args.dim, args.batch_size, args.active_k, args.candidates
+  rng = np.random.default_rng(0)
+  p = None
+  if args.zipf > 0:
+    p = 1.0 / np.arange(1, n + 1) ** args.zipf
+    p /= p.sum()
+  ids = np.stack([rng.choice(n, k, replace=False, p=p) for _ in range(b)]).astype(np.int32)
+  candidates = jnp.asarray(ids[:, :c])
+  labels = jnp.asarray(ids[:, -1:])
+  weight = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
+  bias = jnp.asarray(rng.normal(size=n), jnp.float32)
+  h = jnp.asarray(rng.normal(size=(b, d)), jnp.float32)
+
+  merge = jax.jit(lambda cand, lab: clusters.merge_candidates(cand, k=k, num_rows=n, labels=lab, seed=3,
+                                                              max_from_candidates=c))
+  active = merge(candidates, labels)[0]
+  logits = jax.jit(ops.gather_dot)
+  outputs = {"merge_candidates": active, "gather_dot": logits(h, weight, active, bias)}
+  result = dict(num_labels=n, batch_size=b, active_k=k, candidates=c, dim=d, zipf=args.zipf, kernels={})
+  for name, fn, fn_args in (("merge_candidates", merge, (candidates, labels)),
+                            ("gather_dot", logits, (h, weight, active, bias))):
+    ms = timed(fn, fn_args, args.iters, args.repeats)
+    checksum = hashlib.sha256(np.asarray(outputs[name]).tobytes()).hexdigest()[:16]
+    result["kernels"][name] = dict(min_ms=min(ms), median_ms=float(np.median(ms)), ms=ms, checksum=checksum)
+    print(f"N={n} B={b} k={k} d={d}: {name} min {min(ms):.3f} ms, median {np.median(ms):.3f} ms "
+          f"(outputs {checksum})")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
