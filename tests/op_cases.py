@@ -392,6 +392,8 @@ class LshQuery(Hashed):
     bad = set()
     if not isinstance(c["k_query"], int) or not 1 <= c["k_query"] <= c["N"]:
       bad.add("k")
+    if c["N"] < 1:  # a layer of no rows: a static num_rows is rejected first, by name
+      bad.add("num_rows")
     if has_bad_ids(a["labels"], c["N"]):
       bad.add("labels")
     return bad or None
@@ -507,7 +509,8 @@ class RowSparseAdam(Op):
   def check(self, c, a, out):
     new_params, new_state, touched = out[:3]
     if c.get("combine", False):  # the weight's rows before the update, combined by g
-      weight = np.asarray(a["weight"]).reshape(len(a["weight"]), -1)
+      weight = np.asarray(a["weight"])
+      weight = weight if weight.ndim == 2 else weight[:, None]  # a vector layout is a weight of width 1
       assert_close(out[3], gather_combine_ref(a["grad.g"], weight, a["grad.ids"]), 1e-4, 1e-5, "combined")
     h = c["hyper"]
     pair = a["bias"] is not None
