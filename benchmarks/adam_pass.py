@@ -25,6 +25,16 @@ from sparsejax import optim
 from sparsejax.optim import RowSparseAdamState, RowSparseGrad
 
 
+def draw_ids(rng: np.random.Generator, num_labels: int, batch_size: int, active_k: int, zipf: float) -> np.ndarray:
+  """``[batch_size, active_k]`` int32 ids, distinct within a sample, drawn with probability ~ 1 / rank^zipf
+  (the rows of frequent labels repeat across samples), or uniformly for ``zipf`` = 0."""
+  p = None
+  if zipf > 0:
+    p = 1.0 / np.arange(1, num_labels + 1) ** zipf
+    p /= p.sum()
+  return np.stack([rng.choice(num_labels, active_k, replace=False, p=p) for _ in range(batch_size)]).astype(np.int32)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--num_labels", type=int, default=20_912)
@@ -39,11 +49,7 @@ def main() -> None:
 
   n, d, b, k = args.num_labels, args.dim, args.batch_size, args.active_k
   rng = np.random.default_rng(0)
-  p = None
-  if args.zipf > 0:
-    p = 1.0 / np.arange(1, n + 1) ** args.zipf
-    p /= p.sum()
-  ids = np.stack([rng.choice(n, k, replace=False, p=p) for _ in range(b)]).astype(np.int32)
+  ids = draw_ids(rng, n, b, k, args.zipf)
   slots_per_row = ids.size / len(np.unique(ids))
   params = (jnp.asarray(rng.normal(size=(n, d)), jnp.float32), jnp.zeros(n, jnp.float32))
   state = (RowSparseAdamState(jnp.zeros([], jnp.int32), jnp.zeros((n, d)), jnp.zeros((n, d))),

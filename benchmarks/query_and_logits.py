@@ -6,7 +6,7 @@
 - ``gather_dot``: the logits ``<h[b], W[ids[b, j]]> + bias`` of those sets (``sparse_logits``' forward).
 
 At the GCIDE cloze shape by default (N = 20,912, B = 128, k = 1024, d = 128, half of each set from the
-index). Ids are drawn per sample without repeats, Zipf-like as in ``adam_pass.py``. Prints the minimum and
+index). Ids are drawn per sample without repeats, Zipf-like, by ``adam_pass.py``'s ``draw_ids``. Prints the minimum and
 median milliseconds of ``--repeats`` timings of ``--iters`` calls each, and a checksum of the outputs, so that
 two builds can be compared in turn on this noisy VM (same checksum: same outputs):
 
@@ -18,6 +18,8 @@ two builds can be compared in turn on this noisy VM (same checksum: same outputs
 import argparse
 import hashlib
 import json
+import os
+import sys
 import time
 
 import jax
@@ -25,6 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparsejax import clusters, ops
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from adam_pass import draw_ids  # noqa: E402  (this directory's benchmark: the same ids)
 
 
 def timed(fn, args, iters: int, repeats: int) -> list[float]:
@@ -55,11 +60,7 @@ def main() -> None:
 
   n, d, b, k, c = args.num_labels, args.dim, args.batch_size, args.active_k, args.candidates
   rng = np.random.default_rng(0)
-  p = None
-  if args.zipf > 0:
-    p = 1.0 / np.arange(1, n + 1) ** args.zipf
-    p /= p.sum()
-  ids = np.stack([rng.choice(n, k, replace=False, p=p) for _ in range(b)]).astype(np.int32)
+  ids = draw_ids(rng, n, b, k, args.zipf)
   candidates = jnp.asarray(ids[:, :c])
   labels = jnp.asarray(ids[:, -1:])
   weight = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
