@@ -35,6 +35,22 @@ def draw_ids(rng: np.random.Generator, num_labels: int, batch_size: int, active_
   return np.stack([rng.choice(num_labels, active_k, replace=False, p=p) for _ in range(batch_size)]).astype(np.int32)
 
 
+def time_calls(call, iters: int, repeats: int, warmup: int = 1) -> list[float]:
+  """Milliseconds per ``call()`` (which returns what to wait for), one figure per repeat of ``iters`` calls,
+  after ``warmup`` calls."""
+  for _ in range(warmup):
+    out = call()
+  jax.block_until_ready(out)
+  ms = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    for _ in range(iters):
+      out = call()
+    jax.block_until_ready(out)
+    ms.append((time.perf_counter() - start) / iters * 1e3)
+  return ms
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--num_labels", type=int, default=20_912)
@@ -62,16 +78,13 @@ def main() -> None:
     new_params, new_state, _, dh = optim.apply_row_sparse_adam(params, state, grad, 1e-3, combine=True)
     return new_params, new_state, dh
 
-  for _ in range(5):
-    params, state, dh = step(params, state)
-  jax.block_until_ready(dh)
-  ms = []
-  for _ in range(args.repeats):
-    start = time.perf_counter()
-    for _ in range(args.iters):
-      params, state, dh = step(params, state)
-    jax.block_until_ready(dh)
-    ms.append((time.perf_counter() - start) / args.iters * 1e3)
+  carry = [params, state]  # donated each call: the next call takes the new ones
+
+  def call():
+    carry[0], carry[1], dh = step(*carry)
+    return dh
+
+  ms = time_calls(call, args.iters, args.repeats, warmup=5)
   result = dict(num_labels=n, batch_size=b, active_k=k, dim=d, zipf=args.zipf, slots_per_touched_row=slots_per_row,
                 min_ms=min(ms), median_ms=float(np.median(ms)), ms=ms)
   print(f"N={n} B={b} k={k} d={d} ({slots_per_row:.1f} slots per touched row): Adam pass with dh "

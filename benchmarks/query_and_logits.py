@@ -16,11 +16,11 @@ two builds can be compared in turn on this noisy VM (same checksum: same outputs
 """
 
 import argparse
+import functools
 import hashlib
 import json
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -29,20 +29,7 @@ import numpy as np
 from sparsejax import clusters, ops
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from adam_pass import draw_ids  # noqa: E402  (this directory's benchmark: the same ids)
-
-
-def timed(fn, args, iters: int, repeats: int) -> list[float]:
-  """Milliseconds per call of ``fn(*args)``, one figure per repeat of ``iters`` calls."""
-  jax.block_until_ready(fn(*args))
-  ms = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    for _ in range(iters):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    ms.append((time.perf_counter() - start) / iters * 1e3)
-  return ms
+from adam_pass import draw_ids, time_calls  # noqa: E402  (this directory's benchmark: the same ids, timing)
 
 
 def main() -> None:
@@ -75,7 +62,7 @@ def main() -> None:
   result = dict(num_labels=n, batch_size=b, active_k=k, candidates=c, dim=d, zipf=args.zipf, kernels={})
   for name, fn, fn_args in (("merge_candidates", merge, (candidates, labels)),
                             ("gather_dot", logits, (h, weight, active, bias))):
-    ms = timed(fn, fn_args, args.iters, args.repeats)
+    ms = time_calls(functools.partial(fn, *fn_args), args.iters, args.repeats)
     checksum = hashlib.sha256(np.asarray(outputs[name]).tobytes()).hexdigest()[:16]
     result["kernels"][name] = dict(min_ms=min(ms), median_ms=float(np.median(ms)), ms=ms, checksum=checksum)
     print(f"N={n} B={b} k={k} d={d}: {name} min {min(ms):.3f} ms, median {np.median(ms):.3f} ms "
