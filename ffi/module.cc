@@ -23,7 +23,8 @@ namespace nb = nanobind;
   X(lsh_tables_insert, LshTablesInsert)                                            \
   X(lsh_query, LshQuery)                                                           \
   X(merge_candidates, MergeCandidates)                                             \
-  X(cluster_probe, ClusterProbe)
+  X(cluster_probe, ClusterProbe)                                                   \
+  X(row_argmax, RowArgmax)
 
 namespace sparsejax {
 extern "C" {

@@ -42,6 +42,7 @@ VALID = {
                              results=[[[5, 3], "int32"], [[5], "int32"]], attrs=dict(max_from_candidates=("int64", 3))),
     "cluster_probe": dict(args=[[[5, 4], "float32"], [[5], "int32"], [[6], "int32"]], results=[[[5, 3], "int32"]],
                           attrs=dict(probes=("int64", 2))),
+    "row_argmax": dict(args=[[[5, 4], "float32"]], results=[[[5], "int32"], [[5], "float32"]]),
     "row_sparse_adam_float32": _ADAM("float32"),
     "row_sparse_adam_bfloat16": _ADAM("bfloat16"),
     "row_sparse_adam_float32_bfloat16_weight": _ADAM("float32", "bfloat16"),
