@@ -1,0 +1,70 @@
+"""Times a build of the clustered index alone: the training index's refresh and the serving index of evaluations.
+
+A build is spherical k-means of the N output rows (``clusters.build_index``): Lloyd iterations, a final
+assignment of every row to its best centroid, then the inverted file. With the default settings
+(``--kmeans_iterations=2``, ``--kmeans_sample=64``) the training index has about sqrt(N) clusters and the serving
+index the larger of 4 times that and 4,096 (``ModelConfig.index_sizes`` and ``eval_index_sizes``).
+
+The rows are random normal with a shared component (as trained rows have). Prints the minimum and median
+milliseconds of ``--repeats`` builds and a checksum of the index, so that two builds can be compared in turn on
+this noisy VM (same checksum: the same index):
+
+  python benchmarks/index_build.py                              # GCIDE cloze's N
+  python benchmarks/index_build.py --num_labels 200000 --repeats 3
+  PYTHONPATH=/path/to/other/site-packages python benchmarks/index_build.py   # another build
+"""
+
+import argparse
+import functools
+import hashlib
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sparsejax import clusters
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from adam_pass import time_calls  # noqa: E402  (this directory's benchmark: the same timing loop)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--num_labels", type=int, default=20_912)
+  parser.add_argument("--dim", type=int, default=128)
+  parser.add_argument("--kmeans_iterations", type=int, default=2)
+  parser.add_argument("--kmeans_sample", type=int, default=64, help="rows per cluster of the Lloyd iterations")
+  parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--json", default=None)
+  args = parser.parse_args()
+
+  n, d = args.num_labels, args.dim
+  rng = np.random.default_rng(0)
+  shared = rng.normal(size=d)
+  weight = jnp.asarray(0.1 * (rng.normal(size=(n, d)) + 2.0 * shared), jnp.float32)
+  bias = jnp.asarray(rng.normal(size=n), jnp.float32)
+  train_c = clusters.default_num_clusters(n)
+  result = dict(num_labels=n, dim=d, kmeans_iterations=args.kmeans_iterations, kmeans_sample=args.kmeans_sample,
+                builds={})
+  for name, c in (("training", train_c), ("serving", min(max(4 * train_c, 4096), n))):
+    index = clusters.init_index(c, n, d)
+    build = jax.jit(functools.partial(clusters.build_index, iterations=args.kmeans_iterations,
+                                      sample_per_cluster=args.kmeans_sample))
+    built = build(index, weight, bias)
+    checksum = hashlib.sha256(b"".join(np.asarray(a).tobytes() for a in (built.offsets, built.rows,
+                                                                         built.centroids))).hexdigest()[:16]
+    ms = time_calls(functools.partial(build, index, weight, bias), 1, args.repeats)
+    result["builds"][name] = dict(clusters=c, min_ms=min(ms), median_ms=float(np.median(ms)), ms=ms,
+                                  checksum=checksum)
+    print(f"N={n} d={d}: {name} index ({c} clusters) min {min(ms):.1f} ms, median {np.median(ms):.1f} ms "
+          f"(index {checksum})")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
