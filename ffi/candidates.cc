@@ -25,19 +25,9 @@
 // A partial sort of only as many clusters as the members need: O(C log m)
 // per query for the m clusters used, where a full top_k over C (XLA:CPU
 // sorts the whole row) cost most of a training step's candidate query.
-//
-// row_argmax: each row's best column, as k-means assigns rows to centroids.
-//
-//   scores [n, C] float32 -> best [n] int32 (highest score, lower column
-//      first on ties, -0 == +0, NaN last as in cluster_probe: 0 for a row of
-//      NaN), best_score [n] float32 (scores[row, best]).
-//
-// XLA:CPU's argmax over a row's C scores took longer than the matmul that
-// made them (1.9 s of 3.2 s assigning 2e5 rows to 4,096 centroids).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -109,16 +99,6 @@ ffi::Error MergeCandidatesImpl(ffi::ThreadPool pool, S32R2 candidates, S32R2 lab
 
 constexpr char kProbes[] = "probes";
 
-// A key whose ascending order is the scores' descending order, with NaN last (after -inf) and -0 == +0.
-inline uint32_t DescendingKey(float x) {
-  if (std::isnan(x)) return 0xFFFFFFFFu;
-  if (x == 0.0f) x = 0.0f;
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // ascending with the float
-  return ~u;
-}
-
 // scores [B, C], offsets [C + 1], rows [R] -> ids [B, count]
 ffi::Error ClusterProbeImpl(ffi::ThreadPool pool, F32R2 scores, S32R1 offsets, S32R1 rows,
                             ffi::Attr<int64_t, kProbes> probes_attr, ffi::Result<S32R2> ids) {
@@ -185,53 +165,9 @@ ffi::Error ClusterProbeImpl(ffi::ThreadPool pool, F32R2 scores, S32R1 offsets, S
   });
 }
 
-// The best column of one row of C scores: a vectorized max over 16 lanes that
-// skips NaN (a comparison with NaN is false), then the first column equal to it.
-SJ_MULTIVERSION int64_t BestColumn(const float* s, int64_t C) {
-  constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
-  float acc[16];
-  std::fill(acc, acc + 16, kMinusInf);
-  int64_t i = 0;
-  for (; i + 16 <= C; i += 16) {
-    for (int j = 0; j < 16; ++j) acc[j] = s[i + j] > acc[j] ? s[i + j] : acc[j];
-  }
-  for (int j = 0; i < C; ++i, ++j) acc[j] = s[i] > acc[j] ? s[i] : acc[j];
-  float best = kMinusInf;
-  for (int j = 0; j < 16; ++j) best = acc[j] > best ? acc[j] : best;
-  for (int64_t k = 0; k < C; ++k) {
-    if (s[k] == best) return k;
-  }
-  return 0;  // every score NaN
-}
-
-// scores [n, C] -> best [n], best_score [n]
-ffi::Error RowArgmaxImpl(ffi::ThreadPool pool, F32R2 scores, ffi::Result<S32R1> best,
-                         ffi::Result<F32R1> best_score) {
-  return Guarded("row_argmax", [&](Checker& c) {
-    c.Arg("scores", scores, {"n", "C"}).Ret("best", *best, {"n"}).Ret("best_score", *best_score, {"n"});
-    SJ_RETURN_IF_ERROR(c.status());
-    const int64_t n = c["n"], C = c["C"];
-    c.Require(C >= 1 && C < (int64_t{1} << 31), [&] {
-      return "argument 'scores' must have 1 to 2^31 - 1 columns, got " + std::to_string(C);
-    });
-    SJ_RETURN_IF_ERROR(c.status());
-    const float* sp = scores.typed_data();
-    int32_t* out = best->typed_data();
-    float* out_score = best_score->typed_data();
-    return ParallelLoop(pool, n, std::max<int64_t>(1, 65536 / C)).Run(c.op(), [&](int64_t, int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t k = BestColumn(sp + r * C, C);
-        out[r] = static_cast<int32_t>(k);
-        out_score[r] = sp[r * C + k];
-      }
-    });
-  });
-}
-
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MergeCandidates, MergeCandidatesImpl);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ClusterProbe, ClusterProbeImpl);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RowArgmax, RowArgmaxImpl);
 
 }  // namespace sparsejax

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -266,6 +267,16 @@ inline uint64_t Bounded(uint64_t h, uint64_t n) {
 
 // bfloat16 values travel as their bits; Load widens them to float (exactly).
 using bf16 = uint16_t;
+// A key whose ascending order is the scores' descending order, with NaN last (after -inf) and -0 == +0.
+SJ_INLINE uint32_t DescendingKey(float x) {
+  if (std::isnan(x)) return 0xFFFFFFFFu;
+  if (x == 0.0f) x = 0.0f;
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // ascending with the float
+  return ~u;
+}
+
 SJ_INLINE float Load(float x) { return x; }
 SJ_INLINE float Load(bf16 x) {
   const uint32_t u = static_cast<uint32_t>(x) << 16;

@@ -24,7 +24,7 @@ namespace nb = nanobind;
   X(lsh_query, LshQuery)                                                           \
   X(merge_candidates, MergeCandidates)                                             \
   X(cluster_probe, ClusterProbe)                                                   \
-  X(row_argmax, RowArgmax)
+  X(row_topk, RowTopk)
 
 namespace sparsejax {
 extern "C" {

@@ -113,8 +113,8 @@ SIGNATURES: dict[str, Signature] = {
     "cluster_probe": Signature(
         (Buffer("scores", "float32", (2,)), Buffer("offsets", "int32", (1,)), Buffer("rows", "int32", (1,))),
         (Buffer("ids", "int32", (2,)),)),
-    "row_argmax": Signature(
-        (Buffer("scores", "float32", (2,)),), (Buffer("best", "int32", (1,)), Buffer("best_score", "float32", (1,)))),
+    "row_topk": Signature(
+        (Buffer("scores", "float32", (2,)),), (Buffer("values", "float32", (2,)), Buffer("columns", "int32", (2,)))),
     **{f"row_sparse_adam_{moments}{suffix}": _adam_signature(moments, weight)
        for weight, suffix in _WEIGHTS for moments in ("float32", "bfloat16")},
 }

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsejax import _ffi, mips
+from sparsejax import _ffi, mips, selection
 from sparsejax._checks import Dims, check_array, check_int
 
 _ASSIGN_CHUNK_BYTES = 4 << 20  # scores of a chunk of rows against all centroids, while clustering
@@ -81,18 +81,20 @@ def init_index(num_clusters: int, num_rows: int, dim: int) -> ClusterIndex:
 def _assign(x: jax.Array, centroids: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Best centroid ``[N]`` and its score ``[N]`` of each row, in chunks of rows (never ``[N, C]``).
 
-  Ties go to the lower centroid and NaN scores rank last, as in :func:`probe`.
+  Ties go to the lower centroid and NaN scores rank last (:func:`selection.row_topk`, as :func:`probe` ranks).
   """
   n, c = x.shape[0], centroids.shape[0]
-  # A chunk's [chunk, C] scores stay about _ASSIGN_CHUNK_BYTES, in cache for the argmax kernel that reads them.
+  # A chunk's [chunk, C] scores stay about _ASSIGN_CHUNK_BYTES, in cache for the kernel that reads them. (XLA:CPU's
+  # argmax over a row's C scores took longer than the matmul: 1.9 s of 3.2 s for 2e5 rows and 4096 centroids.)
   chunk = min(max(_ASSIGN_CHUNK_BYTES // (4 * c), _ASSIGN_MIN_CHUNK), n)
   pad = -n % chunk
   xs = jnp.pad(x, ((0, pad), (0, 0))).reshape(-1, chunk, x.shape[1])
-  # XLA:CPU's argmax over a row's C scores took longer than the matmul (1.9 s of 3.2 s for 2e5 rows and 4096
-  # centroids): the row_argmax kernel takes it and the best score in one read.
-  argmax = _ffi.ffi_call("row_argmax", (jax.ShapeDtypeStruct((chunk,), jnp.int32),
-                                        jax.ShapeDtypeStruct((chunk,), jnp.float32)), vmap_method="sequential")
-  assign, score = jax.lax.map(lambda rows: argmax(jnp.dot(rows, centroids.T, precision="highest")), xs)
+
+  def best(rows):
+    score, assign = selection.row_topk(jnp.dot(rows, centroids.T, precision="highest"), 1)
+    return assign[:, 0], score[:, 0]
+
+  assign, score = jax.lax.map(best, xs)
   return assign.reshape(-1)[:n], score.reshape(-1)[:n]
 
 

@@ -32,7 +32,7 @@ from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sparsejax import dense, inference, model, ops, process_group, retrieval, tables
+from sparsejax import dense, inference, model, ops, process_group, retrieval, selection, tables
 
 AXIS = "shard"
 
@@ -185,7 +185,7 @@ def make_predict(config: model.ModelConfig, mesh: jax.sharding.Mesh, top: int = 
   def merge(scores, ids):  # [n, top] per shard -> global top over all shards
     scores = jax.lax.all_gather(scores, AXIS, axis=1, tiled=True)
     ids = jax.lax.all_gather(ids, AXIS, axis=1, tiled=True)
-    best, pos = jax.lax.top_k(scores, top)
+    best, pos = selection.row_topk(scores, top)
     return best, jnp.take_along_axis(ids, pos, axis=1)
 
   def local(state, fids, fvals):
@@ -193,13 +193,13 @@ def make_predict(config: model.ModelConfig, mesh: jax.sharding.Mesh, top: int = 
     offset = jax.lax.axis_index(AXIS) * rows
     n = _num_valid(config, rows)
     h = model.hidden(state, fids, fvals)
-    bias = jnp.where(jnp.arange(rows) < n, state.out.b, -jnp.inf)  # padding rows never win
+    bias = jnp.where(jnp.arange(rows) < n, state.out.b, jnp.nan)  # padding rows rank last (row_topk: NaN)
     scores, ids = inference.exact_topk(h, state.out.w, bias, min(top, rows))
     scores, ids = merge(scores, ids + offset)
     active, _ = model.query_active(state, h, config=config, k=model.local_active_k(config, config.num_shards),
                                    num_rows=n)
     logits = ops.sparse_logits(h, state.out.w, state.out.b, active)
-    s, pos = jax.lax.top_k(logits, top)
+    s, pos = selection.row_topk(logits, top)
     _, sampled = merge(s, jnp.take_along_axis(active, pos, axis=1) + offset)
     return scores, ids, sampled
 

@@ -232,6 +232,8 @@ def topk_ref(h, w, bias, k):
   logits = np.asarray(jnp.dot(jnp.asarray(h), jnp.asarray(w).T, precision="highest"))
   if bias is not None:
     logits = np.asarray(jnp.asarray(logits) + jnp.asarray(bias)[None])  # float32, as the op computes them
-  key = total_order(np.where(np.isnan(logits), -np.inf, logits))
-  order = np.lexsort((np.broadcast_to(np.arange(w.shape[0]), logits.shape), -key), axis=-1)[:, :k]
+  # Score descending with -0 == +0, NaN after every number, then the lower id (sparsejax.selection.row_topk).
+  key = total_order(np.where(np.isnan(logits), -np.inf, logits + np.float32(0.0)))  # -0 + 0 = +0
+  order = np.lexsort((np.broadcast_to(np.arange(w.shape[0]), logits.shape), -key, np.isnan(logits)),
+                     axis=-1)[:, :k]
   return np.take_along_axis(logits, order, 1), order

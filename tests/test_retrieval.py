@@ -190,36 +190,6 @@ def test_probe_kernel_against_brute_force(probes, count):
   np.testing.assert_array_equal(got, _probe_reference(scores, offsets, rows, probes, count))
 
 
-def _argmax_reference(scores):
-  """First column of the highest score per row, -0 == +0, NaN below everything (column 0 for a row of NaN), and
-  that score."""
-  best = np.zeros(len(scores), np.int32)
-  for i, row in enumerate(scores):
-    finite_or_inf = [j for j in range(len(row)) if not np.isnan(row[j])]
-    if finite_or_inf:
-      top = max(row[j] for j in finite_or_inf)
-      best[i] = min(j for j in finite_or_inf if row[j] == top)
-  return best, scores[np.arange(len(scores)), best]
-
-
-@pytest.mark.parametrize("C", [1, 7, 16, 33, 4096])
-def test_row_argmax_kernel_against_brute_force(C):
-  """Ties (first column wins, -0 == +0), NaN ranked last, -inf, a row of NaN, widths around the 16 lanes."""
-  rng = np.random.default_rng(C)
-  scores = rng.choice(np.float32([-1.0, -0.0, 0.0, 0.5, 2.0, np.nan, -np.inf]), size=(40, C))
-  scores[0] = np.nan
-  scores[1] = -np.inf
-  scores[2, :] = np.nan
-  scores[2, -1] = -np.inf  # the only non-NaN score is -inf: it is the best
-  scores[3] = rng.standard_normal(C).astype(np.float32)
-  call = _ffi.ffi_call("row_argmax", (jax.ShapeDtypeStruct((40,), jnp.int32), jax.ShapeDtypeStruct((40,), jnp.float32)))
-  best, score = (np.asarray(a) for a in call(jnp.asarray(scores)))
-  want_best, want_score = _argmax_reference(scores)
-  np.testing.assert_array_equal(best, want_best)
-  np.testing.assert_array_equal(score, want_score)  # NaN where the row is all NaN, with the same bits otherwise
-  assert best[2] == C - 1 and best[0] == 0
-
-
 def test_assign_matches_dense_argmax_over_chunks():
   """clusters._assign (chunked matmul + the kernel) against one dense argmax, with rows not a multiple of the
   chunk and the chunk shrunk so that several chunks run."""
@@ -234,12 +204,6 @@ def test_assign_matches_dense_argmax_over_chunks():
     mp.setattr(clusters, "_ASSIGN_CHUNK_BYTES", 4 * 70 * 64)  # 64 rows a chunk: 16 chunks, the last padded
     best2, _ = jax.jit(clusters._assign)(jnp.asarray(x), jnp.asarray(c))
   np.testing.assert_array_equal(np.asarray(best2), np.argmax(scores, axis=1))
-
-
-def test_row_argmax_rejects_no_columns():
-  call = _ffi.ffi_call("row_argmax", (jax.ShapeDtypeStruct((3,), jnp.int32), jax.ShapeDtypeStruct((3,), jnp.float32)))
-  with pytest.raises(Exception, match=r"row_argmax: argument 'scores' must have 1 to 2\^31 - 1 columns, got 0"):
-    jax.block_until_ready(call(jnp.zeros((3, 0), jnp.float32)))
 
 
 def test_probe_rejects_a_corrupt_index():
