@@ -28,7 +28,7 @@ constexpr int kBlock = 16;
 
 // Whether any of a block's 16 scores beats the threshold: s > t for a number
 // t (NaN never does; -0 and +0 tie), any number when t is NaN.
-SJ_MULTIVERSION bool AnyBetter(const float* s, float t, bool t_is_nan) {
+SJ_INLINE bool AnyBetter(const float* s, float t, bool t_is_nan) {
   bool any = false;
   if (t_is_nan) {
     for (int j = 0; j < kBlock; ++j) any |= s[j] == s[j];
@@ -38,56 +38,56 @@ SJ_MULTIVERSION bool AnyBetter(const float* s, float t, bool t_is_nan) {
   return any;
 }
 
-// The k best of one row, in buf (capacity >= 2k): keys DescendingKey << 32 |
-// column, ascending = best first, so that one integer order settles scores,
-// ties and NaN.
-class RowSelection {
- public:
-  RowSelection(const float* s, int64_t C, int64_t k, uint64_t* buf, int64_t capacity)
-      : s_(s), k_(k), buf_(buf), capacity_(capacity) {
-    for (int64_t c = 0; c < k; ++c) buf_[c] = Key(c);
-    n_ = k;
-    Cut();
-    int64_t c = k;
-    for (; c + kBlock <= C; c += kBlock) {
-      if (AnyBetter(s_ + c, threshold_, threshold_is_nan_)) {
-        for (int64_t j = c; j < c + kBlock; ++j) Offer(j);
-      }
-    }
-    for (; c < C; ++c) Offer(c);
-    Cut();
-    std::sort(buf_, buf_ + k_);
-  }
+// The selection of one row: keys DescendingKey << 32 | column in buf
+// (capacity >= 2k), ascending = best first, so that one integer order settles
+// scores, ties and NaN.
+struct RowSelection {
+  const float* s;
+  int64_t k;
+  uint64_t* buf;
+  int64_t capacity;
+  int64_t n = 0;
+  uint64_t threshold_key = ~uint64_t{0};
+  float threshold = 0.0f;
+  bool threshold_is_nan = false;
 
- private:
-  uint64_t Key(int64_t c) const { return static_cast<uint64_t>(DescendingKey(s_[c])) << 32 | c; }
-
-  // Column c (after every kept column) enters if its key is below the k-th best's: an equal score loses the tie.
-  void Offer(int64_t c) {
-    const uint64_t key = Key(c);
-    if ((key >> 32) >= (threshold_key_ >> 32)) return;
-    if (n_ == capacity_) Cut();
-    buf_[n_++] = key;
-  }
+  SJ_INLINE uint64_t Key(int64_t c) const { return static_cast<uint64_t>(DescendingKey(s[c])) << 32 | c; }
 
   // Keeps the best k of the buffer; the k-th best becomes the threshold.
-  void Cut() {
-    if (n_ > k_) std::nth_element(buf_, buf_ + (k_ - 1), buf_ + n_);
-    n_ = k_;
-    threshold_key_ = *std::max_element(buf_, buf_ + k_);
-    threshold_ = s_[threshold_key_ & 0xFFFFFFFFu];
-    threshold_is_nan_ = std::isnan(threshold_);
+  SJ_INLINE void Cut() {
+    if (n > k) std::nth_element(buf, buf + (k - 1), buf + n);
+    n = k;
+    threshold_key = *std::max_element(buf, buf + k);
+    threshold = s[threshold_key & 0xFFFFFFFFu];
+    threshold_is_nan = std::isnan(threshold);
   }
 
-  const float* s_;
-  int64_t k_;
-  uint64_t* buf_;
-  int64_t capacity_;
-  int64_t n_ = 0;
-  uint64_t threshold_key_ = ~uint64_t{0};
-  float threshold_ = 0.0f;
-  bool threshold_is_nan_ = false;
+  // Column c (after every kept column) enters if its key is below the k-th best's: an equal score loses the tie.
+  SJ_INLINE void Offer(int64_t c) {
+    const uint64_t key = Key(c);
+    if ((key >> 32) >= (threshold_key >> 32)) return;
+    if (n == capacity) Cut();
+    buf[n++] = key;
+  }
 };
+
+// Leaves the row's k best keys, best first, in buf[0, k). Multiversioned as a
+// whole, so that the block test is inlined and vectorized per ISA.
+SJ_MULTIVERSION void SelectRow(const float* s, int64_t C, int64_t k, uint64_t* buf, int64_t capacity) {
+  RowSelection sel{s, k, buf, capacity};
+  for (int64_t c = 0; c < k; ++c) buf[c] = sel.Key(c);
+  sel.n = k;
+  sel.Cut();
+  int64_t c = k;
+  for (; c + kBlock <= C; c += kBlock) {
+    if (AnyBetter(s + c, sel.threshold, sel.threshold_is_nan)) {
+      for (int64_t j = c; j < c + kBlock; ++j) sel.Offer(j);
+    }
+  }
+  for (; c < C; ++c) sel.Offer(c);
+  sel.Cut();
+  std::sort(buf, buf + k);
+}
 
 // scores [n, C] -> values [n, k], columns [n, k]
 ffi::Error RowTopkImpl(ffi::ThreadPool pool, F32R2 scores, ffi::Attr<int64_t, kK> k_attr,
@@ -116,7 +116,7 @@ ffi::Error RowTopkImpl(ffi::ThreadPool pool, F32R2 scores, ffi::Attr<int64_t, kK
       uint64_t* buf = bufs[w].data();
       for (int64_t r = r0; r < r1; ++r) {
         const float* s = sp + r * C;
-        RowSelection(s, C, k, buf, capacity);
+        SelectRow(s, C, k, buf, capacity);
         for (int64_t j = 0; j < k; ++j) {
           const int64_t col = static_cast<int64_t>(buf[j] & 0xFFFFFFFFu);
           cp[r * k + j] = static_cast<int32_t>(col);

@@ -62,8 +62,8 @@ def sampled_topk(state: model.SlideState, h: jax.Array, *, config: model.ModelCo
 
 
 # Output rows scored per step by default. Smaller chunks keep more of the [n, chunk] logits in cache for the
-# selection that reads them (N = 2e5, top 10, 2-vCPU VM: 454 ms for 1,024 queries against 561 ms with chunks of
-# 65,536; 83 against 98 ms for 128 queries).
+# selection that reads them (benchmarks/exact_topk.py, N = 2e5, top 10, 2-vCPU VM: 446-452 ms for 1,024 queries
+# against 538-555 with chunks of 65,536 and 517-521 with 4,096; 62-64 against 92-93 ms for 128 queries).
 ROW_CHUNK = 16384
 
 
