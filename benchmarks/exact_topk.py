@@ -18,7 +18,6 @@ import json
 import os
 import sys
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
