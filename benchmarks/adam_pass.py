@@ -14,6 +14,7 @@ To compare two builds on a noisy VM, run it in turn against each, several times:
 
 import argparse
 import functools
+import hashlib
 import json
 import time
 
@@ -51,6 +52,19 @@ def time_calls(call, iters: int, repeats: int, warmup: int = 1) -> list[float]:
   return ms
 
 
+def timing_summary(ms: list[float]) -> dict:
+  """``min_ms``, ``median_ms`` and every figure ``ms`` of :func:`time_calls`, as the benchmarks' JSON holds them."""
+  return dict(min_ms=min(ms), median_ms=float(np.median(ms)), ms=ms)
+
+
+def checksum(*arrays) -> str:
+  """16 hex digits of the SHA-256 of the arrays' bytes, in turn: equal outputs of two builds, equal checksums."""
+  digest = hashlib.sha256()
+  for a in arrays:
+    digest.update(np.asarray(a).tobytes())
+  return digest.hexdigest()[:16]
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--num_labels", type=int, default=20_912)
@@ -86,7 +100,7 @@ def main() -> None:
 
   ms = time_calls(call, args.iters, args.repeats, warmup=5)
   result = dict(num_labels=n, batch_size=b, active_k=k, dim=d, zipf=args.zipf, slots_per_touched_row=slots_per_row,
-                min_ms=min(ms), median_ms=float(np.median(ms)), ms=ms)
+                **timing_summary(ms))
   print(f"N={n} B={b} k={k} d={d} ({slots_per_row:.1f} slots per touched row): Adam pass with dh "
         f"min {result['min_ms']:.2f} ms, median {result['median_ms']:.2f} ms")
   if args.json:

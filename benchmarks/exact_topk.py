@@ -13,7 +13,6 @@ compared in turn on this noisy VM (same checksum: the same top ids):
 
 import argparse
 import functools
-import hashlib
 import json
 import os
 import sys
@@ -24,7 +23,7 @@ import numpy as np
 from sparsejax import inference
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from adam_pass import time_calls  # noqa: E402  (this directory's benchmark: the same timing loop)
+from adam_pass import checksum, time_calls, timing_summary  # noqa: E402  (this directory's benchmark)
 
 
 def main() -> None:
@@ -49,12 +48,11 @@ def main() -> None:
     for chunk in args.row_chunk:
       kwargs = {} if chunk is None else {"row_chunk": chunk}
       call = functools.partial(inference.exact_topk, h, weight, bias, args.top, **kwargs)
-      checksum = hashlib.sha256(np.asarray(call()[1]).tobytes()).hexdigest()[:16]
+      ids = checksum(call()[1])
       ms = time_calls(call, 1, args.repeats)
-      result["runs"].append(dict(queries=b, row_chunk=chunk, min_ms=min(ms), median_ms=float(np.median(ms)), ms=ms,
-                                 checksum=checksum))
+      result["runs"].append(dict(queries=b, row_chunk=chunk, **timing_summary(ms), checksum=ids))
       print(f"N={n} d={d} top {args.top}: {b} queries, row_chunk {chunk or 'default'}: min {min(ms):.1f} ms, "
-            f"median {np.median(ms):.1f} ms (ids {checksum})")
+            f"median {np.median(ms):.1f} ms (ids {ids})")
   if args.json:
     with open(args.json, "w") as f:
       json.dump(result, f, indent=1)

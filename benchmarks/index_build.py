@@ -16,7 +16,6 @@ this noisy VM (same checksum: the same index):
 
 import argparse
 import functools
-import hashlib
 import json
 import os
 import sys
@@ -28,7 +27,7 @@ import numpy as np
 from sparsejax import clusters
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from adam_pass import time_calls  # noqa: E402  (this directory's benchmark: the same timing loop)
+from adam_pass import checksum, time_calls, timing_summary  # noqa: E402  (this directory's benchmark)
 
 
 def main() -> None:
@@ -54,13 +53,11 @@ def main() -> None:
     build = jax.jit(functools.partial(clusters.build_index, iterations=args.kmeans_iterations,
                                       sample_per_cluster=args.kmeans_sample))
     built = build(index, weight, bias)
-    checksum = hashlib.sha256(b"".join(np.asarray(a).tobytes() for a in (built.offsets, built.rows,
-                                                                         built.centroids))).hexdigest()[:16]
+    index_sum = checksum(built.offsets, built.rows, built.centroids)
     ms = time_calls(functools.partial(build, index, weight, bias), 1, args.repeats)
-    result["builds"][name] = dict(clusters=c, min_ms=min(ms), median_ms=float(np.median(ms)), ms=ms,
-                                  checksum=checksum)
+    result["builds"][name] = dict(clusters=c, **timing_summary(ms), checksum=index_sum)
     print(f"N={n} d={d}: {name} index ({c} clusters) min {min(ms):.1f} ms, median {np.median(ms):.1f} ms "
-          f"(index {checksum})")
+          f"(index {index_sum})")
   if args.json:
     with open(args.json, "w") as f:
       json.dump(result, f, indent=1)

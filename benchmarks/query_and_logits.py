@@ -17,7 +17,6 @@ two builds can be compared in turn on this noisy VM (same checksum: same outputs
 
 import argparse
 import functools
-import hashlib
 import json
 import os
 import sys
@@ -29,7 +28,7 @@ import numpy as np
 from sparsejax import clusters, ops
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from adam_pass import draw_ids, time_calls  # noqa: E402  (this directory's benchmark: the same ids, timing)
+from adam_pass import checksum, draw_ids, time_calls, timing_summary  # noqa: E402  (this directory's benchmark: the same ids, timing)
 
 
 def main() -> None:
@@ -63,10 +62,10 @@ def main() -> None:
   for name, fn, fn_args in (("merge_candidates", merge, (candidates, labels)),
                             ("gather_dot", logits, (h, weight, active, bias))):
     ms = time_calls(functools.partial(fn, *fn_args), args.iters, args.repeats)
-    checksum = hashlib.sha256(np.asarray(outputs[name]).tobytes()).hexdigest()[:16]
-    result["kernels"][name] = dict(min_ms=min(ms), median_ms=float(np.median(ms)), ms=ms, checksum=checksum)
+    output_sum = checksum(outputs[name])
+    result["kernels"][name] = dict(**timing_summary(ms), checksum=output_sum)
     print(f"N={n} B={b} k={k} d={d}: {name} min {min(ms):.3f} ms, median {np.median(ms):.3f} ms "
-          f"(outputs {checksum})")
+          f"(outputs {output_sum})")
   if args.json:
     with open(args.json, "w") as f:
       json.dump(result, f, indent=1)

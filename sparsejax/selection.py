@@ -1,7 +1,8 @@
 """The ``k`` highest scores of each row, by the ``row_topk`` kernel.
 
-One order everywhere a row of scores is ranked (k-means assignment, exact and sampled inference, the
-clustered index's probe): score descending, ``-0 == +0``, ties to the lower column, NaN last.
+k-means assignment and exact and sampled inference rank rows of scores with it, in the order in which the
+clustered index's probe (its own kernel) ranks clusters: score descending, ``-0 == +0``, ties to the lower
+column, NaN last.
 """
 
 import jax
