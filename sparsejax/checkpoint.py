@@ -131,6 +131,10 @@ class Checkpoints:
     """The newest complete checkpoint's step (None: none yet)."""
     return self._manager.latest_step()
 
+  def all_steps(self) -> list[int]:
+    """The steps of the complete checkpoints, ascending."""
+    return sorted(self._manager.all_steps())
+
   def _step_dir(self, step: int) -> str:
     return os.path.join(self.directory, str(step))
 
@@ -258,16 +262,8 @@ class Checkpoints:
 
     Sharded arrays come back whole (global shape); named tuples come back as dicts and tuples as lists.
     """
-    import jax
-
     step = self.latest_step() if step is None else step
-    path = os.path.join(self.directory, str(step), "state")
-    checkpointer = self._ocp.StandardCheckpointer()
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    with _quiet():  # it warns that the step's own metadata file is not in the item's directory
-      target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                            checkpointer.metadata(path).item_metadata.tree)
-      return checkpointer.restore(path, target)
+    return _restore_arrays(self._ocp, os.path.join(self.directory, str(step), "state"))
 
   def wait(self) -> None:
     """Blocks until background saves are on disk (and sealed with their checksums).
@@ -283,6 +279,18 @@ class Checkpoints:
       raise CheckpointError(f"saving checkpoint {steps} failed ({_reason(e)}). The checkpoints saved before it "
                             "are intact") from None
     self._seal()
+
+
+def _restore_arrays(ocp, path: str):
+  """The state saved in ``path`` as a plain tree of host arrays on one device (see ``restore_arrays``)."""
+  import jax
+
+  checkpointer = ocp.StandardCheckpointer()
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  with _quiet():  # it warns that the step's own metadata file is not in the item's directory
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                          checkpointer.metadata(path).item_metadata.tree)
+    return checkpointer.restore(path, target)
 
 
 def _reason(error: Exception) -> str:
@@ -355,17 +363,27 @@ class BestCheckpoint:
   Args:
     workdir: the run's work directory.
     metric: the name of the (higher-is-better) metric it is selected by.
+    writable: for saving (the directory is created); False: read only (see :meth:`open`).
   """
 
-  def __init__(self, workdir: str, metric: str):
+  def __init__(self, workdir: str, metric: str, *, writable: bool = True):
     import orbax.checkpoint as ocp
 
     self._ocp, self.metric = ocp, metric
     self.directory = os.path.abspath(os.path.join(workdir, "best_checkpoint"))
-    self._manager = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(
-            max_to_keep=1, best_fn=lambda metrics: metrics[metric], best_mode="max", create=True))
+    with _quiet(pylogging.ERROR if not writable else pylogging.WARNING):
+      self._manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
+          max_to_keep=1, best_fn=lambda metrics: metrics[metric], best_mode="max", create=writable,
+          read_only=not writable))
     _MANAGERS.add(self._manager)
+
+  @classmethod
+  def open(cls, workdir: str, metric: str) -> "BestCheckpoint | None":
+    """The run's best state, read only; None if the run kept none (no validation split, or no evaluation yet)."""
+    if not os.path.isdir(os.path.join(workdir, "best_checkpoint")):
+      return None
+    best = cls(workdir, metric, writable=False)
+    return best if best.best_step() is not None else None
 
   def save(self, step: int, state, value: float) -> None:
     """Saves ``state`` of step ``step`` whose metric is ``value`` (orbax keeps the best one)."""
@@ -385,6 +403,10 @@ class BestCheckpoint:
     restored = self._manager.restore(step, args=self._ocp.args.Composite(
         state=self._ocp.args.StandardRestore(abstract_state)))
     return restored["state"]
+
+  def restore_arrays(self):
+    """The best state as a plain tree of host arrays (as :meth:`Checkpoints.restore_arrays`)."""
+    return _restore_arrays(self._ocp, os.path.join(self.directory, str(self.best_step()), "state"))
 
   def wait(self) -> None:
     self._manager.wait_until_finished()

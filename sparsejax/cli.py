@@ -81,12 +81,17 @@ Writes one line per input sample: LABEL:SCORE pairs, best first (LABEL is the
 label's name where the dataset has names, e.g. an ICD-10 code, else its id;
 SCORE is the output layer's logit).
 """, (
-    Flag("workdir", None, "Work directory of a trained run (its newest checkpoint is used)."),
+    Flag("workdir", None, "Work directory of a trained run. Its selected checkpoint is used (the best on the "
+         "validation split, the one its final evaluation reported), else its newest."),
+    Flag("step", None, "Use the checkpoint of this step instead (one that the work directory kept).", int),
     Flag("input", None, "Input samples: a file, or - for stdin."),
     Flag("input_format", "auto", "auto (text if the model has a text vectorizer, e.g. ICD-10; else xc if the first "
          "line is an XC header, else svmlight), xc (Extreme Classification Repository file with its header line), "
          "svmlight (lines of 'labels id:value ...', no header) or text (one sample per line)."),
     Flag("top", 5, "Labels written per sample.", int),
+    Flag("k", 0, "0: exact, every label scored. K > 0: sampled (SLIDE models): each sample's K best candidates "
+         "from the serving index (built from the model's rows at start) are scored, as the run's sampled_p@k; "
+         "faster where K is a small share of the labels.", int),
     Flag("output", "-", "Where to write the predictions (- for stdout)."),
 ))
 
@@ -371,7 +376,10 @@ def predict(argv: list[str]) -> None:
   """absl main of ``sparsejax-predict``."""
   del argv
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  from sparsejax.checkpoint import quiet_orbax_logs
   from sparsejax.trained import load
+
+  quiet_orbax_logs()  # stdout is the predictions; stderr only says what went wrong
 
   if not FLAGS.workdir or not FLAGS.input:
     usage_error("give --workdir and --input")
@@ -379,11 +387,18 @@ def predict(argv: list[str]) -> None:
     usage_error(f"--input_format={FLAGS.input_format}: must be one of auto, xc, svmlight, text")
   if FLAGS.top < 1:  # before the model loads (its upper bound, the model's labels, after)
     usage_error(f"--top={FLAGS.top}: must be >= 1")
+  if FLAGS.k < 0 or 0 < FLAGS.k < FLAGS.top:
+    usage_error(f"--k={FLAGS.k}: must be 0 (exact) or at least --top={FLAGS.top}")
   try:
-    model = load(FLAGS.workdir)
+    model = load(FLAGS.workdir, FLAGS.step)
     if not 1 <= FLAGS.top <= model.num_labels:
       usage_error(f"--top={FLAGS.top}: must be in [1, {model.num_labels}] (the model's labels)")
-    scores, ids = model.predict(read_inputs(FLAGS.input, FLAGS.input_format, model), top=FLAGS.top)
+    if FLAGS.k > model.num_labels:
+      usage_error(f"--k={FLAGS.k}: must be at most {model.num_labels} (the model's labels)")
+    if FLAGS.k and model.config.network.model != "slide":
+      usage_error(f"--k={FLAGS.k}: sampled prediction needs a SLIDE model; this one was trained with --model=dense")
+    scores, ids = model.predict(read_inputs(FLAGS.input, FLAGS.input_format, model), top=FLAGS.top,
+                                k=FLAGS.k or None)
   except (OSError, ValueError) as e:
     fail(str(e))
   names = model.names(ids)

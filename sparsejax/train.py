@@ -108,7 +108,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   if is_chief:  # only now: a refused or failed start leaves the work directory as it was
     with open(os.path.join(workdir, "config.json"), "w") as f:
       json.dump(config.to_dict(), f, indent=1)
-    trained.save_assets(workdir, data)
+    trained.save_assets(workdir, data._replace(train=train))  # the samples trained on (PSP@k's propensities)
   logging.info("%s model: %s parameters%s; %s", config.network.model, f"{model.num_params(state):,}",
                f" over {num_shards} processes" if num_shards > 1 else "",
                f"training to step {max_steps}" if max_steps is not None else "training on the clock")

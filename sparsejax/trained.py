@@ -4,14 +4,16 @@
 
   model = sparsejax.load("/tmp/synth")
   scores, ids = model.predict(test_set, top=5)          # an XCDataset, a scipy CSR matrix, or texts
+  scores, ids = model.predict(test_set, top=5, k=1024)  # sampled: 1,024 index candidates scored per input
   model.evaluate(test_set)["p@1"]                       # the run's final P@1 on its test set, exactly
   model.label_names[ids[0, 0]]                          # where the dataset names its labels
 
 Training writes what this needs next to the checkpoints, in ``WORKDIR/assets``:
 the label names (``labels.txt``, one per line), the fitted text vectorizer
 (``vectorizer.json``, ICD-10) and the training set's label frequencies (for
-PSP@k). Predictions are exact: the top outputs over all N labels, the same
-computation as the run's evaluations.
+PSP@k). Predictions are exact (the top outputs over all N labels) or, with
+``k``, sampled from the serving index as the run's ``sampled_p@k`` measured
+them: the same computations as the run's evaluations.
 """
 
 import functools
@@ -30,7 +32,11 @@ _LABELS, _VECTORIZER, _FREQUENCIES = "labels.txt", "vectorizer.json", "label_fre
 
 
 def save_assets(workdir: str, data: LoadedData) -> None:
-  """Writes the label names, the vectorizer and the label frequencies of ``data`` to ``WORKDIR/assets``."""
+  """Writes the label names, the vectorizer and the label frequencies of ``data`` to ``WORKDIR/assets``.
+
+  ``data.train`` is what the run trains on (without its validation split): its label frequencies and its size
+  (the run's ``meta``) give the propensities of PSP@k.
+  """
   directory = os.path.join(workdir, ASSETS)
   os.makedirs(directory, exist_ok=True)
   np.save(os.path.join(directory, _FREQUENCIES), data.train.label_frequencies())
@@ -49,6 +55,9 @@ class TrainedModel:
   Attributes:
     config: the run's settings.
     step: the training step of the checkpoint loaded.
+    selected_by: why that checkpoint: ``"validation p@1"`` (the run's selected state, the one its final
+      evaluation reported), ``"newest"`` (the run kept no best state: no validation split) or ``"step"``
+      (asked for).
     num_features, num_labels: F and N.
     max_features: features kept per sample (the run's padding width).
     label_names: ``[N]`` names of the labels, or None.
@@ -59,17 +68,30 @@ class TrainedModel:
     from sparsejax import checkpoint, model
 
     checkpoints = checkpoint.Checkpoints(workdir, writable=False)
-    self.step = checkpoints.latest_step() if step is None else step
-    if self.step is None:
+    newest = checkpoints.latest_step()
+    if newest is None:
       raise FileNotFoundError(f"{checkpoints.directory}: no checkpoint (train with --workdir={workdir} first)")
-    meta = checkpoints.meta(self.step)
+    meta = checkpoints.meta(newest)
     if meta is None:
-      raise ValueError(f"{checkpoints.directory}/{self.step} records no settings (written by an older sparsejax)")
+      raise ValueError(f"{checkpoints.directory}/{newest} records no settings (written by an older sparsejax)")
     self.config = Config.from_dict(meta["config"])
+    # The state the run selected on its validation split (and reported), not its last one, unless asked.
+    best = checkpoint.BestCheckpoint.open(workdir, self.config.run.selection_metric)
+    saved = checkpoints.all_steps()
+    if step is None and best is not None:
+      self.step, self.selected_by, tree = best.best_step(), f"validation {best.metric}", best.restore_arrays()
+    elif step is None or step in saved:
+      self.step = newest if step is None else step
+      self.selected_by = "newest" if step is None else "step"
+      tree = checkpoints.restore_arrays(self.step)
+    elif best is not None and step == best.best_step():
+      self.step, self.selected_by, tree = step, "step", best.restore_arrays()
+    else:
+      kept = ", ".join(map(str, saved)) + (f"; best: {best.best_step()}" if best is not None else "")
+      raise ValueError(f"{workdir}: no checkpoint of step {step} (checkpoints kept: {kept})")
     sizes = meta["data"]
     self.num_features, self.num_labels = sizes["num_features"], sizes["num_labels"]
     self.max_features, self._num_train = sizes["max_features"], sizes["num_train"]
-    tree = checkpoints.restore_arrays(self.step)
     n = self.num_labels  # a sharded run's layer has padding rows after the N real ones
     self.params = model.NetworkParams(
         embed=model.SparseLayer(tree["embed"]["w"], tree["embed"]["b"]),
@@ -105,51 +127,82 @@ class TrainedModel:
     return XCDataset(x.indptr, x.indices, x.data, np.zeros(x.shape[0] + 1, np.int64), np.zeros(0, np.int32),
                      self.num_features, self.num_labels)
 
-  @functools.lru_cache(maxsize=8)  # noqa: B019 - one compiled predict per top; the model lives as long
-  def _predict_fn(self, top: int):
+  @functools.cached_property
+  def _model_config(self):
+    return self.config.model_config(self.num_features, self.num_labels)
+
+  @functools.cached_property
+  def _inference_state(self):
+    """The state that sampled prediction queries: the serving index of the output rows, built on first use."""
+    import jax
+
+    from sparsejax import model
+
+    if self.config.network.model != "slide":
+      raise ValueError("sampled prediction (k) needs a SLIDE model; this one was trained with --model=dense (full "
+                       "softmax): predict over all labels (k=None)")
+    return jax.jit(model.inference_state, static_argnames="config")(self.params, config=self._model_config)
+
+  @functools.lru_cache(maxsize=8)  # noqa: B019 - one compiled predict per (top, k); the model lives as long
+  def _predict_fn(self, top: int, k: int | None = None, with_sampled: bool = False):
+    """``predict(params, fi, fv) -> (scores, ids, sampled_ids or None)``: exact top ``top`` (sampled among ``k``
+    index candidates if ``k``), and with ``with_sampled`` also the sampled ids at the training k."""
     import jax
 
     from sparsejax import inference
 
     exact = jax.jit(functools.partial(inference.predict_exact, top=top))
+    if k is None and not with_sampled:
+      return lambda params, fi, fv: (*map(np.asarray, exact(params, fi, fv)), None)
+    state = self._inference_state
+    sampled = jax.jit(functools.partial(inference.predict_sampled, config=self._model_config, top=top, k=k))
+    if k is not None:
+      return lambda params, fi, fv: (*map(np.asarray, sampled(state, fi, fv)), None)
+    return lambda params, fi, fv: (*map(np.asarray, exact(params, fi, fv)), np.asarray(sampled(state, fi, fv)[1]))
 
-    def predict(params, fi, fv):
-      scores, ids = exact(params, fi, fv)
-      return np.asarray(scores), np.asarray(ids), None
-
-    return predict
-
-  def predict(self, inputs, top: int = 5, batch_size: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-    """The ``top`` best labels of each input over all N outputs.
+  def predict(self, inputs, top: int = 5, batch_size: int = 1024,
+              k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The ``top`` best labels of each input: over all N outputs, or over ``k`` candidates from the index.
 
     Args:
       inputs: an XCDataset, a scipy sparse ``[n, F]`` matrix, or texts (when the model has a vectorizer).
-      top: labels per input (at most N).
+      top: labels per input (at most N, and at most ``k``).
       batch_size: inputs per call (one compiled shape).
+      k: None: exact (every output scored). An int: sampled inference, as the run's ``sampled_p@k`` measured it:
+        each input's ``k`` best candidates from the serving index (built from the output rows on the first
+        such call) are scored, and the top ``top`` of them returned. Faster than exact where ``k`` is a small
+        share of N; a SLIDE model's only (not ``--model=dense``'s).
 
     Returns:
       ``(scores [n, top] float32, ids [n, top] int32)``, best first; scores are the output layer's logits.
     """
     if not 1 <= top <= self.num_labels:
       raise ValueError(f"top must be in [1, {self.num_labels}], got {top}")
+    if k is not None and not top <= k <= self.num_labels:
+      raise ValueError(f"k must be in [top = {top}, {self.num_labels}] (the candidates scored per input), got {k}")
     data = self.features(inputs)
     if len(data) == 0:
       return np.zeros((0, top), np.float32), np.zeros((0, top), np.int32)
-    scores, ids, _ = predict_in_batches(self._predict_fn(top), self.params, data, len(data), self.max_features,
+    scores, ids, _ = predict_in_batches(self._predict_fn(top, k), self.params, data, len(data), self.max_features,
                                         batch_size)
     return scores, ids
 
-  def evaluate(self, dataset: XCDataset, num_samples: int | None = None) -> dict[str, float]:
-    """Exact P@k, nDCG@k and PSP@k on ``dataset``, as the training run computes them.
+  def evaluate(self, dataset: XCDataset, num_samples: int | None = None, *,
+               sampled: bool = True) -> dict[str, float]:
+    """P@k, nDCG@k and PSP@k on ``dataset``, as the training run computes them.
 
-    On the run's test set this reproduces its final evaluation's exact metrics.
+    On the run's test set this reproduces its final evaluation (of the state :func:`load` selects): the exact
+    metrics, and for a SLIDE model with ``sampled`` the ``sampled_*`` ones at the training k (for a single-process
+    run; a sharded run's evaluation queried one index per process).
     """
     from sparsejax import metrics
 
     propensity = metrics.propensity_scores(self._frequencies, self._num_train, self.config.run.propensity_a,
                                            self.config.run.propensity_b)
     evaluator = Evaluator(self.features(dataset), propensity, self.max_features)
-    return evaluator(self._predict_fn(min(5, self.num_labels)), self.params, num_samples)
+    with_sampled = sampled and self.config.network.model == "slide"
+    return evaluator(self._predict_fn(min(5, self.num_labels), with_sampled=with_sampled), self.params,
+                     num_samples)
 
   def names(self, ids: np.ndarray) -> np.ndarray:
     """Label names of ``ids`` (the ids as strings where the dataset has no names)."""
@@ -159,5 +212,6 @@ class TrainedModel:
 
 
 def load(workdir: str, step: int | None = None) -> TrainedModel:
-  """The model trained in ``workdir`` (its newest checkpoint, or ``step``'s)."""
+  """The model trained in ``workdir``: the state its run selected on the validation split (the one its final
+  evaluation reports), else its newest checkpoint; or checkpoint ``step``."""
   return TrainedModel(workdir, step)

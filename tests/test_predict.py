@@ -33,6 +33,7 @@ def test_predict_command_writes_top_labels_per_sample(synthetic_run, tmp_path, i
   out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={workdir}",
                         f"--input={tmp_path / 'test.txt'}", "--top=5"], capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stderr == ""  # no log lines (orbax logs each restore at INFO): stdout holds the predictions
   lines = out.stdout.splitlines()
   assert len(lines) == len(test) == 300
   scores, ids = sparsejax.load(str(workdir)).predict(test, top=5)
@@ -58,6 +59,93 @@ def test_load_evaluate_reproduces_the_final_evaluation(synthetic_run):
   for key in ("p@1", "p@3", "p@5", "ndcg@5", "psp@5"):
     assert result[key] == final[key], key  # exactly: the same computation on the same parameters
   assert final["p@1"] > 0.3  # it learned (chance: 1/200)
+
+
+@pytest.fixture(scope="module")
+def selected_run(tmp_path_factory, small_config):
+  """A clustered-index run whose validation P@1 peaks before its last step: ``(workdir, final, test set)``."""
+  workdir = tmp_path_factory.mktemp("selected")
+  config = override(small_config, candidates="clusters", reinsert="none", validation_fraction=0.2, max_steps=400,
+                    eval_every=10, early_stopping_patience=2, learning_rate=3e-2, checkpoint_every=1000,
+                    eval_num_clusters=20)  # 10 rows each (by default 200: one row each, sampled = exact)
+  final = train_and_evaluate(config, str(workdir))
+  return workdir, final, data.load_dataset(config.data, seed=config.run.seed).test
+
+
+def test_load_gives_the_state_the_run_selected_and_reported(selected_run, tmp_path, installed_command):
+  workdir, final, test = selected_run
+  assert final["selected_step"] < final["last_step"]  # else this test could not tell the two apart
+  model = sparsejax.load(str(workdir))
+  assert (model.step, model.selected_by) == (final["selected_step"], "validation p@1")
+  result = model.evaluate(test)
+  for key in ("p@1", "p@5", "ndcg@5", "psp@5", "sampled_p@1", "sampled_p@5"):
+    assert result[key] == final[key], key  # exact and sampled: the run's final evaluation, recomputed
+  last = sparsejax.load(str(workdir), step=final["last_step"])
+  assert (last.step, last.selected_by) == (final["last_step"], "step")
+  assert not np.array_equal(np.asarray(last.params.out.w), np.asarray(model.params.out.w))
+  with pytest.raises(ValueError, match=rf"no checkpoint of step 3 \(checkpoints kept: {final['last_step']}; best: "
+                                       rf"{final['selected_step']}\)"):
+    sparsejax.load(str(workdir), step=3)
+  # The command predicts with the same state, and --step picks another.
+  data.save_xc_file(test, tmp_path / "test.txt")
+  for flags, chosen in (([], model), ([f"--step={final['last_step']}"], last)):
+    out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={workdir}",
+                          f"--input={tmp_path / 'test.txt'}", "--top=3", *flags], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stderr == "", out.stderr[-3000:]
+    _, ids = chosen.predict(test, top=3)
+    assert [[int(label) for label, _ in _pairs(line)] for line in out.stdout.splitlines()] == ids.tolist()
+
+
+def test_sampled_predict_scores_the_index_candidates(selected_run, tmp_path, installed_command):
+  workdir, final, test = selected_run
+  model = sparsejax.load(str(workdir))
+  n = model.num_labels
+  all_scores, all_ids = model.predict(test, top=n)  # every logit, as the exact path ranks them
+  logits = np.zeros_like(all_scores)
+  np.put_along_axis(logits, all_ids.astype(np.int64), all_scores, axis=1)
+  # k = N: every row is a candidate, so sampled inference is exact inference.
+  scores, ids = model.predict(test, top=5, k=n)
+  np.testing.assert_array_equal(ids, all_ids[:, :5])
+  np.testing.assert_allclose(scores, all_scores[:, :5], rtol=1e-5, atol=1e-5)
+  # k < N: distinct ids, best first, each with its own logit; mostly the exact top label (the run's sampled P@1).
+  k = model.config.network.active_k
+  scores, ids = model.predict(test, top=5, k=k)
+  assert all(len(set(row)) == 5 for row in ids.tolist())
+  np.testing.assert_allclose(scores, np.take_along_axis(logits, ids.astype(np.int64), axis=1), rtol=1e-5, atol=1e-5)
+  assert np.all(np.diff(scores, axis=1) <= 0)
+  assert np.mean(ids[:, 0] == all_ids[:, 0]) > 0.5  # the index finds the top label
+  # With top = k the candidates themselves come back: a sample of the rows, not the exact top k.
+  _, candidates = model.predict(test, top=k, k=k)
+  np.testing.assert_array_equal(candidates[:, :5], ids)
+  exact_top_k = [set(row) for row in all_ids[:, :k].tolist()]
+  assert sum(set(row) != top for row, top in zip(candidates.tolist(), exact_top_k)) > len(test) // 2
+  with pytest.raises(ValueError, match=r"k must be in \[top = 5, 200\]"):
+    model.predict(test, top=5, k=4)
+  data.save_xc_file(test, tmp_path / "test.txt")
+  out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={workdir}",
+                        f"--input={tmp_path / 'test.txt'}", "--top=5", f"--k={k}"], capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 0 and out.stderr == "", out.stderr[-3000:]
+  assert [[int(label) for label, _ in _pairs(line)] for line in out.stdout.splitlines()] == ids.tolist()
+  for flag, message in (("--k=3", "--k=3: must be 0 (exact) or at least --top=5"),
+                        ("--k=201", "--k=201: must be at most 200 (the model's labels)")):
+    out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={workdir}", "--input=x", "--top=5",
+                          flag], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and out.stderr.startswith(f"sparsejax-predict: error: {message}"), out.stderr
+
+
+def test_sampled_predict_needs_a_slide_model(tmp_path, small_config, installed_command):
+  train_and_evaluate(override(small_config, model="dense", max_steps=10, eval_every=1000), str(tmp_path))
+  model = sparsejax.load(str(tmp_path))
+  assert "sampled_p@1" not in model.evaluate(model.features(data.load_dataset(
+      model.config.data, seed=model.config.run.seed).test))
+  with pytest.raises(ValueError, match="sampled prediction .* needs a SLIDE model; this one was trained with "
+                                       "--model=dense"):
+    model.predict(data.load_dataset(model.config.data, seed=model.config.run.seed).test, top=5, k=32)
+  out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={tmp_path}", "--input=x", "--k=32"],
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 2 and "sampled prediction needs a SLIDE model" in out.stderr, out.stderr
 
 
 def test_predict_errors_are_one_line(synthetic_run, tmp_path, installed_command):
