@@ -26,11 +26,14 @@ import numpy as np
 from sparsejax import clusters
 
 # (what, N rows, C clusters, B queries, count candidates): training's index at 2e5 and 1e6 rows with the default
-# sqrt(N) clusters and k = 1024, and evaluation's finer serving index (2048 clusters) on 1,024 queries.
+# sqrt(N) clusters and k = 1024, evaluation's serving index as it was (2048 clusters) and as it is (4096 clusters,
+# k = 1024 and 4000 = 2% of N) on 1,024 queries.
 SHAPES = (("training step, N = 2e5", 200_000, 447, 128, 1024),
           ("training step, N = 1e6", 1_000_000, 1000, 128, 1024),
           ("evaluation, N = 2e5", 200_000, 2048, 1024, 1024),
-          ("evaluation, N = 2.5e4", 25_000, 2048, 1024, 1024))
+          ("evaluation, N = 2.5e4", 25_000, 2048, 1024, 1024),
+          ("serving index, N = 2e5", 200_000, 4096, 1024, 1024),
+          ("serving index, N = 2e5, k = 4000", 200_000, 4096, 1024, 4000))
 
 
 def top_k_probe(index: clusters.ClusterIndex, queries: jax.Array, probes: int, count: int) -> jax.Array:

@@ -24,7 +24,10 @@
 //
 // A partial sort of only as many clusters as the members need: O(C log m)
 // per query for the m clusters used, where a full top_k over C (XLA:CPU
-// sorts the whole row) cost most of a training step's candidate query.
+// sorts the whole row) cost most of a training step's candidate query. From
+// 1,024 clusters on, only the clusters below a threshold sampled from every
+// 16th cluster are ranked (one pass over the scores, no selection among all
+// C); all of them only where those fall short. The same result either way.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -98,6 +101,64 @@ ffi::Error MergeCandidatesImpl(ffi::ThreadPool pool, S32R2 candidates, S32R2 lab
 }
 
 constexpr char kProbes[] = "probes";
+constexpr uint64_t kEmpty = ~uint64_t{0};
+
+// A cluster's sort key, ascending = best first: the score's bits made monotone (descending), NaN after every
+// number, then the cluster id (ties to the lower id). A strict total order, so the result is unique, and integer
+// compares keep the selection cheap.
+SJ_INLINE uint64_t ClusterKey(float score, int64_t k) {
+  return (static_cast<uint64_t>(DescendingKey(score)) << 32) | static_cast<uint64_t>(k);
+}
+
+// Copies the members of clusters keys[0:m] (in that order) to o[*n:], up to `count`; whether `count` was reached.
+bool TakeMembers(const uint64_t* keys, int64_t m, const int32_t* off, const int32_t* rows, int64_t count,
+                 int32_t* o, int64_t* n) {
+  for (int64_t p = 0; p < m && *n < count; ++p) {
+    const int64_t k = static_cast<int64_t>(keys[p] & 0xFFFFFFFFu);
+    const int64_t take = std::min<int64_t>(off[k + 1] - off[k], count - *n);
+    std::copy(rows + off[k], rows + off[k] + take, o + *n);
+    *n += take;
+  }
+  return *n >= count;
+}
+
+// Narrows a probe to the clusters most likely to supply its members: keys[0:q] gets, in any order, every cluster
+// whose key is at most a threshold, and q is returned. The threshold comes from every 16th cluster, ranked: the
+// key at which the sampled clusters' members, 16 times over, reach twice `count`. So the clusters below it hold
+// about 2 count members however the sizes go with the scores (the best clusters can be the smallest ones).
+// One pass over the C scores and a partial sort of C / 16 keys (`first_batch` of them at first), where a selection among all C keys (nth_element's
+// mispredicted branches) took most of a probe. Returns 0 (keys untouched) where there are too few clusters to
+// gain, or the sample does not reach the members within its better half.
+int64_t AdmitBelowSampledThreshold(const float* s, const uint64_t* empty_key, const int32_t* off, int64_t C,
+                                   int64_t count, int64_t first_batch, std::vector<uint64_t>& sample,
+                                   std::vector<uint64_t>& keys) {
+  constexpr int64_t kStride = 16;
+  if (C < 1024) return 0;
+  sample.clear();
+  for (int64_t k = 0; k < C; k += kStride) sample.push_back(std::max(ClusterKey(s[k], k), empty_key[k]));
+  const int64_t size = static_cast<int64_t>(sample.size()), half = size / 2;
+  int64_t r = 0, members = 0, sorted = 0;
+  for (; r < half && kStride * members < 2 * count; ++r) {
+    if (r == sorted) {  // sort the sample in batches too: first twice what the average cluster size says
+      const int64_t upto = std::min(size, sorted == 0 ? first_batch : 2 * sorted);
+      std::nth_element(sample.begin() + sorted, sample.begin() + (upto - 1), sample.end());
+      std::sort(sample.begin() + sorted, sample.begin() + upto);
+      sorted = upto;
+    }
+    const int64_t k = static_cast<int64_t>(sample[r] & 0xFFFFFFFFu);
+    members += sample[r] == kEmpty ? 0 : off[k + 1] - off[k];
+  }
+  if (kStride * members < 2 * count || sample[r - 1] == kEmpty) return 0;
+  const uint64_t threshold = sample[r - 1];
+  keys.resize(C);
+  int64_t q = 0;
+  for (int64_t k = 0; k < C; ++k) {  // branch-free: every key is stored, the count moves past those below
+    const uint64_t key = std::max(ClusterKey(s[k], k), empty_key[k]);
+    keys[q] = key;
+    q += key <= threshold;
+  }
+  return q;
+}
 
 // scores [B, C], offsets [C + 1], rows [R] -> ids [B, count]
 ffi::Error ClusterProbeImpl(ffi::ThreadPool pool, F32R2 scores, S32R1 offsets, S32R1 rows,
@@ -131,32 +192,52 @@ ffi::Error ClusterProbeImpl(ffi::ThreadPool pool, F32R2 scores, S32R1 offsets, S
     // Clusters sorted per query at first: twice the average number the members need, and more if they fall short.
     const int64_t members = off[C] - off[0];
     const int64_t guess = members > 0 ? 2 * ((count * C + members - 1) / members) + 8 : C;
+    // Empty clusters never take a probe: their key is kEmpty, above every cluster's (ids are < 2^32 - 1).
+    std::vector<uint64_t> empty_key(C);
+    int64_t nonempty = 0;
+    for (int64_t k = 0; k < C; ++k) {
+      const bool empty = off[k + 1] == off[k];
+      empty_key[k] = empty ? kEmpty : 0;
+      nonempty += !empty;
+    }
+    const int64_t usable = std::min(max_probes, nonempty);
+    // The sampled clusters (every 16th) that twice `count` members need if sizes were even, twice over.
+    const int64_t sample_batch = std::max<int64_t>(4, guess / 8 + 2);
     ParallelLoop loop(pool, B, 8);
-    std::vector<std::vector<uint64_t>> order(loop.workers());
+    std::vector<std::vector<uint64_t>> order(loop.workers()), sample(loop.workers());
     for (auto& o : order) o.reserve(C);
     SJ_RETURN_IF_ERROR(loop.Run(c.op(), [&](int64_t w, int64_t b0, int64_t b1) {
       std::vector<uint64_t>& ord = order[w];
       for (int64_t b = b0; b < b1; ++b) {
-        // One integer key per non-empty cluster, ascending = best first: the score's bits made monotone
-        // (descending), NaN after everything, then the cluster id (ties to the lower id). A strict total
-        // order, so the result is unique, and integer compares keep the selection cheap.
         const float* s = sp + b * C;
-        ord.clear();
-        for (int64_t k = 0; k < C; ++k) {
-          if (off[k + 1] > off[k]) ord.push_back((static_cast<uint64_t>(DescendingKey(s[k])) << 32) | k);
-        }
-        const int64_t usable = std::min<int64_t>(max_probes, ord.size());
         int32_t* o = out + b * count;
-        int64_t n = 0, sorted = 0;
-        for (int64_t p = 0; p < usable && n < count; ++p) {
-          if (p == sorted) {  // rank the next batch of clusters among those not yet ranked: O(C) + O(m log m)
-            const int64_t upto = std::min<int64_t>(usable, sorted == 0 ? guess : 2 * sorted);
-            std::nth_element(ord.begin() + sorted, ord.begin() + (upto - 1), ord.end());
-            std::sort(ord.begin() + sorted, ord.begin() + upto);
-            sorted = upto;
+        // Rank the clusters batch by batch, at first among those below a sampled threshold (their members
+        // usually suffice), else (or if they fall short) among all of them: the same clusters either way.
+        int64_t n = 0;
+        for (int64_t among = AdmitBelowSampledThreshold(s, empty_key.data(), off, C, count, sample_batch, sample[w],
+                                                      ord);;) {
+          const bool narrowed = among > 0;
+          if (!narrowed) {
+            ord.clear();
+            for (int64_t k = 0; k < C; ++k) {
+              if (empty_key[k] == 0) ord.push_back(ClusterKey(s[k], k));
+            }
+            among = static_cast<int64_t>(ord.size());
           }
-          const int64_t k = static_cast<int64_t>(ord[p] & 0xFFFFFFFFu);
-          for (int64_t j = off[k]; j < off[k + 1] && n < count; ++j) o[n++] = rp[j];
+          n = 0;
+          int64_t p = 0, sorted = 0;
+          for (; p < usable && n < count; ++p) {
+            if (p == sorted) {  // rank the next batch of clusters among those not yet ranked: O(C) + O(m log m)
+              if (sorted == among) break;  // only when narrowed: all of those taken
+              const int64_t upto = std::min({usable, among, sorted == 0 ? guess : 2 * sorted});
+              std::nth_element(ord.begin() + sorted, ord.begin() + (upto - 1), ord.begin() + among);
+              std::sort(ord.begin() + sorted, ord.begin() + upto);
+              sorted = upto;
+            }
+            TakeMembers(ord.data() + p, 1, off, rp, count, o, &n);
+          }
+          if (!narrowed || n >= count || p == usable) break;
+          among = 0;  // the clusters below the threshold fell short: again, among all
         }
         std::fill(o + n, o + count, kPadId);
       }

@@ -210,7 +210,9 @@ def probe(index: ClusterIndex, queries: jax.Array, probes: int, count: int, spre
   matmul scores the clusters; the ``cluster_probe`` kernel then sorts, per
   query, only as many clusters as its ``count`` members need (``O(C log m)``
   for ``m`` clusters used; a ``top_k`` over all ``C`` compiled to a full
-  sort of each row on XLA:CPU) and copies their members. Ties go to the
+  sort of each row on XLA:CPU; from 1,024 clusters on, only those below a
+  threshold sampled from the scores, unless they fall short) and copies
+  their members. Ties go to the
   lower cluster id, NaN scores rank last and empty clusters never take a
   probe.
 

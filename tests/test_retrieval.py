@@ -190,6 +190,34 @@ def test_probe_kernel_against_brute_force(probes, count):
   np.testing.assert_array_equal(got, _probe_reference(scores, offsets, rows, probes, count))
 
 
+@pytest.mark.parametrize("empty,big,probes,count", [(0.0, 80, 4096, 10), (0.2, 80, 4096, 600),
+                                                     (0.2, 400, 4096, 600), (0.2, 80, 4096, 20000),
+                                                     (0.2, 80, 20, 200), (0.2, 80, 500, 600),
+                                                     (0.9, 80, 4096, 50), (0.97, 80, 4096, 40)])
+def test_probe_kernel_against_brute_force_with_many_clusters(empty, big, probes, count):
+  """From 1,024 clusters on the kernel ranks only those below a threshold sampled from every 16th score, then the
+  rest of those, then (if their members fall short) all clusters. Skewed cluster sizes (most members in a few
+  clusters of up to `big`) and rows that rank the smallest clusters first, so that the first batch, or all the
+  clusters below the threshold, fall short; empty clusters (most of them, in the last two cases, so that the
+  sampled threshold can be an empty one); ties, NaN and -inf, a row of NaN; a probe limit."""
+  rng = np.random.default_rng(int(empty * 100) + big + probes + count)
+  C, B = 4096, 12
+  sizes = np.where(rng.random(C) < 0.05, rng.integers(20, big, size=C), rng.integers(0, 3, size=C))
+  sizes[rng.random(C) < empty] = 0
+  offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+  rows = rng.permutation(offsets[-1]).astype(np.int32)
+  values = np.concatenate([rng.standard_normal(40), [0.0, -0.0, np.nan, -np.inf, np.inf]]).astype(np.float32)
+  scores = np.where(rng.random((B, C)) < 0.5, rng.standard_normal((B, C)), rng.choice(values, size=(B, C)))
+  scores[3] = np.nan
+  scores[4, rng.random(C) < 0.9] = -np.inf
+  scores[5] = -sizes + 0.1 * rng.standard_normal(C)  # the smallest clusters first
+  scores[6] = -sizes  # the same, in ties broken by cluster id
+  scores = scores.astype(np.float32)
+  call = _ffi.ffi_call("cluster_probe", jax.ShapeDtypeStruct((B, count), jnp.int32))
+  got = np.asarray(call(jnp.asarray(scores), jnp.asarray(offsets), jnp.asarray(rows), probes=np.int64(probes)))
+  np.testing.assert_array_equal(got, _probe_reference(scores, offsets, rows, probes, count))
+
+
 def test_assign_matches_dense_argmax_over_chunks():
   """clusters._assign (chunked matmul + the kernel) against one dense argmax, with rows not a multiple of the
   chunk and the chunk shrunk so that several chunks run."""
