@@ -16,16 +16,18 @@ vectorizer: what :func:`sparsejax.load` needs) and, if asked for,
 ``tensorboard/``.
 """
 
+import functools
 import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
 from absl import logging
 
-from sparsejax import checkpoint, dense, distributed, memory, model, retrieval, trained
+from sparsejax import checkpoint, clusters, dense, distributed, memory, model, retrieval, trained
 from sparsejax.config import Config, ConfigError
 from sparsejax.console import Progress
 from sparsejax.data import BatchIterator, load_dataset, train_test_split
@@ -123,7 +125,8 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   loop = _Loop(config, run, checkpoints, checkpoint.make_meta(config, num_shards, jax.process_count(), sizes),
                evaluator(test), selection,
                MetricWriter(workdir, config.run.tensorboard, resume_step=start_step) if is_chief else None,
-               steps_per_epoch, max_steps, _step_profiler(config, run, workdir))
+               steps_per_epoch, max_steps, _step_profiler(config, run, workdir),
+               functools.partial(trained.save_serving_index, workdir) if is_chief and num_shards == 1 else None)
   batches = BatchIterator(train, config.optim.batch_size, seed=config.run.seed, epoch=position["epoch"],
                           index=position["index"], max_features=sizes["max_features"],
                           max_labels=sizes["max_labels"])
@@ -171,8 +174,10 @@ class _Loop:
 
   def __init__(self, config: Config, run: distributed.Run, checkpoints: checkpoint.Checkpoints, meta: dict,
                evaluator: Evaluator, selection: "_Selection | None", writer: MetricWriter | None,
-               steps_per_epoch: int, max_steps: int | None, profiler: StepProfiler):
+               steps_per_epoch: int, max_steps: int | None, profiler: StepProfiler,
+               save_serving_index: Callable[[int, Any], None] | None = None):
     self.config, self.run, self.checkpoints, self.meta = config, run, checkpoints, meta
+    self.save_serving_index = save_serving_index
     self.evaluator, self.selection, self.writer, self.profiler = evaluator, selection, writer, profiler
     self.steps_per_epoch, self.max_steps = steps_per_epoch, max_steps
     self.step, self.last_loss, self.stop_signal = 0, None, None
@@ -224,7 +229,8 @@ class _Loop:
               record.update(prof.maintenance("eval", self.selection.evaluate, run, state, self.step,
                                              config.run.eval_samples))
             else:
-              record.update(prof.maintenance("eval", _evaluate, self.evaluator, run, state, config.run.eval_samples))
+              evaluation, _ = prof.maintenance("eval", _evaluate, self.evaluator, run, state, config.run.eval_samples)
+              record.update(evaluation)
             logging.info("step %d: %sP@1 %.4f  P@5 %.4f%s", self.step,
                          "validation " if self.selection is not None else "", record["p@1"], record["p@5"],
                          _retrieval_line(record))
@@ -276,7 +282,9 @@ class _Loop:
       state, step = self.selection.restore_best(self.run, state)
       logging.info("selected the state of step %d (validation %s %.4f) of %d steps", step,
                    self.selection.metric, self.selection.best_value, self.step)
-    final = _evaluate(self.evaluator, self.run, state, None)
+    final, served = _evaluate(self.evaluator, self.run, state, None)
+    if self.save_serving_index is not None and isinstance(getattr(served, "tables", None), clusters.ClusterIndex):
+      self.save_serving_index(step, served.tables)  # sparsejax.load's sampled prediction needs not build it again
     if self.selection is not None:
       final.update({"selected_step": step, "selected_by": f"validation {self.selection.metric}",
                     f"validation_{self.selection.metric}": self.selection.best_value})
@@ -321,7 +329,7 @@ class _Selection:
 
   def evaluate(self, run: distributed.Run, state, step: int, num_samples: int | None) -> dict[str, float]:
     """Validation metrics of ``state``; keeps it if it is the best so far."""
-    result = _evaluate(self.evaluator, run, state, num_samples)
+    result, _ = _evaluate(self.evaluator, run, state, num_samples)
     self.last_step = step
     value = result[self.metric]
     if value > self.best_value:
@@ -343,8 +351,9 @@ class _Selection:
     return best, int(distributed.local_value(best.step))
 
 
-def _evaluate(evaluator: Evaluator, run: distributed.Run, state, num_samples: int | None) -> dict[str, float]:
-  """Test-set metrics, with retrieval diagnostics and the index's fill where the run has them.
+def _evaluate(evaluator: Evaluator, run: distributed.Run, state, num_samples: int | None):
+  """``(test-set metrics, the state evaluated)``: the metrics with retrieval diagnostics and the index's fill where
+  the run has them; the state with the index that sampled inference queried.
 
   Sampled inference is evaluated with a freshly refreshed index (a copy: training goes on with its own), as a
   model saved for serving would have it; between refreshes the training index lags the moving rows.
@@ -354,7 +363,7 @@ def _evaluate(evaluator: Evaluator, run: distributed.Run, state, num_samples: in
   result = evaluator(run.predict, state, num_samples, diagnose=run.diagnose)
   if run.diagnose is not None:
     result.update(retrieval.index_fill(state.tables))
-  return result
+  return result, state
 
 
 def _retrieval_line(record: dict) -> str:

@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 import subprocess
 
 import numpy as np
@@ -133,6 +134,23 @@ def test_sampled_predict_scores_the_index_candidates(selected_run, tmp_path, ins
     out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={workdir}", "--input=x", "--top=5",
                           flag], capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and out.stderr.startswith(f"sparsejax-predict: error: {message}"), out.stderr
+
+
+def test_the_run_keeps_its_serving_index_for_sampled_prediction(selected_run, tmp_path):
+  workdir, final, test = selected_run
+  with np.load(workdir / "assets" / "serving_index.npz") as f:
+    assert int(f["step"]) == final["selected_step"]  # built by the final evaluation of the selected state
+  copy = tmp_path / "run"
+  shutil.copytree(workdir, copy)
+  model = sparsejax.load(str(copy))
+  assert model._saved_serving_index() is not None
+  kept = model.predict(test, top=5, k=32)
+  assert sparsejax.load(str(copy), step=final["last_step"])._saved_serving_index() is None  # another step's
+  (copy / "assets" / "serving_index.npz").unlink()
+  rebuilt = sparsejax.load(str(copy))
+  assert rebuilt._saved_serving_index() is None
+  for a, b in zip(kept, rebuilt.predict(test, top=5, k=32)):
+    np.testing.assert_array_equal(a, b)  # the same index, kept or built again
 
 
 def test_sampled_predict_needs_a_slide_model(tmp_path, small_config, installed_command):
