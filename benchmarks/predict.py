@@ -1,9 +1,10 @@
 """A trained model as a user serves it: ``sparsejax.load`` and ``predict`` over a test file, exact and sampled.
 
 Times, for one work directory and one test file (Extreme Classification Repository format), what a user of
-``sparsejax.load(workdir)`` waits for: loading the selected checkpoint, building the serving index (the first
-sampled call), and ``predict`` over every test sample, exactly (all N labels scored) and sampled (``--k``
-candidates per sample from the serving index), each the minimum of ``--repeats`` calls after the first. It
+``sparsejax.load(workdir)`` waits for: loading the selected checkpoint, the first sampled call (which builds the
+serving index, unless the run kept it in ``WORKDIR/assets``), and ``predict`` over every test sample, exactly
+(all N labels scored) and sampled (``--k`` candidates per sample from the serving index), each the minimum of
+``--repeats`` calls after the first. It
 also scores the predictions (P@1 and P@5 against the file's labels) and says how often the sampled top label is
 the exact one:
 
@@ -55,7 +56,8 @@ def main() -> None:
   load_s = time.perf_counter() - start
   n = len(test)
   result = dict(workdir=args.workdir, test=args.test, samples=n, num_labels=model.num_labels, step=model.step,
-                selected_by=model.selected_by, load_s=load_s, machine=platform.node(), cpu_count=os.cpu_count(),
+                selected_by=model.selected_by, serving_index_kept=model.serving_index_kept, load_s=load_s,
+                machine=platform.node(), cpu_count=os.cpu_count(),
                 date=time.strftime("%Y-%m-%d %H:%M:%S"), runs=[])
   print(f"loaded step {model.step} ({model.selected_by}) in {load_s:.2f} s; {n} test samples, N = "
         f"{model.num_labels}")
@@ -69,8 +71,10 @@ def main() -> None:
     else:
       run["top1_equals_exact"] = float(np.mean(ids[:, 0] == exact_ids[:, 0]))
     result["runs"].append(run)
-    print(f"{'exact' if k is None else f'sampled k={k}'}: first call {first:.2f} s (with compilation"
-          f"{', and the serving index' if k == args.k[0] else ''}), then {best:.3f} s: {n / best:,.0f} samples/s; "
+    index = (", the serving index kept by the run" if result["serving_index_kept"] else
+             ", building the serving index") if k == args.k[0] else ""
+    print(f"{'exact' if k is None else f'sampled k={k}'}: first call {first:.2f} s (with compilation{index}), "
+          f"then {best:.3f} s: {n / best:,.0f} samples/s; "
           f"P@1 {scores['p@1']:.4f} P@5 {scores['p@5']:.4f}"
           + (f"; top label = exact's for {run['top1_equals_exact']:.3f}" if k is not None else ""))
   if args.json:

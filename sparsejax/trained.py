@@ -12,9 +12,10 @@ Training writes what this needs next to the checkpoints, in ``WORKDIR/assets``:
 the label names (``labels.txt``, one per line), the fitted text vectorizer
 (``vectorizer.json``, ICD-10), the training set's label frequencies (for
 PSP@k) and the serving index that the final evaluation built for the selected
-state (``serving_index.npz``; single-process runs with a clustered index). Predictions are exact (the top outputs over all N labels) or, with
-``k``, sampled from the serving index as the run's ``sampled_p@k`` measured
-them: the same computations as the run's evaluations.
+state (``serving_index.npz``; single-process runs with a clustered index).
+Predictions are exact (the top outputs over all N labels) or, with ``k``,
+sampled from the serving index as the run's ``sampled_p@k`` measured them:
+the same computations as the run's evaluations.
 """
 
 import functools
@@ -159,6 +160,11 @@ class TrainedModel:
                        "softmax): predict over all labels (k=None)")
     return jax.jit(model.inference_state, static_argnames="config")(self.params, config=self._model_config,
                                                                      index=self._saved_serving_index())
+
+  @property
+  def serving_index_kept(self) -> bool:
+    """Whether the run kept the serving index of this model's step: sampled prediction need not build it."""
+    return self._saved_serving_index() is not None
 
   def _saved_serving_index(self):
     """The serving index the run kept for this model's step (see :func:`save_serving_index`), or None."""

@@ -143,12 +143,12 @@ def test_the_run_keeps_its_serving_index_for_sampled_prediction(selected_run, tm
   copy = tmp_path / "run"
   shutil.copytree(workdir, copy)
   model = sparsejax.load(str(copy))
-  assert model._saved_serving_index() is not None
+  assert model.serving_index_kept
   kept = model.predict(test, top=5, k=32)
-  assert sparsejax.load(str(copy), step=final["last_step"])._saved_serving_index() is None  # another step's
+  assert not sparsejax.load(str(copy), step=final["last_step"]).serving_index_kept  # another step's
   (copy / "assets" / "serving_index.npz").unlink()
   rebuilt = sparsejax.load(str(copy))
-  assert rebuilt._saved_serving_index() is None
+  assert not rebuilt.serving_index_kept
   for a, b in zip(kept, rebuilt.predict(test, top=5, k=32)):
     np.testing.assert_array_equal(a, b)  # the same index, kept or built again
 
