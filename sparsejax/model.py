@@ -757,19 +757,22 @@ def serving_index(state: SlideState, config: ModelConfig) -> SlideState:
   return rebuild_tables(state, kmeans_iterations=config.tables.kmeans_iterations)
 
 
-def inference_state(params: NetworkParams, config: ModelConfig,
-                    index: clusters.ClusterIndex | None = None) -> SlideState:
+def inference_state(params: NetworkParams, config: ModelConfig, index: clusters.ClusterIndex | None = None,
+                    hash_functions=None, hash_tables: tables.HashTables | None = None) -> SlideState:
   """A state for sampled inference around trained ``params``, with no optimizer state.
 
-  Its index is the one the run's evaluations queried: for a clustered index the serving index of
-  :func:`serving_index` (deterministic: the same as the run's final evaluation built, for one process), or
-  ``index`` where that was kept; for LSH tables fresh hash functions of the run's sizes (the run's own are not
-  kept apart from its training state). ``params.out`` holds the N real rows (a sharded run's padding taken off).
+  Its index is the one the run's evaluations queried (:func:`serving_index`, deterministic: for one process the
+  same as the run's final evaluation built): a clustered index built from the rows, or ``index`` where the run
+  kept it; LSH tables rebuilt from the rows with the run's ``hash_functions`` and its ``hash_tables``' sizes and
+  seed, or without them with fresh hash functions of the run's sizes. ``params.out`` holds the N real rows (a
+  sharded run's padding taken off).
   """
   d = config.hidden_dims[-1]
-  if index is not None:
-    return SlideState(step=None, rng=None, embed=params.embed, hidden=params.hidden, out=params.out,
-                      embed_opt=None, out_w_opt=None, out_b_opt=None, dense_opt=None, lsh=None, tables=index)
+  if index is not None or hash_functions is not None:
+    state = SlideState(step=None, rng=None, embed=params.embed, hidden=params.hidden, out=params.out,
+                       embed_opt=None, out_w_opt=None, out_b_opt=None, dense_opt=None, lsh=hash_functions,
+                       tables=index if index is not None else hash_tables)
+    return state if index is not None else serving_index(state, config)
   if config.tables.candidates == "clusters":
     lsh_params, index = None, clusters.init_index(1, 1, d)  # a placeholder: serving_index builds the index
   else:

@@ -109,6 +109,9 @@ class TrainedModel:
     sizes = meta["data"]
     self.num_features, self.num_labels = sizes["num_features"], sizes["num_labels"]
     self.max_features, self._num_train = sizes["max_features"], sizes["num_train"]
+    # A single-process LSH run's hash functions and tables (a sharded run's are per process: not used).
+    single = meta.get("num_shards", 1) == 1 and tree.get("lsh") is not None and tree.get("tables") is not None
+    self._hashing = (tree["lsh"], tree["tables"]) if single and self.config.tables.candidates == "lsh" else None
     n = self.num_labels  # a sharded run's layer has padding rows after the N real ones
     self.params = model.NetworkParams(
         embed=model.SparseLayer(tree["embed"]["w"], tree["embed"]["b"]),
@@ -158,8 +161,17 @@ class TrainedModel:
     if self.config.network.model != "slide":
       raise ValueError("sampled prediction (k) needs a SLIDE model; this one was trained with --model=dense (full "
                        "softmax): predict over all labels (k=None)")
-    return jax.jit(model.inference_state, static_argnames="config")(self.params, config=self._model_config,
-                                                                     index=self._saved_serving_index())
+    hash_functions = hash_tables = None
+    if self._hashing is not None:  # an LSH run's own hash functions, for the index its evaluations queried
+      from sparsejax import lsh, tables
+
+      params, t = self._hashing
+      family = lsh.SimHashParams if self.config.tables.lsh_family == "simhash" else lsh.DWTAParams
+      hash_functions = family(**params)
+      hash_tables = tables.HashTables(t["buckets"], t["counts"], t["seed"], policy=self.config.tables.table_policy)
+    return jax.jit(model.inference_state, static_argnames="config")(
+        self.params, config=self._model_config, index=self._saved_serving_index(), hash_functions=hash_functions,
+        hash_tables=hash_tables)
 
   @property
   def serving_index_kept(self) -> bool:
