@@ -103,11 +103,11 @@ ffi::Error MergeCandidatesImpl(ffi::ThreadPool pool, S32R2 candidates, S32R2 lab
 constexpr char kProbes[] = "probes";
 constexpr uint64_t kEmpty = ~uint64_t{0};
 
-// A cluster's sort key, ascending = best first: the score's bits made monotone (descending), NaN after every
-// number, then the cluster id (ties to the lower id). A strict total order, so the result is unique, and integer
-// compares keep the selection cheap.
-SJ_INLINE uint64_t ClusterKey(float score, int64_t k) {
-  return (static_cast<uint64_t>(DescendingKey(score)) << 32) | static_cast<uint64_t>(k);
+// Sorts keys[from:upto] into place as the next best of keys[from:end] (O(end - from) + O(m log m)): a ranking
+// in batches, for as many keys as turn out to be needed.
+void SortNextBatch(std::vector<uint64_t>& keys, int64_t from, int64_t upto, int64_t end) {
+  std::nth_element(keys.begin() + from, keys.begin() + (upto - 1), keys.begin() + end);
+  std::sort(keys.begin() + from, keys.begin() + upto);
 }
 
 // Copies the members of clusters keys[0:m] (in that order) to o[*n:], up to `count`; whether `count` was reached.
@@ -126,23 +126,23 @@ bool TakeMembers(const uint64_t* keys, int64_t m, const int32_t* off, const int3
 // whose key is at most a threshold, and q is returned. The threshold comes from every 16th cluster, ranked: the
 // key at which the sampled clusters' members, 16 times over, reach twice `count`. So the clusters below it hold
 // about 2 count members however the sizes go with the scores (the best clusters can be the smallest ones).
-// One pass over the C scores and a partial sort of C / 16 keys (`first_batch` of them at first), where a selection among all C keys (nth_element's
-// mispredicted branches) took most of a probe. Returns 0 (keys untouched) where there are too few clusters to
-// gain, or the sample does not reach the members within its better half.
+// One pass over the C scores and a partial sort of C / 16 keys (`first_batch` of them at first), where a
+// selection among all C keys (nth_element's mispredicted branches) took most of a probe. Returns 0 (keys
+// untouched) where there are too few clusters to gain, or the sample does not reach the members within its better
+// half.
 int64_t AdmitBelowSampledThreshold(const float* s, const uint64_t* empty_key, const int32_t* off, int64_t C,
                                    int64_t count, int64_t first_batch, std::vector<uint64_t>& sample,
                                    std::vector<uint64_t>& keys) {
   constexpr int64_t kStride = 16;
   if (C < 1024) return 0;
   sample.clear();
-  for (int64_t k = 0; k < C; k += kStride) sample.push_back(std::max(ClusterKey(s[k], k), empty_key[k]));
+  for (int64_t k = 0; k < C; k += kStride) sample.push_back(std::max(RankKey(s[k], k), empty_key[k]));
   const int64_t size = static_cast<int64_t>(sample.size()), half = size / 2;
   int64_t r = 0, members = 0, sorted = 0;
   for (; r < half && kStride * members < 2 * count; ++r) {
     if (r == sorted) {  // sort the sample in batches too: first twice what the average cluster size says
       const int64_t upto = std::min(size, sorted == 0 ? first_batch : 2 * sorted);
-      std::nth_element(sample.begin() + sorted, sample.begin() + (upto - 1), sample.end());
-      std::sort(sample.begin() + sorted, sample.begin() + upto);
+      SortNextBatch(sample, sorted, upto, size);
       sorted = upto;
     }
     const int64_t k = static_cast<int64_t>(sample[r] & 0xFFFFFFFFu);
@@ -153,7 +153,7 @@ int64_t AdmitBelowSampledThreshold(const float* s, const uint64_t* empty_key, co
   keys.resize(C);
   int64_t q = 0;
   for (int64_t k = 0; k < C; ++k) {  // branch-free: every key is stored, the count moves past those below
-    const uint64_t key = std::max(ClusterKey(s[k], k), empty_key[k]);
+    const uint64_t key = std::max(RankKey(s[k], k), empty_key[k]);
     keys[q] = key;
     q += key <= threshold;
   }
@@ -220,18 +220,17 @@ ffi::Error ClusterProbeImpl(ffi::ThreadPool pool, F32R2 scores, S32R1 offsets, S
           if (!narrowed) {
             ord.clear();
             for (int64_t k = 0; k < C; ++k) {
-              if (empty_key[k] == 0) ord.push_back(ClusterKey(s[k], k));
+              if (empty_key[k] == 0) ord.push_back(RankKey(s[k], k));
             }
             among = static_cast<int64_t>(ord.size());
           }
           n = 0;
           int64_t p = 0, sorted = 0;
           for (; p < usable && n < count; ++p) {
-            if (p == sorted) {  // rank the next batch of clusters among those not yet ranked: O(C) + O(m log m)
+            if (p == sorted) {  // rank the next batch of clusters among those not yet ranked
               if (sorted == among) break;  // only when narrowed: all of those taken
               const int64_t upto = std::min({usable, among, sorted == 0 ? guess : 2 * sorted});
-              std::nth_element(ord.begin() + sorted, ord.begin() + (upto - 1), ord.begin() + among);
-              std::sort(ord.begin() + sorted, ord.begin() + upto);
+              SortNextBatch(ord, sorted, upto, among);
               sorted = upto;
             }
             TakeMembers(ord.data() + p, 1, off, rp, count, o, &n);

@@ -277,6 +277,12 @@ SJ_INLINE uint32_t DescendingKey(float x) {
   return ~u;
 }
 
+// A ranking key of score x at index i (a column, a cluster id < 2^32): ascending = best first, ties to the lower
+// index. A strict total order, so a ranking is unique, and integer compares keep selections cheap.
+SJ_INLINE uint64_t RankKey(float x, int64_t i) {
+  return static_cast<uint64_t>(DescendingKey(x)) << 32 | static_cast<uint64_t>(i);
+}
+
 SJ_INLINE float Load(float x) { return x; }
 SJ_INLINE float Load(bf16 x) {
   const uint32_t u = static_cast<uint32_t>(x) << 16;

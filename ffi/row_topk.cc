@@ -38,9 +38,9 @@ SJ_INLINE bool AnyBetter(const float* s, float t, bool t_is_nan) {
   return any;
 }
 
-// The selection of one row: keys DescendingKey << 32 | column in buf
-// (capacity >= 2k), ascending = best first, so that one integer order settles
-// scores, ties and NaN.
+// The selection of one row: RankKey(score, column) in buf (capacity >= 2k),
+// ascending = best first, so that one integer order settles scores, ties and
+// NaN.
 struct RowSelection {
   const float* s;
   int64_t k;
@@ -51,7 +51,7 @@ struct RowSelection {
   float threshold = 0.0f;
   bool threshold_is_nan = false;
 
-  SJ_INLINE uint64_t Key(int64_t c) const { return static_cast<uint64_t>(DescendingKey(s[c])) << 32 | c; }
+  SJ_INLINE uint64_t Key(int64_t c) const { return RankKey(s[c], c); }
 
   // Keeps the best k of the buffer; the k-th best becomes the threshold.
   SJ_INLINE void Cut() {

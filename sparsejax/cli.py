@@ -90,8 +90,8 @@ SCORE is the output layer's logit).
          "svmlight (lines of 'labels id:value ...', no header) or text (one sample per line)."),
     Flag("top", 5, "Labels written per sample.", int),
     Flag("k", 0, "0: exact, every label scored. K > 0: sampled (SLIDE models): each sample's K best candidates "
-         "from the serving index (built from the model's rows at start) are scored, as the run's sampled_p@k; "
-         "faster where K is a small share of the labels.", int),
+         "from the serving index (kept by the run, else built from the model's rows) are scored, as the run's "
+         "sampled_p@k; faster where K is a small share of the labels.", int),
     Flag("output", "-", "Where to write the predictions (- for stdout)."),
 ))
 

@@ -212,9 +212,8 @@ def probe(index: ClusterIndex, queries: jax.Array, probes: int, count: int, spre
   for ``m`` clusters used; a ``top_k`` over all ``C`` compiled to a full
   sort of each row on XLA:CPU; from 1,024 clusters on, only those below a
   threshold sampled from the scores, unless they fall short) and copies
-  their members. Ties go to the
-  lower cluster id, NaN scores rank last and empty clusters never take a
-  probe.
+  their members. Ties go to the lower cluster id, NaN scores rank last and
+  empty clusters never take a probe.
 
   Args:
     index: a built index.

@@ -767,20 +767,17 @@ def inference_state(params: NetworkParams, config: ModelConfig, index: clusters.
   seed, or without them with fresh hash functions of the run's sizes. ``params.out`` holds the N real rows (a
   sharded run's padding taken off).
   """
-  d = config.hidden_dims[-1]
-  if index is not None or hash_functions is not None:
-    state = SlideState(step=None, rng=None, embed=params.embed, hidden=params.hidden, out=params.out,
-                       embed_opt=None, out_w_opt=None, out_b_opt=None, dense_opt=None, lsh=hash_functions,
-                       tables=index if index is not None else hash_tables)
-    return state if index is not None else serving_index(state, config)
-  if config.tables.candidates == "clusters":
-    lsh_params, index = None, clusters.init_index(1, 1, d)  # a placeholder: serving_index builds the index
-  else:
-    k_lsh, k_tables = jax.random.split(jax.random.key(0))
-    lsh_params, index = init_index(k_lsh, k_tables, config, params.out)
-  state = SlideState(step=None, rng=None, embed=params.embed, hidden=params.hidden, out=params.out,
-                     embed_opt=None, out_w_opt=None, out_b_opt=None, dense_opt=None, lsh=lsh_params, tables=index)
-  return serving_index(state, config) if config.tables.candidates == "clusters" else state
+  def around(lsh_params, candidates) -> SlideState:
+    return SlideState(step=None, rng=None, embed=params.embed, hidden=params.hidden, out=params.out, embed_opt=None,
+                      out_w_opt=None, out_b_opt=None, dense_opt=None, lsh=lsh_params, tables=candidates)
+
+  if index is not None:  # kept by the run
+    return around(None, index)
+  if config.tables.candidates == "clusters":  # the index is a placeholder: serving_index builds its own
+    return serving_index(around(None, clusters.init_index(1, 1, config.hidden_dims[-1])), config)
+  if hash_functions is not None:  # the run's own, its tables rebuilt from these rows
+    return serving_index(around(hash_functions, hash_tables), config)
+  return around(*init_index(*jax.random.split(jax.random.key(0)), config, params.out))
 
 
 def new_hash_functions(state: SlideState, config: ModelConfig,

@@ -153,7 +153,8 @@ class TrainedModel:
 
   @functools.cached_property
   def _inference_state(self):
-    """The state that sampled prediction queries: the serving index of the output rows, built on first use."""
+    """The state that sampled prediction queries: the serving index of the output rows (kept by the run, else
+    built on first use)."""
     import jax
 
     from sparsejax import model
@@ -170,15 +171,16 @@ class TrainedModel:
       hash_functions = family(**params)
       hash_tables = tables.HashTables(t["buckets"], t["counts"], t["seed"], policy=self.config.tables.table_policy)
     return jax.jit(model.inference_state, static_argnames="config")(
-        self.params, config=self._model_config, index=self._saved_serving_index(), hash_functions=hash_functions,
+        self.params, config=self._model_config, index=self._kept_serving_index, hash_functions=hash_functions,
         hash_tables=hash_tables)
 
   @property
   def serving_index_kept(self) -> bool:
     """Whether the run kept the serving index of this model's step: sampled prediction need not build it."""
-    return self._saved_serving_index() is not None
+    return self._kept_serving_index is not None
 
-  def _saved_serving_index(self):
+  @functools.cached_property
+  def _kept_serving_index(self):
     """The serving index the run kept for this model's step (see :func:`save_serving_index`), or None."""
     from sparsejax import clusters
 
@@ -219,9 +221,9 @@ class TrainedModel:
       top: labels per input (at most N, and at most ``k``).
       batch_size: inputs per call (one compiled shape).
       k: None: exact (every output scored). An int: sampled inference, as the run's ``sampled_p@k`` measured it:
-        each input's ``k`` best candidates from the serving index (built from the output rows on the first
-        such call) are scored, and the top ``top`` of them returned. Faster than exact where ``k`` is a small
-        share of N; a SLIDE model's only (not ``--model=dense``'s).
+        each input's ``k`` best candidates from the serving index (kept by the run, else built from the output
+        rows on the first such call) are scored, and the top ``top`` of them returned. Faster than exact where
+        ``k`` is a small share of N; a SLIDE model's only (not ``--model=dense``'s).
 
     Returns:
       ``(scores [n, top] float32, ids [n, top] int32)``, best first; scores are the output layer's logits.
