@@ -265,6 +265,21 @@ class Checkpoints:
     step = self.latest_step() if step is None else step
     return _restore_arrays(self._ocp, os.path.join(self.directory, str(step), "state"))
 
+  def shape_differences(self, step: int, abstract_state) -> list[str]:
+    """How the arrays saved in checkpoint ``step`` differ in shape from ``abstract_state``'s (empty: they fit).
+
+    Read from the checkpoint's metadata, so that a restore that could not fit is never started.
+    """
+    import jax
+
+    with _quiet():
+      saved = self._ocp.StandardCheckpointer().metadata(
+          os.path.join(self.directory, str(step), "state")).item_metadata.tree
+    shapes = lambda tree: {_path_name(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    before, now = shapes(saved), shapes(abstract_state)
+    return [f"{name}: saved {before.get(name, 'none')}, now {now.get(name, 'none')}"
+            for name in sorted(before.keys() | now.keys(), key=_parameters_first) if before.get(name) != now.get(name)]
+
   def wait(self) -> None:
     """Blocks until background saves are on disk (and sealed with their checksums).
 
@@ -291,6 +306,16 @@ def _restore_arrays(ocp, path: str):
     target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
                           checkpointer.metadata(path).item_metadata.tree)
     return checkpointer.restore(path, target)
+
+
+def _path_name(path) -> str:
+  """``embed.w``, ``hidden.0.1``: a tree path, the same for a named tuple's field as for a dict's key."""
+  return ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def _parameters_first(name: str) -> tuple[bool, str]:
+  """Sort key: the layers' arrays before the optimizer states' (``embed_opt``, ``opt``, ...)."""
+  return any(part.endswith("opt") for part in name.split(".")), name
 
 
 def _reason(error: Exception) -> str:
@@ -385,9 +410,19 @@ class BestCheckpoint:
     best = cls(workdir, metric, writable=False)
     return best if best.best_step() is not None else None
 
+  def discard_after(self, step: int) -> None:
+    """Deletes the kept states of steps after ``step`` (a resumed run trains those steps again)."""
+    self._manager.wait_until_finished()
+    for newer in [s for s in self._manager.all_steps() if s > step]:
+      self._manager.delete(newer)
+
   def save(self, step: int, state, value: float) -> None:
-    """Saves ``state`` of step ``step`` whose metric is ``value`` (orbax keeps the best one)."""
+    """Saves ``state`` of step ``step`` whose metric is ``value`` (orbax keeps the best one); a state already
+    kept for ``step`` is replaced."""
     _finish_other_saves(self._manager)
+    if step in self._manager.all_steps():
+      self._manager.wait_until_finished()
+      self._manager.delete(step)
     self._manager.save(step, args=self._ocp.args.Composite(state=self._ocp.args.StandardSave(state)),
                        metrics={self.metric: float(value)}, force=True)
 

@@ -268,7 +268,10 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = FLAGS, command:
   try:
     rest = flag_values(argv)
   except flags.Error as e:
-    usage_error(str(e).strip().splitlines()[0].removeprefix("flag "))
+    message = str(e).strip().splitlines()[0].removeprefix("flag ")
+    if message.startswith("ERROR:: Unable to open flagfile: "):  # absl's wording
+      message = "--flagfile: cannot open it: " + message.removeprefix("ERROR:: Unable to open flagfile: ")
+    usage_error(message)
   if len(rest) - 1 > len(command.positional):
     usage_error(f"unexpected argument {rest[1 + len(command.positional)]!r} (flags are written --name=value)")
   if len(rest) - 1 < len(command.positional):
@@ -291,8 +294,9 @@ def _parser(command: Command):
 def print_final(final: dict) -> None:
   """The one summary line of a finished run."""
   keys = ["p@1", "p@3", "p@5", "ndcg@5", "psp@5", "sampled_p@1", "sampled_p@5"]
+  trained = final.get("train_seconds", 1.0) > 0  # else a finished run's final evaluation, done again
   print(f"step {final['step']}  " + "  ".join(f"{k.upper()} {final[k]:.4f}" for k in keys if k in final)
-        + f"  ({final['samples_per_sec']:,.0f} samples/s)")
+        + (f"  ({final['samples_per_sec']:,.0f} samples/s)" if trained else ""))
 
 
 def train(argv: list[str]) -> None:
@@ -302,8 +306,9 @@ def train(argv: list[str]) -> None:
   import jax
 
   from sparsejax import checkpoint, distributed  # imported here: creating a JAX backend must wait for the flags
+  from sparsejax.data import XCFormatError
   from sparsejax.nonfinite import NonFiniteError
-  from sparsejax.stopping import Interrupted
+  from sparsejax.stopping import Interrupted, raise_on_signals
   from sparsejax.train import train_and_evaluate
 
   try:
@@ -317,9 +322,14 @@ def train(argv: list[str]) -> None:
   changed = [f"--{k}={format_value(v)}" for k, v in flat_items(config).items() if v != defaults[k]]
   logging.info("settings not at their defaults: %s (all of them: WORKDIR/config.json)", " ".join(changed) or "none")
   try:
+    raise_on_signals()
     print_final(train_and_evaluate(config, FLAGS.workdir))
-  except KeyboardInterrupt:
-    fail("interrupted before training started: nothing to save", 128 + signal.SIGINT)
+  except KeyboardInterrupt as e:  # outside the training loop, or a second Ctrl-C within it
+    signum = getattr(e, "signum", signal.SIGINT)
+    fail(f"interrupted by {signal.Signals(signum).name}: nothing more was saved. The checkpoints already in "
+         f"{FLAGS.workdir} are kept; the same command continues from the newest", 128 + signum)
+  except XCFormatError as e:  # names the file and line
+    fail(str(e))
   except ConfigError as e:
     usage_error(str(e))
   except checkpoint.ResumeError as e:
@@ -367,7 +377,11 @@ def read_inputs(path: str, input_format: str, model):
 
 def _sniff(path: str) -> str:
   """``xc`` if the file starts with an XC header line (three integers), else ``svmlight``."""
+  import gzip
+
   with open(path, "rb") as f:
+    gzipped = f.read(2) == b"\x1f\x8b"  # as the readers take it
+  with (gzip.open if gzipped else open)(path, "rb") as f:
     first = f.readline().split()
   return "xc" if len(first) == 3 and all(t.isdigit() for t in first) else "svmlight"
 
@@ -389,6 +403,14 @@ def predict(argv: list[str]) -> None:
     usage_error(f"--top={FLAGS.top}: must be >= 1")
   if FLAGS.k < 0 or 0 < FLAGS.k < FLAGS.top:
     usage_error(f"--k={FLAGS.k}: must be 0 (exact) or at least --top={FLAGS.top}")
+  # Files first: a missing input or an unwritable output is named before the model loads and predicts.
+  if FLAGS.input != "-" and not os.path.isfile(FLAGS.input):
+    usage_error(f"--input={FLAGS.input}: {'is a directory' if os.path.isdir(FLAGS.input) else 'no such file'}")
+  if FLAGS.output != "-":
+    parent = os.path.dirname(os.path.abspath(FLAGS.output))
+    if os.path.isdir(FLAGS.output) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+      usage_error(f"--output={FLAGS.output}: " + ("is a directory" if os.path.isdir(FLAGS.output) else
+                                                  f"cannot write a file in {parent}"))
   try:
     model = load(FLAGS.workdir, FLAGS.step)
     if not 1 <= FLAGS.top <= model.num_labels:
@@ -406,9 +428,12 @@ def predict(argv: list[str]) -> None:
            for row_names, row_scores in zip(names, scores))
   if FLAGS.output == "-":
     sys.stdout.writelines(lines)
-  else:
+    return
+  try:
     with open(FLAGS.output, "w") as f:
       f.writelines(lines)
+  except OSError as e:
+    fail(f"--output={FLAGS.output}: {e.strerror or e}")
 
 
 def predict_main() -> None:

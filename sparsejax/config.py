@@ -245,7 +245,8 @@ class NetworkConfig(Section):
   softmax: str = option(
       "auto", "Which softmax the SLIDE model trains: sampled (the active neurons only), exact (every output "
       "neuron each step, dense matmuls: faster when the active set covers most of the labels) or auto (exact "
-      "when --active_k x --batch_size makes the sampled step the slower one; the log says which).",
+      "when --active_k x 8 >= the labels of a shard, where a batch's active sets touch most rows anyway; the log "
+      "says which).",
       choices=("auto", "sampled", "exact"))
   init_scale: float = option(
       1.0, "Standard deviation of the output layer's initial weights, in units of 1/sqrt(last hidden width).",
@@ -410,8 +411,9 @@ class RunConfig(Section):
   log_every: int = option(50, "Steps between training-loss readings (progress bar, logs).", bounds=AT_LEAST_ONE,
                           identity=False)
   propensity_a: float = option(0.55, "Propensity model parameter A of the PSP@k metrics (Jain et al. 2016).",
+                               bounds=POSITIVE, identity=False)
+  propensity_b: float = option(1.5, "Propensity model parameter B of the PSP@k metrics.", bounds=POSITIVE,
                                identity=False)
-  propensity_b: float = option(1.5, "Propensity model parameter B of the PSP@k metrics.", identity=False)
   tensorboard: bool = option(False, "Also write TensorBoard events to WORKDIR/tensorboard (needs tensorboardX).",
                              identity=False)
   on_nonfinite: str = option(

@@ -174,6 +174,9 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   if num_processes == 1:
     return False
   if coordinator_address is None and num_processes is None and not _cluster_env():
+    if process_id is not None:  # a rank of no job: training alone would silently ignore it
+      raise ValueError(f"process_id={process_id} needs num_processes and coordinator_address (or a SLURM / Open "
+                       "MPI launch) to say which job it is a rank of")
     return False
   # Gloo is JAX's default CPU collective implementation; say so explicitly.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")

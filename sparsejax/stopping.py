@@ -26,6 +26,27 @@ class Interrupted(Exception):
                      "command again to continue")
 
 
+class SignalInterrupt(KeyboardInterrupt):
+  """SIGINT or SIGTERM outside the training loop (loading data, the final evaluation): stops at once."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
+
+
+def raise_on_signals() -> None:
+  """Makes SIGINT and SIGTERM raise :class:`SignalInterrupt` in one process (SIGTERM's default kills it without a
+  word); :class:`StopRequests` takes them over while steps run. Several processes: left to ``jax.distributed``."""
+  if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
+    for signum in (signal.SIGINT, signal.SIGTERM):
+      signal.signal(signum, _raise_interrupt)
+
+
+def _raise_interrupt(signum, frame):
+  del frame
+  raise SignalInterrupt(signum)
+
+
 class StopRequests:
   """Context manager that turns SIGINT/SIGTERM into a request to stop after the current step."""
 

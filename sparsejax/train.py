@@ -39,7 +39,7 @@ from sparsejax.stopping import Interrupted, StopRequests
 
 # Final-record fields that describe the run rather than a point of a curve.
 _SUMMARY_FIELDS = ("step", "epoch", "loss", "samples_per_sec", "seconds", "train_seconds", "num_params", "final",
-                   "num_processes", "last_step", "selected_step", "selected_by")
+                   "num_processes", "last_step", "selected_step", "selected_by", "stopped_by", "bad_evaluations")
 
 
 def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
@@ -99,6 +99,13 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
 
   run = distributed.make_run(config.model_config(train.num_features, train.num_labels), seed=config.run.seed,
                              num_shards=num_shards, sampled_ks=tuple(k for k in [config.run.eval_sampled_k] if k))
+  differences = [] if latest is None else checkpoints.shape_differences(latest, run.abstract_state())
+  if differences:  # --resume=force past a setting that changes the model's shapes
+    raise checkpoint.ResumeError(
+        f"{checkpoints.directory}/{latest} holds a model of other shapes than these settings give ("
+        + "; ".join(differences[:3]) + (f"; {len(differences) - 3} more" if len(differences) > 3 else "")
+        + "): --resume=force continues a run with new settings only where they keep the model's shapes. Use "
+        "another --workdir for a new run")
   restored = checkpoints.restore(run.abstract_state()) if latest is not None else None
   if restored is None:
     state, position = run.init(), {"epoch": 0, "index": 0, "seconds": 0.0}
@@ -120,8 +127,11 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
                                                 config.run.propensity_b)
   selection = None
   if validation is not None:
-    selection = _Selection(evaluator(validation), checkpoint.BestCheckpoint(workdir, config.run.selection_metric),
-                           config.run, position.get("selection"))
+    best = checkpoint.BestCheckpoint(workdir, config.run.selection_metric)
+    # A best state newer than the checkpoint resumed from belongs to steps that are trained again now (the
+    # process died between an evaluation and the next checkpoint): they will be evaluated and kept again.
+    best.discard_after(start_step)
+    selection = _Selection(evaluator(validation), best, config.run, position.get("selection"))
   loop = _Loop(config, run, checkpoints, checkpoint.make_meta(config, num_shards, jax.process_count(), sizes),
                evaluator(test), selection,
                MetricWriter(workdir, config.run.tensorboard, resume_step=start_step) if is_chief else None,
@@ -152,12 +162,24 @@ def _recorded_final(workdir: str, config: Config, latest: int, meta: dict | None
   if meta is None:
     return None
   max_steps = config.budget.max_steps_for(meta["data"]["steps_per_epoch"])
-  finals = [r for r in read_records(workdir) if r.get("final") and r["step"] == latest]
-  if max_steps is None or latest < max_steps or not finals:
+  # A final record names the last step trained in "last_step" and the selected (reported) one in "step".
+  finals = [r for r in read_records(workdir) if r.get("final") and r.get("last_step", r["step"]) == latest]
+  if not finals:
+    return None
+  final = finals[-1]
+  if final.get("stopped_by") == "early_stopping":
+    patience = config.run.early_stopping_patience
+    if patience is None or final.get("bad_evaluations", patience) < patience:
+      return None  # patience raised or lifted: training goes on
+    logging.warning("the run in %s stopped early at step %d (no better validation %s in %d evaluations): "
+                    "nothing to train. To train further, raise --early_stopping_patience; for a new run, use "
+                    "another --workdir", workdir, latest, config.run.selection_metric, final["bad_evaluations"])
+    return final
+  if max_steps is None or latest < max_steps:
     return None
   logging.warning("the run in %s is finished (step %d of %d): nothing to train. To train further, raise "
                   "--max_steps or --num_epochs; for a new run, use another --workdir", workdir, latest, max_steps)
-  return finals[-1]
+  return final
 
 
 def _step_profiler(config: Config, run: distributed.Run, workdir: str) -> StepProfiler:
@@ -181,6 +203,7 @@ class _Loop:
     self.evaluator, self.selection, self.writer, self.profiler = evaluator, selection, writer, profiler
     self.steps_per_epoch, self.max_steps = steps_per_epoch, max_steps
     self.step, self.last_loss, self.stop_signal = 0, None, None
+    self.stopped_by = "step_budget"  # or "wall_clock", "early_stopping"
     self.train_seconds, self.seconds_before = 0.0, 0.0
     self.nonfinite = NonFiniteWatch(config.run.on_nonfinite)
 
@@ -202,6 +225,7 @@ class _Loop:
           if (max_seconds is not None and self.step % log_every == 0
               and distributed.agree(time.time() - t_loop - eval_seconds >= max_seconds)):
             logging.info("wall-clock budget of %.0f s reached at step %d", max_seconds, self.step)
+            self.stopped_by = "wall_clock"
             break
           batch = next(batches)
           prof.begin_step(self.step, lambda state=state, batch=batch: run.describe_step(state, batch))
@@ -241,6 +265,7 @@ class _Loop:
               logging.info("early stopping at step %d: no better validation %s in %d evaluations (best: step %d)",
                            self.step, self.selection.metric, self.selection.bad_evaluations,
                            self.selection.best_step)
+              self.stopped_by = "early_stopping"
               break
           if record:
             self._write(record)
@@ -253,6 +278,8 @@ class _Loop:
             logging.warning("stopping after step %d (%s): saving a checkpoint", self.step,
                             signal.Signals(stop.signum).name)
             break
+      if metrics is not None and self.step % log_every:  # the final record's loss: the last step's
+        self.last_loss = float(distributed.local_value(metrics["loss"]))
       prof.finish()  # a window the loop cut short (every process gets here together)
     finally:
       prof.close()
@@ -278,19 +305,22 @@ class _Loop:
     step = self.step
     if self.selection is not None:
       if self.selection.last_step != step:  # the last state competes too
-        self.selection.evaluate(self.run, state, step, self.config.run.eval_samples)
+        self._write(self.selection.evaluate(self.run, state, step, self.config.run.eval_samples))
       state, step = self.selection.restore_best(self.run, state)
       logging.info("selected the state of step %d (validation %s %.4f) of %d steps", step,
                    self.selection.metric, self.selection.best_value, self.step)
     final, served = _evaluate(self.evaluator, self.run, state, None)
     if self.save_serving_index is not None and isinstance(getattr(served, "tables", None), clusters.ClusterIndex):
       self.save_serving_index(step, served.tables)  # sparsejax.load's sampled prediction needs not build it again
+    if self.stopped_by == "early_stopping":
+      final["bad_evaluations"] = self.selection.bad_evaluations
     if self.selection is not None:
       final.update({"selected_step": step, "selected_by": f"validation {self.selection.metric}",
                     f"validation_{self.selection.metric}": self.selection.best_value})
     final.update({
         "step": step, "last_step": self.step, "epoch": step / self.steps_per_epoch,
-        "loss": self.last_loss if self.last_loss is not None else float("nan"),
+        "loss": self.last_loss,  # None (null) when this invocation trained no step
+        "stopped_by": self.stopped_by,
         "samples_per_sec": (self.step - start_step) * self.config.optim.batch_size / max(self.train_seconds, 1e-9),
         "seconds": self.seconds_before + self.train_seconds, "train_seconds": self.train_seconds,
         "num_params": model.num_params(state), "final": True, "num_processes": self.run.num_shards,

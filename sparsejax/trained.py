@@ -128,7 +128,10 @@ class TrainedModel:
     self._frequencies = np.load(os.path.join(assets, _FREQUENCIES))
 
   def features(self, inputs) -> XCDataset:
-    """``inputs`` as feature rows: an XCDataset (as is), a scipy sparse ``[n, F]`` matrix, or texts."""
+    """``inputs`` as feature rows: an XCDataset (as is), a scipy sparse ``[n, F]`` matrix, or texts (one string:
+    one text, one row)."""
+    if isinstance(inputs, str):  # a str is a sequence of one-character strs: not n texts
+      inputs = [inputs]
     if isinstance(inputs, XCDataset):
       if inputs.num_features != self.num_features:
         raise ValueError(f"the inputs have {inputs.num_features} features; the model reads {self.num_features}")
@@ -217,7 +220,8 @@ class TrainedModel:
     """The ``top`` best labels of each input: over all N outputs, or over ``k`` candidates from the index.
 
     Args:
-      inputs: an XCDataset, a scipy sparse ``[n, F]`` matrix, or texts (when the model has a vectorizer).
+      inputs: an XCDataset, a scipy sparse ``[n, F]`` matrix, or texts (when the model has a vectorizer; one
+        string is one text).
       top: labels per input (at most N, and at most ``k``).
       batch_size: inputs per call (one compiled shape).
       k: None: exact (every output scored). An int: sampled inference, as the run's ``sampled_p@k`` measured it:

@@ -74,6 +74,9 @@ BAD = [
     ("--train_file=/etc/hostname", "--train_file=/etc/hostname: only read with --dataset=files"),
     ("--dataset=files --test_file=/etc/hostname", "--train_file=none: --dataset=files needs --train_file"),
     ("--dataset=files --train_file=/no/such --test_file=/etc/hostname", "--train_file=/no/such: no such file"),
+    ("--propensity_b=-100", "--propensity_b=-100.0: must be > 0"),
+    ("--propensity_a=0", "--propensity_a=0.0: must be > 0"),
+    ("--flagfile=/no/such.flags", "--flagfile: cannot open it: [Errno 2] No such file or directory: '/no/such.flags'"),
     ("--lerning_rate=1", "Unknown command line flag 'lerning_rate'"),
     ("positional", "unexpected argument 'positional'"),
 ]
@@ -93,6 +96,22 @@ def test_bad_flag_exits_2_from_the_script_before_loading_anything(tmp_path):
   assert out.stderr.strip().splitlines() == [
       "train.py: error: --lsh_family=wta: value should be one of <simhash|dwta> (--help lists the flags)"]
   assert not workdir.exists()  # nothing was started
+
+
+def test_a_malformed_data_file_ends_the_command_with_one_line_naming_file_and_line(tmp_path, installed_command):
+  """A user audit: every data error printed a 25-line traceback (its last line named the file and line)."""
+  (tmp_path / "bad.txt").write_text("2 10 3\n0 1:0.5 2:1\n1 3;0.25\n")
+  (tmp_path / "train.txt").write_text("2 10 3\n0 1:0.5 2:1\n1 3:0.25\n")
+  (tmp_path / "test.txt").write_text("1 12 3\n0 1:0.5\n")
+  for train, message in (
+      ("bad.txt", f"{tmp_path / 'bad.txt'}:3: malformed feature '3;0.25' (expected 'id:value')"),
+      ("train.txt", f"{tmp_path / 'test.txt'}:1: header has 12 features / 3 labels, but {tmp_path / 'train.txt'} "
+                    "has 10 / 3")):
+    out = subprocess.run([installed_command("sparsejax-train"), "--dataset=files", f"--train_file={tmp_path / train}",
+                          f"--test_file={tmp_path / 'test.txt'}", f"--workdir={tmp_path / 'wd'}", "--noprogress",
+                          "--batch_size=1"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.stderr.strip().splitlines()[-1] == f"sparsejax-train: error: {message}"
 
 
 def test_train_file_without_dataset_files_is_refused(tmp_path, capsys):

@@ -1,5 +1,6 @@
 """Using a trained model: sparsejax.load, sparsejax-predict, sparsejax-plot, the installed commands."""
 
+import gzip
 import json
 import re
 import shutil
@@ -50,6 +51,12 @@ def test_predict_command_writes_top_labels_per_sample(synthetic_run, tmp_path, i
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   assert (tmp_path / "pred.txt").read_text().splitlines() == lines
+  # A gzipped XC file is recognised as training reads it.
+  with open(tmp_path / "test.txt", "rb") as f, gzip.open(tmp_path / "test.txt.gz", "wb") as g:
+    g.write(f.read())
+  out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={workdir}",
+                        f"--input={tmp_path / 'test.txt.gz'}", "--top=5"], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0 and out.stdout.splitlines() == lines, out.stderr[-3000:]
 
 
 def test_load_evaluate_reproduces_the_final_evaluation(synthetic_run):
@@ -169,14 +176,24 @@ def test_sampled_predict_needs_a_slide_model(tmp_path, small_config, installed_c
 def test_predict_errors_are_one_line(synthetic_run, tmp_path, installed_command):
   workdir, _, _ = synthetic_run
   predict = installed_command("sparsejax-predict")
-  out = subprocess.run([predict, f"--workdir={tmp_path / 'nothing'}", "--input=x"], capture_output=True, text=True)
+  (tmp_path / "x").write_text("1 0:0.5\n")
+  out = subprocess.run([predict, f"--workdir={tmp_path / 'nothing'}", f"--input={tmp_path / 'x'}"],
+                       capture_output=True, text=True)
   assert out.returncode == 1
   assert out.stderr.strip().splitlines() == [f"sparsejax-predict: error: {tmp_path / 'nothing' / 'checkpoints'}: no "
                                              f"checkpoints (nothing was trained with --workdir={tmp_path / 'nothing'})"]
   out = subprocess.run([predict, f"--workdir={workdir}", "--input=x", "--top=0"], capture_output=True, text=True)
   assert out.returncode == 2 and "--top=0: must be >= 1" in out.stderr
-  out = subprocess.run([predict, f"--workdir={workdir}", "--input=x", "--top=201"], capture_output=True, text=True)
+  out = subprocess.run([predict, f"--workdir={workdir}", f"--input={tmp_path / 'x'}", "--top=201"],
+                       capture_output=True, text=True)
   assert out.returncode == 2 and "--top=201: must be in [1, 200]" in out.stderr
+  # Files are checked before the model loads and predicts: a missing input, an output nowhere to be written.
+  for flags, message in (([f"--input={tmp_path / 'missing.txt'}"], f"--input={tmp_path / 'missing.txt'}: no such file"),
+                         ([f"--input={tmp_path}"], f"--input={tmp_path}: is a directory"),
+                         ([f"--input={tmp_path / 'x'}", f"--output={tmp_path / 'no' / 'p.txt'}"],
+                          f"--output={tmp_path / 'no' / 'p.txt'}: cannot write a file in {tmp_path / 'no'}")):
+    out = subprocess.run([predict, f"--workdir={workdir}", *flags], capture_output=True, text=True)
+    assert (out.returncode, out.stderr) == (2, f"sparsejax-predict: error: {message} (--help lists the flags)\n")
   (tmp_path / "bad.svm").write_text("1 0:0.5 999999:1\n")
   out = subprocess.run([predict, f"--workdir={workdir}", f"--input={tmp_path / 'bad.svm'}"], capture_output=True,
                        text=True)
@@ -200,6 +217,8 @@ def test_icd10_text_in_codes_out(tmp_path, small_config, installed_command):
   lines = out.stdout.splitlines()
   assert len(lines) == 2
   _, ids = model.predict(texts, top=3)
+  _, one = model.predict(texts[1], top=3)  # one string: one text (not one text per character)
+  np.testing.assert_array_equal(one, ids[1:])
   for line, row in zip(lines, ids):
     codes = [code for code, _ in _pairs(line)]
     assert codes == [loaded.label_names[i] for i in row]

@@ -96,6 +96,7 @@ def test_a_duplicate_process_id_ends_or_is_left_out():
     (("127.0.0.1:1234", 2, -1), "process_id must be in [0, num_processes = 2), got -1"),
     (("127.0.0.1", 2, 0), "coordinator_address must be 'host:port'"),
     (("host:99999", 2, 0), "coordinator_address must be 'host:port'"),
+    ((None, None, 1), "process_id=1 needs num_processes and coordinator_address"),  # was trained alone, silently
 ])
 def test_arguments_that_cannot_be_right(args, fragment):
   with pytest.raises(ValueError, match=fragment.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):

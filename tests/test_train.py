@@ -98,6 +98,63 @@ def test_a_finished_run_is_not_resumed_but_can_be_extended(tmp_path, small_confi
   assert Config.from_dict(json.load(open(tmp_path / "config.json"))).optim.learning_rate == 0.01
 
 
+def _selecting(small_config, **changes):
+  """A clustered-index run with a validation split whose P@1 varies from one evaluation to the next."""
+  return override(small_config, candidates="clusters", reinsert="none", validation_fraction=0.2, eval_every=10,
+                  learning_rate=3e-2, checkpoint_every=20, **changes)
+
+
+def test_a_finished_run_that_selected_an_earlier_step_is_not_trained_again(tmp_path, small_config, caplog):
+  """The final record's "step" is the selected step; finished means its "last_step" is the newest checkpoint."""
+  config = _selecting(small_config, max_steps=150)
+  final = train_and_evaluate(config, str(tmp_path))
+  assert final["selected_step"] < final["last_step"] == 150 and final["stopped_by"] == "step_budget"
+  records = (tmp_path / "metrics.jsonl").read_text()
+  assert train_and_evaluate(config, str(tmp_path)) == final
+  assert (tmp_path / "metrics.jsonl").read_text() == records  # no second final record
+  assert "is finished (step 150 of 150): nothing to train" in caplog.text
+  # Every evaluation the selection compared is recorded: the last step's too.
+  periodic = [r for r in read_records(str(tmp_path)) if r.get("split") == "validation"]
+  assert [r["step"] for r in periodic] == list(range(10, 160, 10))
+  assert final["validation_p@1"] == max(r["p@1"] for r in periodic)
+
+
+def test_an_early_stopped_run_is_finished_until_its_patience_is_raised(tmp_path, small_config, caplog):
+  config = _selecting(small_config, max_steps=400, early_stopping_patience=1)
+  final = train_and_evaluate(config, str(tmp_path))
+  assert final["stopped_by"] == "early_stopping" and final["bad_evaluations"] == 1 and final["last_step"] < 400
+  assert train_and_evaluate(config, str(tmp_path)) == final
+  assert f"stopped early at step {final['last_step']} (no better validation p@1 in 1 evaluations)" in caplog.text
+  longer = train_and_evaluate(override(config, early_stopping_patience=4), str(tmp_path))
+  assert longer["last_step"] > final["last_step"]
+
+
+def test_a_best_state_newer_than_the_newest_checkpoint_does_not_block_resuming(tmp_path, small_config):
+  """A process that died between an evaluation and the next checkpoint left best_checkpoint/ ahead of
+  checkpoints/: the resumed run trains those steps again and keeps their best state again, as an unbroken run."""
+  config = _selecting(small_config, max_steps=60, keep_checkpoints=5)
+  final = train_and_evaluate(config, str(tmp_path / "whole"))
+  shutil.copytree(tmp_path / "whole", tmp_path / "cut")
+  best = int(os.listdir(tmp_path / "cut" / "best_checkpoint")[0])
+  for step in os.listdir(tmp_path / "cut" / "checkpoints"):
+    if int(step) >= best:  # the checkpoints written at and after the best state's step never happened
+      shutil.rmtree(tmp_path / "cut" / "checkpoints" / step)
+  records = [r for r in read_records(str(tmp_path / "cut")) if r["step"] < best]
+  with open(tmp_path / "cut" / "metrics.jsonl", "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+  again = train_and_evaluate(config, str(tmp_path / "cut"))
+  for key in ("step", "last_step", "p@1", "p@5", "sampled_p@1", "validation_p@1"):
+    assert again[key] == final[key], key
+  assert os.listdir(tmp_path / "cut" / "best_checkpoint") == [str(final["selected_step"])]
+
+
+def test_forcing_a_resume_past_a_change_of_shapes_is_refused_by_name(tmp_path, small_config):
+  train_and_evaluate(small_config, str(tmp_path))
+  with pytest.raises(ResumeError, match=r"checkpoints/40 holds a model of other shapes than these settings give "
+                                        r"\(.*embed\.w: saved \(1000, 32\), now \(1000, 16\)"):
+    train_and_evaluate(override(small_config, hidden_dims=(16,), max_steps=50, resume="force"), str(tmp_path))
+
+
 def test_a_changed_process_count_is_named(tmp_path, small_config, run_python):
   """Issue 11: a changed process count gave a bare 'Topology mismatch'."""
   sharded = override(small_config, num_shards=2, max_steps=10)
@@ -175,6 +232,34 @@ def test_a_signal_saves_a_checkpoint_and_exits_non_zero(tmp_path, root, signum):
   last = err.strip().splitlines()[-1]
   assert last == (f"train.py: error: stopped by {signal.Signals(signum).name} after step {step}: checkpoint saved in "
                   f"{tmp_path / 'checkpoints'}; run the same command again to continue")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_outside_the_training_loop_ends_the_run_with_one_true_line(tmp_path, signum):
+  """A user audit: Ctrl-C while the data loaded (or in the final evaluation) said "interrupted before training
+  started: nothing to save" even where checkpoints existed, and SIGTERM there killed the process without a word."""
+  code = textwrap.dedent("""
+      import sys, time
+      import sparsejax.train
+      from sparsejax import cli
+
+      def busy(config, workdir):  # stands for loading data or the final evaluation
+        print("ready", flush=True)
+        time.sleep(120)
+
+      sparsejax.train.train_and_evaluate = busy
+      sys.argv = ["sparsejax-train", "--workdir=" + sys.argv[1]]
+      cli.main()
+  """)
+  proc = subprocess.Popen([sys.executable, "-P", "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  assert proc.stdout.readline() == "ready\n"
+  proc.send_signal(signum)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 128 + signum, err[-3000:]
+  assert err.strip().splitlines()[-1] == (
+      f"sparsejax-train: error: interrupted by {signal.Signals(signum).name}: nothing more was saved. The "
+      f"checkpoints already in {tmp_path} are kept; the same command continues from the newest")
 
 
 def test_log_lines_go_above_the_progress_bar(tmp_path, root):

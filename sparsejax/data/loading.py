@@ -9,7 +9,7 @@ from .dataset import XCDataset, train_test_split
 from .gcide import MissingPackage, load_gcide, load_gcide_cloze
 from .icd10 import load_icd10
 from .synthetic import make_synthetic
-from .xc_format import load_xc_file
+from .xc_format import XCFormatError, load_xc_file
 
 
 class LoadedData(NamedTuple):
@@ -36,8 +36,8 @@ def load_dataset(config, *, seed: int = 0) -> LoadedData:
 
   Raises:
     ConfigError: a built-in dataset whose optional package is not installed.
-    XCFormatError: a malformed file (naming file and line).
-    ValueError: train and test files of different shapes.
+    XCFormatError: a malformed or empty file, or train and test files of different shapes (naming file and
+      line).
   """
   if config.dataset == "icd10":
     train, test, info = load_icd10(label_level=config.icd10_labels, seed=seed, test_fraction=config.test_fraction)
@@ -56,7 +56,10 @@ def load_dataset(config, *, seed: int = 0) -> LoadedData:
   if config.dataset == "files":
     train, test = load_xc_file(config.train_file), load_xc_file(config.test_file)
     if (train.num_features, train.num_labels) != (test.num_features, test.num_labels):
-      raise ValueError(f"{config.test_file}: header has {test.num_features} features / {test.num_labels} labels, "
-                       f"but {config.train_file} has {train.num_features} / {train.num_labels}")
+      raise XCFormatError(config.test_file, 1, f"header has {test.num_features} features / {test.num_labels} "
+                          f"labels, but {config.train_file} has {train.num_features} / {train.num_labels}")
+    for path, split in ((config.train_file, train), (config.test_file, test)):
+      if len(split) == 0:
+        raise XCFormatError(path, 1, "the file holds no samples")
     return LoadedData(train, test)
   raise ValueError(f"unknown dataset {config.dataset!r}: use 'icd10', 'gcide', 'gcide_cloze', 'synthetic' or 'files'")
