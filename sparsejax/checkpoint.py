@@ -383,7 +383,8 @@ def check_resume(meta: dict[str, Any] | None, step: int, config: Config, num_sha
 
 
 class BestCheckpoint:
-  """The best state by a validation metric, in ``WORKDIR/best_checkpoint`` (orbax ``best_fn``, one kept).
+  """The best state by a validation metric, in ``WORKDIR/best_checkpoint`` (orbax ``best_fn``, one kept). Training
+  keeps it without optimizer states (``train.without_optimizer``).
 
   Args:
     workdir: the run's work directory.

@@ -364,7 +364,7 @@ class _Selection:
     value = result[self.metric]
     if value > self.best_value:
       self.best_value, self.best_step, self.bad_evaluations = value, step, 0
-      self.best.save(step, state, value)
+      self.best.save(step, without_optimizer(state), value)
     else:
       self.bad_evaluations += 1
     return {**result, "split": "validation", "best_step": self.best_step}
@@ -375,10 +375,17 @@ class _Selection:
   def restore_best(self, run: distributed.Run, state):
     """``(best state, its step)``; the given state if none was saved."""
     self.best.wait()
-    best = self.best.restore(run.abstract_state())
+    best = self.best.restore(without_optimizer(run.abstract_state()))
     if best is None:
       return state, int(distributed.local_value(state.step))
     return best, int(distributed.local_value(best.step))
+
+
+def without_optimizer(state):
+  """``state`` (a SLIDE or dense model's) without its optimizer states, which a selected state does not need: it is
+  evaluated and served, not trained on (``checkpoints/`` keeps them for resuming). Two thirds of an Adam-trained
+  state's bytes."""
+  return state._replace(**{f: None for f in state._fields if f == "opt" or f.endswith("_opt")})
 
 
 def _evaluate(evaluator: Evaluator, run: distributed.Run, state, num_samples: int | None):

@@ -404,6 +404,7 @@ def test_validation_selects_the_best_checkpoint_and_stops_early(tmp_path, small_
   manager = ocp.CheckpointManager(str(tmp_path / "best_checkpoint"))
   assert manager.all_steps() == [final["selected_step"]]
   state = manager.restore(final["selected_step"], args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+  assert not [key for key in state if key.endswith("_opt") and state[key]]  # parameters only: no optimizer states
   from sparsejax import inference, metrics, model
   loaded = data.load_dataset(config.data, seed=config.run.seed)
   fi, fv, lab = loaded.test.to_padded(None, None)
