@@ -230,16 +230,30 @@ def probe(index: ClusterIndex, queries: jax.Array, probes: int, count: int, spre
   check_array(dims, "index.centroids", index.centroids, jnp.float32, ("C", dims["d"] + 2))
   check_array(dims, "index.offsets", index.offsets, jnp.int32, (dims["C"] + 1,))
   check_array(dims, "index.rows", index.rows, jnp.int32, ("R",))
+  return probe_ranked(index, probe_scores(index, queries, spread_weight), probes, count)
+
+
+def probe_ranked(index: ClusterIndex, scores: jax.Array, probes: int, count: int) -> jax.Array:
+  """:func:`probe` with the clusters' scores ``[B, C]`` given (:func:`probe_scores`)."""
+  dims = Dims("index_probe")
+  check_array(dims, "scores", scores, jnp.float32, ("B", "C"))
+  check_array(dims, "index.offsets", index.offsets, jnp.int32, (dims["C"] + 1,))
+  check_array(dims, "index.rows", index.rows, jnp.int32, ("R",))
   probes = check_int("index_probe", "probes", probes, 1)
   count = check_int("index_probe", "count", count, 0)
+  call = _ffi.ffi_call("cluster_probe", jax.ShapeDtypeStruct((dims["B"], count), jnp.int32),
+                       vmap_method="sequential")
+  return call(scores, index.offsets, index.rows, probes=np.int64(probes))  # the kernel takes at most C
+
+
+def probe_scores(index: ClusterIndex, queries: jax.Array, spread_weight: float = 0.0) -> jax.Array:
+  """``[B, C]`` the score of each cluster for each query, by which :func:`probe` ranks them (see there)."""
   c = index.centroids
   scores = jnp.dot(queries, c[:, :-2].T, precision="highest") + c[:, -2]  # [h, 1] . mean row
   if spread_weight:
     norms = jnp.sqrt(jnp.sum(queries * queries, axis=1, keepdims=True) + 1.0)  # |[h, 1]|
-    scores = scores + (spread_weight / math.sqrt(dims["d"] + 1)) * norms * c[:, -1]
-  call = _ffi.ffi_call("cluster_probe", jax.ShapeDtypeStruct((dims["B"], count), jnp.int32),
-                       vmap_method="sequential")
-  return call(scores, index.offsets, index.rows, probes=np.int64(probes))  # the kernel takes at most C
+    scores = scores + (spread_weight / math.sqrt(queries.shape[1] + 1)) * norms * c[:, -1]
+  return scores
 
 
 def merge_candidates(candidates: jax.Array, *, k: int, num_rows: int | jax.Array, labels: jax.Array | None = None,

@@ -32,7 +32,7 @@ from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sparsejax import dense, inference, model, ops, process_group, retrieval, selection, tables
+from sparsejax import clusters, dense, inference, model, ops, process_group, retrieval, selection, tables
 
 AXIS = "shard"
 
@@ -173,37 +173,178 @@ def make_rebuild(config: model.ModelConfig, mesh: jax.sharding.Mesh, new_hash_fu
   return jax.jit(_shard_map(local, mesh, (specs,), specs), donate_argnums=0)
 
 
+def _merge(scores, ids, top: int):
+  """Each shard's ``[n, t]`` best (global ids) -> the global top ``top`` over all shards (an all-gather of
+  ``O(n t P)`` numbers); ties to the lower shard, NaN last."""
+  scores = jax.lax.all_gather(scores, AXIS, axis=1, tiled=True)
+  ids = jax.lax.all_gather(ids, AXIS, axis=1, tiled=True)
+  best, pos = selection.row_topk(scores, top)
+  return best, jnp.take_along_axis(ids, pos, axis=1)
+
+
+def _local_k(config: model.ModelConfig, k: int) -> int:
+  """Each shard's share of an active set of ``k`` (as :func:`model.local_active_k` shares ``active_k``)."""
+  return model.local_active_k(dataclasses.replace(config, network=dataclasses.replace(config.network, active_k=k)),
+                              config.num_shards)
+
+
+class _ShardView(NamedTuple):
+  """One shard's rows inside ``shard_map``: its state (local tables), first global id and real rows."""
+  state: Any
+  offset: jax.Array
+  num_valid: jax.Array
+
+
+def _shard_view(config: model.ModelConfig, state) -> _ShardView:
+  rows = model.shard_rows(config.num_labels, config.num_shards)
+  return _ShardView(_local_tables(state), jax.lax.axis_index(AXIS) * rows, _num_valid(config, rows))
+
+
+def _exact(view: _ShardView, h, top: int):
+  """The global exact top ``top``: each shard's over its real rows, merged."""
+  state = view.state
+  rows = state.out.w.shape[0]
+  bias = jnp.where(jnp.arange(rows) < view.num_valid, state.out.b, jnp.nan)  # padding rows rank last (NaN)
+  scores, ids = inference.exact_topk(h, state.out.w, bias, min(top, rows))
+  return _merge(scores, ids + view.offset, top)
+
+
+def _candidates(view: _ShardView, h, config: model.ModelConfig, k: int):
+  """This shard's share of each query's ``k`` index candidates: ``(active [n, w] local ids, -1 past the
+  shard's share, num_from_index [n])``.
+
+  A clustered index is probed as one process probes its single index: the clusters of every shard are ranked
+  together (each shard all-gathers the scores and sizes of its best ``min(probes, C)`` clusters: ``O(n k)``)
+  and members are taken from the best clusters on, wherever they live, until there are ``k`` of them. Each
+  shard then takes its share from its own probe list (ranked the same way). The candidates of a query add up
+  to ``k`` over the shards as in one process (unless the probed clusters hold fewer rows: one process fills
+  such an active set with random rows, the shards do not), and no shard is held to a fixed quota of ``k / P``,
+  which cuts off a shard that holds the best clusters. LSH tables (buckets have no scores to rank across
+  shards): each shard's own ``k / P`` candidates, as in training.
+  """
+  state = view.state
+  index = state.tables
+  if not isinstance(index, clusters.ClusterIndex):
+    return model.query_active(state, h, config=config, k=_local_k(config, k), num_rows=view.num_valid)
+  probes = min(config.tables.cluster_probes or k, k)  # one process: min(cluster_probes or C, k) clusters
+  m = min(probes, index.centroids.shape[0])
+  sizes = index.sizes
+  scores = clusters.probe_scores(index, h, config.tables.cluster_spread_weight)
+  # This shard's best m clusters in the probe's order (empty ones never take a probe: NaN, last).
+  best, which = selection.row_topk(jnp.where(sizes[None, :] > 0, scores, jnp.nan), m)
+  counts = jnp.where(jnp.isnan(best), 0, sizes[which])
+  best = jax.lax.all_gather(best, AXIS, axis=1, tiled=True)  # [n, P m], shard by shard
+  counts = jax.lax.all_gather(counts, AXIS, axis=1, tiled=True)
+  _, order = selection.row_topk(best, best.shape[1])  # every shard's clusters ranked together
+  counts = jnp.where(jnp.arange(best.shape[1]) < probes, jnp.take_along_axis(counts, order, axis=1), 0)
+  taken = jnp.clip(k - (jnp.cumsum(counts, axis=1) - counts), 0, counts)  # members taken from each cluster
+  mine = (order // m) == jax.lax.axis_index(AXIS)
+  share = jnp.sum(jnp.where(mine, taken, 0), axis=1).astype(jnp.int32)
+  width = min(k, state.out.w.shape[0])
+  active = clusters.probe_ranked(index, scores, m, width)
+  return jnp.where(jnp.arange(width)[None, :] < share[:, None], active, -1), share
+
+
+def _sampled(view: _ShardView, h, config: model.ModelConfig, top: int, k: int):
+  """Sampled inference over ``k`` candidates per query (:func:`_candidates`): each shard scores its own and
+  keeps its best ``top``; the global top ``top`` of those. Returns ``(ids [n, top] global (-1 where there were
+  fewer candidates), active [n, w] local ids or -1, num_from_index [n])``."""
+  state = view.state
+  active, from_index = _candidates(view, h, config, k)
+  logits = ops.sparse_logits(h, state.out.w, state.out.b, jnp.maximum(active, 0))
+  logits = jnp.where(active >= 0, logits, jnp.nan)  # ranks last
+  s, pos = selection.row_topk(logits, min(top, active.shape[1]))
+  ids = jnp.take_along_axis(active, pos, axis=1)
+  _, ids = _merge(s, jnp.where(ids >= 0, ids + view.offset, -1), top)
+  return ids, active, from_index
+
+
 def make_predict(config: model.ModelConfig, mesh: jax.sharding.Mesh, top: int = 5):
   """``predict(state, feat_ids, feat_vals) -> (scores, ids, sampled_ids)``, each ``[n, top]``, global ids.
 
   Exact: each shard's exact top-``top`` over its rows, all-gathered and
-  merged. Sampled: the same over each shard's LSH-sampled active set.
+  merged. Sampled: the same over each query's ``active_k`` candidates from
+  the shards' indexes (:func:`_candidates`): the index the state holds,
+  for evaluation the serving index of :func:`make_serving_index`.
   """
   specs = _abstract_specs(config, mesh)
-  rows = model.shard_rows(config.num_labels, config.num_shards)
-
-  def merge(scores, ids):  # [n, top] per shard -> global top over all shards
-    scores = jax.lax.all_gather(scores, AXIS, axis=1, tiled=True)
-    ids = jax.lax.all_gather(ids, AXIS, axis=1, tiled=True)
-    best, pos = selection.row_topk(scores, top)
-    return best, jnp.take_along_axis(ids, pos, axis=1)
 
   def local(state, fids, fvals):
-    state = _local_tables(state)
-    offset = jax.lax.axis_index(AXIS) * rows
-    n = _num_valid(config, rows)
-    h = model.hidden(state, fids, fvals)
-    bias = jnp.where(jnp.arange(rows) < n, state.out.b, jnp.nan)  # padding rows rank last (row_topk: NaN)
-    scores, ids = inference.exact_topk(h, state.out.w, bias, min(top, rows))
-    scores, ids = merge(scores, ids + offset)
-    active, _ = model.query_active(state, h, config=config, k=model.local_active_k(config, config.num_shards),
-                                   num_rows=n)
-    logits = ops.sparse_logits(h, state.out.w, state.out.b, active)
-    s, pos = selection.row_topk(logits, top)
-    _, sampled = merge(s, jnp.take_along_axis(active, pos, axis=1) + offset)
-    return scores, ids, sampled
+    view = _shard_view(config, state)
+    h = model.hidden(view.state, fids, fvals)
+    scores, ids = _exact(view, h, top)
+    return scores, ids, _sampled(view, h, config, top, config.k)[0]
 
   return jax.jit(_shard_map(local, mesh, (specs, P(), P()), (P(), P(), P())))
+
+
+def make_diagnose(config: model.ModelConfig, mesh: jax.sharding.Mesh, top: int = 5, sampled_ks: tuple[int, ...] = ()):
+  """``diagnose(state, feat_ids, feat_vals, labels) -> (scores, ids, sampled_ids, extra)``: :attr:`Run.diagnose`
+  of a sharded run.
+
+  As a one-process run's: ``predict`` plus ``extra = {"sampled": {f"sampled_k{K}": ids} for K in sampled_ks,
+  "retrieval": per-query diagnostics}`` (sampled inference over ``K`` candidates in all, see :func:`_candidates`),
+  the diagnostics of the union of the shards' candidates: ``label_recall`` and ``topk_recall`` find ids among
+  every shard's index candidates (the candidate sets are all-gathered, ``O(n k)``), ``num_candidates`` adds up
+  the shards' counts and ``label_cosine`` averages over the labels' rows wherever they live (each shard's
+  cosine sum of its labels, added up).
+  """
+  specs = _abstract_specs(config, mesh)
+  wide = min(max(top, retrieval.TOP), config.num_labels)
+
+  def local(state, fids, fvals, labels):
+    view = _shard_view(config, state)
+    h = model.hidden(view.state, fids, fvals)
+    scores, ids = _exact(view, h, wide)
+    sampled, active, from_index = _sampled(view, h, config, top, config.k)
+    others = {f"sampled_k{K}": _sampled(view, h, config, top, min(K, config.num_labels))[0] for K in sampled_ks}
+    # The union of the shards' candidates, in global ids, and which of them came from an index.
+    candidates = jax.lax.all_gather(jnp.where(active >= 0, active + view.offset, -1), AXIS, axis=1, tiled=True)
+    mask = jax.lax.all_gather(retrieval.candidate_mask(active, from_index), AXIS, axis=1, tiled=True)
+    recall, has_labels = retrieval.label_recall(candidates, mask, labels)
+    mine = (labels >= view.offset) & (labels < view.offset + view.num_valid)
+    cos_sum, count = retrieval.label_cosine_sum(h, view.state.out.w, jnp.where(mine, labels - view.offset, -1))
+    cos_sum, count = jax.lax.psum((cos_sum, count), AXIS)
+    diagnostics = {"label_recall": recall,
+                   "topk_recall": retrieval.topk_recall(candidates, mask, ids[:, :retrieval.TOP]),
+                   "label_cosine": (cos_sum / jnp.maximum(count, 1)).astype(jnp.float32),
+                   "num_candidates": jax.lax.psum(from_index, AXIS).astype(jnp.float32), "has_labels": has_labels}
+    return scores[:, :top], ids[:, :top], sampled, {"sampled": others, "retrieval": diagnostics}
+
+  return jax.jit(_shard_map(local, mesh, (specs, P(), P(), P()), P()))
+
+
+def make_serving_index(config: model.ModelConfig, mesh: jax.sharding.Mesh):
+  """``serving_index(state) -> state`` with every shard's evaluation index built afresh from its real rows, as
+  one process builds its own (:func:`model.serving_index`, ``config.eval_index_sizes`` per shard). Not donated:
+  the training state keeps its own index; only the index is new (no copy of the rows)."""
+  specs = _abstract_specs(config, mesh)
+
+  def local(state):
+    view = _shard_view(config, state)
+    return _stacked_tables(model.serving_index(view.state, config, view.num_valid)).tables
+
+  build = jax.jit(_shard_map(local, mesh, (specs,), specs.tables))
+  return lambda state: state._replace(tables=build(state))
+
+
+def make_index_fill(config: model.ModelConfig, mesh: jax.sharding.Mesh):
+  """``index_fill(state) -> dict``: :func:`retrieval.index_fill` over every shard's index together (their
+  cluster sizes or bucket counts all-gathered: ``O(P C)``)."""
+  hashing = config.tables.candidates != "clusters"
+
+  def local(t):
+    return jax.lax.all_gather(t.counts if hashing else t.sizes, AXIS)
+
+  gather = jax.jit(_shard_map(local, mesh, (_abstract_specs(config, mesh).tables,), P()))
+
+  def fill(state):
+    gathered = local_value(gather(state.tables))
+    if hashing:
+      return retrieval.table_fill(gathered, state.tables.buckets.shape[2])
+    return retrieval.cluster_fill(gathered)
+
+  return fill
 
 
 def make_checksum(mesh: jax.sharding.Mesh):
@@ -270,12 +411,15 @@ class Run(NamedTuple):
     predict: ``(state, feat_ids, feat_vals) -> (scores, ids, sampled_ids or None)``: numpy ``[n, top]``,
       exact over all outputs and, for SLIDE, over the LSH-sampled active set.
     check_replicas: ``(state, steps) -> None``; raises if replicated parameters differ between processes.
-    diagnose: ``(state, feat_ids, feat_vals, labels) -> (scores, ids, sampled_ids, extra)`` where it is
-      available (single-process SLIDE): ``predict`` plus ``extra = {"sampled": {name: ids [n, top]} of
+    diagnose: ``(state, feat_ids, feat_vals, labels) -> (scores, ids, sampled_ids, extra)`` for SLIDE (one
+      process or sharded, :func:`make_diagnose`): ``predict`` plus ``extra = {"sampled": {name: ids [n, top]} of
       sampled inference at other active set sizes, "retrieval": per-query retrieval diagnostics}``
       (:func:`sparsejax.retrieval.per_query`), numpy; else None.
     refresh_index: ``state -> state`` with a freshly rebuilt index (not donated: the training state is left
-      as it is), to evaluate sampled inference as a saved model would serve it; None where unavailable.
+      as it is), to evaluate sampled inference as a saved model would serve it (sharded: each shard's index of
+      its rows); None where unavailable.
+    index_fill: ``state -> dict``: the fill of the state's index (:func:`sparsejax.retrieval.index_fill`; sharded:
+      every shard's index together); None where there is no index.
     describe_step: ``(state, batch) -> CompiledStep``: the step as XLA compiles it for these arguments (its
       collectives and named scopes, :func:`sparsejax.netanalysis.collectives.compile_step`); compiles, does not
       run (the step reuses that compilation).
@@ -291,6 +435,7 @@ class Run(NamedTuple):
   check_replicas: Callable[[Any, int], None]
   diagnose: Callable[[Any, np.ndarray, np.ndarray, np.ndarray], tuple] | None = None
   refresh_index: Callable[[Any], Any] | None = None
+  index_fill: Callable[[Any], dict] | None = None
   describe_step: Callable[[Any, dict], Any] | None = None
   schedule: model.TableSchedule | None = None
 
@@ -304,7 +449,7 @@ def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: 
     seed: the PRNG seed of the initial state.
     num_shards: 1 (this process) or the processes of the job, one mesh device each.
     top: predictions per sample.
-    sampled_ks: further active set sizes at which sampled inference is evaluated (single-process SLIDE).
+    sampled_ks: further active set sizes at which sampled inference is evaluated (SLIDE).
   """
   key = jax.random.key(seed)
   top = min(top, config.num_labels)
@@ -325,8 +470,10 @@ def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: 
       schedule = _budgeted_schedule(sharded)
   if num_shards == 1:
     run = _single_slide(config, key, schedule, top, sampled_ks) if slide else _single_dense(config, key, schedule, top)
+  elif slide:
+    run = _sharded_slide(config, key, schedule, top, make_mesh(num_shards), sampled_ks)
   else:
-    run = (_sharded_slide if slide else _data_parallel_dense)(config, key, schedule, top, make_mesh(num_shards))
+    run = _data_parallel_dense(config, key, schedule, top, make_mesh(num_shards))
   return run._replace(schedule=schedule)
 
 
@@ -395,7 +542,7 @@ def _single_slide(config, key, schedule, top, sampled_ks) -> Run:
   return Run(config, 1, fresh, lambda: jax.eval_shape(fresh), step,
              _maintainer(schedule, rebuild, rehash), _host(jax.jit(predict)), _no_check,
              lambda state, fi, fv, labels: jax.tree.map(np.asarray, jit_diagnose(state, fi, fv, labels)),
-             jax.jit(refresh), _describer(step, model.STEP_SCOPES))
+             jax.jit(refresh), lambda state: retrieval.index_fill(state.tables), _describer(step, model.STEP_SCOPES))
 
 
 def _exact_only(top):
@@ -416,12 +563,16 @@ def _global_abstract(init):
   return lambda: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), init())
 
 
-def _sharded_slide(config, key, schedule, top, mesh) -> Run:
+def _sharded_slide(config, key, schedule, top, mesh, sampled_ks=()) -> Run:
   config = dataclasses.replace(config, num_shards=mesh.size)
   fresh = functools.partial(init, key, config, mesh)
   step = make_train_step(config, mesh)
   predict = make_predict(config, mesh, top)
+  diagnose = make_diagnose(config, mesh, top, sampled_ks)
   checksum = make_checksum(mesh)
+
+  def host_diagnose(state, fi, fv, labels):
+    return jax.tree.map(local_value, diagnose(state, *to_global((fi, fv, labels), mesh)))
 
   def check_replicas(state, steps):
     sums = local_value(checksum(state))
@@ -433,6 +584,8 @@ def _sharded_slide(config, key, schedule, top, mesh) -> Run:
              lambda state, batch: step(state, to_global(batch, mesh)),
              _maintainer(schedule, make_rebuild(config, mesh), make_rebuild(config, mesh, new_hash_functions=True)),
              _host(lambda state, fi, fv: predict(state, *to_global((fi, fv), mesh))), check_replicas,
+             diagnose=host_diagnose, refresh_index=make_serving_index(config, mesh),
+             index_fill=make_index_fill(config, mesh),
              describe_step=_describer(step, model.STEP_SCOPES, lambda batch: to_global(batch, mesh)))
 
 

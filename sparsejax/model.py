@@ -102,7 +102,15 @@ class ModelConfig:
 
   @property
   def eval_index_sizes(self) -> tuple[int, int]:
-    """``(clusters, Lloyd iterations)`` of the clustered index built for evaluation and sampled inference."""
+    """``(clusters, Lloyd iterations)`` of each shard's clustered index built for evaluation and sampled inference.
+
+    Per shard, as :attr:`index_sizes` (``num_clusters``) is: ``eval_num_clusters``, default the larger of 4 x
+    the shard's training clusters and ``EVAL_MIN_CLUSTERS``, at most the shard's rows. A shard's index costs no
+    more to build or rank than one process's (fewer rows, as many clusters at most). Splitting one process's
+    clusters over the shards by their rows instead ranked candidates more coarsely where the rows that matter
+    sit in one shard: synthetic 3,000 labels, 1,500 steps, k = 128, sampled P@1 (exact 0.945): one process,
+    300 clusters 0.889; two shards of 300 each 0.848, of 150 each 0.743.
+    """
     c, rows, _ = self.index_sizes
     default = max(4 * c, EVAL_MIN_CLUSTERS)
     return min(self.tables.eval_num_clusters or default, rows), self.tables.eval_kmeans_iterations
@@ -741,20 +749,22 @@ def rebuild_tables(state: SlideState, num_valid: int | jax.Array | None = None, 
   return state._replace(tables=_build_tables(state.tables, state.lsh, state.out, num_valid))
 
 
-def serving_index(state: SlideState, config: ModelConfig) -> SlideState:
+def serving_index(state: SlideState, config: ModelConfig, num_valid: int | jax.Array | None = None) -> SlideState:
   """The state with the index that evaluation and sampled inference use, built afresh from its rows.
 
   A clustered index gets ``config.eval_index_sizes`` (finer clusters, more Lloyd iterations than the
   training index: built once per evaluation, not per step); LSH tables are rebuilt as in training. The
-  state's own index is left alone (the result holds a new one, possibly of another size).
+  state's own index is left alone (the result holds a new one, possibly of another size). In a sharded run
+  ``state`` is one shard's (its rows below ``num_valid`` real, the rest padding).
   """
   if isinstance(state.tables, clusters.ClusterIndex):
     c, iterations = config.eval_index_sizes
     rows, d = state.out.w.shape
     out = _float32_rows(state.out)
     return state._replace(tables=clusters.build_index(clusters.init_index(c, rows, d), out.w, out.b,
-                                                      iterations=iterations, sample_per_cluster=config.kmeans_sample))
-  return rebuild_tables(state, kmeans_iterations=config.tables.kmeans_iterations)
+                                                      iterations=iterations, num_valid=num_valid,
+                                                      sample_per_cluster=config.kmeans_sample))
+  return rebuild_tables(state, num_valid, kmeans_iterations=config.tables.kmeans_iterations)
 
 
 def inference_state(params: NetworkParams, config: ModelConfig, index: clusters.ClusterIndex | None = None,

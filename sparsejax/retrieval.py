@@ -67,19 +67,29 @@ def topk_recall(candidates: jax.Array, mask: jax.Array, top_ids: jax.Array) -> j
   return (found / jnp.maximum(jnp.sum(valid, axis=1), 1)).astype(jnp.float32)
 
 
-def label_cosine(h: jax.Array, weight: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Per query, the mean cosine between ``h [B, d]`` and the rows of its labels.
+def label_cosine_sum(h: jax.Array, weight: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Per query, the sum of the cosines between ``h [B, d]`` and the rows of its distinct labels ``>= 0``.
 
   Returns:
-    ``(cosine [B] float32, has_labels [B] bool)``; 0 where a query has no labels.
+    ``(sum [B] float32, count [B] int32)``: the sum and how many labels it is over. A sharded run gives each
+    shard its own labels (the others -1) and adds up the shards' sums.
   """
   distinct = _distinct(labels)
   rows = weight[jnp.maximum(labels, 0)]  # [B, M, d]
   dots = jnp.einsum("bd,bmd->bm", h, rows, precision="highest")
   norms = jnp.linalg.norm(h, axis=1)[:, None] * jnp.linalg.norm(rows, axis=2)
   cos = jnp.where(distinct & (norms > 0), dots / jnp.maximum(norms, 1e-30), 0.0)
-  count = jnp.sum(distinct, axis=1)
-  return (jnp.sum(cos, axis=1) / jnp.maximum(count, 1)).astype(jnp.float32), count > 0
+  return jnp.sum(cos, axis=1).astype(jnp.float32), jnp.sum(distinct, axis=1).astype(jnp.int32)
+
+
+def label_cosine(h: jax.Array, weight: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Per query, the mean cosine between ``h [B, d]`` and the rows of its labels.
+
+  Returns:
+    ``(cosine [B] float32, has_labels [B] bool)``; 0 where a query has no labels.
+  """
+  total, count = label_cosine_sum(h, weight, labels)
+  return (total / jnp.maximum(count, 1)).astype(jnp.float32), count > 0
 
 
 def per_query(active: jax.Array, num_from_index: jax.Array, labels: jax.Array, top_ids: jax.Array, h: jax.Array,
@@ -129,13 +139,21 @@ def index_fill(index) -> dict[str, float]:
   mean and max cluster size and the fraction of empty clusters.
   """
   if isinstance(index, tables.HashTables):
-    counts = np.asarray(index.counts)
-    slots = index.buckets.shape[2]
-    held = np.minimum(counts, slots)
-    return {"bucket_mean": float(held.mean()), "bucket_max": float(held.max()),
-            "buckets_empty": float(np.mean(counts == 0)), "buckets_overflowed": float(np.mean(counts > slots))}
+    return table_fill(np.asarray(index.counts), index.buckets.shape[2])
   if isinstance(index, clusters.ClusterIndex):
-    sizes = np.asarray(index.sizes)
-    return {"cluster_mean": float(sizes.mean()), "cluster_max": float(sizes.max()),
-            "clusters_empty": float(np.mean(sizes == 0))}
+    return cluster_fill(np.asarray(index.sizes))
   raise TypeError(f"index_fill: expected HashTables or ClusterIndex, got {type(index).__name__}")
+
+
+def table_fill(counts: np.ndarray, slots: int) -> dict[str, float]:
+  """:func:`index_fill` of hash tables from their bucket ``counts`` (any shape: every shard's tables together)
+  and their ``slots`` per bucket."""
+  held = np.minimum(counts, slots)
+  return {"bucket_mean": float(held.mean()), "bucket_max": float(held.max()),
+          "buckets_empty": float(np.mean(counts == 0)), "buckets_overflowed": float(np.mean(counts > slots))}
+
+
+def cluster_fill(sizes: np.ndarray) -> dict[str, float]:
+  """:func:`index_fill` of a clustered index from its cluster ``sizes`` (any shape: every shard's together)."""
+  return {"cluster_mean": float(sizes.mean()), "cluster_max": float(sizes.max()),
+          "clusters_empty": float(np.mean(sizes == 0))}

@@ -398,8 +398,8 @@ def _evaluate(evaluator: Evaluator, run: distributed.Run, state, num_samples: in
   if run.refresh_index is not None:
     state = run.refresh_index(state)
   result = evaluator(run.predict, state, num_samples, diagnose=run.diagnose)
-  if run.diagnose is not None:
-    result.update(retrieval.index_fill(state.tables))
+  if run.index_fill is not None:
+    result.update(run.index_fill(state))
   return result, state
 
 

@@ -249,7 +249,7 @@ class TrainedModel:
 
     On the run's test set this reproduces its final evaluation (of the state :func:`load` selects): the exact
     metrics, and for a SLIDE model with ``sampled`` the ``sampled_*`` ones at the training k (for a single-process
-    run; a sharded run's evaluation queried one index per process).
+    run; a sharded run's evaluation queried one serving index per process, each of its own rows).
     """
     from sparsejax import metrics
 

@@ -426,7 +426,7 @@ def test_selection_keeps_the_first_best_and_stops_after_patience_evaluations_wit
   values = iter([0.2, 0.5, 0.5, 0.4, 0.6])
   saved = []
   best = types.SimpleNamespace(save=lambda step, state, value: saved.append((step, state, value)))
-  run = types.SimpleNamespace(refresh_index=None, predict=None, diagnose=None)
+  run = types.SimpleNamespace(refresh_index=None, predict=None, diagnose=None, index_fill=None)
   evaluator = lambda predict, state, num_samples, diagnose=None: {"p@1": next(values)}
   settings = types.SimpleNamespace(selection_metric="p@1", early_stopping_patience=2)
   selection = _Selection(evaluator, best, settings, None)
