@@ -373,11 +373,13 @@ class _Selection:
     return self.patience is not None and self.bad_evaluations >= self.patience
 
   def restore_best(self, run: distributed.Run, state):
-    """``(best state, its step)``; the given state if none was saved."""
+    """``(best state, its step)``; the given state if none was saved. The best state is kept without optimizer
+    states: ``state``'s stand in (evaluation and serving do not read them; the state's structure stays whole)."""
     self.best.wait()
     best = self.best.restore(without_optimizer(run.abstract_state()))
     if best is None:
       return state, int(distributed.local_value(state.step))
+    best = best._replace(**{f: getattr(state, f) for f in best._fields if getattr(best, f) is None})
     return best, int(distributed.local_value(best.step))
 
 

@@ -119,7 +119,8 @@ def _train_args(workdir, **kw):
 
 
 def _losses(workdir):
-  return [r["loss"] for r in map(json.loads, open(os.path.join(workdir, "metrics.jsonl"))) if not r.get("final")]
+  return [r["loss"] for r in map(json.loads, open(os.path.join(workdir, "metrics.jsonl")))
+          if "loss" in r and not r.get("final")]
 
 
 def _final_params(workdir, num_labels):
@@ -179,7 +180,9 @@ def test_multiprocess_sampled_inference_queries_each_shards_serving_index(tmp_pa
   log, _ = proc.communicate(timeout=400)
   assert proc.returncode == 0, log[-4000:]
   records = [r for r in map(json.loads, open(os.path.join(workdir, "metrics.jsonl"))) if "p@1" in r]
-  assert [r["step"] for r in records] == [75, 150]
+  # Validation at 75 and at the last step (the selection compares it too), then the final test evaluation.
+  assert [(r["step"], r.get("split"), bool(r.get("final"))) for r in records] == [
+      (75, "validation", False), (150, "validation", False), (150, None, True)]
   for r in records:  # every evaluation, as a one-process run's
     assert {"label_recall", "topk_recall@10", "mean_candidates", "label_cosine", "cluster_mean"} <= set(r), r
     assert r["mean_candidates"] == 32  # the shards' candidates add up to active_k, as one process's

@@ -138,8 +138,9 @@ def test_sampled_predict_scores_the_index_candidates(selected_run, tmp_path, ins
   assert [[int(label) for label, _ in _pairs(line)] for line in out.stdout.splitlines()] == ids.tolist()
   for flag, message in (("--k=3", "--k=3: must be 0 (exact) or at least --top=5"),
                         ("--k=201", "--k=201: must be at most 200 (the model's labels)")):
-    out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={workdir}", "--input=x", "--top=5",
-                          flag], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={workdir}",
+                          f"--input={tmp_path / 'test.txt'}", "--top=5", flag], capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 2 and out.stderr.startswith(f"sparsejax-predict: error: {message}"), out.stderr
 
 
@@ -168,8 +169,9 @@ def test_sampled_predict_needs_a_slide_model(tmp_path, small_config, installed_c
   with pytest.raises(ValueError, match="sampled prediction .* needs a SLIDE model; this one was trained with "
                                        "--model=dense"):
     model.predict(data.load_dataset(model.config.data, seed=model.config.run.seed).test, top=5, k=32)
-  out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={tmp_path}", "--input=x", "--k=32"],
-                       capture_output=True, text=True, timeout=300)
+  data.save_xc_file(data.load_dataset(model.config.data, seed=model.config.run.seed).test, tmp_path / "test.txt")
+  out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={tmp_path}",
+                        f"--input={tmp_path / 'test.txt'}", "--k=32"], capture_output=True, text=True, timeout=300)
   assert out.returncode == 2 and "sampled prediction needs a SLIDE model" in out.stderr, out.stderr
 
 
@@ -182,7 +184,8 @@ def test_predict_errors_are_one_line(synthetic_run, tmp_path, installed_command)
   assert out.returncode == 1
   assert out.stderr.strip().splitlines() == [f"sparsejax-predict: error: {tmp_path / 'nothing' / 'checkpoints'}: no "
                                              f"checkpoints (nothing was trained with --workdir={tmp_path / 'nothing'})"]
-  out = subprocess.run([predict, f"--workdir={workdir}", "--input=x", "--top=0"], capture_output=True, text=True)
+  out = subprocess.run([predict, f"--workdir={workdir}", "--input=nowhere", "--top=0"], capture_output=True,
+                       text=True)
   assert out.returncode == 2 and "--top=0: must be >= 1" in out.stderr
   out = subprocess.run([predict, f"--workdir={workdir}", f"--input={tmp_path / 'x'}", "--top=201"],
                        capture_output=True, text=True)
