@@ -77,7 +77,8 @@ def check_index(op: str, name: str, value: Any, low: int, high: int = INT32_MAX)
   """An integer in ``[low, high]`` given either statically or as a traced integer scalar.
 
   Returns:
-    The ``int``, or the scalar array (its value is checked by the kernel).
+    The ``int``, or the scalar array (its value is the caller's to check: a kernel checks it, or the caller clips
+    it).
   """
   if not isinstance(value, (int, np.integer)) and hasattr(value, "shape") and hasattr(value, "dtype"):
     if value.shape != () or not jnp.issubdtype(value.dtype, jnp.integer):

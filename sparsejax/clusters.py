@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparsejax import _ffi, mips, selection
-from sparsejax._checks import Dims, check_array, check_int
+from sparsejax._checks import Dims, check_array, check_index, check_int
 
 _ASSIGN_CHUNK_BYTES = 4 << 20  # scores of a chunk of rows against all centroids, while clustering
 _ASSIGN_MIN_CHUNK = 64
@@ -131,7 +131,8 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
     weight: ``[N, d]`` float32 rows.
     bias: ``[N]`` float32 biases.
     iterations: Lloyd iterations.
-    num_valid: rows ``[0, num_valid)`` are real, the rest padding; may be traced.
+    num_valid: rows ``[0, num_valid)`` are real, the rest padding, in ``[0, N]``; may be traced (a traced value
+      outside is clipped into it).
     key: PRNG key of the seeds' offset (default: a fixed key).
     sample_per_cluster: Lloyd iterations on ``sample_per_cluster * C`` rows
       spread over the valid ones; None, or a sample as large as ``N``: all rows.
@@ -150,7 +151,12 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
     raise ValueError(f"build_index: sample_per_cluster must be >= 1 or None, got {sample_per_cluster}")
   n = weight.shape[0]
   num_clusters = index.centroids.shape[0]
+  if num_valid is not None:
+    num_valid = check_index("build_index", "num_valid", num_valid, 0, n)
   valid = jnp.arange(n) < (n if num_valid is None else num_valid)
+  # A non-finite row (a diverged one) would turn the mean row, so every centred row and centroid, into NaN and
+  # collapse the index into one cluster: it is left out of every cluster instead, as padding is.
+  valid &= jnp.all(jnp.isfinite(weight), axis=1) & jnp.isfinite(bias)
   n_valid = jnp.sum(valid)
   w = jnp.where(valid[:, None], weight, 0.0)
   b = jnp.where(valid, bias, 0.0)
@@ -165,12 +171,14 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
     """``count`` indices evenly spread over ``[0, among)`` (distinct when ``count <= among``)."""
     return jnp.clip(jnp.floor((jnp.arange(count) + offset) * among / count).astype(jnp.int32), 0, n - 1)
 
+  valid_rows = jnp.nonzero(valid, size=n, fill_value=0)[0]  # [0, n_valid) but where a non-finite row is left out
   sample_size = n if sample_per_cluster is None else min(n, sample_per_cluster * num_clusters)
   if sample_size < n:  # every sampled row is a valid one
-    train, train_valid, train_count = x[spread(sample_size, n_valid)], None, sample_size
+    train, train_valid = x[valid_rows[spread(sample_size, n_valid)]], None
+    centroids = train[spread(num_clusters, sample_size)]  # seeds spread over the sampled rows
   else:
-    train, train_valid, train_count = x, valid, n_valid
-  centroids = train[spread(num_clusters, train_count)]  # seeds spread over the (sampled) valid rows
+    train, train_valid = x, valid
+    centroids = x[valid_rows[spread(num_clusters, n_valid)]]  # seeds spread over the valid rows
 
   def lloyd(_, c):
     assign, _ = _assign(train, c)
@@ -226,8 +234,8 @@ def probe(index: ClusterIndex, queries: jax.Array, probes: int, count: int, spre
     ``[B, count]`` int32 row ids, -1 past the probed clusters' members.
   """
   dims = Dims("index_probe")
-  check_array(dims, "queries", queries, jnp.float32, ("B", "d"))
-  check_array(dims, "index.centroids", index.centroids, jnp.float32, ("C", dims["d"] + 2))
+  check_array(dims, "index.centroids", index.centroids, jnp.float32, ("C", "d + 2"))
+  check_array(dims, "queries", queries, jnp.float32, ("B", dims["d + 2"] - 2))  # the index's width names the query
   check_array(dims, "index.offsets", index.offsets, jnp.int32, (dims["C"] + 1,))
   check_array(dims, "index.rows", index.rows, jnp.int32, ("R",))
   return probe_ranked(index, probe_scores(index, queries, spread_weight), probes, count)

@@ -83,7 +83,8 @@ def propensity_scores(label_frequencies: np.ndarray | Sequence[float], num_sampl
 
 def inverse_propensity(label_frequencies: np.ndarray | Sequence[float], num_samples: int, A: float = 0.55,
                        B: float = 1.5) -> np.ndarray:
-  """Inverse propensities ``1 / p_l = 1 + C * (N_l + B) ** -A``.
+  """Inverse propensities ``1 / p_l = 1 + C * (N_l + B) ** -A`` (``C`` as in :func:`propensity_scores`, 0 for
+  ``N < e``).
 
   Args:
     label_frequencies: ``[L]`` training frequency ``N_l`` of every label.
@@ -99,7 +100,10 @@ def inverse_propensity(label_frequencies: np.ndarray | Sequence[float], num_samp
     raise ValueError(f"label_frequencies must be 1-D, got shape {freqs.shape}")
   if num_samples <= 0:
     raise ValueError(f"num_samples must be positive, got {num_samples}")
-  c = (math.log(num_samples) - 1.0) * (B + 1.0) ** A
+  if A <= 0 or B <= 0:
+    raise ValueError(f"the propensity model needs A > 0 and B > 0, got A = {A}, B = {B}")
+  # log N - 1 < 0 below N = e (1 or 2 samples): no correction there, not propensities outside (0, 1].
+  c = max(math.log(num_samples) - 1.0, 0.0) * (B + 1.0) ** A
   return 1.0 + c * np.exp(-A * np.log(freqs + B))
 
 

@@ -510,6 +510,19 @@ def _adam_all_rows(params, states, grads, lr, key, *, b1, b2, eps, weight_decay)
   return tuple(new_params), tuple(new_states)
 
 
+def _label_ids(labels, num_labels: int) -> jax.Array:
+  """``labels`` with every id outside ``[0, num_labels)`` as padding (-1), so that the loss's targets and its count
+  of labels agree; concrete ids outside ``[-1, num_labels)`` are refused (1-based ids, or another N)."""
+  if not isinstance(labels, jax.core.Tracer):
+    ids = np.asarray(labels)
+    wrong = (ids < -1) | (ids >= num_labels)
+    if wrong.any():
+      at = tuple(int(i) for i in np.argwhere(wrong)[0])
+      raise ValueError(f"train_step: argument 'labels' must hold ids in [0, {num_labels}) or -1 (padding); got "
+                       f"{int(ids[at])} at {at}")
+  return jnp.where((labels >= 0) & (labels < num_labels), labels, -1)
+
+
 def num_distinct_labels(labels: jax.Array) -> jax.Array:
   """``[B]`` number of distinct non-padding ids per row of ``labels [B, M]``."""
   s = jnp.sort(labels, axis=1)
@@ -603,7 +616,9 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
 
   Args:
     state: the current state (this shard's slice of the output layer).
-    batch: ``feat_ids [B, F]``, ``feat_vals [B, F]``, ``labels [B, M]``.
+    batch: ``feat_ids [B, F]``, ``feat_vals [B, F]``, ``labels [B, M]`` int32 ids in ``[0, N)``, -1 padded.
+      Other ids are padding too; labels given as concrete arrays (not traced) are checked and refused
+      (:class:`sparsejax.data.XCDataset` refuses them at load).
     config: the model's config.
     shard: the split of the output layer.
 
@@ -611,7 +626,8 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
     ``(new_state, metrics)``; metrics hold scalar ``loss``, the mean number
     of active ids that came from the tables (per shard), and the learning rate.
   """
-  fids, fvals, labels = batch["feat_ids"], batch["feat_vals"], batch["labels"]
+  fids, fvals = batch["feat_ids"], batch["feat_vals"]
+  labels = _label_ids(batch["labels"], config.num_labels)
   B = fids.shape[0]
   rows = state.out.w.shape[0]
   offset = shard.index() * rows

@@ -20,7 +20,7 @@ import numpy as np
 
 from sparsejax import _ffi
 from sparsejax._checks import INT32_MAX, Dims, check_array, check_index, check_int
-from sparsejax.lsh import LSHConfig, LSHParams, lsh_hash, num_bits, num_tables
+from sparsejax.lsh import LSHConfig, LSHParams, input_dim, lsh_hash, num_bits, num_tables
 from sparsejax.padding import PAD_ID
 
 POLICIES = {"fifo": 0, "reservoir": 1}
@@ -134,7 +134,8 @@ def build_tables(tables: HashTables, params: LSHParams, weight: jax.Array,
     params: hash functions.
     weight: ``[N, d]`` float32.
     num_valid: insert only rows ``[0, num_valid)`` (the rest are padding, e.g.
-      of the last shard of a layer split unevenly); may be traced.
+      of the last shard of a layer split unevenly), in ``[0, N]``; may be traced
+      (a traced value outside is clipped into it).
 
   Returns:
     The rebuilt tables.
@@ -220,6 +221,7 @@ def lsh_query(tables: HashTables, params: LSHParams, queries: jax.Array, *, k: i
     of them (not counting labels) came from the tables.
   """
   dims = Dims("lsh_query")
-  check_array(dims, "queries", queries, jnp.float32, ("B", "d"))
+  width = input_dim(params)  # SimHash: the width the hash functions take, so a wrong query is named as such
+  check_array(dims, "queries", queries, jnp.float32, ("B", "d" if width is None else width))
   _check_tables(dims, tables, params)
   return query_codes(tables, lsh_hash(params, queries), k=k, num_rows=num_rows, labels=labels, seed=seed)

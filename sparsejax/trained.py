@@ -232,10 +232,17 @@ class TrainedModel:
     Returns:
       ``(scores [n, top] float32, ids [n, top] int32)``, best first; scores are the output layer's logits.
     """
+    for name, value in (("top", top), ("batch_size", batch_size), ("k", k)):
+      if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
     if not 1 <= top <= self.num_labels:
       raise ValueError(f"top must be in [1, {self.num_labels}], got {top}")
     if k is not None and not top <= k <= self.num_labels:
       raise ValueError(f"k must be in [top = {top}, {self.num_labels}] (the candidates scored per input), got {k}")
+    if batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if isinstance(inputs, Sequence) and not isinstance(inputs, str) and len(inputs) == 0:
+      return np.zeros((0, top), np.float32), np.zeros((0, top), np.int32)  # no texts (a vectorizer refuses none)
     data = self.features(inputs)
     if len(data) == 0:
       return np.zeros((0, top), np.float32), np.zeros((0, top), np.int32)

@@ -89,6 +89,10 @@ def test_subset_and_label_frequencies():
     for label in _rows(ds, i)[2]:
       expected[label] += 1
   np.testing.assert_array_equal(ds.label_frequencies(), expected)
+  # A label repeated within a sample (an XC line "0,0 ...") counts once: frequencies count samples.
+  twice = XCDataset(np.array([0, 1, 2]), np.array([0, 1]), np.ones(2, np.float32), np.array([0, 3, 4]),
+                         np.array([1, 1, 0, 1]), 2, 3)
+  np.testing.assert_array_equal(twice.label_frequencies(), [1, 2, 0])
   with pytest.raises(IndexError):
     ds.subset([len(ds)])
 

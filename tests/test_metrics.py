@@ -43,6 +43,11 @@ def test_propensity_monotone_and_params():
   c = (math.log(n) - 1) * (b + 1) ** a
   expected = 1 / (1 + c * (freqs + b) ** -a)
   np.testing.assert_allclose(propensity_scores(freqs, n, A=a, B=b), expected, rtol=1e-12)
+  # Below N = e the formula's C would be negative (propensities -3.08 and 9e15 for N = 1): no correction there.
+  for n in (1, 2):
+    np.testing.assert_array_equal(propensity_scores([0, 1, 5], n), [1.0, 1.0, 1.0])
+  with pytest.raises(ValueError, match=r"A > 0 and B > 0, got A = 0.55, B = -100"):
+    propensity_scores([0, 1, 5], 10, B=-100)
 
 
 def test_label_frequencies_dedupes_and_ignores_padding():

@@ -80,6 +80,25 @@ def test_exact_softmax_step_equals_dense_baseline():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("active_k", [32, 400])  # sampled and exact steps
+def test_label_ids_outside_the_layer_are_padding_or_refused(active_k):
+  """A user audit: a label id >= N was neither refused nor padding (loss 6.153219 against 6.158602 padded): it
+  was left out of the targets but counted among the sample's labels, halving its real label's weight."""
+  cfg = override(model.ModelConfig(200, 400), hidden_dims=(16,), active_k=active_k, softmax="auto")
+  state = model.init(jax.random.key(0), cfg)
+  step = jax.jit(functools.partial(model.train_step, config=cfg))
+  fi, fv = jnp.zeros((8, 5), jnp.int32), jnp.ones((8, 5), jnp.float32)
+  labels = jnp.arange(16, dtype=jnp.int32).reshape(8, 2)
+  loss = lambda lab: float(step(state, dict(feat_ids=fi, feat_vals=fv, labels=lab))[1]["loss"])
+  padded = loss(labels.at[0, 0].set(-1))
+  assert padded != loss(labels)
+  for wrong in (400, 10**6, -7):  # traced: padding, as -1 is
+    assert loss(labels.at[0, 0].set(wrong)) == padded, wrong
+  with pytest.raises(ValueError, match=r"argument 'labels' must hold ids in \[0, 400\) or -1 \(padding\); got 400 "
+                                       r"at \(0, 0\)"):
+    model.train_step(state, dict(feat_ids=fi, feat_vals=fv, labels=np.asarray(labels.at[0, 0].set(400))), config=cfg)
+
+
 @pytest.mark.parametrize("active_k,softmax,exact", [
     (40, "sampled", True),    # every label is active: nothing to sample
     (5, "auto", True),        # 5 x EXACT_PATH_RATIO >= 40 rows: the exact step is the cheaper one

@@ -222,6 +222,15 @@ def test_icd10_text_in_codes_out(tmp_path, small_config, installed_command):
   _, ids = model.predict(texts, top=3)
   _, one = model.predict(texts[1], top=3)  # one string: one text (not one text per character)
   np.testing.assert_array_equal(one, ids[1:])
+  # A given batch size does not change the predictions; no texts give no rows; bad arguments are named.
+  np.testing.assert_array_equal(model.predict(texts, top=3, batch_size=1)[1], ids)
+  scores, none = model.predict([], top=3)
+  assert scores.shape == none.shape == (0, 3)
+  for kwargs, error, message in ((dict(batch_size=0), ValueError, "batch_size must be >= 1, got 0"),
+                                 (dict(top=2.5), TypeError, "top must be an integer, got 2.5"),
+                                 (dict(k=True), TypeError, "k must be an integer, got True")):
+    with pytest.raises(error, match=re.escape(message)):
+      model.predict(texts, **{"top": 1, **kwargs})
   for line, row in zip(lines, ids):
     codes = [code for code, _ in _pairs(line)]
     assert codes == [loaded.label_names[i] for i in row]

@@ -99,6 +99,34 @@ def test_build_index_is_a_partition_with_the_clusters_mean_rows():
   assert stats["cluster_mean"] == pytest.approx(470 / 20) and stats["cluster_max"] == np.diff(offsets).max()
 
 
+def test_build_index_leaves_non_finite_rows_out_of_every_cluster():
+  """A user audit: one NaN weight made the mean row NaN, so every centred row, and put all rows in cluster 0."""
+  _, w, b = _index()
+  w[3, 0], b[7] = np.nan, np.inf
+  index = clusters.build_index(clusters.init_index(20, 500, 8), jnp.asarray(w), jnp.asarray(b), iterations=5)
+  offsets, rows, cent = np.asarray(index.offsets), np.asarray(index.rows), np.asarray(index.centroids)
+  assert offsets[-1] == 498 and sorted(rows[:498].tolist()) == sorted(set(range(500)) - {3, 7})
+  assert np.all(rows[498:] == -1) and np.all(np.isfinite(cent))
+  # The finite rows are clustered as they are without the others (seeds, means and assignments alike).
+  kept = np.array(sorted(set(range(500)) - {3, 7}))
+  alone = clusters.build_index(clusters.init_index(20, 498, 8), jnp.asarray(w[kept]), jnp.asarray(b[kept]),
+                               iterations=5)
+  np.testing.assert_array_equal(offsets, np.asarray(alone.offsets))
+  np.testing.assert_array_equal(rows[:498], kept[np.asarray(alone.rows)])
+  np.testing.assert_allclose(cent, np.asarray(alone.centroids), rtol=1e-5, atol=1e-6)
+
+
+def test_index_arguments_are_named():
+  """A user audit: num_valid outside [0, N] was accepted, and a query of the wrong width blamed the index."""
+  index, w, b = _index()
+  for bad in (-1, 510):
+    with pytest.raises(ValueError, match=rf"build_index: argument 'num_valid' must be in \[0, 500\], got {bad}"):
+      clusters.build_index(index, jnp.asarray(w), jnp.asarray(b), num_valid=bad)
+  with pytest.raises(ValueError, match=r"index_probe: argument 'queries' must have shape \[B, 8\] with axis 1 = 8, "
+                                       r"got \(2, 9\)"):
+    clusters.probe(index, jnp.zeros((2, 9), jnp.float32), probes=2, count=4)
+
+
 def test_build_index_ignores_the_component_all_rows_share():
   # A row shared by all rows shifts every logit of a query by one constant: the exact ranking, and so the
   # clusters and each query's candidates, must not change (raw rows would all point along the shared one).

@@ -419,9 +419,14 @@ def test_validation_selects_the_best_checkpoint_and_stops_early(tmp_path, small_
 
 def test_selection_keeps_the_first_best_and_stops_after_patience_evaluations_without_one():
   """_Selection against scripted validation values: ties are no improvement; its state survives a resume."""
+  import collections
   import types
 
   from sparsejax.train import _Selection
+
+  State = collections.namedtuple("State", "name out_opt")  # kept without its optimizer state
+  state = lambda step: State(f"state{step}", "moments")
+  kept = lambda step: State(f"state{step}", None)
 
   values = iter([0.2, 0.5, 0.5, 0.4, 0.6])
   saved = []
@@ -432,15 +437,15 @@ def test_selection_keeps_the_first_best_and_stops_after_patience_evaluations_wit
   selection = _Selection(evaluator, best, settings, None)
   stops = []
   for step in (10, 20, 30):
-    record = selection.evaluate(run, f"state{step}", step, None)
+    record = selection.evaluate(run, state(step), step, None)
     stops.append(selection.should_stop())
   assert record == {"p@1": 0.5, "split": "validation", "best_step": 20}
-  assert stops == [False, False, False] and saved == [(10, "state10", 0.2), (20, "state20", 0.5)]
+  assert stops == [False, False, False] and saved == [(10, kept(10), 0.2), (20, kept(20), 0.5)]
   resumed = _Selection(evaluator, best, settings, json.loads(json.dumps(selection.to_json())))
-  resumed.evaluate(run, "state40", 40, None)  # 0.4: the second evaluation in a row without a better value
+  resumed.evaluate(run, state(40), 40, None)  # 0.4: the second evaluation in a row without a better value
   assert resumed.should_stop() and resumed.best_step == 20 and resumed.best_value == 0.5
   assert len(saved) == 2
-  resumed.evaluate(run, "state50", 50, None)  # 0.6: a new best resets the count
-  assert not resumed.should_stop() and saved[-1] == (50, "state50", 0.6)
+  resumed.evaluate(run, state(50), 50, None)  # 0.6: a new best resets the count
+  assert not resumed.should_stop() and saved[-1] == (50, kept(50), 0.6)
   never = _Selection(evaluator, best, types.SimpleNamespace(selection_metric="p@1", early_stopping_patience=None), None)
   assert not never.should_stop()

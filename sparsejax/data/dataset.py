@@ -125,8 +125,10 @@ class XCDataset:
     return np.diff(self.label_indptr)
 
   def label_frequencies(self) -> np.ndarray:
-    """``[L]`` int64 number of samples carrying each label."""
-    return np.bincount(self.label_indices, minlength=self.num_labels).astype(np.int64)
+    """``[L]`` int64 number of samples carrying each label (a label repeated within a sample counts once)."""
+    sample = np.repeat(np.arange(len(self.label_indptr) - 1, dtype=np.int64), np.diff(self.label_indptr))
+    keys = np.unique(sample * self.num_labels + self.label_indices)  # distinct (sample, label) pairs
+    return np.bincount(keys % self.num_labels, minlength=self.num_labels).astype(np.int64)
 
   # ------------------------------------------------------------ selection
   def subset(self, rows: Iterable[int] | np.ndarray) -> XCDataset:
