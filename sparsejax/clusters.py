@@ -292,11 +292,13 @@ def merge_candidates(candidates: jax.Array, *, k: int, num_rows: int | jax.Array
     raise ValueError(f"merge_candidates: argument 'k' = {k} must be in [1, num_rows = {num_rows}]")
   max_from = k if max_from_candidates is None else check_int("merge_candidates", "max_from_candidates",
                                                              max_from_candidates, 0)
+  seed = check_index(dims.op, "seed", seed, -(2**63), 2**64 - 1)  # any integer: its low 32 bits are used
+  seed = np.uint32(seed % 2**32) if isinstance(seed, (int, np.integer)) else seed.astype(jnp.uint32)
   call = _ffi.ffi_call(
       "merge_candidates",
       (jax.ShapeDtypeStruct((B, k), jnp.int32), jax.ShapeDtypeStruct((B,), jnp.int32)),
       vmap_method="sequential")
-  return call(candidates, labels, jnp.asarray(seed).astype(jnp.uint32), jnp.asarray(num_rows, jnp.int32),
+  return call(candidates, labels, seed, jnp.asarray(num_rows, jnp.int32),
               max_from_candidates=np.int64(max_from))
 
 

@@ -72,6 +72,12 @@ def test_merge_candidates_rejects_bad_ids_and_too_many_labels():
                                                     labels=jnp.array([[1, 2, 3]], jnp.int32)))
   with pytest.raises(TypeError, match="candidates"):
     clusters.merge_candidates(jnp.array([[3.0]]), k=1, num_rows=200)
+  with pytest.raises(TypeError, match="merge_candidates: argument 'seed' must be an integer"):  # was truncated
+    clusters.merge_candidates(jnp.array([[3]], jnp.int32), k=2, num_rows=200, seed=1.7)
+  same = [clusters.merge_candidates(jnp.array([[3]], jnp.int32), k=5, num_rows=200, seed=s)[0] for s in
+          (-1, 2**32 - 1, jnp.uint32(2**32 - 1))]  # any integer seed: its low 32 bits
+  np.testing.assert_array_equal(same[0], same[1])
+  np.testing.assert_array_equal(same[0], same[2])
 
 
 def _index(n=500, d=8, c=20, num_valid=None, seed=0):
