@@ -71,6 +71,9 @@ def default_num_clusters(num_rows: int) -> int:
 
 def init_index(num_clusters: int, num_rows: int, dim: int) -> ClusterIndex:
   """An empty index of ``num_clusters`` clusters over ``num_rows`` rows of width ``dim``."""
+  num_rows = check_int("init_index", "num_rows", num_rows, 1)
+  num_clusters = check_int("init_index", "num_clusters", num_clusters, 1)
+  dim = check_int("init_index", "dim", dim, 0)
   if not 1 <= num_clusters <= num_rows:
     raise ValueError(f"num_clusters must be in [1, num_rows = {num_rows}], got {num_clusters}")
   return ClusterIndex(centroids=jnp.zeros((num_clusters, dim + 2), jnp.float32),

@@ -49,6 +49,8 @@ class LSHConfig(NamedTuple):
       raise ValueError(f"LSHConfig.num_tables must be >= 1, got {self.num_tables}")
     if not 1 <= self.num_bits <= 30:
       raise ValueError(f"LSHConfig.num_bits must be in [1, 30], got {self.num_bits}")
+    if not (isinstance(self.projection_fraction, (int, float)) and 0 < self.projection_fraction <= 1):
+      raise ValueError(f"LSHConfig.projection_fraction must be in (0, 1], got {self.projection_fraction!r}")
     if self.family == "dwta":
       bits = int(math.log2(max(self.bin_size, 1)))
       if self.bin_size < 2 or 2**bits != self.bin_size:

@@ -285,8 +285,9 @@ def evaluate_topk(
   inv = None
   if propensity is not None:
     p = np.asarray(propensity, dtype=np.float64)
-    if np.any(p <= 0):
-      raise ValueError("propensities must be positive")
+    if not np.all(np.isfinite(p) & (p > 0)):  # NaN compares false: it reported PSP 0 silently
+      bad = int(np.flatnonzero(~(np.isfinite(p) & (p > 0)))[0])
+      raise ValueError(f"propensities must be positive and finite; label {bad} has {p[bad]}")
     inv = 1.0 / p
   per_sample = ranking_metrics(topk_ids, labels, inv, ks)
   if np.asarray(topk_ids).shape[0] == 0:

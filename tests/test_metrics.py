@@ -91,6 +91,10 @@ def test_evaluate_topk_means_and_keys():
   assert out["p@3"] == pytest.approx((2 / 3 + 1 / 3) / 3)
   assert out["p@5"] == pytest.approx((0.4 + 0.2) / 3)
   assert out["ndcg@3"] == pytest.approx((0.9197207891481876 + 0.5) / 3)
+  propensity = np.ones(10)
+  propensity[5] = np.nan  # was PSP 0, silently
+  with pytest.raises(ValueError, match=r"propensities must be positive and finite; label 5 has nan"):
+    evaluate_topk(TOPK, LABELS, propensity)
 
 
 def test_psp_hand_computed_and_conventions():

@@ -56,9 +56,22 @@ def test_dwta_needs_an_input_dim():
     lsh.init_lsh(jax.random.key(0), lsh.LSHConfig("dwta", 2, 3), 0)
   with pytest.raises(TypeError, match="LSHConfig: argument 'num_tables' must be an integer"):
     lsh.init_lsh(jax.random.key(0), lsh.LSHConfig("simhash", 2.0, 3), 4)
+  for bad in (float("nan"), 0.0, 1.5):  # NaN was "cannot convert float NaN to integer"
+    with pytest.raises(ValueError, match=rf"LSHConfig.projection_fraction must be in \(0, 1\], got {bad}"):
+      lsh.init_lsh(jax.random.key(0), lsh.LSHConfig("simhash", 2, 3, projection_fraction=bad), 4)
   # SimHash of zero-dimensional inputs is defined: every projection is 0, every code 0.
   params = lsh.init_lsh(jax.random.key(0), lsh.LSHConfig("simhash", 2, 3), 0)
   np.testing.assert_array_equal(lsh.lsh_hash(params, jnp.zeros((4, 0))), np.zeros((4, 2)))
+
+
+def test_cluster_index_sizes_are_named():
+  """A user audit: negative or float sizes gave raw JAX shape errors."""
+  from sparsejax import clusters
+
+  with pytest.raises(ValueError, match=r"init_index: argument 'dim' must be in \[0, inf\], got -5"):
+    clusters.init_index(2, 10, -5)
+  with pytest.raises(TypeError, match=r"init_index: argument 'num_clusters' must be an integer, got float 2.5"):
+    clusters.init_index(2.5, 10, 4)
 
 
 def _query_setup():
