@@ -313,9 +313,14 @@ def _path_name(path) -> str:
   return ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
 
+def is_optimizer_state(field: str) -> bool:
+  """Whether a model state's field holds optimizer state (``embed_opt``, ``out_w_opt``, a dense state's ``opt``)."""
+  return field == "opt" or field.endswith("_opt")
+
+
 def _parameters_first(name: str) -> tuple[bool, str]:
-  """Sort key: the layers' arrays before the optimizer states' (``embed_opt``, ``opt``, ...)."""
-  return any(part.endswith("opt") for part in name.split(".")), name
+  """Sort key: the layers' arrays before the optimizer states'."""
+  return any(is_optimizer_state(part) for part in name.split(".")), name
 
 
 def _reason(error: Exception) -> str:

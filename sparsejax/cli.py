@@ -377,11 +377,9 @@ def read_inputs(path: str, input_format: str, model):
 
 def _sniff(path: str) -> str:
   """``xc`` if the file starts with an XC header line (three integers), else ``svmlight``."""
-  import gzip
+  from sparsejax.data.xc_format import open_bytes
 
-  with open(path, "rb") as f:
-    gzipped = f.read(2) == b"\x1f\x8b"  # as the readers take it
-  with (gzip.open if gzipped else open)(path, "rb") as f:
+  with open_bytes(path) as f:  # gzipped or not, as the XC reader takes it
     first = f.readline().split()
   return "xc" if len(first) == 3 and all(t.isdigit() for t in first) else "svmlight"
 

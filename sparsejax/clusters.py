@@ -239,9 +239,7 @@ def probe(index: ClusterIndex, queries: jax.Array, probes: int, count: int, spre
   dims = Dims("index_probe")
   check_array(dims, "index.centroids", index.centroids, jnp.float32, ("C", "d + 2"))
   check_array(dims, "queries", queries, jnp.float32, ("B", dims["d + 2"] - 2))  # the index's width names the query
-  check_array(dims, "index.offsets", index.offsets, jnp.int32, (dims["C"] + 1,))
-  check_array(dims, "index.rows", index.rows, jnp.int32, ("R",))
-  return probe_ranked(index, probe_scores(index, queries, spread_weight), probes, count)
+  return probe_ranked(index, probe_scores(index, queries, spread_weight), probes, count)  # checks offsets, rows
 
 
 def probe_ranked(index: ClusterIndex, scores: jax.Array, probes: int, count: int) -> jax.Array:

@@ -99,14 +99,15 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
 
   run = distributed.make_run(config.model_config(train.num_features, train.num_labels), seed=config.run.seed,
                              num_shards=num_shards, sampled_ks=tuple(k for k in [config.run.eval_sampled_k] if k))
-  differences = [] if latest is None else checkpoints.shape_differences(latest, run.abstract_state())
+  abstract = None if latest is None else run.abstract_state()
+  differences = [] if latest is None else checkpoints.shape_differences(latest, abstract)
   if differences:  # --resume=force past a setting that changes the model's shapes
     raise checkpoint.ResumeError(
         f"{checkpoints.directory}/{latest} holds a model of other shapes than these settings give ("
         + "; ".join(differences[:3]) + (f"; {len(differences) - 3} more" if len(differences) > 3 else "")
         + "): --resume=force continues a run with new settings only where they keep the model's shapes. Use "
         "another --workdir for a new run")
-  restored = checkpoints.restore(run.abstract_state()) if latest is not None else None
+  restored = checkpoints.restore(abstract) if latest is not None else None
   if restored is None:
     state, position = run.init(), {"epoch": 0, "index": 0, "seconds": 0.0}
   else:
@@ -387,7 +388,7 @@ def without_optimizer(state):
   """``state`` (a SLIDE or dense model's) without its optimizer states, which a selected state does not need: it is
   evaluated and served, not trained on (``checkpoints/`` keeps them for resuming). Two thirds of an Adam-trained
   state's bytes."""
-  return state._replace(**{f: None for f in state._fields if f == "opt" or f.endswith("_opt")})
+  return state._replace(**{f: None for f in state._fields if checkpoint.is_optimizer_state(f)})
 
 
 def _evaluate(evaluator: Evaluator, run: distributed.Run, state, num_samples: int | None):

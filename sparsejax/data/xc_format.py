@@ -23,11 +23,13 @@ reports the first bad line (file name and 1-based line number, header = line
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import warnings
 import zlib
-from typing import NamedTuple
+from collections.abc import Iterator
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -278,6 +280,15 @@ def _iter_line_chunks(f, chunk_bytes: int):
     yield carry + b"\n"
 
 
+@contextlib.contextmanager
+def open_bytes(path: str | os.PathLike) -> Iterator[BinaryIO]:
+  """``path`` opened for reading bytes, gunzipped where its first bytes are gzip's magic (whatever its name)."""
+  with open(path, "rb") as raw:
+    compressed = raw.read(2) == _GZIP_MAGIC
+    raw.seek(0)
+    yield gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw
+
+
 def load_xc_file(path: str | os.PathLike, *, chunk_bytes: int = _CHUNK_BYTES) -> XCDataset:
   """Read an XC-repository text file.
 
@@ -298,10 +309,7 @@ def load_xc_file(path: str | os.PathLike, *, chunk_bytes: int = _CHUNK_BYTES) ->
   """
   parts: list[_Rows] = []
   lines_done = 0
-  with open(path, "rb") as raw:
-    compressed = raw.read(2) == _GZIP_MAGIC
-    raw.seek(0)
-    f = gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw
+  with open_bytes(path) as f:
     first_line = 1  # of what is being read
     try:
       header = f.readline()
@@ -315,7 +323,7 @@ def load_xc_file(path: str | os.PathLike, *, chunk_bytes: int = _CHUNK_BYTES) ->
         lines_done += len(rows.feat_counts)
         first_line = 2 + lines_done
     except (EOFError, OSError, zlib.error) as e:
-      if not compressed:
+      if not isinstance(f, gzip.GzipFile):  # a plain file's I/O error is not corrupt gzip data
         raise
       raise XCFormatError(path, first_line, f"corrupt or truncated gzip data ({e})") from None
 
