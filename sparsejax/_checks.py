@@ -95,4 +95,6 @@ WEIGHT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 def check_weight(dims: Dims, name: str, x: Any, shape: Sequence[str | int]):
   """:func:`check_array` for a sparse layer's weight: float32 or bfloat16."""
   dtype = getattr(x, "dtype", None)
-  check_array(dims, name, x, dtype if dtype in WEIGHT_DTYPES else jnp.float32, shape)
+  if dtype is not None and jnp.dtype(dtype) not in WEIGHT_DTYPES:
+    raise TypeError(f"{dims.op}: argument '{name}' must have dtype float32 or bfloat16, got {jnp.dtype(dtype).name}")
+  check_array(dims, name, x, dtype if dtype is not None else jnp.float32, shape)

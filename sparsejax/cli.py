@@ -224,6 +224,15 @@ def fail(message: str, status: int = 1) -> typing.NoReturn:
   sys.exit(status)
 
 
+def _run(command_main: typing.Callable[[list[str]], None], command: Command) -> None:
+  """Runs an absl main; a Ctrl-C before the command handles it (while JAX imports, say) ends it with one line."""
+  define_flags(command)
+  try:
+    app.run(command_main, flags_parser=_parser(command))
+  except KeyboardInterrupt:
+    fail("interrupted by SIGINT", 128 + signal.SIGINT)
+
+
 def _program() -> str:
   return os.path.basename(sys.argv[0]) if sys.argv else "sparsejax"
 
@@ -343,8 +352,7 @@ def train(argv: list[str]) -> None:
 
 def main() -> None:
   """``sparsejax-train``."""
-  define_flags(TRAIN)
-  app.run(train, flags_parser=_parser(TRAIN))
+  _run(train, TRAIN)
 
 
 # --- sparsejax-predict ----------------------------------------------------------------
@@ -379,8 +387,8 @@ def _sniff(path: str) -> str:
   """``xc`` if the file starts with an XC header line (three integers), else ``svmlight``."""
   from sparsejax.data.xc_format import open_bytes
 
-  with open_bytes(path) as f:  # gzipped or not, as the XC reader takes it
-    first = f.readline().split()
+  with open_bytes(path) as f:  # gzipped or not, with or without a byte-order mark, as the XC reader takes it
+    first = f.readline().removeprefix(b"\xef\xbb\xbf").split()
   return "xc" if len(first) == 3 and all(t.isdigit() for t in first) else "svmlight"
 
 
@@ -436,8 +444,7 @@ def predict(argv: list[str]) -> None:
 
 def predict_main() -> None:
   """``sparsejax-predict``."""
-  define_flags(PREDICT)
-  app.run(predict, flags_parser=_parser(PREDICT))
+  _run(predict, PREDICT)
 
 
 # --- sparsejax-plot -------------------------------------------------------------------------
@@ -457,6 +464,5 @@ def plot(argv: list[str]) -> None:
 
 def plot_main() -> None:
   """``sparsejax-plot``."""
-  define_flags(PLOT)
-  app.run(plot, flags_parser=_parser(PLOT))
+  _run(plot, PLOT)
 

@@ -148,10 +148,9 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
   check_array(dims, "bias", bias, jnp.float32, ("N",))
   check_array(dims, "index.centroids", index.centroids, jnp.float32, ("C", dims["d"] + 2))
   check_array(dims, "index.rows", index.rows, jnp.int32, ("N",))
-  if iterations < 0:
-    raise ValueError(f"build_index: iterations must be >= 0, got {iterations}")
-  if sample_per_cluster is not None and sample_per_cluster < 1:
-    raise ValueError(f"build_index: sample_per_cluster must be >= 1 or None, got {sample_per_cluster}")
+  iterations = check_int("build_index", "iterations", iterations, 0)
+  if sample_per_cluster is not None:
+    sample_per_cluster = check_int("build_index", "sample_per_cluster", sample_per_cluster, 1)
   n = weight.shape[0]
   num_clusters = index.centroids.shape[0]
   if num_valid is not None:

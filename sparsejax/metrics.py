@@ -45,6 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sparsejax._checks import check_int
+
 __all__ = [
     "propensity_scores",
     "inverse_propensity",
@@ -314,12 +316,11 @@ def evaluate_topk(
 # ---------------------------------------------------------------------------
 
 
-@partial(jax.jit, static_argnames=("ks",))
 def ranking_metrics_jax(
     topk_ids: jax.Array,
     labels: jax.Array,
     inv_propensity: jax.Array | None = None,
-    ks: tuple[int, ...] = DEFAULT_KS,
+    ks: Sequence[int] = DEFAULT_KS,
 ) -> dict[str, jax.Array]:
   """Jittable per-sample metrics; same definitions as :func:`ranking_metrics`.
 
@@ -331,15 +332,24 @@ def ranking_metrics_jax(
     labels: ``[n, max_labels]`` int true labels, ``-1`` padded.
     inv_propensity: optional ``[L]`` inverse propensities. Out-of-range
       ids are clamped (JAX semantics), so ensure ids are ``< L``.
-    ks: static tuple of cut-offs, each ``<= k``.
+    ks: cut-offs (a list or tuple of ints, static), each in ``[1, k]``.
 
   Returns:
     Dict of ``[n]`` float32 arrays: ``"p@k"``, ``"ndcg@k"`` and, with
     ``inv_propensity``, ``"psp_raw@k"`` and ``"psp_ideal@k"``.
   """
+  if isinstance(ks, (int, np.integer)) or not isinstance(ks, Sequence) or not ks:
+    raise TypeError(f"ranking_metrics_jax: argument 'ks' must be a non-empty list or tuple of ints, got {ks!r}")
+  ks = tuple(check_int("ranking_metrics_jax", "ks", k, 1) for k in ks)  # hashable: jit's static argument
+  return _ranking_metrics_jax(topk_ids, labels, inv_propensity, ks)
+
+
+@partial(jax.jit, static_argnames=("ks",))
+def _ranking_metrics_jax(topk_ids, labels, inv_propensity, ks):
+  """:func:`ranking_metrics_jax` with ``ks`` a tuple of positive ints."""
   kmax = max(ks)
   if kmax > topk_ids.shape[1]:
-    raise ValueError(f"max(ks)={kmax} exceeds topk width {topk_ids.shape[1]}")
+    raise ValueError(f"ranking_metrics_jax: max(ks) = {kmax} exceeds the width of 'topk_ids' {topk_ids.shape[1]}")
   preds = topk_ids[:, :kmax]
   m = labels.shape[1]
   valid = labels >= 0

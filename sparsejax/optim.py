@@ -230,7 +230,12 @@ def row_sparse_adam(
 
   def update(grad: RowSparseGrad, state, params, after=None, combine=False):
     """``(new_params, new_state)``, and ``combined`` with ``combine`` (see :func:`apply_row_sparse_adam`)."""
-    count = (state if isinstance(state, RowSparseAdamState) else state[0]).count
+    states = (state,) if isinstance(state, RowSparseAdamState) else state
+    if not isinstance(states, (tuple, list)) or not states or \
+        not all(isinstance(s, RowSparseAdamState) for s in states):
+      raise TypeError("row_sparse_adam.update: argument 'state' must be what init gave (a RowSparseAdamState, or a "
+                      f"pair of them for a (weight, bias) pair), got {type(state).__name__}")
+    count = states[0].count
     lr = learning_rate(count) if callable(learning_rate) else learning_rate
     out = apply_row_sparse_adam(
         params, state, grad, lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, after=after, combine=combine)

@@ -231,3 +231,19 @@ def test_jax_variant_matches_numpy():
     np.testing.assert_allclose(np.asarray(got[key]), want[key], rtol=1e-5, atol=1e-6, err_msg=key)
   no_psp = ranking_metrics_jax(jnp.asarray(TOPK), jnp.asarray(LABELS))
   np.testing.assert_allclose(np.asarray(no_psp["p@3"]), [2 / 3, 1 / 3, 0.0], rtol=1e-6)
+  # ks as a list (an unhashable-argument error from jit before) gives the tuple's numbers.
+  as_list = ranking_metrics_jax(jnp.asarray(topk), jnp.asarray(labels), jnp.asarray(inv), ks=list(ks))
+  for key in want:
+    np.testing.assert_array_equal(np.asarray(as_list[key]), np.asarray(got[key]), err_msg=key)
+
+
+@pytest.mark.parametrize("ks, error, message", [
+    (3, TypeError, r"argument 'ks' must be a non-empty list or tuple of ints, got 3"),
+    ((), TypeError, r"argument 'ks' must be a non-empty list or tuple of ints, got \(\)"),
+    ((1, 0), ValueError, r"argument 'ks' must be in \[1, inf\], got 0"),
+    ((1, 2.0), TypeError, r"argument 'ks' must be an integer, got float 2.0"),
+    ((1, 9), ValueError, r"max\(ks\) = 9 exceeds the width of 'topk_ids' 5"),
+])
+def test_jax_variant_names_bad_cutoffs(ks, error, message):
+  with pytest.raises(error, match="ranking_metrics_jax: " + message):
+    ranking_metrics_jax(jnp.zeros((2, 5), jnp.int32), jnp.zeros((2, 3), jnp.int32), ks=ks)

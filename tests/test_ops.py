@@ -154,7 +154,7 @@ def test_wrong_dtype_and_shape_raise_named_errors():
   h, W, b, ids = _data()
   with pytest.raises(TypeError, match="'ids' must have dtype int32, got float32"):
     ops.sparse_logits(h, W, b, ids.astype(jnp.float32))
-  with pytest.raises(TypeError, match="'weight' must have dtype float32, got float16"):
+  with pytest.raises(TypeError, match="'weight' must have dtype float32 or bfloat16, got float16"):
     ops.sparse_logits(h, W.astype(jnp.float16), b, ids)
   with pytest.raises(TypeError, match="'bias' must have dtype float32, got bfloat16"):  # bfloat16: weights only
     ops.sparse_logits(h, W.astype(jnp.bfloat16), b.astype(jnp.bfloat16), ids)

@@ -240,11 +240,12 @@ def test_bad_arguments_raise_and_leave_weights_unchanged():
   opt = optim.row_sparse_adam(0.1)
   state = opt.init(W)
   g = _grad(rng)
+  W0 = np.asarray(W)
   with pytest.raises(Exception, match=r"row_sparse_adam: argument 'ids' has id 30 .*N = 30"):
     jax.block_until_ready(opt.update(g._replace(ids=g.ids.at[3, 2].set(30)), state, W))
   with pytest.raises(Exception, match=r"'ids' has id -2"):
     jax.block_until_ready(opt.update(g._replace(ids=g.ids.at[3, 2].set(-2)), state, W))
-  np.testing.assert_array_equal(W, W)  # W is still alive (not donated) and valid
+  np.testing.assert_array_equal(W, W0)  # W is still alive (not donated) and unchanged
   with pytest.raises(ValueError, match=r"'grad.x' must have shape \[B, d\] with d = 4"):
     opt.update(g._replace(x=jnp.ones((5, 3))), state, W)
   with pytest.raises(TypeError, match="'grad.ids' must have dtype int32"):
@@ -252,6 +253,11 @@ def test_bad_arguments_raise_and_leave_weights_unchanged():
                state, W)
   with pytest.raises(ValueError, match=r"'state.mu' must be float32 of shape \(30, 4\)"):
     opt.update(g, state._replace(mu=state.mu[:10]), W)
+  # No state (a bare NoneType error before), and a float16 weight (its message left bfloat16 out).
+  with pytest.raises(TypeError, match=r"row_sparse_adam.update: argument 'state' must be what init gave .*NoneType"):
+    opt.update(g, None, W)
+  with pytest.raises(TypeError, match=r"'weight' must have dtype float32 or bfloat16, got float16"):
+    opt.update(g, state, W.astype(jnp.float16))
 
 
 @pytest.mark.parametrize("moment_dtype", [jnp.float32, jnp.bfloat16])

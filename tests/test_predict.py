@@ -51,9 +51,10 @@ def test_predict_command_writes_top_labels_per_sample(synthetic_run, tmp_path, i
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   assert (tmp_path / "pred.txt").read_text().splitlines() == lines
-  # A gzipped XC file is recognised as training reads it.
+  # A gzipped XC file that starts with a UTF-8 byte-order mark is recognised as training reads it (the mark once
+  # made it look like svmlight).
   with open(tmp_path / "test.txt", "rb") as f, gzip.open(tmp_path / "test.txt.gz", "wb") as g:
-    g.write(f.read())
+    g.write(b"\xef\xbb\xbf" + f.read())
   out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={workdir}",
                         f"--input={tmp_path / 'test.txt.gz'}", "--top=5"], capture_output=True, text=True, timeout=300)
   assert out.returncode == 0 and out.stdout.splitlines() == lines, out.stderr[-3000:]

@@ -128,6 +128,11 @@ def test_index_arguments_are_named():
   for bad in (-1, 510):
     with pytest.raises(ValueError, match=rf"build_index: argument 'num_valid' must be in \[0, 500\], got {bad}"):
       clusters.build_index(index, jnp.asarray(w), jnp.asarray(b), num_valid=bad)
+  # A float count of iterations gave a raw fori_loop error.
+  with pytest.raises(TypeError, match=r"build_index: argument 'iterations' must be an integer, got float 1.5"):
+    clusters.build_index(index, jnp.asarray(w), jnp.asarray(b), iterations=1.5)
+  with pytest.raises(ValueError, match=r"build_index: argument 'sample_per_cluster' must be in \[1, inf\], got 0"):
+    clusters.build_index(index, jnp.asarray(w), jnp.asarray(b), sample_per_cluster=0)
   with pytest.raises(ValueError, match=r"index_probe: argument 'queries' must have shape \[B, 8\] with axis 1 = 8, "
                                        r"got \(2, 9\)"):
     clusters.probe(index, jnp.zeros((2, 9), jnp.float32), probes=2, count=4)

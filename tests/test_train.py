@@ -262,6 +262,30 @@ def test_a_signal_outside_the_training_loop_ends_the_run_with_one_true_line(tmp_
       f"checkpoints already in {tmp_path} are kept; the same command continues from the newest")
 
 
+def test_ctrl_c_while_the_command_starts_ends_it_with_one_line(tmp_path):
+  """A user audit: Ctrl-C in the first half second (imports, joining the process group) printed a traceback."""
+  code = textwrap.dedent("""
+      import sys, time
+      import sparsejax.distributed
+      from sparsejax import cli
+
+      def busy(*args, **kwargs):  # stands for importing JAX or joining the process group
+        print("ready", flush=True)
+        time.sleep(120)
+
+      sparsejax.distributed.initialize = busy
+      sys.argv = ["sparsejax-train", "--workdir=" + sys.argv[1]]
+      cli.main()
+  """)
+  proc = subprocess.Popen([sys.executable, "-P", "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  assert proc.stdout.readline() == "ready\n"
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+  assert err.strip().splitlines() == ["sparsejax-train: error: interrupted by SIGINT"]
+
+
 def test_log_lines_go_above_the_progress_bar(tmp_path, root):
   """Issue 11: evaluation lines were glued onto the tqdm bar."""
   import fcntl
