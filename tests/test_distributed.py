@@ -24,7 +24,7 @@ SHARDED_VS_SINGLE = """
     from sparsejax.config import override
     ds = data.make_synthetic(400, 200, {N}, labels_per_sample=2, seed=3)
     base = override(model.ModelConfig(200, {N}), hidden_dims=(16,), active_k={K}, num_tables=4,
-                             learning_rate=1e-2)
+                             learning_rate=1e-2, {EXTRA})
     mesh = distributed.make_mesh({P})
     sharded_cfg = dataclasses.replace(base, num_shards={P})
     single = model.init(jax.random.key(0), base)
@@ -46,6 +46,7 @@ SHARDED_VS_SINGLE = """
              ("embed.w", sharded.embed.w, single.embed.w), ("embed.b", sharded.embed.b, single.embed.b)]
     diffs = {{name: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for name, a, b in pairs}}
     print(json.dumps(dict(same_init=same_init, losses=losses, diffs=diffs, checksums=checksums,
+                          exact=model.uses_exact_path(sharded_cfg), lsh=sharded_cfg.tables.candidates == "lsh",
                           num_pad=len(pad_before),
                           pad_unchanged=bool(np.array_equal(np.asarray(sharded.out.w)[{N}:], pad_before)))))
 """
@@ -54,9 +55,9 @@ SHARDED_VS_SINGLE = """
 @pytest.mark.parametrize("P,N", [(2, 40), (3, 40)])
 def test_sharded_exact_softmax_equals_single_process(P, N, run_python):
   """All neurons active: sharded losses and weights equal the single-process run's."""
-  code = SHARDED_VS_SINGLE.format(P=P, N=N, K=N, STEPS=20)
+  code = SHARDED_VS_SINGLE.format(P=P, N=N, K=N, STEPS=20, EXTRA="")
   out = json.loads(run_python(code=code, devices=P).stdout.splitlines()[-1])
-  assert out["same_init"]
+  assert out["exact"] and out["same_init"]
   losses = np.array(out["losses"])
   np.testing.assert_allclose(losses[:, 1], losses[:, 0], rtol=2e-5)
   assert losses[-1, 0] < losses[0, 0]  # it learns
@@ -68,8 +69,14 @@ def test_sharded_exact_softmax_equals_single_process(P, N, run_python):
 
 
 def test_sharded_lsh_sampling_runs_and_learns(run_python):
-  code = SHARDED_VS_SINGLE.format(P=2, N=300, K=64, STEPS=60)
+  """Sampled softmax over LSH candidates, 2 shards: it learns and the replicas stay identical.
+
+  `softmax="sampled"`: by default (auto) this size took the exact softmax (32 active of 150 rows per shard), and
+  the test trained no LSH-sampled step.
+  """
+  code = SHARDED_VS_SINGLE.format(P=2, N=300, K=64, STEPS=60, EXTRA='softmax="sampled", candidates="lsh"')
   out = json.loads(run_python(code=code, devices=2).stdout.splitlines()[-1])
+  assert not out["exact"] and out["lsh"]
   losses = np.array(out["losses"])
   assert np.all(np.isfinite(losses))
   assert losses[-10:, 1].mean() < 0.8 * losses[:5, 1].mean()
@@ -152,15 +159,23 @@ def test_multiprocess_exact_matches_single_process(tmp_path, P):
 
 
 def test_multiprocess_lsh_sampling_matches_single_process_p_at_1(tmp_path):
+  """Sampled softmax over LSH candidates, sharded over 2 processes, learns what one process learns.
+
+  `--softmax=sampled`: with the default (auto) both runs took the exact softmax at this size (64 active of 400
+  rows), and the test compared two exact runs.
+  """
   kw = dict(synthetic_samples=4000, synthetic_labels=400, active_k=64, max_steps=250, eval_every=250,
-            eval_samples=None, log_every=50, hidden_dims="32", learning_rate=0.003)
+            eval_samples=None, log_every=50, hidden_dims="32", learning_rate=0.003, softmax="sampled",
+            candidates="lsh")
   single, multi = str(tmp_path / "single"), str(tmp_path / "multi")
   out = subprocess.run([sys.executable, TRAIN, *_train_args(single, **kw)], capture_output=True, text=True,
                        cwd=ROOT, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
+  assert "softmax: sampled (64 active of 400 rows per shard)" in out.stderr
   proc = _launch(2, _train_args(multi, **kw), timeout=300)
   log, _ = proc.communicate(timeout=400)
   assert proc.returncode == 0, log[-4000:]
+  assert "softmax: sampled (32 active of 200 rows per shard)" in log
   final = lambda w: [r for r in map(json.loads, open(os.path.join(w, "metrics.jsonl"))) if r.get("final")][0]
   p_single, p_multi = final(single)["p@1"], final(multi)["p@1"]
   assert p_single > 0.3 and abs(p_multi - p_single) < 0.06, (p_single, p_multi)

@@ -245,7 +245,8 @@ def test_a_signal_outside_the_training_loop_ends_the_run_with_one_true_line(tmp_
 
       def busy(config, workdir):  # stands for loading data or the final evaluation
         print("ready", flush=True)
-        time.sleep(120)
+        for _ in range(1200):  # short sleeps: a signal that lands on another thread waits for the next bytecode
+          time.sleep(0.1)
 
       sparsejax.train.train_and_evaluate = busy
       sys.argv = ["sparsejax-train", "--workdir=" + sys.argv[1]]
@@ -271,7 +272,8 @@ def test_ctrl_c_while_the_command_starts_ends_it_with_one_line(tmp_path):
 
       def busy(*args, **kwargs):  # stands for importing JAX or joining the process group
         print("ready", flush=True)
-        time.sleep(120)
+        for _ in range(1200):  # short sleeps, as above
+          time.sleep(0.1)
 
       sparsejax.distributed.initialize = busy
       sys.argv = ["sparsejax-train", "--workdir=" + sys.argv[1]]
