@@ -225,12 +225,16 @@ def fail(message: str, status: int = 1) -> typing.NoReturn:
 
 
 def _run(command_main: typing.Callable[[list[str]], None], command: Command) -> None:
-  """Runs an absl main; a Ctrl-C before the command handles it (while JAX imports, say) ends it with one line."""
+  """Runs an absl main; a Ctrl-C before the command handles it (while JAX imports, say) ends it with one line, and
+  a closed stdout ends it without a traceback."""
   define_flags(command)
   try:
     app.run(command_main, flags_parser=_parser(command))
   except KeyboardInterrupt:
     fail("interrupted by SIGINT", 128 + signal.SIGINT)
+  except BrokenPipeError:  # stdout's reader went away (`sparsejax-predict ... | head`): stop quietly, as Unix tools do
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # else the flush at exit raises it again
+    sys.exit(128 + signal.SIGPIPE)
 
 
 def _program() -> str:

@@ -179,6 +179,35 @@ class _Rank:
         pass
 
 
+class _Console:
+  """A console stream that drops what is written once its reader has gone (a closed pipe: ``... | head``): the
+  job goes on, every rank's output still in its log file, instead of the launcher dying of a BrokenPipeError."""
+
+  def __init__(self, stream):
+    self.stream = stream
+
+  def _call(self, method: str, *args) -> None:
+    if self.stream is None:
+      return
+    try:
+      getattr(self.stream, method)(*args)
+    except BrokenPipeError:
+      try:  # Python's own flush at exit would raise it again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+      except (AttributeError, OSError, ValueError):
+        pass
+      self.stream = None
+
+  def write(self, text: str) -> None:
+    self._call("write", text)
+
+  def writelines(self, lines) -> None:
+    self._call("writelines", list(lines))
+
+  def flush(self) -> None:
+    self._call("flush")
+
+
 class _Job:
   """The launcher's event loop: echoes output, notices deaths, stopped ranks and stop requests."""
 
@@ -459,7 +488,7 @@ def launch(num_processes: int, command: list[str], *, port: int | None = None, l
   """
   if console not in ("rank0", "all"):
     raise ValueError(f"console must be 'rank0' or 'all', got {console!r}")
-  out, err = out or sys.stdout, err or sys.stderr
+  out, err = _Console(out or sys.stdout), _Console(err or sys.stderr)
   if command and command[0].endswith(".py"):
     command = [sys.executable, "-u"] + command
   log_dir = os.path.abspath(log_directory(command, log_dir))

@@ -125,6 +125,18 @@ def test_rank0_on_console_every_rank_in_its_log(tmp_path, rank_script):
   assert f"{tmp_path}/logs/rank{{i}}.log" in _launch_lines(out)[0]
 
 
+def test_a_closed_console_leaves_the_job_running(tmp_path, rank_script):
+  """`sparsejax-launch ... | head`: the launcher died of a BrokenPipeError at its next line, taking the ranks."""
+  cmd = [sys.executable, "-P", "-m", "sparsejax.launch", "-n", "2", rank_script, "--mode=ok", f"--workdir={tmp_path}"]
+  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc.stdout.close()  # the reader is gone before the first line
+  err = proc.stderr.read()
+  assert proc.wait(timeout=60) == 0, err
+  assert "Traceback" not in err and "[launch] 2 ranks" in err
+  for r in range(2):  # every rank ran to its end, its output in its log
+    assert f"rank {r} done" in (tmp_path / "logs" / f"rank{r}.log").read_text()
+
+
 def test_console_all_prefixes_and_log_dir_option(tmp_path, rank_script):
   logs = tmp_path / "elsewhere"
   code, out = _run(rank_script, tmp_path, "ok", 2, "--console=all", f"--log_dir={logs}")

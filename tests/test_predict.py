@@ -4,6 +4,7 @@ import gzip
 import json
 import re
 import shutil
+import signal
 import subprocess
 
 import numpy as np
@@ -202,6 +203,12 @@ def test_predict_errors_are_one_line(synthetic_run, tmp_path, installed_command)
   out = subprocess.run([predict, f"--workdir={workdir}", f"--input={tmp_path / 'bad.svm'}"], capture_output=True,
                        text=True)
   assert out.returncode == 1 and f"{tmp_path / 'bad.svm'}: not a svmlight file" in out.stderr
+  # A reader that stops reading (`sparsejax-predict ... | head`): no BrokenPipeError traceback, SIGPIPE's status.
+  proc = subprocess.Popen([predict, f"--workdir={workdir}", f"--input={tmp_path / 'x'}"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  proc.stdout.close()  # before the predictions are written
+  err = proc.stderr.read()
+  assert (proc.wait(timeout=300), err) == (128 + signal.SIGPIPE, "")
 
 
 def test_icd10_text_in_codes_out(tmp_path, small_config, installed_command):
