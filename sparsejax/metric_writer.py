@@ -11,6 +11,7 @@ no step appears twice.
 
 import json
 import os
+import time
 from collections.abc import Iterable
 
 from absl import logging
@@ -51,8 +52,11 @@ class MetricWriter:
       except ImportError:
         logging.warning("--tensorboard needs tensorboardX (pip install tensorboardX): not writing events")
       else:
-        # purge_step: TensorBoard hides events at and after it from earlier (crashed) sessions.
-        self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=resume_step + 1)
+        # purge_step: TensorBoard hides events at and after it from earlier (crashed) sessions. The suffix: the
+        # file is named by the second it was opened, and a session that opened it in the same second as the last
+        # one (a quick restart) overwrote that session's events.
+        self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=resume_step + 1,
+                                filename_suffix=f".{time.time_ns()}")
 
   def write(self, record: dict, curves: Iterable[str] | None = None) -> None:
     """Appends ``record`` (it must hold ``step``).

@@ -17,7 +17,7 @@ import sparsejax
 from sparsejax import data
 from sparsejax.checkpoint import Checkpoints, ResumeError
 from sparsejax.config import Config, ConfigError, override
-from sparsejax.metric_writer import read_records
+from sparsejax.metric_writer import MetricWriter, read_records
 from sparsejax.train import train_and_evaluate
 
 
@@ -407,6 +407,22 @@ def test_tensorboard_tags_are_the_metrics_keys_without_repeats(tmp_path, small_c
   assert len({(step, tag) for step, tag, _ in events}) == len(events)  # each (step, tag) once
   assert sorted({step for step, tag, _ in events if tag == "loss"}) == [10, 20, 30, 40]
   assert "illegal" not in caplog.text
+
+
+def test_a_restart_in_the_same_second_keeps_the_earlier_sessions_events(tmp_path, monkeypatch):
+  """The CI caught it once start-up got faster: event files were named by the second they were opened, so a
+  session opened in the same second as the last one overwrote its events (all but the resumed steps lost)."""
+  pytest.importorskip("tensorboardX")
+  monkeypatch.setattr(time, "time", lambda: 1_700_000_000.25)  # the second tensorboardX names its files by
+  first = MetricWriter(str(tmp_path), tensorboard=True)
+  for step, loss in ((10, 1.0), (20, 0.5)):
+    first.write({"step": step, "loss": loss})
+  first.close()
+  second = MetricWriter(str(tmp_path), tensorboard=True, resume_step=10)  # a crash after step 10's checkpoint
+  second.write({"step": 20, "loss": 0.75})
+  second.close()
+  assert len(os.listdir(tmp_path / "tensorboard")) == 2
+  assert _events(tmp_path / "tensorboard") == [(10, "loss", 1.0), (20, "loss", 0.75)]
 
 
 def test_validation_selects_the_best_checkpoint_and_stops_early(tmp_path, small_config):
