@@ -22,8 +22,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # One persistent XLA compilation cache for the session, shared by every process it starts (they inherit the
 # environment): the suite trains the same small networks in well over a hundred processes, and each one compiled
-# them again (a 20-step run: 9-10 s cold, 4.3-4.5 s with the cache warm). New for every session, so a run never
-# reads what another build compiled; removed at exit. Set before anything imports JAX.
+# them again (a 20-step run: about 5 s cold, 2.3-2.5 s warm, benchmarks/startup.py). New for every session, so a
+# run never reads what another build compiled; removed at exit. Set before anything imports JAX.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   _XLA_CACHE = tempfile.mkdtemp(prefix="sparsejax-tests-xla-cache-")
   atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
