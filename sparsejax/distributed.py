@@ -521,9 +521,8 @@ def _describer(jitted, step_scopes: dict, place=lambda batch: batch):
 def _committed(init, key):
   """``() -> init(key)``, the state committed to this process's device (the same buffers).
 
-  ``init`` is jitted: run op by op it compiled each of its ~100 small ops on its own (4.5 s of a tiny run's start,
-  1.5 s as one program). A state restored from a checkpoint comes back committed, and jit keys its compilations on
-  that too: an uncommitted fresh state made every evaluation compile again once the best state was restored.
+  A state restored from a checkpoint comes back committed, and jit keys its compilations on that too: an
+  uncommitted fresh state made every evaluation compile again once the best state was restored.
   """
   return lambda: jax.device_put(init(key), jax.devices()[0])
 
@@ -542,7 +541,7 @@ def _single_slide(config, key, schedule, top, sampled_ks) -> Run:
              "retrieval": retrieval.per_query(active, from_index, labels, ids[:, :retrieval.TOP], h, state.out.w)}
     return scores[:, :top], ids[:, :top], sampled, extra
 
-  fresh = _committed(jax.jit(functools.partial(model.init, config=config)), key)
+  fresh = _committed(functools.partial(model.init, config=config), key)
   rebuild = jax.jit(functools.partial(model.rebuild_tables, kmeans_iterations=config.tables.kmeans_iterations,
                                       kmeans_sample=config.kmeans_sample), donate_argnums=0)
   rehash = jax.jit(functools.partial(model.new_hash_functions, config=config), donate_argnums=0)
@@ -562,7 +561,7 @@ def _exact_only(top):
 
 
 def _single_dense(config, key, schedule, top) -> Run:
-  fresh = _committed(jax.jit(functools.partial(dense.init, config=config)), key)
+  fresh = _committed(functools.partial(dense.init, config=config), key)
   step = jax.jit(functools.partial(dense.train_step, config=config), donate_argnums=0)
   return Run(config, 1, fresh, lambda: jax.eval_shape(fresh), step,
              lambda state, steps: state, _host(jax.jit(_exact_only(top))), _no_check,
