@@ -6,6 +6,7 @@ writes (``--json``) every wall time, in seconds.
 
   python benchmarks/startup.py                      # a 20-step synthetic run and the README's quick start
   python benchmarks/startup.py --runs tiny --repeats 5
+  python benchmarks/startup.py --runs tiny --init_labels 2000000   # the initial state's time and peak memory
 """
 
 import argparse
@@ -43,16 +44,38 @@ def time_run(args: list[str], env: dict) -> tuple[float, str]:
   return seconds, out.stdout.strip().splitlines()[-1]
 
 
+INIT = """
+import resource, sys, time, jax
+from sparsejax import dense, model
+from sparsejax.config import override
+cfg = override(model.ModelConfig(100_000, int(sys.argv[2])), hidden_dims=(128,), active_k=1024)
+start = time.perf_counter()
+jax.block_until_ready((model.init if sys.argv[1] == "slide" else dense.init)(jax.random.key(0), cfg))
+print(time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6)
+"""
+
+
+def time_init(which: str, num_labels: int) -> dict:
+  """Seconds and peak RSS (GB) of building the initial state of ``which`` (slide or dense), in a new process: 10^5
+  features, d = 128, ``num_labels`` outputs."""
+  out = subprocess.run([sys.executable, "-c", INIT, which, str(num_labels)], capture_output=True, text=True,
+                       check=True)
+  seconds, rss = map(float, out.stdout.split())
+  return {"seconds": round(seconds, 2), "peak_rss_gb": round(rss, 2)}
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--runs", default="tiny,quick_start", help=f"comma-separated, of {sorted(RUNS)}")
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--json", default=None, help="write the results here")
+  parser.add_argument("--init_labels", type=int, default=0,
+                      help="also time the initial state's build at this many outputs (and its peak RSS)")
   args = parser.parse_args()
   base = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
   results = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.node(), "cpus": os.cpu_count(),
              "runs": {}}
-  for name in args.runs.split(","):
+  for name in filter(None, args.runs.split(",")):  # --runs= : none (the init figures alone)
     with tempfile.TemporaryDirectory() as cache:
       cached = dict(base, JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
       entry = {}
@@ -62,6 +85,10 @@ def main() -> None:
         entry["final_line"] = timings[-1][1]
         print(f"{name:12s} {label:9s} " + " ".join(f"{s:.2f}" for s, _ in timings) + " s", flush=True)
       results["runs"][name] = entry
+  if args.init_labels:
+    results["init"] = {which: time_init(which, args.init_labels) for which in ("slide", "dense")}
+    results["init"]["num_labels"] = args.init_labels
+    print("init:", results["init"], flush=True)
   if args.json:
     with open(args.json, "w") as f:
       json.dump(results, f, indent=1)
