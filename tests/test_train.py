@@ -234,21 +234,19 @@ def test_a_signal_saves_a_checkpoint_and_exits_non_zero(tmp_path, root, signum):
                   f"{tmp_path / 'checkpoints'}; run the same command again to continue")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_outside_the_training_loop_ends_the_run_with_one_true_line(tmp_path, signum):
-  """A user audit: Ctrl-C while the data loaded (or in the final evaluation) said "interrupted before training
-  started: nothing to save" even where checkpoints existed, and SIGTERM there killed the process without a word."""
-  code = textwrap.dedent("""
+def _signal_while_busy(tmp_path, module: str, name: str, signum: int) -> tuple[int, str]:
+  """Runs sparsejax-train with ``module.name`` replaced by a busy wait, signals it there: (exit status, stderr)."""
+  code = textwrap.dedent(f"""
       import sys, time
-      import sparsejax.train
+      import {module}
       from sparsejax import cli
 
-      def busy(config, workdir):  # stands for loading data or the final evaluation
+      def busy(*args, **kwargs):
         print("ready", flush=True)
         for _ in range(1200):  # short sleeps: a signal that lands on another thread waits for the next bytecode
           time.sleep(0.1)
 
-      sparsejax.train.train_and_evaluate = busy
+      {module}.{name} = busy
       sys.argv = ["sparsejax-train", "--workdir=" + sys.argv[1]]
       cli.main()
   """)
@@ -257,7 +255,16 @@ def test_a_signal_outside_the_training_loop_ends_the_run_with_one_true_line(tmp_
   assert proc.stdout.readline() == "ready\n"
   proc.send_signal(signum)
   _, err = proc.communicate(timeout=60)
-  assert proc.returncode == 128 + signum, err[-3000:]
+  return proc.returncode, err
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_outside_the_training_loop_ends_the_run_with_one_true_line(tmp_path, signum):
+  """A user audit: Ctrl-C while the data loaded (or in the final evaluation) said "interrupted before training
+  started: nothing to save" even where checkpoints existed, and SIGTERM there killed the process without a word."""
+  # The busy wait stands for loading data or the final evaluation.
+  code, err = _signal_while_busy(tmp_path, "sparsejax.train", "train_and_evaluate", signum)
+  assert code == 128 + signum, err[-3000:]
   assert err.strip().splitlines()[-1] == (
       f"sparsejax-train: error: interrupted by {signal.Signals(signum).name}: nothing more was saved. The "
       f"checkpoints already in {tmp_path} are kept; the same command continues from the newest")
@@ -265,26 +272,9 @@ def test_a_signal_outside_the_training_loop_ends_the_run_with_one_true_line(tmp_
 
 def test_ctrl_c_while_the_command_starts_ends_it_with_one_line(tmp_path):
   """A user audit: Ctrl-C in the first half second (imports, joining the process group) printed a traceback."""
-  code = textwrap.dedent("""
-      import sys, time
-      import sparsejax.distributed
-      from sparsejax import cli
-
-      def busy(*args, **kwargs):  # stands for importing JAX or joining the process group
-        print("ready", flush=True)
-        for _ in range(1200):  # short sleeps, as above
-          time.sleep(0.1)
-
-      sparsejax.distributed.initialize = busy
-      sys.argv = ["sparsejax-train", "--workdir=" + sys.argv[1]]
-      cli.main()
-  """)
-  proc = subprocess.Popen([sys.executable, "-P", "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
-  assert proc.stdout.readline() == "ready\n"
-  proc.send_signal(signal.SIGINT)
-  _, err = proc.communicate(timeout=60)
-  assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+  # The busy wait stands for importing JAX or joining the process group.
+  code, err = _signal_while_busy(tmp_path, "sparsejax.distributed", "initialize", signal.SIGINT)
+  assert code == 128 + signal.SIGINT, err[-3000:]
   assert err.strip().splitlines() == ["sparsejax-train: error: interrupted by SIGINT"]
 
 
