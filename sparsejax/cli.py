@@ -389,10 +389,10 @@ def read_inputs(path: str, input_format: str, model):
 
 def _sniff(path: str) -> str:
   """``xc`` if the file starts with an XC header line (three integers), else ``svmlight``."""
-  from sparsejax.data.xc_format import open_bytes
+  from sparsejax.data.xc_format import UTF8_BOM, open_bytes
 
   with open_bytes(path) as f:  # gzipped or not, with or without a byte-order mark, as the XC reader takes it
-    first = f.readline().removeprefix(b"\xef\xbb\xbf").split()
+    first = f.readline().removeprefix(UTF8_BOM).split()
   return "xc" if len(first) == 3 and all(t.isdigit() for t in first) else "svmlight"
 
 

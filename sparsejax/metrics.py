@@ -287,8 +287,9 @@ def evaluate_topk(
   inv = None
   if propensity is not None:
     p = np.asarray(propensity, dtype=np.float64)
-    if not np.all(np.isfinite(p) & (p > 0)):  # NaN compares false: it reported PSP 0 silently
-      bad = int(np.flatnonzero(~(np.isfinite(p) & (p > 0)))[0])
+    wrong = ~(np.isfinite(p) & (p > 0))  # NaN compares false: it reported PSP 0 silently
+    if wrong.any():
+      bad = int(np.flatnonzero(wrong)[0])
       raise ValueError(f"propensities must be positive and finite; label {bad} has {p[bad]}")
     inv = 1.0 / p
   per_sample = ranking_metrics(topk_ids, labels, inv, ks)
@@ -338,7 +339,7 @@ def ranking_metrics_jax(
     Dict of ``[n]`` float32 arrays: ``"p@k"``, ``"ndcg@k"`` and, with
     ``inv_propensity``, ``"psp_raw@k"`` and ``"psp_ideal@k"``.
   """
-  if isinstance(ks, (int, np.integer)) or not isinstance(ks, Sequence) or not ks:
+  if not isinstance(ks, Sequence) or not ks:
     raise TypeError(f"ranking_metrics_jax: argument 'ks' must be a non-empty list or tuple of ints, got {ks!r}")
   ks = tuple(check_int("ranking_metrics_jax", "ks", k, 1) for k in ks)  # hashable: jit's static argument
   return _ranking_metrics_jax(topk_ids, labels, inv_propensity, ks)

@@ -236,14 +236,14 @@ def init(rng: jax.Array, config: ModelConfig) -> SlideState:
   Returns:
     The initial :class:`SlideState`.
   """
-  return init_from_params(rng, config, _init_params_jit(rng, config))
+  return init_from_params(rng, config, jitted_init_params(rng, config))
 
 
-# The parameters and the index are each built by one jitted program (also when init runs outside jit). Op by op,
-# init compiled ~100 small ops one at a time (4.5 s of a small run's start). As one program with the rest of the
-# state, XLA held every temporary of the index build at once: 9.7 GB peak at N = 2·10^6, d = 128, against 5.6 GB
-# op by op and 4.6 GB as these two programs.
-_init_params_jit = jax.jit(init_params, static_argnums=1)
+# The parameters and the index are each built by one jitted program (also when init, or dense.init, runs outside
+# jit). Op by op, init compiled ~100 small ops one at a time (4.5 s of a small run's start). As one program with
+# the rest of the state, XLA held every temporary of the index build at once: 9.7 GB peak at N = 2·10^6, d = 128,
+# against 5.6 GB op by op and 4.6 GB as these two programs.
+jitted_init_params = jax.jit(init_params, static_argnums=1)
 
 
 def init_from_params(rng: jax.Array, config: ModelConfig, params: NetworkParams,
@@ -290,7 +290,7 @@ def init_index(k_lsh: jax.Array, k_tables: jax.Array, config: ModelConfig, out: 
   return lsh_params, _build_tables(t, lsh_params, out, num_valid)
 
 
-_init_index_jit = jax.jit(init_index, static_argnums=2)  # see _init_params_jit
+_init_index_jit = jax.jit(init_index, static_argnums=2)  # see jitted_init_params
 
 
 def _float32_rows(out: SparseLayer) -> SparseLayer:

@@ -36,7 +36,7 @@ import numpy as np
 from .dataset import XCDataset
 
 _CHUNK_BYTES = 32 << 20
-_BOM = b"\xef\xbb\xbf"
+UTF8_BOM = b"\xef\xbb\xbf"
 _GZIP_MAGIC = b"\x1f\x8b"
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -313,7 +313,7 @@ def load_xc_file(path: str | os.PathLike, *, chunk_bytes: int = _CHUNK_BYTES) ->
     first_line = 1  # of what is being read
     try:
       header = f.readline()
-      num_points, num_features, num_labels = _parse_header(header.removeprefix(_BOM), path)
+      num_points, num_features, num_labels = _parse_header(header.removeprefix(UTF8_BOM), path)
       first_line = 2
       for chunk in _iter_line_chunks(f, chunk_bytes):
         rows = _parse_chunk_fast(chunk, num_features, num_labels)
