@@ -10,6 +10,8 @@ exactly on the same test set:
   (``active_k >= N``: the exact softmax through the sparse kernels).
 * ``dense``: the same network trained densely (``--model=dense``: jnp +
   optax, full softmax).
+* ``dense_gpu``: ``dense`` on the machine's GPU (``--platform=cuda``; needs
+  ``jax[cuda12]`` and a GPU): the baseline users reach for, same budget.
 * ``napkinxc``: napkinXC's probabilistic label tree (``PLT``, liblinear
   nodes; benchmark-only: ``pip install napkinxc``), trained on the same
   training samples (the validation split left out, as for the others), one
@@ -42,6 +44,10 @@ each invocation takes at most about 9 minutes):
     python benchmarks/accuracy.py --dataset $d --report
   done
 
+Against a GPU: on a machine with one, ``--system dense_gpu`` trains the dense
+model there for the same budget, and ``--report`` sets it beside sparsejax's
+CPU run (copy that run's JSON over, or run it on the machine's CPU cores).
+
 The fixed-epoch comparison (accuracy only: fine on a busy machine, but slow):
 
   python benchmarks/accuracy.py --dataset synthetic --system sparsejax --num_epochs 0.25 --evals_per_epoch 4
@@ -70,7 +76,7 @@ import numpy as np
 
 from sparsejax import data as xcdata
 
-SYSTEMS = ("sparsejax", "all_active", "dense", "napkinxc")
+SYSTEMS = ("sparsejax", "all_active", "dense", "dense_gpu", "napkinxc")
 SLIDE_SYSTEMS = ("sparsejax", "all_active")
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "accuracy")
 DEFAULT_WORKDIR = "/tmp/sparsejax_accuracy"
@@ -135,7 +141,7 @@ def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, ar
   config = override(config, eval_sampled_k=args.sampled_k or sampled_k_for(num_labels), **parse_settings(args.set))
   if system == "all_active":
     config = override(config, active_k=2**31 - 1)
-  elif system == "dense":
+  elif system in ("dense", "dense_gpu"):
     config = override(config, model="dense")
   steps_per_epoch = int(len(xcdata.load_xc_file(train_path)) * (1 - config.data.validation_fraction)) \
       // config.optim.batch_size
@@ -414,7 +420,8 @@ def train_one(args) -> str:
       "dataset": args.dataset, "system": args.system, "budget_seconds": args.budget, "num_epochs": args.num_epochs,
       "settings": args.set or [],
       "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-      "load_average_at_end": os.getloadavg(), "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+      "load_average_at_end": os.getloadavg(),
+      "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": _device_kind(args.system)},
       **result,
   }
   os.makedirs(args.out, exist_ok=True)
@@ -432,6 +439,15 @@ def train_one(args) -> str:
     print(f"inference ms per batch of {inf['batch']}: {timings}")
   print(f"wrote {path}")
   return path
+
+
+def _device_kind(system: str) -> str:
+  """The device a run trained on (a GPU's model for dense_gpu, else the CPU)."""
+  if system == "napkinxc":
+    return "cpu"
+  import jax
+
+  return jax.devices()[0].device_kind
 
 
 def evaluate_again(args) -> str:
@@ -503,6 +519,9 @@ def summarize(runs: dict) -> dict:
     sj, dense, napkin = (final(s, tag, "p@1") for s in ("sparsejax", "dense", "napkinxc"))
     out[f"{tag}: p@1 sparsejax, dense, napkinxc"] = [sj, dense, napkin]
     out[f"{tag}: sparsejax beats dense"] = None if sj is None or dense is None else sj > dense
+    if (gpu := final("dense_gpu", tag, "p@1")) is not None:
+      out[f"{tag}: p@1 dense on {runs[('dense_gpu', tag)]['machine']['device']}, sparsejax minus it"] = [
+          gpu, None if sj is None else sj - gpu]
     out[f"{tag}: napkinxc minus sparsejax, points (target <= 3)"] = None if sj is None or napkin is None else \
         100 * (napkin - sj)
   return out
@@ -594,6 +613,15 @@ def main():
                       "JSON get TAG+NAME (e.g. 4ep+k512), so it overwrites no default run, and --report lists it "
                       "apart from the acceptance figures and the plot")
   args = parser.parse_args()
+  # Before anything creates JAX's backend: sparsejax's kernels are CPU code, the GPU baseline needs the GPU.
+  os.environ["JAX_PLATFORMS"] = "cuda" if args.system == "dense_gpu" else "cpu"
+  if args.system == "dense_gpu" and not args.report:
+    import jax
+
+    try:
+      jax.devices()
+    except (RuntimeError, AssertionError) as e:  # JAX asserts where no device of JAX_PLATFORMS is visible
+      parser.error(f"--system dense_gpu needs a CUDA GPU and jax[cuda12]; JAX found none ({str(e) or 'no device'})")
   if args.variant is not None and not re.fullmatch(r"[A-Za-z0-9_.=]+", args.variant):
     parser.error(f"--variant must be letters, digits, '_', '.' or '=' (it names files), got {args.variant!r}")
   overwrites_defaults = args.workdir == DEFAULT_WORKDIR or args.out == DEFAULT_OUT

@@ -12,6 +12,7 @@ names both. The kernels check everything else (sizes that must agree, ids).
 """
 
 import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -34,6 +35,30 @@ def ensure_registered() -> None:
     for name, capsule in _sparsejax.registrations().items():
       jax.ffi.register_ffi_target(name, capsule, platform="cpu")
     _registered = True
+
+
+def _varying_axes(x) -> frozenset:
+  """The mesh axes over which ``x`` varies inside ``shard_map`` (none outside)."""
+  aval = jax.typeof(x)
+  manual = getattr(aval, "manual_axis_type", None)  # JAX 0.10; earlier versions name it vma
+  return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()))
+
+
+def on_cpu(kernel: Callable, portable: Callable, *args):
+  """``kernel(*args)`` where XLA compiles for the CPU, ``portable(*args)`` (the same math in ``jnp``) elsewhere.
+
+  The kernels are CPU code. The ops that the dense baseline runs (the input layer, exact top-k) take the portable
+  path on an accelerator, so ``--model=dense`` trains on a GPU; only the branch of the compiled-for platform is
+  lowered, so a CPU program is the kernel's alone.
+  """
+  # Inside shard_map(check_vma=True) both branches must agree on which mesh axes their outputs vary over: the
+  # portable ops' vary over their inputs' axes, a kernel's over none, so the kernel's are cast to match.
+  axes = tuple(sorted(frozenset().union(*map(_varying_axes, args))))
+
+  def typed_kernel(*args):
+    return jax.tree.map(lambda out: jax.lax.pcast(out, axes, to="varying"), kernel(*args)) if axes else kernel(*args)
+
+  return jax.lax.platform_dependent(*args, cpu=typed_kernel, default=portable)
 
 
 class Buffer(NamedTuple):

@@ -67,6 +67,8 @@ command with exit status 2 and one line naming it, before any data is loaded.
     Flag("num_processes", None, "Processes in the job (multi-process runs).", int),
     Flag("process_id", None, "This process's rank in [0, num_processes).", int),
     Flag("heartbeat_timeout_seconds", 20, "A peer silent this long ends the job.", int),
+    Flag("platform", "cpu", "Where the network runs (sets JAX_PLATFORMS): cpu, or an accelerator (cuda, rocm) for "
+         "--model=dense in one process: the full-softmax baseline on a GPU. SLIDE's kernels are CPU code."),
     Flag("initialization_timeout", 45, "Seconds to wait for every process to join the job; then each one ends, "
          "saying which rank it is and what it waited for.", int),
 ), settings=True)
@@ -312,10 +314,35 @@ def print_final(final: dict) -> None:
         + (f"  ({final['samples_per_sec']:,.0f} samples/s)" if trained else ""))
 
 
+PLATFORMS = ("cpu", "cuda", "rocm")
+
+
+def _check_platform(platform: str, config: Config) -> None:
+  """Ends the command (status 2) unless ``config`` can run on ``platform`` and JAX has a device of it there."""
+  import jax
+
+  if platform != "cpu":
+    if config.network.model != "dense":
+      usage_error(f"--platform={platform} trains --model=dense only (the full-softmax baseline): SLIDE's kernels "
+                  "(its index, the sampled softmax, row-sparse Adam) are CPU code; use --platform=cpu")
+  try:
+    device = jax.devices()[0]
+  except (RuntimeError, AssertionError) as e:  # JAX asserts where JAX_PLATFORMS names a platform with no device
+    usage_error(f"--platform={platform}: JAX has no {platform} device here ({str(e) or 'none found'}; an "
+                f"accelerator needs JAX's plugin for it, e.g. pip install 'jax[cuda12]')")
+  logging.info("platform: %s (%s)", platform, device.device_kind)
+
+
 def train(argv: list[str]) -> None:
   """absl main of ``sparsejax-train``: joins the process group, trains, prints the final line."""
   del argv
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the kernels are CPU kernels: skip probing for accelerators
+  if FLAGS.platform not in PLATFORMS:
+    usage_error(f"--platform={FLAGS.platform}: must be one of {', '.join(PLATFORMS)}")
+  if FLAGS.platform != "cpu" and (FLAGS.coordinator_address or (FLAGS.num_processes or 1) > 1):
+    usage_error(f"--platform={FLAGS.platform} runs in one process (the baseline on one device); several processes "
+                "train on CPUs")
+  # Set, not defaulted: the flag says where the run goes (on CPU, JAX does not probe for accelerators either).
+  os.environ["JAX_PLATFORMS"] = FLAGS.platform
   import jax
 
   from sparsejax import checkpoint, distributed  # imported here: creating a JAX backend must wait for the flags
@@ -331,6 +358,7 @@ def train(argv: list[str]) -> None:
   except ValueError as e:  # a bad process count, rank or address
     usage_error(str(e))
   config = config_from_flags()
+  _check_platform(FLAGS.platform, config)
   defaults = flat_items(Config())
   changed = [f"--{k}={format_value(v)}" for k, v in flat_items(config).items() if v != defaults[k]]
   logging.info("settings not at their defaults: %s (all of them: WORKDIR/config.json)", " ".join(changed) or "none")

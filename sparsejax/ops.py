@@ -52,16 +52,43 @@ class RowSparseGrad(NamedTuple):
 
 def _gather_dot(x, weight, ids, bias, op, ids_name):
   """The gather_dot kernel (arguments checked by the caller); its errors name `op` and its ids `ids_name`."""
-  out = jax.ShapeDtypeStruct(ids.shape, jnp.float32)
-  call = _ffi.ffi_call("gather_dot" + _ffi.weight_suffix(weight), out, vmap_method="sequential")
-  return call(x, weight, ids, bias, op=op, ids_name=ids_name)
+  def kernel(x, weight, ids, bias):
+    out = jax.ShapeDtypeStruct(ids.shape, jnp.float32)
+    call = _ffi.ffi_call("gather_dot" + _ffi.weight_suffix(weight), out, vmap_method="sequential")
+    return call(x, weight, ids, bias, op=op, ids_name=ids_name)
+
+  return _ffi.on_cpu(kernel, gather_dot_jnp, x, weight, ids, bias)
 
 
 def _gather_combine(g, weight, ids, op, ids_name):
   """The gather_combine kernel (arguments checked by the caller); its errors name `op` and `ids_name`."""
-  out = jax.ShapeDtypeStruct((ids.shape[0], weight.shape[1]), jnp.float32)
-  call = _ffi.ffi_call("gather_combine" + _ffi.weight_suffix(weight), out, vmap_method="sequential")
-  return call(g, weight, ids, op=op, ids_name=ids_name)
+  def kernel(g, weight, ids):
+    out = jax.ShapeDtypeStruct((ids.shape[0], weight.shape[1]), jnp.float32)
+    call = _ffi.ffi_call("gather_combine" + _ffi.weight_suffix(weight), out, vmap_method="sequential")
+    return call(g, weight, ids, op=op, ids_name=ids_name)
+
+  return _ffi.on_cpu(kernel, gather_combine_jnp, g, weight, ids)
+
+
+def _rows_at(table: jax.Array, ids: jax.Array) -> jax.Array:
+  """``table[ids]`` as float32, zero where ``ids`` is outside ``[0, len(table))`` (padding)."""
+  safe = jnp.where(ids < 0, table.shape[0], ids)  # dropped, not wrapped
+  return jnp.take(table, safe, axis=0, mode="fill", fill_value=0).astype(jnp.float32)
+
+
+def gather_dot_jnp(x, weight, ids, bias):
+  """What the gather_dot kernel computes, in ``jnp`` (where there is no kernel: accelerators).
+
+  Unlike the kernel it does not check ``ids``: one outside ``[0, N)`` contributes 0, as padding does.
+  ``bias`` may be empty (``[0]``: no bias).
+  """
+  out = jnp.einsum("bd,bkd->bk", x, _rows_at(weight, ids))
+  return out + _rows_at(bias, ids) if bias.shape[0] else out
+
+
+def gather_combine_jnp(g, weight, ids):
+  """What the gather_combine kernel computes, in ``jnp`` (ids outside ``[0, N)`` contribute 0, unchecked)."""
+  return jnp.einsum("bk,bkd->bd", g, _rows_at(weight, ids))
 
 
 _NO_BIAS = np.zeros((0,), np.float32)  # NumPy: no JAX array (nor backend) at import
