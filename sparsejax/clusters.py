@@ -18,10 +18,13 @@ is ``O(N C d)`` scheduled work, like rebuilding hash tables; a query is
   :func:`sparsejax.tables.lsh_query`.
 * :func:`merge_candidates` - the kernel that turns ranked candidates into
   duplicate-free active sets.
+* :func:`merge_shards` - one index over a sharded layer's rows from its
+  shards' indexes.
 """
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -207,6 +210,29 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
   probe_vectors = jnp.concatenate([means, spreads[:, None]], axis=1)  # an empty cluster: all zero
   return ClusterIndex(centroids=probe_vectors, offsets=offsets,
                       rows=jnp.where(jnp.arange(n) < offsets[-1], rows, -1))
+
+
+def merge_shards(shards: Sequence[ClusterIndex], rows_per_shard: int, num_rows: int) -> ClusterIndex:
+  """One index over the ``num_rows`` global rows of a sharded layer, from its shards' indexes (host arrays).
+
+  Shard ``p`` holds global rows ``[p R, (p + 1) R)`` (``R = rows_per_shard``) as local ids ``[0, R)``; its
+  members are its real, finite rows (padding rows are outside every cluster). The result has every shard's
+  clusters, in shard order, with their members as global ids (``rows`` ends in -1 where rows were left out, as a
+  one-process index does). Probing it ranks all of those clusters together and takes members from the best one
+  on, which is how a sharded run probes its shards' indexes (:func:`sparsejax.distributed.make_predict`): one
+  process serves the candidates that the shards served.
+  """
+  offsets, rows, base = [], [], 0
+  for p, shard in enumerate(shards):
+    o, r = np.asarray(shard.offsets, np.int64), np.asarray(shard.rows)
+    offsets.append(o[:-1] + base)
+    rows.append(r[:o[-1]].astype(np.int64) + p * rows_per_shard)
+    base += int(o[-1])
+  if base > num_rows:
+    raise ValueError(f"merge_shards: the shards' clusters hold {base} rows, more than num_rows = {num_rows}")
+  return ClusterIndex(np.concatenate([np.asarray(s.centroids, np.float32) for s in shards]),
+                      np.concatenate([*offsets, [base]]).astype(np.int32),
+                      np.concatenate([*rows, np.full(num_rows - base, -1)]).astype(np.int32))
 
 
 def probe(index: ClusterIndex, queries: jax.Array, probes: int, count: int, spread_weight: float = 0.0) -> jax.Array:

@@ -328,6 +328,22 @@ def make_serving_index(config: model.ModelConfig, mesh: jax.sharding.Mesh):
   return lambda state: state._replace(tables=build(state))
 
 
+def make_merged_index(config: model.ModelConfig, mesh: jax.sharding.Mesh):
+  """``merged_index(state) -> ClusterIndex`` (host arrays): every shard's clustered index all-gathered
+  (``O(N + P C d)`` numbers, once per run) and merged into one over the N global rows
+  (:func:`clusters.merge_shards`), which one process probes as the shards probed theirs."""
+  rows = model.shard_rows(config.num_labels, config.num_shards)
+  gather = jax.jit(_shard_map(lambda t: jax.tree.map(lambda x: jax.lax.all_gather(x, AXIS), t), mesh,
+                              (_abstract_specs(config, mesh).tables,), P()))
+
+  def merged(state):
+    stacked = jax.tree.map(local_value, gather(state.tables))  # [P, ...] each
+    shards = [jax.tree.map(lambda x, p=p: x[p], stacked) for p in range(config.num_shards)]
+    return clusters.merge_shards(shards, rows, config.num_labels)
+
+  return merged
+
+
 def make_index_fill(config: model.ModelConfig, mesh: jax.sharding.Mesh):
   """``index_fill(state) -> dict``: :func:`retrieval.index_fill` over every shard's index together (their
   cluster sizes or bucket counts all-gathered: ``O(P C)``)."""
@@ -424,6 +440,9 @@ class Run(NamedTuple):
       collectives and named scopes, :func:`sparsejax.netanalysis.collectives.compile_step`); compiles, does not
       run (the step reuses that compilation).
     schedule: when ``maintain`` refreshes the index (periods lengthened by ``--refresh_budget``).
+    serving_index: ``state -> ClusterIndex`` of host arrays: the clustered index of a ``refresh_index``-ed state
+      as one process queries it, to keep with the model (sharded: the shards' indexes merged over the global
+      rows, :func:`make_merged_index`; a collective, so every process calls it); None without a clustered index.
   """
   config: model.ModelConfig
   num_shards: int
@@ -438,6 +457,7 @@ class Run(NamedTuple):
   index_fill: Callable[[Any], dict] | None = None
   describe_step: Callable[[Any, dict], Any] | None = None
   schedule: model.TableSchedule | None = None
+  serving_index: Callable[[Any], clusters.ClusterIndex] | None = None
 
 
 def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: int = 5,
@@ -551,7 +571,9 @@ def _single_slide(config, key, schedule, top, sampled_ks) -> Run:
   return Run(config, 1, fresh, lambda: jax.eval_shape(fresh), step,
              _maintainer(schedule, rebuild, rehash), _host(jax.jit(predict)), _no_check,
              lambda state, fi, fv, labels: jax.tree.map(np.asarray, jit_diagnose(state, fi, fv, labels)),
-             jax.jit(refresh), lambda state: retrieval.index_fill(state.tables), _describer(step, model.STEP_SCOPES))
+             jax.jit(refresh), lambda state: retrieval.index_fill(state.tables), _describer(step, model.STEP_SCOPES),
+             serving_index=(lambda state: jax.tree.map(np.asarray, state.tables))
+             if config.tables.candidates == "clusters" else None)
 
 
 def _exact_only(top):
@@ -595,7 +617,8 @@ def _sharded_slide(config, key, schedule, top, mesh, sampled_ks=()) -> Run:
              _host(lambda state, fi, fv: predict(state, *to_global((fi, fv), mesh))), check_replicas,
              diagnose=host_diagnose, refresh_index=make_serving_index(config, mesh),
              index_fill=make_index_fill(config, mesh),
-             describe_step=_describer(step, model.STEP_SCOPES, lambda batch: to_global(batch, mesh)))
+             describe_step=_describer(step, model.STEP_SCOPES, lambda batch: to_global(batch, mesh)),
+             serving_index=make_merged_index(config, mesh) if config.tables.candidates == "clusters" else None)
 
 
 def _data_parallel_dense(config, key, schedule, top, mesh) -> Run:

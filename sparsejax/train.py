@@ -137,7 +137,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
                evaluator(test), selection,
                MetricWriter(workdir, config.run.tensorboard, resume_step=start_step) if is_chief else None,
                steps_per_epoch, max_steps, _step_profiler(config, run, workdir),
-               functools.partial(trained.save_serving_index, workdir) if is_chief and num_shards == 1 else None)
+               functools.partial(trained.save_serving_index, workdir) if is_chief else None)
   batches = BatchIterator(train, config.optim.batch_size, seed=config.run.seed, epoch=position["epoch"],
                           index=position["index"], max_features=sizes["max_features"],
                           max_labels=sizes["max_labels"])
@@ -311,8 +311,10 @@ class _Loop:
       logging.info("selected the state of step %d (validation %s %.4f) of %d steps", step,
                    self.selection.metric, self.selection.best_value, self.step)
     final, served = _evaluate(self.evaluator, self.run, state, None)
-    if self.save_serving_index is not None and isinstance(getattr(served, "tables", None), clusters.ClusterIndex):
-      self.save_serving_index(step, served.tables)  # sparsejax.load's sampled prediction needs not build it again
+    if self.run.serving_index is not None and isinstance(getattr(served, "tables", None), clusters.ClusterIndex):
+      index = self.run.serving_index(served)  # every process: sharded, the shards' indexes are gathered
+      if self.save_serving_index is not None:  # sparsejax.load's sampled prediction needs not build it again
+        self.save_serving_index(step, index)
     if self.stopped_by == "early_stopping":
       final["bad_evaluations"] = self.selection.bad_evaluations
     if self.selection is not None:

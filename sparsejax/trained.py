@@ -12,7 +12,8 @@ Training writes what this needs next to the checkpoints, in ``WORKDIR/assets``:
 the label names (``labels.txt``, one per line), the fitted text vectorizer
 (``vectorizer.json``, ICD-10), the training set's label frequencies (for
 PSP@k) and the serving index that the final evaluation built for the selected
-state (``serving_index.npz``; single-process runs with a clustered index).
+state (``serving_index.npz``; runs with a clustered index, a sharded run's
+shards' indexes merged into one over all labels).
 Predictions are exact (the top outputs over all N labels) or, with ``k``,
 sampled from the serving index as the run's ``sampled_p@k`` measured them:
 the same computations as the run's evaluations.
@@ -190,13 +191,14 @@ class TrainedModel:
     path = os.path.join(self._workdir, ASSETS, _SERVING_INDEX)
     if self.config.tables.candidates != "clusters" or not os.path.exists(path):
       return None
-    c, _ = self._model_config.eval_index_sizes
     d = self.params.out.w.shape[1]
     with np.load(path) as f:
-      if int(f["step"]) != self.step or f["centroids"].shape != (c, d + 2) or f["offsets"].shape != (c + 1,) or \
-          f["rows"].shape != (self.num_labels,):
+      centroids, offsets, rows = f["centroids"], f["offsets"], f["rows"]
+      # C clusters: the run's eval_num_clusters, or, sharded, every shard's (see clusters.merge_shards).
+      if int(f["step"]) != self.step or centroids.ndim != 2 or centroids.shape[1] != d + 2 or \
+          offsets.shape != (len(centroids) + 1,) or rows.shape != (self.num_labels,):
         return None  # another step's (or another layout's): built afresh
-      return clusters.ClusterIndex(f["centroids"], f["offsets"], f["rows"])
+      return clusters.ClusterIndex(centroids, offsets, rows)
 
   @functools.lru_cache(maxsize=8)  # noqa: B019 - one compiled predict per (top, k); the model lives as long
   def _predict_fn(self, top: int, k: int | None = None, with_sampled: bool = False):
@@ -255,8 +257,8 @@ class TrainedModel:
     """P@k, nDCG@k and PSP@k on ``dataset``, as the training run computes them.
 
     On the run's test set this reproduces its final evaluation (of the state :func:`load` selects): the exact
-    metrics, and for a SLIDE model with ``sampled`` the ``sampled_*`` ones at the training k (for a single-process
-    run; a sharded run's evaluation queried one serving index per process, each of its own rows).
+    metrics, and for a SLIDE model with ``sampled`` the ``sampled_*`` ones at the training k, from the serving
+    index the run kept (a sharded run's: its shards' indexes merged, probed as the shards probed theirs).
     """
     from sparsejax import metrics
 

@@ -12,7 +12,9 @@ import time
 import numpy as np
 import pytest
 
+import sparsejax
 from sparsejax.checkpoint import Checkpoints
+from sparsejax.data import load_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "train.py")
@@ -206,6 +208,16 @@ def test_multiprocess_sampled_inference_queries_each_shards_serving_index(tmp_pa
     assert r["topk_recall@10"] == 1.0 and r["cluster_mean"] == 1.0
     assert r["p@1"] > 0.3 and abs(r["sampled_p@1"] - r["p@1"]) < 0.03, r
   assert "label_recall" in log  # the log line too
+  # The run keeps its shards' serving indexes merged into one, and one process serving the model from it finds
+  # what the two shards found: the final evaluation, sampled metrics included, is reproduced.
+  trained = sparsejax.load(workdir)
+  assert trained.serving_index_kept
+  with np.load(os.path.join(workdir, "assets", "serving_index.npz")) as f:
+    assert sorted(f["rows"].tolist()) == list(range(400)) and f["centroids"].shape == (400, 34)
+  test = load_dataset(trained.config.data, seed=trained.config.run.seed).test
+  again = trained.evaluate(test)
+  for key in ("p@1", "p@5", "sampled_p@1", "sampled_p@5"):
+    assert again[key] == pytest.approx(records[-1][key], abs=1e-9), key
 
 
 @pytest.mark.parametrize("how", ["kill", "stop"])

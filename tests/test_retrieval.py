@@ -122,6 +122,36 @@ def test_build_index_leaves_non_finite_rows_out_of_every_cluster():
   np.testing.assert_allclose(cent, np.asarray(alone.centroids), rtol=1e-5, atol=1e-6)
 
 
+def test_merged_shard_indexes_probe_as_the_shards_do():
+  """Two shards' indexes (the second with a padding row and a non-finite row left out) merged into one: its
+  clusters are the shards' with global member ids, and probing it takes, from every shard's clusters ranked
+  together, the members of the best ones on (brute force over the shards' own scores)."""
+  rng = np.random.default_rng(5)
+  N, R, d = 47, 24, 6
+  w = (rng.normal(size=(2 * R, d)) * rng.uniform(0.2, 2.0, size=(2 * R, 1))).astype(np.float32)
+  b = rng.normal(size=2 * R).astype(np.float32)
+  w[30, 0] = np.nan  # left out of every cluster, as one process leaves it out
+  shards = [clusters.build_index(clusters.init_index(5, R, d), jnp.asarray(w[p * R:(p + 1) * R]),
+                                 jnp.asarray(b[p * R:(p + 1) * R]), iterations=3, num_valid=min(R, N - p * R))
+            for p in range(2)]
+  merged = clusters.merge_shards([jax.tree.map(np.asarray, s) for s in shards], R, N)
+  assert merged.centroids.shape == (10, d + 2) and merged.offsets.shape == (11,) and merged.rows.shape == (N,)
+  assert sorted(merged.rows[:-1].tolist()) == sorted(set(range(N)) - {30}) and merged.rows[-1] == -1
+  members = [(np.asarray(s.rows)[np.asarray(s.offsets)[c]:np.asarray(s.offsets)[c + 1]] + p * R).tolist()
+             for p, s in enumerate(shards) for c in range(5)]
+  assert [merged.rows[merged.offsets[c]:merged.offsets[c + 1]].tolist() for c in range(10)] == members
+  h = jnp.asarray(np.maximum(rng.normal(size=(8, d)), 0), jnp.float32)
+  scores = np.concatenate([np.asarray(clusters.probe_scores(s, h)) for s in shards], axis=1)
+  for count in (1, 7, 20, N - 1):
+    got = np.asarray(clusters.probe(jax.tree.map(jnp.asarray, merged), h, 10, count))
+    for q in range(8):
+      ranked = sorted((c for c in range(10) if members[c]), key=lambda c, q=q: (-scores[q, c], c))
+      want = [m for c in ranked for m in members[c]][:count]
+      assert got[q].tolist() == want + [-1] * (count - len(want)), (count, q)
+  with pytest.raises(ValueError, match="more than num_rows = 40"):
+    clusters.merge_shards(shards, R, 40)
+
+
 def test_index_arguments_are_named():
   """A user audit: num_valid outside [0, N] was accepted, and a query of the wrong width blamed the index."""
   index, w, b = _index()
