@@ -72,6 +72,8 @@ def _gather_combine(g, weight, ids, op, ids_name):
 
 def _rows_at(table: jax.Array, ids: jax.Array) -> jax.Array:
   """``table[ids]`` as float32, zero where ``ids`` is outside ``[0, len(table))`` (padding)."""
+  if table.shape[0] == 0:  # no rows: every id is out of range (jnp.take refuses to gather from an empty axis)
+    return jnp.zeros(ids.shape + table.shape[1:], jnp.float32)
   safe = jnp.where(ids < 0, table.shape[0], ids)  # dropped, not wrapped
   return jnp.take(table, safe, axis=0, mode="fill", fill_value=0).astype(jnp.float32)
 

@@ -41,6 +41,18 @@ def test_the_jnp_gathers_match_the_kernels(weight_dtype):
   assert np.all(np.asarray(ops.gather_dot_jnp(x, w, ids, bias))[2] == 0)  # padding contributes nothing
 
 
+@pytest.mark.parametrize("B,k,N,d", [(3, 2, 0, 4), (3, 0, 5, 4), (0, 2, 5, 4), (3, 2, 5, 0), (0, 0, 0, 0)])
+def test_the_jnp_gathers_trace_and_agree_at_empty_sizes(B, k, N, d):
+  """Both branches are traced wherever an op is, so the twin must trace at every size the kernel takes (the op
+  fuzzer found N = 0 refused by jnp.take)."""
+  x, g = jnp.ones((B, d), jnp.float32), jnp.ones((B, k), jnp.float32)
+  w, bias, ids = jnp.ones((N, d), jnp.float32), jnp.ones((N,), jnp.float32), jnp.full((B, k), -1, jnp.int32)
+  for fn in (jax.jit(ops.gather_dot), ops.gather_dot):
+    np.testing.assert_array_equal(fn(x, w, ids, bias), ops.gather_dot_jnp(x, w, ids, bias))
+  np.testing.assert_array_equal(ops.gather_combine(g, w, ids), ops.gather_combine_jnp(g, w, ids))
+  np.testing.assert_array_equal(ops.gather_dot_jnp(x, w, ids, bias), np.zeros((B, k)))  # padding only
+
+
 def _scores_with_every_tie_and_nan():
   rng = np.random.default_rng(3)
   s = rng.normal(size=(6, 40)).astype(np.float32)
