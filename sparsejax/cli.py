@@ -321,10 +321,9 @@ def _check_platform(platform: str, config: Config) -> None:
   """Ends the command (status 2) unless ``config`` can run on ``platform`` and JAX has a device of it there."""
   import jax
 
-  if platform != "cpu":
-    if config.network.model != "dense":
-      usage_error(f"--platform={platform} trains --model=dense only (the full-softmax baseline): SLIDE's kernels "
-                  "(its index, the sampled softmax, row-sparse Adam) are CPU code; use --platform=cpu")
+  if platform != "cpu" and config.network.model != "dense":
+    usage_error(f"--platform={platform} trains --model=dense only (the full-softmax baseline): SLIDE's kernels "
+                "(its index, the sampled softmax, row-sparse Adam) are CPU code; use --platform=cpu")
   try:
     device = jax.devices()[0]
   except (RuntimeError, AssertionError) as e:  # JAX asserts where JAX_PLATFORMS names a platform with no device

@@ -11,6 +11,10 @@ obtains ``g`` and ``x`` without ever forming a dense ``[N, d]`` array (see
 ``sparsejax.model``), and :func:`sparsejax.optim.row_sparse_adam` consumes the
 factors directly. Id ``-1`` is padding everywhere: it contributes nothing.
 
+Off the CPU (the dense baseline on a GPU: ``--platform=cuda``) XLA compiles
+the kernels' ``jnp`` twins (:func:`gather_dot_jnp`, :func:`gather_combine_jnp`)
+instead; see :func:`sparsejax._ffi.on_cpu`.
+
 The VJPs below also return the mathematically complete dense cotangents for
 the weights, so ``jax.grad`` with respect to a weight is correct (and
 checkable against a dense reference). Under ``jax.jit`` they are dead code and
