@@ -185,9 +185,12 @@ def curve_and_selection(run_dir: str, final: dict) -> dict:
 def restored_state(config, run_dir: str, test):
   """``(run, state)``: the run's selected (else latest) state as saved, for data shaped like ``test``."""
   from sparsejax import checkpoint, distributed
+  from sparsejax.train import without_optimizer
 
   run = distributed.make_run(config.model_config(test.num_features, test.num_labels), seed=config.run.seed)
-  state = checkpoint.BestCheckpoint(run_dir, config.run.selection_metric).restore(run.abstract_state())
+  # The selected state is kept without its optimizer states (evaluated and served, not trained on).
+  state = checkpoint.BestCheckpoint(run_dir, config.run.selection_metric).restore(
+      without_optimizer(run.abstract_state()))
   if state is None:
     state = checkpoint.Checkpoints(run_dir, writable=False).restore(run.abstract_state())[0]
   return run, state
