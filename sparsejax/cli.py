@@ -46,6 +46,7 @@ sparsejax-train: trains a SLIDE network (or its dense baseline) and reports P@k.
   sparsejax-train --dataset=synthetic --synthetic_labels=200000 --workdir=/tmp/synth
   sparsejax-train --dataset=files --train_file=train.txt --test_file=test.txt --workdir=/tmp/xc
   sparsejax-train --model=dense --workdir=/tmp/dense    # the full-softmax baseline
+  sparsejax-train --model=dense --platform=cuda         # ... on a GPU (pip install "jax[cuda12]")
   sparsejax-train --flagfile=run.flags                  # flags from a file, one --flag=value per line
   sparsejax-train --config=/tmp/synth/config.json       # a run's settings (flags given too override them)
 
