@@ -320,16 +320,15 @@ PLATFORMS = ("cpu", "cuda", "rocm")
 
 def _check_platform(platform: str, config: Config) -> None:
   """Ends the command (status 2) unless ``config`` can run on ``platform`` and JAX has a device of it there."""
-  import jax
+  from sparsejax import distributed
 
   if platform != "cpu" and config.network.model != "dense":
     usage_error(f"--platform={platform} trains --model=dense only (the full-softmax baseline): SLIDE's kernels "
                 "(its index, the sampled softmax, row-sparse Adam) are CPU code; use --platform=cpu")
   try:
-    device = jax.devices()[0]
-  except (RuntimeError, AssertionError) as e:  # JAX asserts where JAX_PLATFORMS names a platform with no device
-    usage_error(f"--platform={platform}: JAX has no {platform} device here ({str(e) or 'none found'}; an "
-                f"accelerator needs JAX's plugin for it, e.g. pip install 'jax[cuda12]')")
+    device = distributed.first_device(platform)
+  except RuntimeError as e:
+    usage_error(f"--platform={platform}: {e}")
   logging.info("platform: %s (%s)", platform, device.device_kind)
 
 

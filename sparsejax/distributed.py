@@ -43,6 +43,16 @@ AXIS = "shard"
 initialize = process_group.initialize
 
 
+def first_device(platform: str):
+  """This process's first JAX device, ``JAX_PLATFORMS`` being ``platform``; a RuntimeError that names the platform
+  where JAX has no device of it (JAX itself raises a bare AssertionError where no such device is visible)."""
+  try:
+    return jax.devices()[0]
+  except (RuntimeError, AssertionError) as e:
+    raise RuntimeError(f"JAX has no {platform} device here ({str(e) or 'none found'}; an accelerator needs JAX's "
+                       "plugin for it, e.g. pip install 'jax[cuda12]')") from None
+
+
 def make_mesh(num_shards: int | None = None) -> jax.sharding.Mesh:
   """A 1-D mesh over the first ``num_shards`` devices (default: all, one per process)."""
   devices = jax.devices()

@@ -27,7 +27,7 @@ from typing import Any
 import jax
 from absl import logging
 
-from sparsejax import checkpoint, clusters, dense, distributed, memory, model, retrieval, trained
+from sparsejax import checkpoint, dense, distributed, memory, model, retrieval, trained
 from sparsejax.config import Config, ConfigError
 from sparsejax.console import Progress
 from sparsejax.data import BatchIterator, load_dataset, train_test_split
@@ -311,7 +311,7 @@ class _Loop:
       logging.info("selected the state of step %d (validation %s %.4f) of %d steps", step,
                    self.selection.metric, self.selection.best_value, self.step)
     final, served = _evaluate(self.evaluator, self.run, state, None)
-    if self.run.serving_index is not None and isinstance(getattr(served, "tables", None), clusters.ClusterIndex):
+    if self.run.serving_index is not None:  # a clustered index: served holds the one evaluation queried
       index = self.run.serving_index(served)  # every process: sharded, the shards' indexes are gathered
       if self.save_serving_index is not None:  # sparsejax.load's sampled prediction needs not build it again
         self.save_serving_index(step, index)
