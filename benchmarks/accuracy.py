@@ -231,9 +231,9 @@ def finished_run(args):
     config = Config.from_dict(json.load(f))
   train = xcdata.load_xc_file(os.path.join(workdir, "train.txt"))
   test = xcdata.load_xc_file(os.path.join(workdir, "test.txt"))
-  max_features = config.data.max_features or train.max_features_per_sample()
   run, state = restored_state(config, run_dir, test)
-  evaluator = Evaluator.for_run(test, train, max_features, config.run.propensity_a, config.run.propensity_b)
+  evaluator = Evaluator.for_run(test, train, config.data.max_features, config.run.propensity_a,
+                                config.run.propensity_b)
   return config, test, run, state, evaluator
 
 
@@ -291,7 +291,7 @@ def sweep_inference_k(config, state, train_path: str, test_path: str, args) -> d
   """
   from sparsejax import distributed
   from sparsejax.config import override
-  from sparsejax.evaluation import Evaluator
+  from sparsejax.evaluation import Evaluator, padded_width
 
   train, test = xcdata.load_xc_file(train_path), xcdata.load_xc_file(test_path)
   if config.data.validation_fraction > 0:  # the labels the run trained on (sparsejax.train's split: seed + 1)
@@ -302,11 +302,10 @@ def sweep_inference_k(config, state, train_path: str, test_path: str, args) -> d
   unseen_per_query = np.add.reduceat(~seen[test.label_indices], test.label_indptr[:-1]) if len(counts) else counts
   seen_query = (counts > 0) & (np.where(counts > 0, unseen_per_query, 0) == 0)
   splits = {"test_seen_labels": np.flatnonzero(seen_query), "test_unseen_labels": np.flatnonzero(~seen_query)}
-  max_features = config.data.max_features or train.max_features_per_sample()
   ks = sorted({config.network.active_k, sampled_k_for(test.num_labels), *(args.sweep_k or ())})
   keys = ("p@1", "p@5", "sampled_p@1", "sampled_p@5", "label_recall", "topk_recall@10", "mean_candidates")
   out = {"seen_label_queries": float(np.mean(seen_query)) if len(test) else 0.0, "k": {}}
-  label_ranks = exact_label_ranks(state, test, max_features)
+  label_ranks = exact_label_ranks(state, test, padded_width(test, config.data.max_features))
   labelled = label_ranks >= 0
   for k in ks:
     run = distributed.make_run(override(config, active_k=k).model_config(test.num_features, test.num_labels),
@@ -314,7 +313,7 @@ def sweep_inference_k(config, state, train_path: str, test_path: str, args) -> d
     row = {}
     for name, rows in splits.items():  # disjoint: the whole test set's figures are their weighted means
       if len(rows):
-        evaluator = Evaluator.for_run(test.subset(rows), train, max_features, config.run.propensity_a,
+        evaluator = Evaluator.for_run(test.subset(rows), train, config.data.max_features, config.run.propensity_a,
                                       config.run.propensity_b)
         r = evaluator(run.predict, state, None, diagnose=run.diagnose)
         row[name] = {key: r[key] for key in keys} | {"queries": len(rows)}

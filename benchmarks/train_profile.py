@@ -218,7 +218,8 @@ def bench_size(args, N: int) -> dict:
   # Amortised over a long run (--horizon steps of the schedule), not only over this profile's few hundred steps.
   res["maintenance_count"] = refreshes_between(schedule, 0, args.horizon)
   res["maintenance_per_step_s"] = res["refresh_s"] * res["maintenance_count"] / args.horizon
-  evaluator = Evaluator.for_run(data.test, train, mf, config.run.propensity_a, config.run.propensity_b)
+  evaluator = Evaluator.for_run(data.test, train, config.data.max_features, config.run.propensity_a,
+                                config.run.propensity_b)
   t0 = time.perf_counter()
   evaluator(run.predict, state, config.run.eval_samples)
   res["evaluation_s"] = time.perf_counter() - t0

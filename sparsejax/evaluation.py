@@ -19,19 +19,21 @@ class Evaluator:
   Args:
     test: the test set.
     propensity: ``[L]`` label propensities (:func:`sparsejax.metrics.propensity_scores` of the training set).
-    max_features: features per sample (the training run's padding width).
+    feature_limit: features kept per sample, those of largest |value| (the run's ``--max_features``); None: all
+      of them (see :func:`padded_width`).
     batch_size: samples per predict call.
   """
 
-  def __init__(self, test: XCDataset, propensity: np.ndarray, max_features: int, batch_size: int = 1024):
-    self.test, self.propensity, self.max_features, self.batch_size = test, propensity, max_features, batch_size
-    self.max_labels = max(test.max_labels_per_sample(), 1)  # one label width: one compiled shape
+  def __init__(self, test: XCDataset, propensity: np.ndarray, feature_limit: int | None, batch_size: int = 1024):
+    self.test, self.propensity, self.batch_size = test, propensity, batch_size
+    self.max_features = padded_width(test, feature_limit)  # one feature width: one compiled shape
+    self.max_labels = max(test.max_labels_per_sample(), 1)  # one label width too
 
   @classmethod
-  def for_run(cls, test: XCDataset, train: XCDataset, max_features: int, a: float, b: float) -> "Evaluator":
+  def for_run(cls, test: XCDataset, train: XCDataset, feature_limit: int | None, a: float, b: float) -> "Evaluator":
     """An evaluator with the training set's propensities (Jain et al. parameters ``a``, ``b``)."""
     propensity = metrics.propensity_scores(train.label_frequencies(), len(train), a, b)
-    return cls(test, propensity, max_features)
+    return cls(test, propensity, feature_limit)
 
   def __call__(self, predict: Predict, state, num_samples: int | None = None, diagnose=None) -> dict[str, float]:
     """Metrics of ``predict(state, feat_ids, feat_vals) -> (scores, ids, sampled_ids | None)``.
@@ -75,14 +77,27 @@ class Evaluator:
     return result
 
 
-def predict_in_batches(predict: Predict, state, dataset: XCDataset, num_samples: int, max_features: int,
+def padded_width(dataset: XCDataset, feature_limit: int | None) -> int:
+  """Features per row that inference pads ``dataset``'s rows to.
+
+  Every feature of every row, unless the run cut its rows to ``feature_limit`` (``--max_features``): the
+  training set's widest row does not bound the rows a model is asked about, and cutting a longer one would
+  silently drop features. Rounded up to a power of two, so that inputs of similar widths share a compilation.
+  """
+  widest = max(dataset.max_features_per_sample(), 1)
+  width = 1 << (widest - 1).bit_length()
+  return width if feature_limit is None else min(width, feature_limit)
+
+
+def predict_in_batches(predict: Predict, state, dataset: XCDataset, num_samples: int, feature_limit: int | None,
                        batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-  """``predict`` over the first ``num_samples`` samples, in batches padded to one shape (one compilation).
+  """``predict`` over the first ``num_samples`` samples, in batches padded to one shape (one compilation);
+  ``feature_limit`` as in :class:`Evaluator`.
 
   Returns:
     ``(scores, ids, sampled_ids or None)``, each ``[num_samples, top]``.
   """
-  parts = []
+  parts, max_features = [], padded_width(dataset, feature_limit)
   for start in range(0, num_samples, batch_size):
     rows = np.arange(start, min(start + batch_size, num_samples))
     fi, fv, _ = dataset.to_padded(rows, max_features, 0)

@@ -124,7 +124,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
                f"training to step {max_steps}" if max_steps is not None else "training on the clock")
   memory.advise_huge_pages(state)
 
-  evaluator = lambda dataset: Evaluator.for_run(dataset, train, sizes["max_features"], config.run.propensity_a,
+  evaluator = lambda dataset: Evaluator.for_run(dataset, train, config.data.max_features, config.run.propensity_a,
                                                 config.run.propensity_b)
   selection = None
   if validation is not None:

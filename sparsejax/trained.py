@@ -76,7 +76,9 @@ class TrainedModel:
       evaluation reported), ``"newest"`` (the run kept no best state: no validation split) or ``"step"``
       (asked for).
     num_features, num_labels: F and N.
-    max_features: features kept per sample (the run's padding width).
+    max_features: the run's padding width of training samples (its ``--max_features``, or its widest training
+      sample); predictions and evaluations keep every feature of their inputs unless the run set
+      ``--max_features``.
     label_names: ``[N]`` names of the labels, or None.
     vectorizer: the fitted text vectorizer, or None.
   """
@@ -248,8 +250,8 @@ class TrainedModel:
     data = self.features(inputs)
     if len(data) == 0:
       return np.zeros((0, top), np.float32), np.zeros((0, top), np.int32)
-    scores, ids, _ = predict_in_batches(self._predict_fn(top, k), self.params, data, len(data), self.max_features,
-                                        batch_size)
+    scores, ids, _ = predict_in_batches(self._predict_fn(top, k), self.params, data, len(data),
+                                        self.config.data.max_features, batch_size)
     return scores, ids
 
   def evaluate(self, dataset: XCDataset, num_samples: int | None = None, *,
@@ -264,7 +266,7 @@ class TrainedModel:
 
     propensity = metrics.propensity_scores(self._frequencies, self._num_train, self.config.run.propensity_a,
                                            self.config.run.propensity_b)
-    evaluator = Evaluator(self.features(dataset), propensity, self.max_features)
+    evaluator = Evaluator(self.features(dataset), propensity, self.config.data.max_features)
     with_sampled = sampled and self.config.network.model == "slide"
     return evaluator(self._predict_fn(min(5, self.num_labels), with_sampled=with_sampled), self.params,
                      num_samples)

@@ -71,6 +71,35 @@ def test_load_evaluate_reproduces_the_final_evaluation(synthetic_run):
   assert final["p@1"] > 0.3  # it learned (chance: 1/200)
 
 
+def test_predict_keeps_every_feature_of_rows_wider_than_any_training_row(synthetic_run):
+  """A query may have more features than the widest training sample: none of them is dropped (the run set no
+  --max_features), so its logits are those of a numpy forward pass over all of its features."""
+  workdir, _, test = synthetic_run
+  model = sparsejax.load(str(workdir))
+  width = model.max_features
+  rng = np.random.default_rng(0)
+  perm = rng.permutation(model.num_features)
+  assert len(perm) >= 5 * width
+  # The same first `width` features (and values), then different ones.
+  rows = [np.concatenate([perm[:width], perm[a * width:(a + 2) * width]]) for a in (1, 3)]
+  vals = np.ones(3 * width, np.float32)
+  vals[:width] = 2.0  # the shared features have the largest values: a cut to `width` would keep only them
+  x = np.zeros((2, model.num_features), np.float32)
+  for i, ids in enumerate(rows):
+    x[i, ids] = vals
+  p = model.params
+  h = np.maximum(x @ np.asarray(p.embed.w) + np.asarray(p.embed.b), 0.0)
+  for w, b in p.hidden:
+    h = np.maximum(h @ np.asarray(w) + np.asarray(b), 0.0)
+  logits = h @ np.asarray(p.out.w).T + np.asarray(p.out.b)
+  dataset = data.XCDataset(np.arange(3) * 3 * width, np.concatenate(rows), np.tile(vals, 2), np.arange(3),
+                           np.zeros(2), model.num_features, model.num_labels)
+  scores, ids = model.predict(dataset, top=5)
+  np.testing.assert_array_equal(ids, np.argsort(-logits, axis=1, kind="stable")[:, :5])
+  np.testing.assert_allclose(scores, np.take_along_axis(logits, ids, axis=1), rtol=1e-4, atol=1e-5)
+  assert not np.array_equal(scores[0], scores[1])
+
+
 @pytest.fixture(scope="module")
 def selected_run(tmp_path_factory, small_config):
   """A clustered-index run whose validation P@1 peaks before its last step: ``(workdir, final, test set)``."""
