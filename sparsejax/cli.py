@@ -366,8 +366,14 @@ def train(argv: list[str]) -> None:
     print_final(train_and_evaluate(config, FLAGS.workdir))
   except KeyboardInterrupt as e:  # outside the training loop, or a second Ctrl-C within it
     signum = getattr(e, "signum", signal.SIGINT)
-    fail(f"interrupted by {signal.Signals(signum).name}: nothing more was saved. The checkpoints already in "
-         f"{FLAGS.workdir} are kept; the same command continues from the newest", 128 + signum)
+    sys.stderr.write(f"{_program()}: error: interrupted by {signal.Signals(signum).name}: nothing more was saved. "
+                     f"The checkpoints already in {FLAGS.workdir} are kept; the same command continues from the "
+                     "newest\n")
+    # At once, without the interpreter's shutdown: XLA's threads may still be compiling (Ctrl-C during start-up),
+    # and tearing Python down under them crashed (segmentation fault). Nothing is left to save.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + signum)
   except XCFormatError as e:  # names the file and line
     fail(str(e))
   except ConfigError as e:

@@ -10,6 +10,7 @@ installed there: it would replace the notifier and the processes would stop at
 different steps.
 """
 
+import os
 import signal
 import threading
 
@@ -34,17 +35,40 @@ class SignalInterrupt(KeyboardInterrupt):
     self.signum = signum
 
 
+# The signal of a SignalInterrupt raised, which may have been lost: Python ignores an exception raised in some
+# callbacks (a signal handler runs inside whatever the main thread runs, JAX's garbage-collection callback
+# included), and a Ctrl-C while data loaded once went on to train the whole run.
+_raised: int | None = None
+
+
 def raise_on_signals() -> None:
   """Makes SIGINT and SIGTERM raise :class:`SignalInterrupt` in one process (SIGTERM's default kills it without a
   word); :class:`StopRequests` takes them over while steps run. Several processes: left to ``jax.distributed``."""
+  global _raised
   if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
+    _raised = None
     for signum in (signal.SIGINT, signal.SIGTERM):
       signal.signal(signum, _raise_interrupt)
 
 
 def _raise_interrupt(signum, frame):
-  del frame
+  global _raised
+  if frame is not None and frame.f_code.co_name in _SWALLOWING:
+    # Python would print the exception and go on: the signal comes again in a moment, to another frame.
+    threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+    return
+  _raised = signum
   raise SignalInterrupt(signum)
+
+
+# Functions that run inside whatever the main thread was doing and whose exceptions Python only prints.
+_SWALLOWING = frozenset({"_xla_gc_callback", "__del__"})
+
+
+def raise_if_interrupted() -> None:
+  """Raises again a :class:`SignalInterrupt` that a callback may have swallowed."""
+  if _raised is not None:
+    raise SignalInterrupt(_raised)
 
 
 class StopRequests:
@@ -56,6 +80,7 @@ class StopRequests:
     self._multi = jax.process_count() > 1
 
   def __enter__(self) -> "StopRequests":
+    raise_if_interrupted()  # a signal before the loop: stop now, not after the whole run
     if not self._multi and threading.current_thread() is threading.main_thread():
       for signum in (signal.SIGINT, signal.SIGTERM):
         self._previous[signum] = signal.signal(signum, self._note)

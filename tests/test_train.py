@@ -270,6 +270,44 @@ def test_a_signal_outside_the_training_loop_ends_the_run_with_one_true_line(tmp_
       f"checkpoints already in {tmp_path} are kept; the same command continues from the newest")
 
 
+def test_a_signal_during_a_garbage_collection_callback_is_not_lost(tmp_path):
+  """A user audit: Ctrl-C while the data loaded landed in JAX's gc callback (``_xla_gc_callback``), where Python
+  prints an exception and drops it: the run trained to its end and exited 0. The signal now comes again after the
+  callback and ends the run with the one line."""
+  code = textwrap.dedent("""
+      import gc, sys, time
+      import sparsejax.train
+      from sparsejax import cli
+
+      def _xla_gc_callback(phase, info):  # JAX's name: a signal handled in it must not raise there
+        if phase == "start":
+          gc.callbacks.remove(_xla_gc_callback)  # once
+          print("ready", flush=True)
+          for _ in range(30):
+            time.sleep(0.1)
+
+      def busy(*args, **kwargs):
+        gc.callbacks.append(_xla_gc_callback)
+        gc.collect()
+        for _ in range(50):
+          time.sleep(0.1)
+        print("the signal was lost", file=sys.stderr)
+        sys.exit(0)
+
+      sparsejax.train.train_and_evaluate = busy
+      sys.argv = ["sparsejax-train", "--workdir=" + sys.argv[1]]
+      cli.main()
+  """)
+  proc = subprocess.Popen([sys.executable, "-P", "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  assert proc.stdout.readline() == "ready\n"
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+  assert "Exception ignored" not in err and "lost" not in err, err[-3000:]
+  assert err.strip().splitlines()[-1].startswith("sparsejax-train: error: interrupted by SIGINT: nothing more was")
+
+
 def test_ctrl_c_while_the_command_starts_ends_it_with_one_line(tmp_path):
   """A user audit: Ctrl-C in the first half second (imports, joining the process group) printed a traceback."""
   # The busy wait stands for importing JAX or joining the process group.
