@@ -183,6 +183,14 @@ class DataConfig(Section):
       None, "Training set in the Extreme Classification Repository text format (needs --dataset=files).")
   test_file: str | None = option(
       None, "Test set in the Extreme Classification Repository text format (needs --dataset=files).")
+
+  def __post_init__(self) -> None:
+    # Absolute paths: the run's config.json names the same files from any directory (resuming, sparsejax.load).
+    for name in ("train_file", "test_file"):
+      path = getattr(self, name)
+      if isinstance(path, str) and path:
+        object.__setattr__(self, name, os.path.abspath(os.path.expanduser(path)))
+
   icd10_labels: str = option(
       "category", "ICD-10 labels: category (one 3-character category per text) or hierarchy (its chapter, "
       "block and category).", choices=("category", "hierarchy"))

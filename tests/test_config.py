@@ -124,6 +124,21 @@ def test_train_file_without_dataset_files_is_refused(tmp_path, capsys):
   assert config.data.train_file == str(train)
 
 
+def test_data_files_are_kept_as_absolute_paths(tmp_path, monkeypatch):
+  """A user audit: relative --train_file/--test_file were stored as given, so the same run resumed from another
+  directory was refused as "trained with other settings" (the same files), and its config.json named files that
+  did not exist from there."""
+  (tmp_path / "data").mkdir()
+  (tmp_path / "data" / "train.txt").write_text("1 3 2\n0 1:0.5\n")
+  monkeypatch.chdir(tmp_path)
+  config = _parse("--dataset=files", "--train_file=data/train.txt", "--test_file=./data/../data/train.txt")
+  want = str(tmp_path / "data" / "train.txt")
+  assert config.data.train_file == config.data.test_file == want
+  monkeypatch.chdir(tmp_path / "data")  # stored and read back elsewhere: the same files, the same settings
+  assert Config.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+  assert _parse("--dataset=files", "--train_file=train.txt", "--test_file=train.txt") == config
+
+
 def test_help_documents_every_flag_and_lists_every_choice(capsys):
   with pytest.raises(SystemExit) as exit_info:
     _parse("--help")
