@@ -394,6 +394,12 @@ class BudgetConfig(Section):
     limits = [s for s in (self.max_steps, by_epochs) if s is not None]
     return min(limits) if limits else None
 
+  def step_limit_name(self, steps_per_epoch: int) -> str:
+    """The flag whose limit :meth:`max_steps_for` is: ``max_steps`` or ``num_epochs`` (also the default)."""
+    if self.max_steps is not None and self.max_steps == self.max_steps_for(steps_per_epoch):
+      return "max_steps"
+    return "num_epochs"
+
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig(Section):

@@ -38,7 +38,7 @@ from sparsejax.nonfinite import NonFiniteError, NonFiniteWatch
 from sparsejax.stopping import Interrupted, StopRequests
 
 # Final-record fields that describe the run rather than a point of a curve.
-_SUMMARY_FIELDS = ("step", "epoch", "loss", "samples_per_sec", "seconds", "train_seconds", "num_params", "final",
+_SUMMARY_FIELDS = ("step", "epoch", "last_loss", "samples_per_sec", "seconds", "train_seconds", "num_params", "final",
                    "num_processes", "last_step", "selected_step", "selected_by", "stopped_by", "bad_evaluations")
 
 
@@ -204,7 +204,7 @@ class _Loop:
     self.evaluator, self.selection, self.writer, self.profiler = evaluator, selection, writer, profiler
     self.steps_per_epoch, self.max_steps = steps_per_epoch, max_steps
     self.step, self.last_loss, self.stop_signal = 0, None, None
-    self.stopped_by = "step_budget"  # or "wall_clock", "early_stopping"
+    self.stopped_by = config.budget.step_limit_name(steps_per_epoch)  # or "max_seconds", "early_stopping"
     self.train_seconds, self.seconds_before = 0.0, 0.0
     self.nonfinite = NonFiniteWatch(config.run.on_nonfinite)
 
@@ -226,7 +226,7 @@ class _Loop:
           if (max_seconds is not None and self.step % log_every == 0
               and distributed.agree(time.time() - t_loop - eval_seconds >= max_seconds)):
             logging.info("wall-clock budget of %.0f s reached at step %d", max_seconds, self.step)
-            self.stopped_by = "wall_clock"
+            self.stopped_by = "max_seconds"
             break
           batch = next(batches)
           prof.begin_step(self.step, lambda state=state, batch=batch: run.describe_step(state, batch))
@@ -322,7 +322,8 @@ class _Loop:
                     f"validation_{self.selection.metric}": self.selection.best_value})
     final.update({
         "step": step, "last_step": self.step, "epoch": step / self.steps_per_epoch,
-        "loss": self.last_loss,  # None (null) when this invocation trained no step
+        # The last step's training loss (null when this invocation trained none): not the selected step's.
+        "last_loss": self.last_loss,
         "stopped_by": self.stopped_by,
         "samples_per_sec": (self.step - start_step) * self.config.optim.batch_size / max(self.train_seconds, 1e-9),
         "seconds": self.seconds_before + self.train_seconds, "train_seconds": self.train_seconds,

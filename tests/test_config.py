@@ -190,6 +190,11 @@ def test_budgets_never_cap_each_other_by_default():
   assert BudgetConfig(max_seconds=60.0).max_steps_for(10) is None  # wall clock only
   assert BudgetConfig().max_steps_for(10) == 50  # nothing set: 5 epochs
   assert BudgetConfig(max_steps=1000, num_epochs=2.5).max_steps_for(10) == 25  # both set: the first reached
+  # The final record's stopped_by names the limit reached (it said "step_budget" for an epoch budget too).
+  assert BudgetConfig(max_steps=1000).step_limit_name(10) == "max_steps"
+  assert BudgetConfig().step_limit_name(10) == "num_epochs"
+  assert BudgetConfig(max_steps=1000, num_epochs=2.5).step_limit_name(10) == "num_epochs"
+  assert BudgetConfig(max_steps=20, num_epochs=2.5).step_limit_name(10) == "max_steps"
 
 
 def test_model_config_is_derived_not_repeated():

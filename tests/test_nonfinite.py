@@ -97,7 +97,7 @@ def test_a_poisoned_sample_stops_the_run_naming_its_step_or_is_skipped(tmp_path)
   skip = tmp_path / "skip"
   final = train_and_evaluate(_poisoned_config(tmp_path, "skip_step"), str(skip))
   records = [r for r in read_records(str(skip)) if not r.get("final")]
-  assert records[-1]["skipped_steps"] == 1 and np.isfinite(final["loss"]) and final["last_step"] == 10
+  assert records[-1]["skipped_steps"] == 1 and np.isfinite(final["last_loss"]) and final["last_step"] == 10
   steps = _assert_checkpoints_finite(skip)
   assert max(steps) == 10
 

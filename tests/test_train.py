@@ -30,11 +30,13 @@ def _latest(workdir):
 def test_metrics_jsonl_and_final_result(tmp_path, small_config):
   final = train_and_evaluate(small_config, str(tmp_path))
   records = read_records(str(tmp_path))
-  # Training loss every log_every (10) steps, test metrics every eval_every (20) but the last, then the final one.
+  # Training loss every log_every (10) steps, test metrics every eval_every (20) but the last, then the final one
+  # (its step the selected one, its loss the last step's: named so, not "loss").
   assert [r["step"] for r in records] == [10, 20, 30, 40, 40]
   assert [("loss" in r, "p@1" in r, bool(r.get("final"))) for r in records] == [
-      (True, False, False), (True, True, False), (True, False, False), (True, False, False), (True, True, True)]
-  for key in ("loss", "p@1", "p@5", "samples_per_sec", "psp@5", "sampled_p@1", "seconds"):
+      (True, False, False), (True, True, False), (True, False, False), (True, False, False), (False, True, True)]
+  assert records[-1]["last_loss"] == records[-2]["loss"] and records[-1]["stopped_by"] == "max_steps"
+  for key in ("last_loss", "p@1", "p@5", "samples_per_sec", "psp@5", "sampled_p@1", "seconds"):
     assert np.isfinite(records[-1][key]), key
   assert final == records[-1] and final["step"] == 40
   for r in records[:-1]:  # step times (mean: no window, so no per-step sync) and bytes; one process: none sent
@@ -108,7 +110,7 @@ def test_a_finished_run_that_selected_an_earlier_step_is_not_trained_again(tmp_p
   """The final record's "step" is the selected step; finished means its "last_step" is the newest checkpoint."""
   config = _selecting(small_config, max_steps=150)
   final = train_and_evaluate(config, str(tmp_path))
-  assert final["selected_step"] < final["last_step"] == 150 and final["stopped_by"] == "step_budget"
+  assert final["selected_step"] < final["last_step"] == 150 and final["stopped_by"] == "max_steps"
   records = (tmp_path / "metrics.jsonl").read_text()
   assert train_and_evaluate(config, str(tmp_path)) == final
   assert (tmp_path / "metrics.jsonl").read_text() == records  # no second final record
