@@ -68,13 +68,20 @@ class Evaluator:
         approx.setdefault(name, []).append(top[:len(rows)])
       labels.append(lab)
     labels = np.concatenate(labels)
-    result = metrics.evaluate_topk(np.concatenate(exact), labels, self.propensity)
+    result = metrics.evaluate_topk(_ranked(exact), labels, self.propensity)
     for name, tops in approx.items():
-      sampled_result = metrics.evaluate_topk(np.concatenate(tops), labels, self.propensity)
+      sampled_result = metrics.evaluate_topk(_ranked(tops), labels, self.propensity)
       result.update({f"{name}_{key}": v for key, v in sampled_result.items()})
     if diagnostics:
       result.update(retrieval.summarize(diagnostics, retrieval.TOP))
     return result
+
+
+def _ranked(parts: list[np.ndarray]) -> np.ndarray:
+  """The batches' top ids ``[n, >= 5]``: fewer than 5 labels leave the last places empty (-1, never relevant), so
+  that P@5 is hits / 5 as everywhere else."""
+  ids = np.concatenate(parts)
+  return np.pad(ids, ((0, 0), (0, max(0, max(metrics.DEFAULT_KS) - ids.shape[1]))), constant_values=-1)
 
 
 def padded_width(dataset: XCDataset, feature_limit: int | None) -> int:

@@ -80,8 +80,16 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   t_start = time.time()
   data = load_dataset(config.data, seed=config.run.seed)
   train, test, validation = data.train, data.test, None
+  if len(test) == 0:
+    raise ConfigError("test_file" if config.data.dataset == "files" else "test_fraction",
+                      config.data.test_file if config.data.dataset == "files" else config.data.test_fraction,
+                      "the test set has no samples")
   if config.data.validation_fraction > 0:
     train, validation = train_test_split(train, config.data.validation_fraction, seed=config.run.seed + 1)
+    if len(validation) == 0:  # too few samples for the fraction: nothing to select on
+      raise ConfigError("validation_fraction", config.data.validation_fraction,
+                        f"holds no sample of the {len(train)} training samples: raise it, or 0 for no validation "
+                        "split")
   logging.info("data: %d train / %d validation / %d test samples, %d features, %d labels (%.1f s)", len(train),
                0 if validation is None else len(validation), len(test), train.num_features, train.num_labels,
                time.time() - t_start)

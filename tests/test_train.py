@@ -106,6 +106,22 @@ def _selecting(small_config, **changes):
                   learning_rate=3e-2, checkpoint_every=20, **changes)
 
 
+def test_a_validation_split_too_small_to_hold_a_sample_is_refused_before_training(tmp_path, small_config):
+  """A user audit: 10 training samples and --validation_fraction=0.05 split off an empty validation set, trained,
+  then crashed in the final evaluation (``need at least one array to concatenate``). Its 3 labels, fewer than
+  P@5 ranks, crashed every evaluation too."""
+  rows = "".join(f"{i % 3} {i}:1\n" for i in range(10))
+  (tmp_path / "train.txt").write_text(f"10 20 3\n{rows}")
+  (tmp_path / "test.txt").write_text(f"10 20 3\n{rows}")
+  config = override(small_config, dataset="files", train_file=str(tmp_path / "train.txt"),
+                    test_file=str(tmp_path / "test.txt"), validation_fraction=0.05, batch_size=4, max_steps=3)
+  with pytest.raises(ConfigError, match=r"--validation_fraction=0.05: holds no sample of the 10 training samples"):
+    train_and_evaluate(config, str(tmp_path / "run"))
+  final = train_and_evaluate(override(config, validation_fraction=0.0), str(tmp_path / "run"))
+  # One label of 3 each: the top 3 holds it, so P@3 = 1/3 and P@5 = 1/5 (the last two places are empty).
+  assert final["last_step"] == 3 and final["p@3"] == pytest.approx(1 / 3) and final["p@5"] == pytest.approx(1 / 5)
+
+
 def test_a_finished_run_that_selected_an_earlier_step_is_not_trained_again(tmp_path, small_config, caplog):
   """The final record's "step" is the selected step; finished means its "last_step" is the newest checkpoint."""
   config = _selecting(small_config, max_steps=150)
