@@ -346,6 +346,7 @@ def train(argv: list[str]) -> None:
 
   from sparsejax import checkpoint, distributed  # imported here: creating a JAX backend must wait for the flags
   from sparsejax.data import XCFormatError
+  from sparsejax.metric_writer import MetricsFileError
   from sparsejax.nonfinite import NonFiniteError
   from sparsejax.stopping import Interrupted, raise_on_signals
   from sparsejax.train import train_and_evaluate
@@ -380,7 +381,7 @@ def train(argv: list[str]) -> None:
     usage_error(str(e))
   except checkpoint.ResumeError as e:
     fail(str(e), USAGE_ERROR)
-  except (NonFiniteError, checkpoint.CheckpointError) as e:
+  except (NonFiniteError, checkpoint.CheckpointError, MetricsFileError) as e:
     fail(str(e))
   except Interrupted as e:
     # Several processes: exit 0, as every rank does after the same stop (the launcher's contract).

@@ -19,13 +19,41 @@ from absl import logging
 METRICS_FILE = "metrics.jsonl"
 
 
+class MetricsFileError(ValueError):
+  """``metrics.jsonl`` holds a line that is not a run's record; the message names the file and line."""
+
+
 def read_records(workdir: str) -> list[dict]:
-  """The records of ``WORKDIR/metrics.jsonl`` (empty if there is none)."""
+  """The records of ``WORKDIR/metrics.jsonl`` (empty if there is none).
+
+  An incomplete last line (a crash or a full disk while it was written) is left out, with a warning.
+
+  Raises:
+    MetricsFileError: another line is not JSON, or not a record with an integer ``step`` (another program's
+      file in the work directory, say).
+  """
   path = os.path.join(workdir, METRICS_FILE)
   if not os.path.exists(path):
     return []
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    lines = f.readlines()
+  records = []
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      if number == len(lines):
+        logging.warning("%s:%d: the last record is incomplete (its write was cut short): left out", path, number)
+        break
+      raise MetricsFileError(f"{path}:{number}: not a JSON record ({e.msg})") from None
+    step = record.get("step") if isinstance(record, dict) else None
+    if type(step) is not int:
+      raise MetricsFileError(f"{path}:{number}: not a sparsejax metrics record (no integer \"step\"); is this "
+                             "work directory another program's?")
+    records.append(record)
+  return records
 
 
 class MetricWriter:

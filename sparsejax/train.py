@@ -67,6 +67,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
     raise ConfigError("batch_size", config.optim.batch_size,
                       f"data-parallel training splits each batch over {num_shards} processes: must divide by it")
   checkpoint.check_writable(workdir)
+  read_records(workdir)  # another program's metrics.jsonl is named before anything in workdir is written
   checkpoint.quiet_orbax_logs()
   checkpoints = checkpoint.Checkpoints(workdir, config.checkpoint.keep_checkpoints)
   latest = checkpoints.latest_good_step()  # corrupted ones: named, set aside

@@ -471,6 +471,32 @@ def test_a_restart_in_the_same_second_keeps_the_earlier_sessions_events(tmp_path
   assert _events(tmp_path / "tensorboard") == [(10, "loss", 1.0), (20, "loss", 0.75)]
 
 
+def test_a_cut_short_last_record_is_left_out_and_a_foreign_file_is_named(tmp_path, installed_command):
+  """A user audit: a partial last line in metrics.jsonl (a crash or a full disk while it was written) made the run
+  impossible to resume (a JSONDecodeError traceback), and a metrics.jsonl of another program a KeyError."""
+  writer = MetricWriter(str(tmp_path))
+  for step in (10, 20):
+    writer.write({"step": step, "loss": 1.0 / step})
+  writer.close()
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write('{"step": 30, "loss": 0.0')
+  assert [r["step"] for r in read_records(str(tmp_path))] == [10, 20]
+  MetricWriter(str(tmp_path), resume_step=20).write({"step": 30, "loss": 0.5})  # a resumed run appends after it
+  assert [(r["step"], r["loss"]) for r in read_records(str(tmp_path))] == [(10, 0.1), (20, 0.05), (30, 0.5)]
+
+  foreign = tmp_path / "foreign"
+  foreign.mkdir()
+  (foreign / "metrics.jsonl").write_text('{"epoch": 1, "acc": 0.5}\n')
+  (foreign / "config.json").write_text("{}")
+  out = subprocess.run([installed_command("sparsejax-train"), f"--workdir={foreign}", "--max_steps=1"],
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+  assert out.stderr.strip().splitlines()[-1] == (
+      f"sparsejax-train: error: {foreign / 'metrics.jsonl'}:1: not a sparsejax metrics record (no integer \"step\"); "
+      "is this work directory another program's?")
+  assert (foreign / "config.json").read_text() == "{}"  # nothing written
+
+
 def test_validation_selects_the_best_checkpoint_and_stops_early(tmp_path, small_config):
   config = override(small_config, candidates="clusters", reinsert="none", validation_fraction=0.2, max_steps=400,
                     eval_every=10, early_stopping_patience=2, learning_rate=3e-2, checkpoint_every=1000)
