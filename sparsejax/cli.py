@@ -87,7 +87,7 @@ SCORE is the output layer's logit).
     Flag("workdir", None, "Work directory of a trained run. Its selected checkpoint is used (the best on the "
          "validation split, the one its final evaluation reported), else its newest."),
     Flag("step", None, "Use the checkpoint of this step instead (one that the work directory kept).", int),
-    Flag("input", None, "Input samples: a file, or - for stdin."),
+    Flag("input", None, "Input samples: a file, or - for stdin (text inputs only: xc and svmlight come as files)."),
     Flag("input_format", "auto", "auto (text if the model has a text vectorizer, e.g. ICD-10; else xc if the first "
          "line is an XC header, else svmlight), xc (Extreme Classification Repository file with its header line), "
          "svmlight (lines of 'labels id:value ...', no header) or text (one sample per line)."),

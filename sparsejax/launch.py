@@ -549,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="Whose output goes to the console: rank 0's (default) or every rank's, prefixed.")
   parser.add_argument("--stop_timeout", type=float, default=30.0,
                       help="After Ctrl-C or SIGTERM, seconds the ranks get to save a checkpoint and exit before "
-                      "they are killed.")
+                      "they are killed (default: %(default)s).")
   parser.add_argument("command", nargs=argparse.REMAINDER, help="The script and its arguments.")
   args = parser.parse_args(argv)
   if args.command[:1] == ["--"]:

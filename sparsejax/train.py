@@ -62,6 +62,8 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
     Interrupted: SIGINT or SIGTERM stopped the run (after saving a checkpoint).
   """
   config.validate()
+  for line in config.unused_settings():
+    logging.warning(line)
   num_shards = config.dist.num_shards or jax.process_count()
   if config.network.model == "dense" and config.optim.batch_size % num_shards:
     raise ConfigError("batch_size", config.optim.batch_size,

@@ -139,6 +139,24 @@ def test_data_files_are_kept_as_absolute_paths(tmp_path, monkeypatch):
   assert _parse("--dataset=files", "--train_file=train.txt", "--test_file=train.txt") == config
 
 
+def test_settings_a_run_does_not_read_are_named():
+  """A user audit: --early_stopping_patience without a validation split, LSH flags with the clustered index and
+  synthetic-set flags with --dataset=files were accepted and silently ignored."""
+  config = override(Config(), dataset="files", train_file="/etc/hostname", test_file="/etc/hostname",
+                    validation_fraction=0.0, early_stopping_patience=2, num_tables=50, lsh_family="dwta",
+                    synthetic_labels=7, test_fraction=0.5, active_k=512)
+  assert config.unused_settings() == [
+      "--synthetic_labels=7 has no effect: only read with --dataset=synthetic (the dataset is files)",
+      "--test_fraction=0.5 has no effect: not read with --dataset=files (--test_file is the test set)",
+      "--early_stopping_patience=2 has no effect: needs a validation split (--validation_fraction > 0)",
+      "--lsh_family=dwta has no effect: only read with --candidates=lsh",
+      "--num_tables=50 has no effect: only read with --candidates=lsh"]
+  read = override(config, candidates="lsh", validation_fraction=0.1, dataset="synthetic", train_file=None,
+                  test_file=None, kmeans_sample=16)
+  assert read.unused_settings() == ["--kmeans_sample=16 has no effect: only read with --candidates=clusters"]
+  assert Config().unused_settings() == []
+
+
 def test_help_documents_every_flag_and_lists_every_choice(capsys):
   with pytest.raises(SystemExit) as exit_info:
     _parse("--help")
