@@ -273,7 +273,7 @@ def test_error_line_number_in_later_chunk(tmp_path):
 @pytest.mark.parametrize(
     "header,body,line,fragment",
     [
-        ("3 10", "1 1:1\n", 1, "header must be"),
+        ("3 10", "1 1:1\n", 1, "header must be 'num_points num_features num_labels', got '3 10'"),
         ("3 10 5 7", "1 1:1\n", 1, "header must be"),
         ("3 ten 5", "1 1:1\n", 1, "integers"),
         ("3 10 5", "1 1:1\n1 1:1\n", 4, "file ends after 2 data lines"),

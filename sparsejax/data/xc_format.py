@@ -84,16 +84,21 @@ class _Rows(NamedTuple):
   label_ids: np.ndarray  # [nnz_l] int32
 
 
+def _shown(line: bytes) -> str:
+  """The start of a line as text, for a message."""
+  return line[:80].decode("utf-8", "replace").rstrip("\r\n")
+
+
 def _parse_header(line: bytes, path) -> tuple[int, int, int]:
   fields = line.split()
   if len(fields) != 3:
-    raise XCFormatError(path, 1, f"header must be 'num_points num_features num_labels', got {line[:80]!r}")
+    raise XCFormatError(path, 1, f"header must be 'num_points num_features num_labels', got {_shown(line)!r}")
   try:
     counts = tuple(int(f) for f in fields)
   except ValueError:
-    raise XCFormatError(path, 1, f"header fields must be integers, got {line[:80]!r}") from None
+    raise XCFormatError(path, 1, f"header fields must be integers, got {_shown(line)!r}") from None
   if min(counts) < 0:
-    raise XCFormatError(path, 1, f"header counts must be >= 0, got {line[:80]!r}")
+    raise XCFormatError(path, 1, f"header counts must be >= 0, got {_shown(line)!r}")
   if max(counts[1:]) > np.iinfo(np.int32).max:
     raise XCFormatError(path, 1, "num_features and num_labels must fit in int32")
   return counts  # type: ignore[return-value]
