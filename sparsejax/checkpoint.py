@@ -43,7 +43,20 @@ _MANAGERS = weakref.WeakSet()
 def _finish_other_saves(manager) -> None:
   for other in list(_MANAGERS):
     if other is not manager:
-      other.wait_until_finished()
+      with _save_errors(f"a checkpoint in {other.directory}"):
+        other.wait_until_finished()
+
+
+@contextlib.contextmanager
+def _save_errors(what: str):
+  """Turns a failed orbax save (raised by the save or by a later wait) into one :class:`CheckpointError` line."""
+  try:
+    yield
+  except CheckpointError:
+    raise
+  except Exception as e:  # noqa: BLE001 -- orbax and tensorstore raise OSError, ValueError, ...
+    raise CheckpointError(f"saving {what} failed ({_reason(e)}). The checkpoints saved before it are "
+                          "intact") from None
 
 
 class CheckpointError(RuntimeError):
@@ -426,11 +439,12 @@ class BestCheckpoint:
     """Saves ``state`` of step ``step`` whose metric is ``value`` (orbax keeps the best one); a state already
     kept for ``step`` is replaced."""
     _finish_other_saves(self._manager)
-    if step in self._manager.all_steps():
-      self._manager.wait_until_finished()
-      self._manager.delete(step)
-    self._manager.save(step, args=self._ocp.args.Composite(state=self._ocp.args.StandardSave(state)),
-                       metrics={self.metric: float(value)}, force=True)
+    with _save_errors(f"the best state (step {step}) in {self.directory}"):
+      if step in self._manager.all_steps():
+        self._manager.wait_until_finished()
+        self._manager.delete(step)
+      self._manager.save(step, args=self._ocp.args.Composite(state=self._ocp.args.StandardSave(state)),
+                         metrics={self.metric: float(value)}, force=True)
 
   def best_step(self) -> int | None:
     return self._manager.best_step()
@@ -450,4 +464,5 @@ class BestCheckpoint:
     return _restore_arrays(self._ocp, os.path.join(self.directory, str(self.best_step()), "state"))
 
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    with _save_errors(f"the best state in {self.directory}"):
+      self._manager.wait_until_finished()

@@ -227,6 +227,15 @@ def fail(message: str, status: int = 1) -> typing.NoReturn:
   sys.exit(status)
 
 
+def fail_now(message: str, status: int = 1) -> typing.NoReturn:
+  """:func:`fail` without the interpreter's shutdown, for when other threads are still at work and nothing is
+  left to save: their errors at shutdown (or a crash under them) would bury the line."""
+  sys.stderr.write(f"{_program()}: error: {message}\n")
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)
+
+
 def _run(command_main: typing.Callable[[list[str]], None], command: Command) -> None:
   """Runs an absl main; a Ctrl-C before the command handles it (while JAX imports, say) ends it with one line, and
   a closed stdout ends it without a traceback."""
@@ -367,21 +376,18 @@ def train(argv: list[str]) -> None:
     print_final(train_and_evaluate(config, FLAGS.workdir))
   except KeyboardInterrupt as e:  # outside the training loop, or a second Ctrl-C within it
     signum = getattr(e, "signum", signal.SIGINT)
-    sys.stderr.write(f"{_program()}: error: interrupted by {signal.Signals(signum).name}: nothing more was saved. "
-                     f"The checkpoints already in {FLAGS.workdir} are kept; the same command continues from the "
-                     "newest\n")
-    # At once, without the interpreter's shutdown: XLA's threads may still be compiling (Ctrl-C during start-up),
-    # and tearing Python down under them crashed (segmentation fault). Nothing is left to save.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(128 + signum)
+    # XLA's threads may still be compiling (Ctrl-C during start-up): tearing Python down under them crashed.
+    fail_now(f"interrupted by {signal.Signals(signum).name}: nothing more was saved. The checkpoints already in "
+             f"{FLAGS.workdir} are kept; the same command continues from the newest", 128 + signum)
   except XCFormatError as e:  # names the file and line
     fail(str(e))
   except ConfigError as e:
     usage_error(str(e))
   except checkpoint.ResumeError as e:
     fail(str(e), USAGE_ERROR)
-  except (NonFiniteError, checkpoint.CheckpointError, MetricsFileError) as e:
+  except checkpoint.CheckpointError as e:  # orbax's save threads, failing too, would print pages at shutdown
+    fail_now(str(e))
+  except (NonFiniteError, MetricsFileError) as e:
     fail(str(e))
   except Interrupted as e:
     # Several processes: exit 0, as every rank does after the same stop (the launcher's contract).

@@ -5,6 +5,7 @@ clear error while the last good checkpoint stays intact."""
 import glob
 import logging
 import os
+import re
 import shutil
 import subprocess
 import uuid
@@ -151,3 +152,24 @@ def test_a_full_disk_during_a_save_stops_with_a_clear_error_and_keeps_the_last_g
   jax.tree.map(np.testing.assert_array_equal, checkpoints.restore_arrays(15), before)
   os.remove(small_disk / "filler")  # with room again, the run goes on from step 15
   assert train_and_evaluate(override(config, max_steps=30), str(workdir))["last_step"] == 30
+
+
+def test_a_full_disk_ends_the_command_with_one_line_also_while_the_best_state_is_saved(small_disk, installed_command):
+  """A user audit: a full disk while a validated run kept its best state ended in ~600 lines of orbax tracebacks
+  with no error line (the best state's save waited on the failed checkpoint save outside the handling), or with
+  the line buried under the save threads' errors at the interpreter's shutdown (here, about every other run)."""
+  workdir = small_disk / "run"
+  args = [installed_command("sparsejax-train"), "--dataset=synthetic", "--synthetic_samples=3000",
+          "--synthetic_features=1000", "--synthetic_labels=200", "--hidden_dims=32", "--active_k=32",
+          "--batch_size=64", "--validation_fraction=0.2", "--eval_every=15", "--checkpoint_every=15", "--noprogress",
+          f"--workdir={workdir}"]
+  first = subprocess.run([*args, "--max_steps=15"], capture_output=True, text=True, timeout=300)
+  assert first.returncode == 0, first.stderr[-3000:]
+  _fill(small_disk, leave_bytes=64 << 10)
+  out = subprocess.run([*args, "--max_steps=30"], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 1, out.stderr[-3000:]
+  assert re.fullmatch(r"sparsejax-train: error: saving .* failed \(no space left on device: the disk is full\)\. "
+                      r"The checkpoints saved before it are intact", out.stderr.strip().splitlines()[-1]), \
+      out.stderr[-3000:]
+  assert Checkpoints(str(workdir), writable=False).latest_good_step() == 15
+
