@@ -423,8 +423,21 @@ def read_inputs(path: str, input_format: str, model):
   try:
     x, _ = load_svmlight_file(path, n_features=model.num_features, multilabel=True, zero_based=True)
   except ValueError as e:
-    raise ValueError(f"{path}: not a svmlight file with feature ids in [0, {model.num_features}): {e}") from None
+    where = _svmlight_id_out_of_range(path, model.num_features)
+    raise ValueError(where or f"{path}: not a svmlight file with feature ids in [0, {model.num_features}): {e}") \
+        from None
   return x
+
+
+def _svmlight_id_out_of_range(path: str, num_features: int) -> str | None:
+  """``FILE:LINE: ...`` of the first feature id outside ``[0, num_features)`` (scikit-learn names no line)."""
+  with open(path, errors="replace") as f:
+    for number, line in enumerate(f, 1):
+      for item in line.split("#", 1)[0].split()[1:]:
+        name, sep, _ = item.partition(":")
+        if sep and name.lstrip("-").isdigit() and not 0 <= int(name) < num_features:
+          return f"{path}:{number}: feature id {name} out of range: the model reads ids in [0, {num_features})"
+  return None
 
 
 def _sniff(path: str) -> str:

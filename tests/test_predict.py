@@ -243,7 +243,12 @@ def test_predict_errors_are_one_line(synthetic_run, tmp_path, installed_command)
                           f"--output={tmp_path / 'no' / 'p.txt'}: cannot write a file in {tmp_path / 'no'}")):
     out = subprocess.run([predict, f"--workdir={workdir}", *flags], capture_output=True, text=True)
     assert (out.returncode, out.stderr) == (2, f"sparsejax-predict: error: {message} (--help lists the flags)\n")
-  (tmp_path / "bad.svm").write_text("1 0:0.5 999999:1\n")
+  (tmp_path / "bad.svm").write_text("1 0:0.5 3:1\n1 0:0.5 999999:1\n")
+  out = subprocess.run([predict, f"--workdir={workdir}", f"--input={tmp_path / 'bad.svm'}"], capture_output=True,
+                       text=True)
+  assert (out.returncode, out.stderr) == (1, f"sparsejax-predict: error: {tmp_path / 'bad.svm'}:2: feature id 999999 "
+                                             "out of range: the model reads ids in [0, 1000)\n")
+  (tmp_path / "bad.svm").write_text("1 0:0.5 3;1\n")
   out = subprocess.run([predict, f"--workdir={workdir}", f"--input={tmp_path / 'bad.svm'}"], capture_output=True,
                        text=True)
   assert out.returncode == 1 and f"{tmp_path / 'bad.svm'}: not a svmlight file" in out.stderr
