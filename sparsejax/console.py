@@ -6,6 +6,7 @@ log file, a pipe, ``--noprogress``) a plain line reports the step, the
 training loss and the throughput every ``log_every`` steps.
 """
 
+import os
 import sys
 
 from absl import logging
@@ -26,6 +27,14 @@ class _AboveTheBar:
     self.stream.flush()
 
 
+def _terminal_columns(stream) -> int:
+  """The width of the terminal ``stream`` writes to; 0 where it is not a terminal or reports no size."""
+  try:
+    return os.get_terminal_size(stream.fileno()).columns if stream.isatty() else 0
+  except (AttributeError, OSError, ValueError):
+    return 0
+
+
 class Progress:
   """Reports training progress.
 
@@ -37,7 +46,7 @@ class Progress:
 
   def __init__(self, bar: bool, total: int | None, initial: int):
     self.total, self.bar, self._handler, self._stream = total, None, None, None
-    if bar and sys.stderr.isatty():
+    if bar and _terminal_columns(sys.stderr) > 0:  # a terminal of no width (no stty size) would show nothing
       from tqdm.auto import tqdm
 
       self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
