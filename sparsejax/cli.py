@@ -87,7 +87,7 @@ SCORE is the output layer's logit).
     Flag("workdir", None, "Work directory of a trained run. Its selected checkpoint is used (the best on the "
          "validation split, the one its final evaluation reported), else its newest."),
     Flag("step", None, "Use the checkpoint of this step instead (one that the work directory kept).", int),
-    Flag("input", None, "Input samples: a file, or - for stdin (text inputs only: xc and svmlight come as files)."),
+    Flag("input", None, "Input samples: a file, or - for stdin."),
     Flag("input_format", "auto", "auto (text if the model has a text vectorizer, e.g. ICD-10; else xc if the first "
          "line is an XC header, else svmlight), xc (Extreme Classification Repository file with its header line), "
          "svmlight (lines of 'labels id:value ...', no header) or text (one sample per line)."),
@@ -404,13 +404,15 @@ def main() -> None:
 
 def read_inputs(path: str, input_format: str, model):
   """The samples of ``path`` (``-``: stdin) as ``model.predict`` takes them."""
+  if input_format == "auto" and model.vectorizer is not None:
+    input_format = "text"
+  if path == "-" and input_format != "text":
+    return _read_stdin_as_file(input_format, model)
   if input_format == "auto":
-    input_format = "text" if model.vectorizer is not None else _sniff(path)
+    input_format = _sniff(path)
   if input_format == "text":
     with (sys.stdin if path == "-" else open(path)) as f:
       return [line.rstrip("\n") for line in f]
-  if path == "-":
-    raise ValueError("--input=- (stdin) holds text only: give xc and svmlight inputs as files")
   if input_format == "xc":
     from sparsejax.data import load_xc_file
 
@@ -438,6 +440,20 @@ def _svmlight_id_out_of_range(path: str, num_features: int) -> str | None:
         if sep and name.lstrip("-").isdigit() and not 0 <= int(name) < num_features:
           return f"{path}:{number}: feature id {name} out of range: the model reads ids in [0, {num_features})"
   return None
+
+
+def _read_stdin_as_file(input_format: str, model):
+  """Feature rows (xc, svmlight) from stdin: their readers take files, so stdin is copied to one first."""
+  import shutil
+  import tempfile
+
+  with tempfile.NamedTemporaryFile(prefix="sparsejax-stdin-") as f:
+    shutil.copyfileobj(sys.stdin.buffer, f)
+    f.flush()
+    try:
+      return read_inputs(f.name, input_format, model)
+    except ValueError as e:  # name what the user gave, not the copy
+      raise ValueError(str(e).replace(f.name, "<stdin>")) from None
 
 
 def _sniff(path: str) -> str:

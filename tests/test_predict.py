@@ -52,6 +52,14 @@ def test_predict_command_writes_top_labels_per_sample(synthetic_run, tmp_path, i
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   assert (tmp_path / "pred.txt").read_text().splitlines() == lines
+  # Feature rows from stdin (they once had to come as files), and an error there names stdin.
+  for name in ("test.txt", "test.svm"):
+    out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={workdir}", "--input=-", "--top=5"],
+                         input=(tmp_path / name).read_text(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.splitlines() == lines, out.stderr[-3000:]
+  out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={workdir}", "--input=-",
+                        "--input_format=xc"], input="1 1000 200\n0 1;2\n", capture_output=True, text=True, timeout=300)
+  assert out.returncode == 1 and out.stderr.startswith("sparsejax-predict: error: <stdin>:2: "), out.stderr[-3000:]
   # A gzipped XC file that starts with a UTF-8 byte-order mark is recognised as training reads it (the mark once
   # made it look like svmlight).
   with open(tmp_path / "test.txt", "rb") as f, gzip.open(tmp_path / "test.txt.gz", "wb") as g:
