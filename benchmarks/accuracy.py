@@ -340,10 +340,11 @@ def time_inference(config, run, state, test_path: str, args) -> dict:
 
   from sparsejax import inference
   from sparsejax.data import PAD_ID
+  from sparsejax.evaluation import padded_width
 
   test = xcdata.load_xc_file(test_path)
   rows = np.arange(min(args.inference_batch, len(test)))
-  fi, fv, _ = test.to_padded(rows, config.data.max_features or test.max_features_per_sample(), 0)
+  fi, fv, _ = test.to_padded(rows, padded_width(test, config.data.max_features), 0)  # as predict pads them
   pad = args.inference_batch - len(rows)
   fi = np.pad(fi, ((0, pad), (0, 0)), constant_values=PAD_ID)
   fv = np.pad(fv, ((0, pad), (0, 0)))

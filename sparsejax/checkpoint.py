@@ -245,13 +245,10 @@ class Checkpoints:
     ocp = self._ocp
     self.wait()  # the previous save first (orbax would wait for it too): its checksums are written now
     _finish_other_saves(self._manager)
-    try:
+    with _save_errors(f"checkpoint {self._step_dir(step)}"):
       self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                        data=ocp.args.JsonSave(data_state),
                                                        meta=ocp.args.JsonSave(meta)))
-    except Exception as e:  # noqa: BLE001 -- orbax and tensorstore raise OSError, ValueError, ...
-      raise CheckpointError(f"saving checkpoint {self._step_dir(step)} failed ({_reason(e)}). The checkpoints "
-                            "saved before it are intact") from None
     self._unsealed.append(step)
     if wait:
       self.wait()

@@ -525,29 +525,28 @@ class Config:
   def unused_settings(self) -> list[str]:
     """Settings changed from their defaults that this run does not read, one line each (logged as warnings)."""
     d, t = self.data, self.tables
-    unused = {}  # (section, name) -> why
+    unused = {}  # setting name -> why
     if d.dataset != "synthetic":
       for name in ("synthetic_samples", "synthetic_features", "synthetic_labels", "synthetic_labels_per_sample"):
-        unused[("data", name)] = f"only read with --dataset=synthetic (the dataset is {d.dataset})"
+        unused[name] = f"only read with --dataset=synthetic (the dataset is {d.dataset})"
     if d.dataset != "icd10":
-      unused[("data", "icd10_labels")] = f"only read with --dataset=icd10 (the dataset is {d.dataset})"
+      unused["icd10_labels"] = f"only read with --dataset=icd10 (the dataset is {d.dataset})"
     if d.dataset == "files":
-      unused[("data", "test_fraction")] = "not read with --dataset=files (--test_file is the test set)"
+      unused["test_fraction"] = "not read with --dataset=files (--test_file is the test set)"
     if d.validation_fraction == 0:
-      unused[("run", "early_stopping_patience")] = "needs a validation split (--validation_fraction > 0)"
+      unused["early_stopping_patience"] = "needs a validation split (--validation_fraction > 0)"
     if self.network.model == "dense":
       for name in ("candidates", "num_clusters", "lsh_family", "num_tables", "num_bits", "lsh_mips"):
-        unused[("tables", name)] = "not read by --model=dense (every output is computed)"
+        unused[name] = "not read by --model=dense (every output is computed)"
     elif t.candidates == "clusters":
       for name in ("lsh_family", "num_tables", "num_bits", "lsh_mips"):
-        unused[("tables", name)] = "only read with --candidates=lsh"
+        unused[name] = "only read with --candidates=lsh"
     else:
       for name in ("num_clusters", "cluster_probes", "kmeans_iterations", "kmeans_sample"):
-        unused[("tables", name)] = "only read with --candidates=clusters"
-    defaults = Config()
-    return [f"--{name}={format_value(getattr(getattr(self, section), name))} has no effect: {why}"
-            for (section, name), why in unused.items()
-            if getattr(getattr(self, section), name) != getattr(getattr(defaults, section), name)]
+        unused[name] = "only read with --candidates=clusters"
+    now, defaults = flat_items(self), flat_items(Config())
+    return [f"--{name}={format_value(now[name])} has no effect: {why}" for name, why in unused.items()
+            if now[name] != defaults[name]]
 
   def model_config(self, num_features: int, num_labels: int, num_shards: int = 1):
     """The model's static config for data of ``num_features`` features and ``num_labels`` labels."""

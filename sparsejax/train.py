@@ -84,9 +84,8 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   data = load_dataset(config.data, seed=config.run.seed)
   train, test, validation = data.train, data.test, None
   if len(test) == 0:
-    raise ConfigError("test_file" if config.data.dataset == "files" else "test_fraction",
-                      config.data.test_file if config.data.dataset == "files" else config.data.test_fraction,
-                      "the test set has no samples")
+    name = "test_file" if config.data.dataset == "files" else "test_fraction"
+    raise ConfigError(name, getattr(config.data, name), "the test set has no samples")
   if config.data.validation_fraction > 0:
     train, validation = train_test_split(train, config.data.validation_fraction, seed=config.run.seed + 1)
     if len(validation) == 0:  # too few samples for the fraction: nothing to select on
