@@ -9,6 +9,7 @@ loaded.
 import dataclasses
 import json
 import os
+import re
 import signal
 import sys
 import textwrap
@@ -296,7 +297,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = FLAGS, command:
     message = str(e).strip().splitlines()[0].removeprefix("flag ")
     if message.startswith("ERROR:: Unable to open flagfile: "):  # absl's wording
       message = "--flagfile: cannot open it: " + message.removeprefix("ERROR:: Unable to open flagfile: ")
-    usage_error(message)
+    usage_error(_with_flagfile_origin(argv, message))
   if len(rest) - 1 > len(command.positional):
     usage_error(f"unexpected argument {rest[1 + len(command.positional)]!r} (flags are written --name=value)")
   if len(rest) - 1 < len(command.positional):
@@ -305,8 +306,62 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = FLAGS, command:
     try:
       config_from_flags(flag_values).validate()
     except ConfigError as e:
-      usage_error(str(e))
+      usage_error(_with_flagfile_origin(argv, str(e)))
   return rest
+
+
+_FLAG_NAME = re.compile(r"^Unknown command line flag '([\w-]+)'|^--?([\w-]+)")
+
+
+def _with_flagfile_origin(argv: list[str], message: str) -> str:
+  """``message`` with `` (set in FILE, line N)`` where the flag it names was set by a ``--flagfile``.
+
+  absl's errors name the flag but not the file it came from. The setting that counts is the last one, in the
+  order absl reads them (a flagfile's lines where the ``--flagfile`` stands, nested files included); an unknown
+  flag is named where it first appears, its origin right after its name (before absl's "Did you mean").
+  """
+  match = _FLAG_NAME.match(message)
+  if not match:
+    return message
+  name = match.group(1) or match.group(2)
+  unknown = match.group(1) is not None
+  found = None
+  for origin, arg in _expand_flagfiles(argv[1:], depth=0):
+    if re.match(rf"^--?(no)?{re.escape(name)}(=|$)", arg):
+      found = origin
+      if unknown:
+        break
+  if not found:
+    return message
+  where = f" (set in {found[0]}, line {found[1]})"
+  return message[:match.end()] + where + message[match.end():] if unknown else message + where
+
+
+def _expand_flagfiles(args: list[str], depth: int):
+  """Yields ``(origin, arg)``: origin ``None`` on the command line, ``(file, line)`` in a flagfile."""
+  pending = iter(args)
+  for arg in pending:
+    path = None
+    if re.match(r"^--?flagfile=", arg):
+      path = arg.split("=", 1)[1]
+    elif arg in ("--flagfile", "-flagfile"):
+      path = next(pending, None)
+    if path is None:
+      yield None, arg
+      continue
+    if depth > 8:  # absl refuses deeper nesting itself
+      continue
+    try:
+      with open(os.path.expanduser(path)) as f:
+        lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+      continue
+    for number, line in enumerate(lines, 1):
+      line = line.strip()
+      if not line or line.startswith(("#", "//")):
+        continue
+      for origin, inner in _expand_flagfiles([line], depth + 1):
+        yield origin or (path, number), inner
 
 
 def _parser(command: Command):

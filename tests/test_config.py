@@ -202,6 +202,26 @@ def test_config_and_flag_files(tmp_path):
     Config.from_dict({"optim": {"learning_rat": 0.1}})
 
 
+def test_a_bad_flag_from_a_flagfile_names_the_file_and_line(capsys, tmp_path):
+  """A fresh-user review: an unknown flag or a bad value inside a --flagfile named neither the file nor the line."""
+  inner = tmp_path / "inner.flags"
+  inner.write_text("# epochs\n\n--num_epochs=-3\n")
+  outer = tmp_path / "run.flags"
+  outer.write_text(f"--dataset=synthetic\n--flagfile={inner}\n--lerning_rate=0.1\n")
+  assert f"Unknown command line flag 'lerning_rate' (set in {outer}, line 3). Did you mean" in _usage_error(
+      capsys, f"--flagfile={outer}")
+  outer.write_text(f"--dataset=synthetic\n--flagfile={inner}\n")
+  assert f"--num_epochs=-3.0: must be > 0 or none (set in {inner}, line 3)" in _usage_error(
+      capsys, f"--flagfile={outer}")
+  (tmp_path / "value.flags").write_text("--active_k=many\n")
+  assert f"--active_k=many: must be an integer (set in {tmp_path / 'value.flags'}, line 1)" in _usage_error(
+      capsys, f"--flagfile={tmp_path / 'value.flags'}")
+  # The setting that counts is the last one: a command-line value after the file is named without the file.
+  assert "--num_epochs=-2.0: must be > 0 or none (--help" in _usage_error(capsys, f"--flagfile={outer}",
+                                                                            "--num_epochs=-2")
+  assert f"(set in {inner}, line 3)" in _usage_error(capsys, "--num_epochs=-2", f"--flagfile={outer}")
+
+
 def test_budgets_never_cap_each_other_by_default():
   """Issue 11: the default --num_epochs=5 silently capped --max_steps and --max_seconds."""
   assert BudgetConfig(max_steps=1000).max_steps_for(steps_per_epoch=10) == 1000
