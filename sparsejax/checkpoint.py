@@ -114,6 +114,25 @@ def check_writable(directory: str, flag: str = "workdir") -> None:
     raise ConfigError(flag, directory, f"cannot write there ({e.strerror or e})") from None
 
 
+@contextlib.contextmanager
+def new_directories_removed_on_failure(*directories: str):
+  """Removes again, if the block raises, those of ``directories`` that did not exist before it and are empty.
+
+  Listed parent first. A run refused at its start (bad data, a setting that does not fit) otherwise left an
+  empty ``WORKDIR/checkpoints`` behind, which looks like a run that started.
+  """
+  new = [d for d in directories if not os.path.exists(d)]
+  try:
+    yield
+  except BaseException:
+    for directory in reversed(new):
+      try:
+        os.rmdir(directory)
+      except OSError:  # not empty (something was saved after all) or already gone
+        pass
+    raise
+
+
 class Checkpoints:
   """Save and restore training states in ``WORKDIR/checkpoints``.
 

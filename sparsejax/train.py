@@ -68,61 +68,63 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   if config.network.model == "dense" and config.optim.batch_size % num_shards:
     raise ConfigError("batch_size", config.optim.batch_size,
                       f"data-parallel training splits each batch over {num_shards} processes: must divide by it")
-  checkpoint.check_writable(workdir)
-  read_records(workdir)  # another program's metrics.jsonl is named before anything in workdir is written
-  checkpoint.quiet_orbax_logs()
-  checkpoints = checkpoint.Checkpoints(workdir, config.checkpoint.keep_checkpoints)
-  latest = checkpoints.latest_good_step()  # corrupted ones: named, set aside
-  meta = None if latest is None else checkpoints.meta(latest)
-  if latest is not None:
-    checkpoint.check_resume(meta, latest, config, num_shards, workdir)
-    finished = _recorded_final(workdir, config, latest, meta)
-    if finished is not None:
-      return finished
+  # A start refused here (bad data, other shapes) leaves no empty work directory behind.
+  with checkpoint.new_directories_removed_on_failure(workdir, os.path.join(workdir, "checkpoints")):
+    checkpoint.check_writable(workdir)
+    read_records(workdir)  # another program's metrics.jsonl is named before anything in workdir is written
+    checkpoint.quiet_orbax_logs()
+    checkpoints = checkpoint.Checkpoints(workdir, config.checkpoint.keep_checkpoints)
+    latest = checkpoints.latest_good_step()  # corrupted ones: named, set aside
+    meta = None if latest is None else checkpoints.meta(latest)
+    if latest is not None:
+      checkpoint.check_resume(meta, latest, config, num_shards, workdir)
+      finished = _recorded_final(workdir, config, latest, meta)
+      if finished is not None:
+        return finished
 
-  t_start = time.time()
-  data = load_dataset(config.data, seed=config.run.seed)
-  train, test, validation = data.train, data.test, None
-  if len(test) == 0:
-    name = "test_file" if config.data.dataset == "files" else "test_fraction"
-    raise ConfigError(name, getattr(config.data, name), "the test set has no samples")
-  if config.data.validation_fraction > 0:
-    train, validation = train_test_split(train, config.data.validation_fraction, seed=config.run.seed + 1)
-    if len(validation) == 0:  # too few samples for the fraction: nothing to select on
-      raise ConfigError("validation_fraction", config.data.validation_fraction,
-                        f"holds no sample of the {len(train)} training samples: raise it, or 0 for no validation "
-                        "split")
-  logging.info("data: %d train / %d validation / %d test samples, %d features, %d labels (%.1f s)", len(train),
-               0 if validation is None else len(validation), len(test), train.num_features, train.num_labels,
-               time.time() - t_start)
-  steps_per_epoch = len(train) // config.optim.batch_size
-  if steps_per_epoch == 0:
-    raise ConfigError("batch_size", config.optim.batch_size, f"exceeds the {len(train)} training samples")
-  max_steps = config.budget.max_steps_for(steps_per_epoch)
-  sizes = {"num_features": train.num_features, "num_labels": train.num_labels, "num_train": len(train),
-           "steps_per_epoch": steps_per_epoch,
-           "max_features": config.data.max_features or max(train.max_features_per_sample(), 1),
-           "max_labels": config.data.max_labels or max(train.max_labels_per_sample(), 1)}
-  if meta is not None and meta["data"] != sizes and config.checkpoint.resume != "force":
-    raise checkpoint.ResumeError(f"{checkpoints.directory}/{latest} was trained on other data: {meta['data']}, "
-                                 f"now {sizes}. Use another --workdir for a new run")
+    t_start = time.time()
+    data = load_dataset(config.data, seed=config.run.seed)
+    train, test, validation = data.train, data.test, None
+    if len(test) == 0:
+      name = "test_file" if config.data.dataset == "files" else "test_fraction"
+      raise ConfigError(name, getattr(config.data, name), "the test set has no samples")
+    if config.data.validation_fraction > 0:
+      train, validation = train_test_split(train, config.data.validation_fraction, seed=config.run.seed + 1)
+      if len(validation) == 0:  # too few samples for the fraction: nothing to select on
+        raise ConfigError("validation_fraction", config.data.validation_fraction,
+                          f"holds no sample of the {len(train)} training samples: raise it, or 0 for no validation "
+                          "split")
+    logging.info("data: %d train / %d validation / %d test samples, %d features, %d labels (%.1f s)", len(train),
+                 0 if validation is None else len(validation), len(test), train.num_features, train.num_labels,
+                 time.time() - t_start)
+    steps_per_epoch = len(train) // config.optim.batch_size
+    if steps_per_epoch == 0:
+      raise ConfigError("batch_size", config.optim.batch_size, f"exceeds the {len(train)} training samples")
+    max_steps = config.budget.max_steps_for(steps_per_epoch)
+    sizes = {"num_features": train.num_features, "num_labels": train.num_labels, "num_train": len(train),
+             "steps_per_epoch": steps_per_epoch,
+             "max_features": config.data.max_features or max(train.max_features_per_sample(), 1),
+             "max_labels": config.data.max_labels or max(train.max_labels_per_sample(), 1)}
+    if meta is not None and meta["data"] != sizes and config.checkpoint.resume != "force":
+      raise checkpoint.ResumeError(f"{checkpoints.directory}/{latest} was trained on other data: {meta['data']}, "
+                                   f"now {sizes}. Use another --workdir for a new run")
 
-  run = distributed.make_run(config.model_config(train.num_features, train.num_labels), seed=config.run.seed,
-                             num_shards=num_shards, sampled_ks=tuple(k for k in [config.run.eval_sampled_k] if k))
-  abstract = None if latest is None else run.abstract_state()
-  differences = [] if latest is None else checkpoints.shape_differences(latest, abstract)
-  if differences:  # --resume=force past a setting that changes the model's shapes
-    raise checkpoint.ResumeError(
-        f"{checkpoints.directory}/{latest} holds a model of other shapes than these settings give ("
-        + "; ".join(differences[:3]) + (f"; {len(differences) - 3} more" if len(differences) > 3 else "")
-        + "): --resume=force continues a run with new settings only where they keep the model's shapes. Use "
-        "another --workdir for a new run")
-  restored = checkpoints.restore(abstract) if latest is not None else None
-  if restored is None:
-    state, position = run.init(), {"epoch": 0, "index": 0, "seconds": 0.0}
-  else:
-    state, position = restored
-    logging.info("resumed from step %d (epoch %d, index %d)", latest, position["epoch"], position["index"])
+    run = distributed.make_run(config.model_config(train.num_features, train.num_labels), seed=config.run.seed,
+                               num_shards=num_shards, sampled_ks=tuple(k for k in [config.run.eval_sampled_k] if k))
+    abstract = None if latest is None else run.abstract_state()
+    differences = [] if latest is None else checkpoints.shape_differences(latest, abstract)
+    if differences:  # --resume=force past a setting that changes the model's shapes
+      raise checkpoint.ResumeError(
+          f"{checkpoints.directory}/{latest} holds a model of other shapes than these settings give ("
+          + "; ".join(differences[:3]) + (f"; {len(differences) - 3} more" if len(differences) > 3 else "")
+          + "): --resume=force continues a run with new settings only where they keep the model's shapes. Use "
+          "another --workdir for a new run")
+    restored = checkpoints.restore(abstract) if latest is not None else None
+    if restored is None:
+      state, position = run.init(), {"epoch": 0, "index": 0, "seconds": 0.0}
+    else:
+      state, position = restored
+      logging.info("resumed from step %d (epoch %d, index %d)", latest, position["epoch"], position["index"])
   start_step = int(distributed.local_value(state.step))
   is_chief = jax.process_index() == 0
   if is_chief:  # only now: a refused or failed start leaves the work directory as it was

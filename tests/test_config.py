@@ -112,6 +112,14 @@ def test_a_malformed_data_file_ends_the_command_with_one_line_naming_file_and_li
                           "--batch_size=1"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert out.stderr.strip().splitlines()[-1] == f"sparsejax-train: error: {message}"
+    # A refused start leaves the work directory as it was: none made (it left an empty checkpoints/), and a
+    # user's own files where it existed.
+    if train == "bad.txt":
+      assert not (tmp_path / "wd").exists()
+      (tmp_path / "wd").mkdir()
+      (tmp_path / "wd" / "notes.txt").write_text("mine")
+    else:
+      assert sorted(p.name for p in (tmp_path / "wd").iterdir()) == ["notes.txt"]
 
 
 def test_train_file_without_dataset_files_is_refused(tmp_path, capsys):
