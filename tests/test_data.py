@@ -73,6 +73,19 @@ def test_dataset_validates_and_coerces():
     XCDataset([0, 2], [1, 3], [0.5, 1.0], [0, 1], [-1], 4, 3)
   with pytest.raises(ValueError, match="len"):
     XCDataset([0, 3], [1, 3], [0.5, 1.0], [0, 1], [2], 4, 3)
+  # Ids and sizes are checked before the cast to int32, which wrapped 2**32 + 1 to 1 and truncated 1.7 to 1.
+  assert XCDataset([0, 1], np.array([1.0]), [1.0], [0, 1], np.array([2], np.int64), 4.0, 3).num_features == 4
+  for args, message in (
+      (([0, 1], np.array([2**32 + 1]), [1.0], [0, 1], [2], 4, 3), "indices holds 4294967297, outside int32's range"),
+      (([0, 1], [1], [1.0], [0, 1], np.array([2**32 + 2]), 4, 3), "label_indices holds 4294967298"),
+      (([0, 1], [1.7], [1.0], [0, 1], [2], 4, 3), "indices must hold integers, got 1.7 at position 0"),
+      (([0.0, 0.5, 1.0], [1], [1.0], [0, 0, 0], [], 4, 3), "indptr must hold integers, got 0.5 at position 1"),
+      (([0, 1], ["1"], [1.0], [0, 1], [2], 4, 3), "indices must hold integers, got an array of <U1"),
+      (([0, 0], [], [], [0, 0], [], -3, 3), "num_features must be an integer >= 0, got -3"),
+      (([0, 0], [], [], [0, 0], [], 3, 2.9), "num_labels must be an integer >= 0, got 2.9"),
+  ):
+    with pytest.raises(ValueError, match=re.escape(message)):
+      XCDataset(*args)
 
 
 def test_subset_and_label_frequencies():
@@ -165,6 +178,13 @@ def test_xc_round_trip(tmp_path):
   big = make_synthetic(3000, 5000, 300, labels_per_sample=2.5, seed=1)
   save_xc_file(big, path)
   _assert_same(load_xc_file(path, chunk_bytes=4096), big)
+  # Every finite float32 reads back: the largest's shortest text is a double above it (it was refused).
+  top = float(np.finfo(np.float32).max)
+  extremes = XCDataset([0, 4], [0, 1, 2, 3], [top, -top, 1e-45, -0.0], [0, 1], [0], 4, 1)
+  save_xc_file(extremes, path)
+  _assert_same(load_xc_file(path), extremes)
+  with pytest.raises(ValueError, match="sample 1 has the non-finite feature value nan"):  # would not read back
+    save_xc_file(XCDataset([0, 1, 2], [0, 1], [1.0, np.nan], [0, 0, 0], [], 4, 1), path)
 
 
 def test_xc_reader_accepts_format_variants(tmp_path):
@@ -277,7 +297,10 @@ def test_error_line_number_in_later_chunk(tmp_path):
         ("3 10 5 7", "1 1:1\n", 1, "header must be"),
         ("3 ten 5", "1 1:1\n", 1, "integers"),
         ("3 10 5", "1 1:1\n1 1:1\n", 4, "file ends after 2 data lines"),
-        ("1 10 5", "1 1:1\n1 1:1\n", 3, "more data lines"),
+        ("1 10 5", "1 1:1\n1 1:1\n", 3, "more data lines than the header's num_points=1\n"),
+        # A stray blank line is a sample: the excess is reported where it shows, naming the blank line.
+        ("3 5 4", "0,1 0:1 3:0.5\n\n2 1:2\n 4:1\n", 5,
+         "num_points=3 (an empty line is a sample with no labels and no features: line 3 is one)"),
         ("2 10 5", "1 1:1\n", 3, "num_points=2"),
     ],
 )
@@ -287,7 +310,7 @@ def test_header_errors(tmp_path, header, body, line, fragment):
   with pytest.raises(XCFormatError) as info:
     load_xc_file(path)
   assert info.value.line == line and f"hdr.txt:{line}:" in str(info.value)
-  assert fragment in str(info.value)
+  assert fragment in str(info.value) + "\n"
 
 
 def test_empty_file_is_a_header_error(tmp_path):

@@ -41,6 +41,31 @@ def _row_ids(indptr: np.ndarray) -> np.ndarray:
   return np.repeat(np.arange(len(indptr) - 1, dtype=np.int64), np.diff(indptr))
 
 
+def _size(name: str, value) -> int:
+  """A size given as an integer (``2.9`` or ``-3`` features are refused, not truncated)."""
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer, float, np.floating)) or value != int(value) \
+      or value < 0:
+    raise ValueError(f"XCDataset.{name} must be an integer >= 0, got {value!r}")
+  return int(value)
+
+
+def _integers(name: str, arr: np.ndarray, limits: np.iinfo) -> np.ndarray:
+  """``arr`` as int64 if it holds integers within ``limits``, else a ValueError naming ``name``."""
+  if arr.size == 0:
+    return arr.astype(np.int64)
+  if arr.dtype.kind == "f":
+    whole = np.isfinite(arr) & (arr == np.trunc(arr))
+    if not whole.all():
+      raise ValueError(f"XCDataset.{name} must hold integers, got {arr[~whole][0].item()!r} at position "
+                       f"{int(np.argmin(whole))}")
+  elif arr.dtype.kind not in "iu":
+    raise ValueError(f"XCDataset.{name} must hold integers, got an array of {arr.dtype}")
+  low, high = arr.min(), arr.max()
+  if low < limits.min or high > limits.max:
+    raise ValueError(f"XCDataset.{name} holds {low if low < limits.min else high}, outside {limits.dtype}'s range")
+  return arr.astype(np.int64)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class XCDataset:
   """An extreme-classification dataset: sparse features, sparse label sets.
@@ -75,13 +100,15 @@ class XCDataset:
         "label_indptr": np.int64,
         "label_indices": np.int32,
     }
+    for name in ("num_features", "num_labels"):
+      object.__setattr__(self, name, _size(name, getattr(self, name)))
     for name, dtype in coerce.items():
-      arr = np.ascontiguousarray(getattr(self, name), dtype=dtype)
+      arr = np.asarray(getattr(self, name))
       if arr.ndim != 1:
         raise ValueError(f"XCDataset.{name} must be 1-D, got shape {arr.shape}")
-      object.__setattr__(self, name, arr)
-    object.__setattr__(self, "num_features", int(self.num_features))
-    object.__setattr__(self, "num_labels", int(self.num_labels))
+      if dtype is not np.float32:  # checked before the cast, which would wrap or truncate silently
+        arr = _integers(name, arr, np.iinfo(dtype))
+      object.__setattr__(self, name, np.ascontiguousarray(arr, dtype=dtype))
     self._validate()
 
   def _validate(self) -> None:

@@ -39,6 +39,9 @@ _CHUNK_BYTES = 32 << 20
 UTF8_BOM = b"\xef\xbb\xbf"
 _GZIP_MAGIC = b"\x1f\x8b"
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+# The smallest magnitude that rounds to inf in float32 (half an ulp above the largest float32): a value below it,
+# such as the shortest text of the largest float32 that save_xc_file writes, reads as a finite float32.
+_FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
 
 # Byte -> class tables, applied with ``bytes.translate`` (several times faster
 # than numpy fancy indexing on uint8 arrays).
@@ -188,7 +191,7 @@ def _parse_chunk_fast(chunk: bytes, num_features: int, num_labels: int) -> _Rows
   if (
       (label_ids.size and label_ids.max() >= num_labels)
       or (feat_ids.size and feat_ids.max() >= num_features)
-      or not np.all(np.abs(feat_vals) <= _FLOAT32_MAX)  # also false for NaN: finite in float32
+      or not np.all(np.abs(feat_vals) < _FLOAT32_OVERFLOW)  # also false for NaN: finite in float32
   ):
     return None
   return _Rows(
@@ -254,8 +257,8 @@ def _parse_chunk_slow(chunk: bytes, first_line: int, num_features: int, num_labe
         raise err(f"malformed feature value in {item!r}") from None
       if not np.isfinite(value):
         raise err(f"non-finite feature value in {item!r}")
-      if abs(value) > _FLOAT32_MAX:
-        raise err(f"feature value in {item!r} overflows float32 (|value| > {_FLOAT32_MAX:.4g})")
+      if abs(value) >= _FLOAT32_OVERFLOW:
+        raise err(f"feature value in {item!r} overflows float32 (its largest is {np.float32(_FLOAT32_MAX)!s})")
       feat_vals.append(value)
     feat_counts.append(len(items))
   return _Rows(
@@ -339,10 +342,13 @@ def load_xc_file(path: str | os.PathLike, *, chunk_bytes: int = _CHUNK_BYTES) ->
     extra = slice(num_points, None)
     if feat_counts[extra].any() or label_counts[extra].any():
       first_extra = num_points + np.flatnonzero((feat_counts[extra] > 0) | (label_counts[extra] > 0))[0]
+      empty = np.flatnonzero((feat_counts[:num_points] == 0) & (label_counts[:num_points] == 0))
       raise XCFormatError(
           path,
           first_extra + 2,
-          f"more data lines than the header's num_points={num_points}",
+          f"more data lines than the header's num_points={num_points}"
+          + (f" (an empty line is a sample with no labels and no features: line {empty[0] + 2} is one)"
+             if len(empty) else ""),
       )
     feat_counts, label_counts = feat_counts[:num_points], label_counts[:num_points]
   elif lines_done < num_points:
@@ -381,6 +387,11 @@ def save_xc_file(dataset: XCDataset, path: str | os.PathLike) -> None:
     path: output file (overwritten).
   """
   n = len(dataset)
+  bad = np.flatnonzero(~np.isfinite(dataset.values))
+  if len(bad):  # load_xc_file refuses them: the file would not read back
+    sample = int(np.searchsorted(dataset.indptr, bad[0], side="right")) - 1
+    raise ValueError(f"save_xc_file: sample {sample} has the non-finite feature value {dataset.values[bad[0]]} "
+                     f"(feature {dataset.indices[bad[0]]}); the XC format holds finite values only")
   ids_s = dataset.indices.astype("U")
   vals_s = dataset.values.astype("U")
   labels_s = dataset.label_indices.astype("U")
