@@ -264,6 +264,15 @@ class TrainedModel:
     """
     from sparsejax import metrics
 
+    if not isinstance(dataset, XCDataset):  # a sparse matrix or texts would score 0 against no labels
+      raise TypeError(f"evaluate needs labelled samples, an XCDataset; got {type(dataset).__name__} (predict takes "
+                      "unlabelled inputs)")
+    if dataset.num_labels != self.num_labels:
+      raise ValueError(f"the dataset has {dataset.num_labels} labels; the model predicts {self.num_labels}: its "
+                       "label ids would not name the same labels")
+    if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer))
+                                    or num_samples < 1):
+      raise ValueError(f"num_samples must be an integer >= 1 or None (all), got {num_samples!r}")
     propensity = metrics.propensity_scores(self._frequencies, self._num_train, self.config.run.propensity_a,
                                            self.config.run.propensity_b)
     evaluator = Evaluator(self.features(dataset), propensity, self.config.data.max_features)

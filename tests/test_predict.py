@@ -9,10 +9,12 @@ import subprocess
 
 import numpy as np
 import pytest
+import scipy.sparse
 
 import sparsejax
 from sparsejax import data
 from sparsejax.config import override
+from sparsejax.data import XCDataset
 from sparsejax.metric_writer import read_records
 from sparsejax.train import train_and_evaluate
 
@@ -77,6 +79,20 @@ def test_load_evaluate_reproduces_the_final_evaluation(synthetic_run):
   for key in ("p@1", "p@3", "p@5", "ndcg@5", "psp@5", "sampled_p@1", "sampled_p@5"):
     assert result[key] == final[key], key  # exactly: the same computation on the same parameters (and tables)
   assert final["p@1"] > 0.3  # it learned (chance: 1/200)
+  # Inputs it cannot score are refused by name (a fresh-user review: each returned metrics, P@1 0 or a number).
+  unlabelled = scipy.sparse.csr_matrix((test.values, test.indices, test.indptr), shape=(len(test), test.num_features))
+  wider = XCDataset(test.indptr, test.indices, test.values, test.label_indptr, test.label_indices,
+                    test.num_features, test.num_labels + 1)
+  for args, error, message in (
+      ((unlabelled,), TypeError, "evaluate needs labelled samples, an XCDataset; got csr_matrix"),
+      ((wider,), ValueError, f"the dataset has {test.num_labels + 1} labels; the model predicts {test.num_labels}"),
+      ((test, 0), ValueError, "num_samples must be an integer >= 1 or None (all), got 0"),
+      ((test, 2.5), ValueError, "num_samples must be an integer >= 1 or None (all), got 2.5"),
+  ):
+    with pytest.raises(error, match=re.escape(message)):
+      model.evaluate(*args)
+  first_seven = model.evaluate(test.subset(np.arange(7)), sampled=False)["p@1"]
+  assert model.evaluate(test, 7, sampled=False)["p@1"] == first_seven
 
 
 def test_predict_keeps_every_feature_of_rows_wider_than_any_training_row(synthetic_run):
