@@ -157,6 +157,13 @@ def _check_field(field: dataclasses.Field, value: Any) -> None:
 class Section:
   """Base of the config sections: :meth:`validate` checks each field, then their combinations."""
 
+  def __post_init__(self) -> None:
+    # A list for a list setting (override(config, hidden_dims=[16])) is kept as a tuple, as from_dict keeps it: a
+    # list left the model's static config unhashable, which failed deep inside jit at the first step.
+    for field in dataclasses.fields(self):
+      if isinstance(value := getattr(self, field.name), list):
+        object.__setattr__(self, field.name, tuple(value))
+
   def validate(self) -> None:
     """Raises :class:`ConfigError` naming the first invalid setting."""
     for field in dataclasses.fields(self):
@@ -185,6 +192,7 @@ class DataConfig(Section):
       None, "Test set in the Extreme Classification Repository text format (needs --dataset=files).")
 
   def __post_init__(self) -> None:
+    super().__post_init__()
     # Absolute paths: the run's config.json names the same files from any directory (resuming, sparsejax.load).
     for name in ("train_file", "test_file"):
       path = getattr(self, name)

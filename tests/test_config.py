@@ -206,6 +206,10 @@ def test_config_and_flag_files(tmp_path):
   (tmp_path / "run.flags").write_text("--dataset=synthetic\n--active_k=77\n")
   assert _parse(f"--flagfile={tmp_path / 'run.flags'}") == override(Config(), dataset="synthetic", active_k=77)
   assert Config.from_dict(json.loads(json.dumps(first.to_dict()))) == first
+  # A list is kept as the tuple from_dict gives (a fresh-user review: a list made the model config unhashable,
+  # which failed inside jit at the first step).
+  listed = override(Config(), hidden_dims=[16, 8])
+  assert listed == override(Config(), hidden_dims=(16, 8)) and hash(listed.model_config(10, 5))
   with pytest.raises(ConfigError, match="--learning_rat=0.1: unknown setting"):
     Config.from_dict({"optim": {"learning_rat": 0.1}})
 
