@@ -125,6 +125,13 @@ def _insert(tables: HashTables, codes, ids, num_rows: int, reset: bool) -> HashT
   return dataclasses.replace(tables, buckets=buckets, counts=counts)
 
 
+def _width(params: LSHParams) -> int | str:
+  """The input width that the arguments hashed must have: SimHash's own, so that a wrong one is named as the
+  argument the caller gave rather than as the hash functions' (DWTA's bins only bound it: ``"d"``)."""
+  width = input_dim(params)
+  return "d" if width is None else width
+
+
 def build_tables(tables: HashTables, params: LSHParams, weight: jax.Array,
                  num_valid: int | jax.Array | None = None) -> HashTables:
   """Clears the tables and inserts every row of ``weight`` (rows 0..N-1 in order).
@@ -141,7 +148,7 @@ def build_tables(tables: HashTables, params: LSHParams, weight: jax.Array,
     The rebuilt tables.
   """
   dims = Dims("build_tables")
-  check_array(dims, "weight", weight, jnp.float32, ("N", "d"))
+  check_array(dims, "weight", weight, jnp.float32, ("N", _width(params)))
   check_int(dims.op, "weight.shape[0]", dims["N"], 0, INT32_MAX)
   _check_tables(dims, tables, params)
   codes = lsh_hash(params, weight)
@@ -167,7 +174,7 @@ def insert_rows(tables: HashTables, params: LSHParams, rows: jax.Array, ids: jax
     num_rows: N, the layer width (bounds the ids).
   """
   dims = Dims("insert_rows")
-  check_array(dims, "rows", rows, jnp.float32, ("n", "d"))
+  check_array(dims, "rows", rows, jnp.float32, ("n", _width(params)))
   check_array(dims, "ids", ids, jnp.int32, ("n",))
   num_rows = check_int(dims.op, "num_rows", num_rows, 0, INT32_MAX)
   _check_tables(dims, tables, params)
@@ -221,7 +228,6 @@ def lsh_query(tables: HashTables, params: LSHParams, queries: jax.Array, *, k: i
     of them (not counting labels) came from the tables.
   """
   dims = Dims("lsh_query")
-  width = input_dim(params)  # SimHash: the width the hash functions take, so a wrong query is named as such
-  check_array(dims, "queries", queries, jnp.float32, ("B", "d" if width is None else width))
+  check_array(dims, "queries", queries, jnp.float32, ("B", _width(params)))
   _check_tables(dims, tables, params)
   return query_codes(tables, lsh_hash(params, queries), k=k, num_rows=num_rows, labels=labels, seed=seed)

@@ -126,6 +126,14 @@ def test_table_arguments_are_named():
     tables.lsh_query(dataclasses.replace(t, seed=jnp.int32(0)), params, jnp.ones((3, 4)), k=2, num_rows=20)
   with pytest.raises(ValueError, match=r"build_tables: argument 'num_valid' must be in \[0, 20\], got 21"):
     tables.build_tables(t, params, jnp.ones((20, 4)), num_valid=21)
+  # Rows of the wrong width are named as the caller's argument, not as the hash functions' (a fresh-user review).
+  for op, call in (("build_tables", lambda: tables.build_tables(t, params, jnp.ones((20, 5)))),
+                   ("insert_rows", lambda: tables.insert_rows(t, params, jnp.ones((1, 5)), jnp.zeros((1,), jnp.int32),
+                                                              20)),
+                   ("lsh_query", lambda: tables.lsh_query(t, params, jnp.ones((3, 5)), k=2, num_rows=20))):
+    argument = {"build_tables": "weight", "insert_rows": "rows", "lsh_query": "queries"}[op]
+    with pytest.raises(ValueError, match=rf"{op}: argument '{argument}' must have shape \[.+, 4\]"):
+      call()
 
 
 def test_corrupt_table_counts_are_an_error_not_a_write():
