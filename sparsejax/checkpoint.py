@@ -381,16 +381,20 @@ def make_meta(config: Config, num_shards: int, num_processes: int, data: dict[st
           "num_processes": num_processes, "data": data}
 
 
-def check_resume(meta: dict[str, Any] | None, step: int, config: Config, num_shards: int, workdir: str) -> None:
+def check_resume(meta: dict[str, Any] | None, step: int, config: Config, num_shards: int, workdir: str) -> list[str]:
   """Raises :class:`ResumeError` unless the run of ``config`` may continue from checkpoint ``step``.
 
   Args:
     meta: the checkpoint's record (None for checkpoints that have none: not checked).
     step: the checkpoint's step.
-    config: the new run's settings (``config.checkpoint.resume``: ``auto`` compares the settings that define
-      the run, ``force`` does not, ``never`` refuses any checkpoint).
+    config: the new run's settings (``config.checkpoint.resume``: ``auto`` refuses a change of the settings that
+      define the run, ``force`` names them in a warning and goes on, ``never`` refuses any checkpoint).
     num_shards: the new run's output layer split.
     workdir: named in the messages.
+
+  Returns:
+    The names of the settings that differ from the checkpoint's: budgets and other settings free to change, and
+    under ``force`` also those that define the run (each of these named in a warning).
   """
   where = os.path.join(workdir, "checkpoints", str(step))
   policy = config.checkpoint.resume
@@ -399,21 +403,25 @@ def check_resume(meta: dict[str, Any] | None, step: int, config: Config, num_sha
                       "(or --resume=auto to continue this one)")
   if meta is None:
     logging.warning("%s records no settings (an older sparsejax wrote it): resuming without checking them", where)
-    return
+    return []
   if meta.get("num_shards") != num_shards:
     raise ResumeError(f"{where} was written by a run over {meta.get('num_processes')} process(es) with the output "
                       f"layer split {meta.get('num_shards')} way(s); this one splits it {num_shards} way(s). Resume "
                       f"it with {meta.get('num_processes')} process(es), or use another --workdir")
-  if policy == "force":
-    return
   saved = flat_items(Config.from_dict(meta["config"]))
   now = flat_items(config)
-  differ = [name for name in sorted(identity_fields()) if saved[name] != now[name]]
+  changed = [name for name in sorted(now) if saved[name] != now[name]]
+  differ = [name for name in changed if name in identity_fields()]
+  changes = ", ".join(f"--{n}={format_value(saved[n])} (now {format_value(now[n])})" for n in differ)
+  if policy == "force":
+    if differ:
+      logging.warning("--resume=force: continuing %s with other settings: %s", where, changes)
+    return changed
   if differ:
-    changes = ", ".join(f"--{n}={format_value(saved[n])} (now {format_value(now[n])})" for n in differ)
     raise ResumeError(f"{where} was trained with other settings: {changes}. Give the same settings to resume it "
                       f"(--config={os.path.join(workdir, 'config.json')} has them), use another --workdir for a new "
                       f"run, or --resume=force to continue it with the new ones")
+  return changed
 
 
 class BestCheckpoint:

@@ -16,6 +16,7 @@ vectorizer: what :func:`sparsejax.load` needs) and, if asked for,
 ``tensorboard/``.
 """
 
+import dataclasses
 import functools
 import json
 import os
@@ -28,7 +29,7 @@ import jax
 from absl import logging
 
 from sparsejax import checkpoint, dense, distributed, memory, model, retrieval, trained
-from sparsejax.config import Config, ConfigError
+from sparsejax.config import Config, ConfigError, DataConfig
 from sparsejax.console import Progress
 from sparsejax.data import BatchIterator, load_dataset, train_test_split
 from sparsejax.evaluation import Evaluator
@@ -76,8 +77,9 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
     checkpoints = checkpoint.Checkpoints(workdir, config.checkpoint.keep_checkpoints)
     latest = checkpoints.latest_good_step()  # corrupted ones: named, set aside
     meta = None if latest is None else checkpoints.meta(latest)
+    changed = []  # the settings that differ from the checkpoint's
     if latest is not None:
-      checkpoint.check_resume(meta, latest, config, num_shards, workdir)
+      changed = checkpoint.check_resume(meta, latest, config, num_shards, workdir)
       finished = _recorded_final(workdir, config, latest, meta)
       if finished is not None:
         return finished
@@ -141,10 +143,20 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   selection = None
   if validation is not None:
     best = checkpoint.BestCheckpoint(workdir, config.run.selection_metric)
-    # A best state newer than the checkpoint resumed from belongs to steps that are trained again now (the
-    # process died between an evaluation and the next checkpoint): they will be evaluated and kept again.
-    best.discard_after(start_step)
-    selection = _Selection(evaluator(validation), best, config.run, position.get("selection"))
+    restored_selection = position.get("selection")
+    scored_otherwise = [f"--{n}" for n in sorted(set(changed) & _SELECTION_SETTINGS)]
+    if meta is not None and meta["data"] != sizes:  # --resume=force past other data
+      scored_otherwise.append("the data")
+    if scored_otherwise:  # the kept scores are of another validation split or metric: they do not compare
+      logging.warning("model selection starts anew at step %d: %s changed, so the best state kept so far was "
+                      "scored otherwise", start_step, ", ".join(scored_otherwise))
+      best.discard_after(-1)
+      restored_selection = None
+    else:
+      # A best state newer than the checkpoint resumed from belongs to steps that are trained again now (the
+      # process died between an evaluation and the next checkpoint): they will be evaluated and kept again.
+      best.discard_after(start_step)
+    selection = _Selection(evaluator(validation), best, config.run, restored_selection)
   loop = _Loop(config, run, checkpoints, checkpoint.make_meta(config, num_shards, jax.process_count(), sizes),
                evaluator(test), selection,
                MetricWriter(workdir, config.run.tensorboard, resume_step=start_step) if is_chief else None,
@@ -168,6 +180,11 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   if loop.stop_signal is not None:
     raise Interrupted(loop.stop_signal, loop.step, checkpoints.directory)
   return loop.finish(state, start_step)
+
+
+# The settings that decide what a validation score measures: the data (and so the split), the seed that draws the
+# split, the metric and the samples evaluated.
+_SELECTION_SETTINGS = {f.name for f in dataclasses.fields(DataConfig)} | {"seed", "selection_metric", "eval_samples"}
 
 
 def _recorded_final(workdir: str, config: Config, latest: int, meta: dict | None) -> dict | None:
@@ -233,13 +250,6 @@ class _Loop:
     try:
       with StopRequests() as stop:
         while self.max_steps is None or self.step < self.max_steps:
-          # Every process must take the same steps: the wall-clock budget is checked every
-          # log_every steps and process 0's verdict is followed by all.
-          if (max_seconds is not None and self.step % log_every == 0
-              and distributed.agree(time.time() - t_loop - eval_seconds >= max_seconds)):
-            logging.info("wall-clock budget of %.0f s reached at step %d", max_seconds, self.step)
-            self.stopped_by = "max_seconds"
-            break
           batch = next(batches)
           prof.begin_step(self.step, lambda state=state, batch=batch: run.describe_step(state, batch))
           state, metrics = run.step(state, batch)
@@ -249,8 +259,15 @@ class _Loop:
           window_steps += 1
           state = prof.maintenance("tables", run.maintain, state, self.step)
           self.train_seconds = time.time() - t_loop - eval_seconds
+          last = self.step == self.max_steps
+          # Every process must take the same steps: the wall-clock budget is checked every
+          # log_every steps and process 0's verdict is followed by all.
+          if (not last and max_seconds is not None and self.step % log_every == 0
+              and distributed.agree(time.time() - t_loop - eval_seconds >= max_seconds)):
+            logging.info("wall-clock budget of %.0f s reached at step %d", max_seconds, self.step)
+            self.stopped_by, last = "max_seconds", True
           record = {}
-          if self.step % log_every == 0 or self.step == self.max_steps:
+          if self.step % log_every == 0 or last:
             self.last_loss = float(distributed.local_value(metrics["loss"]))  # syncs: only every log_every steps
             record = {"loss": self.last_loss, "learning_rate": float(distributed.local_value(metrics["learning_rate"])),
                       "samples_per_sec": window_steps * batch_size / max(time.time() - window_start, 1e-9),
@@ -259,7 +276,10 @@ class _Loop:
             if self.nonfinite.check() or self.nonfinite.skipped:
               record["skipped_steps"] = self.nonfinite.skipped
           progress.step(self.step, record.get("loss"), record.get("samples_per_sec"))
-          if self.step % config.run.eval_every == 0 and self.step != self.max_steps:  # the final one comes next
+          # The last step's test-set evaluation comes in finish; its validation evaluation comes here, so that the
+          # final checkpoint (saved after the loop) holds the selection state with it: a run continued from that
+          # checkpoint had compared its evaluations against a stale best.
+          if (self.step % config.run.eval_every == 0 and not last) or (last and self.selection is not None):
             t_eval = time.time()
             self.nonfinite.check()
             if self.selection is not None:  # periodic evaluations select the model: on the validation split
@@ -273,7 +293,7 @@ class _Loop:
                          _retrieval_line(record))
             eval_seconds += time.time() - t_eval
             window_start = time.time()
-            if self.selection is not None and distributed.agree(self.selection.should_stop()):
+            if self.selection is not None and not last and distributed.agree(self.selection.should_stop()):
               self._write(record)
               logging.info("early stopping at step %d: no better validation %s in %d evaluations (best: step %d)",
                            self.step, self.selection.metric, self.selection.bad_evaluations,
@@ -282,7 +302,7 @@ class _Loop:
               break
           if record:
             self._write(record)
-          if self.step % config.checkpoint.checkpoint_every == 0:
+          if self.step % config.checkpoint.checkpoint_every == 0 and not last:  # the last: after the loop
             prof.maintenance("checkpoint", self.save, state, batches)
           if config.dist.checksum_every and self.step % config.dist.checksum_every == 0:
             prof.maintenance("checksum", run.check_replicas, state, self.step)
@@ -290,6 +310,8 @@ class _Loop:
             self.stop_signal = stop.signum
             logging.warning("stopping after step %d (%s): saving a checkpoint", self.step,
                             signal.Signals(stop.signum).name)
+            break
+          if last:
             break
       if metrics is not None and self.step % log_every:  # the final record's loss: the last step's
         self.last_loss = float(distributed.local_value(metrics["loss"]))
@@ -317,7 +339,7 @@ class _Loop:
     """The final evaluation on the whole test set, of the selected state, recorded and logged."""
     step = self.step
     if self.selection is not None:
-      if self.selection.last_step != step:  # the last state competes too
+      if self.selection.last_step != step:  # the last state competes too (the loop evaluated it, if it trained)
         self._write(self.selection.evaluate(self.run, state, step, self.config.run.eval_samples))
       state, step = self.selection.restore_best(self.run, state)
       logging.info("selected the state of step %d (validation %s %.4f) of %d steps", step,

@@ -137,6 +137,45 @@ def test_a_finished_run_that_selected_an_earlier_step_is_not_trained_again(tmp_p
   assert final["validation_p@1"] == max(r["p@1"] for r in periodic)
 
 
+def _selection_so_far(records: list[dict]) -> dict:
+  """The selection state that a run's validation records give: the first best value, its step, and the
+  evaluations since it."""
+  values = [r["p@1"] for r in records]
+  best = int(np.argmax(values))
+  return {"best_value": values[best], "best_step": records[best]["step"], "bad_evaluations": len(values) - 1 - best}
+
+
+def test_a_continued_run_selects_against_every_evaluation_before_it(tmp_path, small_config, caplog):
+  """A fresh-user review: the last step's validation evaluation ran after the final checkpoint was saved, so a run
+  continued from that checkpoint compared its evaluations against a stale best (its records named a best step that
+  best_checkpoint/ did not hold, and its final record paired the selected step with another step's score)."""
+  import orbax.checkpoint as ocp
+
+  config = _selecting(small_config, max_steps=150)
+  train_and_evaluate(config, str(tmp_path))
+  periodic = [r for r in read_records(str(tmp_path)) if r.get("split") == "validation"]
+  assert periodic[-1]["step"] == 150
+  manager = ocp.CheckpointManager(str(tmp_path / "checkpoints"))
+  position = manager.restore(150, args=ocp.args.Composite(data=ocp.args.JsonRestore()))["data"]
+  assert position["selection"] == _selection_so_far(periodic)  # the last evaluation included
+  longer = train_and_evaluate(override(config, max_steps=250), str(tmp_path))
+  periodic = [r for r in read_records(str(tmp_path)) if r.get("split") == "validation"]
+  assert [r["step"] for r in periodic] == list(range(10, 260, 10))
+  for i, record in enumerate(periodic):
+    assert record["best_step"] == _selection_so_far(periodic[:i + 1])["best_step"], record["step"]
+  selection = _selection_so_far(periodic)
+  assert longer["selected_step"] == selection["best_step"] and longer["validation_p@1"] == selection["best_value"]
+  assert os.listdir(tmp_path / "best_checkpoint") == [str(selection["best_step"])]
+  # --resume=force past a change of the data (here the seed, which draws the split): the scores kept so far are of
+  # another validation split, so selection starts anew, and the change is named.
+  forced = train_and_evaluate(override(config, max_steps=300, seed=7, resume="force"), str(tmp_path))
+  assert "--resume=force: continuing" in caplog.text and "--seed=0 (now 7)" in caplog.text
+  assert "model selection starts anew at step 250: --seed" in caplog.text
+  after = [r for r in read_records(str(tmp_path)) if r.get("split") == "validation" and r["step"] > 250]
+  assert forced["selected_step"] == _selection_so_far(after)["best_step"] > 250
+  assert os.listdir(tmp_path / "best_checkpoint") == [str(forced["selected_step"])]
+
+
 def test_an_early_stopped_run_is_finished_until_its_patience_is_raised(tmp_path, small_config, caplog):
   config = _selecting(small_config, max_steps=400, early_stopping_patience=1)
   final = train_and_evaluate(config, str(tmp_path))
