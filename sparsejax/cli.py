@@ -212,6 +212,8 @@ def config_from_flags(flag_values: flags.FlagValues = FLAGS) -> Config:
         base = Config.from_dict(json.load(f))
     except (OSError, json.JSONDecodeError) as e:
       raise ConfigError("config", path, f"cannot read it: {e}") from None
+    except ConfigError as e:  # a setting in the file: named with the file
+      raise ConfigError("config", path, e.reason if e.name == "config" else str(e)) from None
   given = {name: flag_values[name].value for _, field in iter_fields(Config)
            if (name := field.name) in flag_values and flag_values[name].present}
   return override(base, **given)
@@ -306,7 +308,11 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = FLAGS, command:
     try:
       config_from_flags(flag_values).validate()
     except ConfigError as e:
-      usage_error(_with_flagfile_origin(argv, str(e)))
+      message = _with_flagfile_origin(argv, str(e))
+      if (message == str(e) and e.name in flag_values and not flag_values[e.name].present
+          and "config" in flag_values and flag_values["config"].value):  # from --config's file
+        message += f" (set in {flag_values['config'].value})"
+      usage_error(message)
   return rest
 
 

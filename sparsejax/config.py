@@ -572,7 +572,9 @@ class Config:
     return _from_dict(cls, values)
 
 
-def _from_dict(cls, values: Mapping[str, Any]):
+def _from_dict(cls, values: Mapping[str, Any], name: str = "config"):
+  if not isinstance(values, Mapping):  # a JSON string or list: named, not a TypeError from deep inside
+    raise ConfigError(name, values, f"must be an object of {cls.__name__}'s settings, got {type(values).__name__}")
   fields = {f.name: f for f in dataclasses.fields(cls)}
   for name in values:
     if name not in fields:
@@ -581,7 +583,7 @@ def _from_dict(cls, values: Mapping[str, Any]):
   for name, value in values.items():
     field = fields[name]
     if is_section(field):
-      kwargs[name] = _from_dict(field.type, value)
+      kwargs[name] = _from_dict(field.type, value, name)
     elif isinstance(value, list):
       kwargs[name] = tuple(value)
     else:

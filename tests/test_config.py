@@ -234,6 +234,22 @@ def test_a_bad_flag_from_a_flagfile_names_the_file_and_line(capsys, tmp_path):
   assert f"(set in {inner}, line 3)" in _usage_error(capsys, "--num_epochs=-2", f"--flagfile={outer}")
 
 
+def test_a_bad_config_file_is_named_in_one_line(capsys, tmp_path):
+  """A fresh-user review: a --config file of JSON that is not an object gave a TypeError traceback, and its bad
+  settings were named without the file."""
+  path = tmp_path / "c.json"
+  for text, message in (
+      ('"hello"', f"--config={path}: must be an object of Config's settings, got str"),
+      ("[1, 2]", f"--config={path}: must be an object of Config's settings, got list"),
+      ('{"optim": 5}', f"--config={path}: --optim=5: must be an object of OptimizerConfig's settings, got int"),
+      ('{"optim": {"learning_rat": 0.1}}', f"--config={path}: --learning_rat=0.1: unknown setting of OptimizerConfig"),
+      ('{"optim": {"learning_rate": -1}}', f"--learning_rate=-1: must be > 0 (set in {path})")):
+    path.write_text(text)
+    assert f"error: {message} (--help lists the flags)" in _usage_error(capsys, f"--config={path}")
+  # A value on the command line is named as the command line's, not as the file's.
+  assert "--learning_rate=-2.0: must be > 0 (--help" in _usage_error(capsys, f"--config={path}", "--learning_rate=-2")
+
+
 def test_budgets_never_cap_each_other_by_default():
   """Issue 11: the default --num_epochs=5 silently capped --max_steps and --max_seconds."""
   assert BudgetConfig(max_steps=1000).max_steps_for(steps_per_epoch=10) == 1000
