@@ -249,6 +249,27 @@ def test_network_bound_rate_and_effective_compression():
   assert whatif.effective_compression(sparse, profile, 4) == pytest.approx(1.5e8 / 4.5e5, rel=1e-12)
 
 
+def test_a_profile_without_compressible_collectives_is_named_where_compression_is_asked_for(tmp_path):
+  """A fresh-user review: --compression on a SLIDE profile changed nothing without saying so, and the compression
+  plot came out with empty axes."""
+  sparse = _profile([0.01], [Collective("s", "all-gather", 4 * 10**9, False, 0)], name="slide")
+  dense = _profile([0.01], [Collective("g", "all-reduce", 10**8, True, 0)], name="dense")
+  note = ("slide: no compressible collective (it exchanges activations and softmax sums, not gradients): "
+          "compression changes nothing")
+  result = whatif.analyse([sparse, dense], whatif.ideal_model(), [4], [1e9], [1.0, 100.0], 0.95)
+  assert result.notes == [note]
+  same = [p.scaling_factor for p in result.grid if p.profile == "slide"]
+  assert len(same) == 2 and same[0] == same[1] < 0.95
+  assert whatif.analyse([sparse, dense], whatif.ideal_model(), [4], [1e9]).notes == []  # not asked for
+  pytest.importorskip("matplotlib")
+  from sparsejax.netanalysis import report
+
+  alone = whatif.analyse([sparse], whatif.ideal_model(), [4], [1e9], [1.0, 100.0], 0.95)
+  assert [os.path.basename(p) for p in report.plot_whatif(alone, f"{tmp_path}/")] == ["whatif.png"]
+  assert [os.path.basename(p) for p in report.plot_whatif(result, f"{tmp_path}/")] == ["whatif.png",
+                                                                                        "compression.png"]
+
+
 def test_other_worker_counts_scale_segments():
   profile = _profile([(0.02, "fwd", "batch"), (0.04, "shard", "sharded"), (0.01, "opt", "replicated")], [], workers=4)
   model = whatif.ideal_model()

@@ -221,8 +221,8 @@ def plot_whatif(result: whatif.Analysis, prefix: str) -> list[str]:
   paths = [png_path(prefix, "whatif")]
   fig.savefig(paths[0], dpi=110)
   plt.close(fig)
-  if result.target_scaling is None:
-    return paths
+  if result.target_scaling is None or not any(e.compression is not None for e in result.needed_compression):
+    return paths  # no profile reaches the target by compression: an empty plot says nothing
   fig, ax = plt.subplots(figsize=(6, 4))
   for name in profiles:
     for n in workers:

@@ -549,8 +549,13 @@ def analyse(profiles: Sequence[Profile], model: CostModel, workers: Sequence[int
     scaling: ``weak`` or ``strong``.
     notes: remarks to carry to the report.
   """
+  notes = list(notes)
+  if any(c != 1 for c in compressions) or target is not None:
+    notes += [f"{p.name}: no compressible collective (it exchanges activations and softmax sums, not gradients): "
+              "compression changes nothing" for p in profiles
+              if not any(c.compressible for chain in p.steps for c in chain.collectives)]
   result = Analysis(model.name, scaling, model.fusion, target,
-                    grid(profiles, model, workers, bandwidths, compressions, scaling), notes=list(notes))
+                    grid(profiles, model, workers, bandwidths, compressions, scaling), notes=notes)
   for sparse in (p for p in profiles if p.job == "sparse"):
     for dense in (p for p in profiles if p.job == "dense"):
       result.effective_compression += [EffectiveCompression(sparse.name, dense.name, n,
