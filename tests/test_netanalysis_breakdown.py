@@ -171,13 +171,20 @@ def test_written_run_reports(run_dir, capsys):
   assert sorted(os.listdir(run_dir / "netanalysis")) == ["profile.json", "rank0.json", "rank1.json"]
   profiles.read_profile(str(run_dir / "netanalysis" / "profile.json"))
   out_json, trace = run_dir / "report.json", run_dir / "timeline.json"
+  one = run_dir / "one"  # a one-process baseline: rank 0's window alone
+  collect.write_run(str(one / "netanalysis"), _windows()[:1], {**_run_info(), "processes": 1})
   assert cli(["x", "report", f"--run={run_dir}", f"--json={out_json}", f"--trace={trace}", f"--png={run_dir}/",
-              f"--baseline_run={run_dir}"]) == 0
+              f"--baseline_run={one}"]) == 0
   text = capsys.readouterr().out
   assert "Step breakdown" in text and "Bottleneck:" in text and "grad_reduce" in text and "40.2%" in text
+  assert "Measured scaling factor T_n / (n T_1) (T: throughput; here the one-process step over this one's) = 0.952" \
+      in text
   doc = json.load(open(out_json))
   assert doc["schema"] == report_cli.REPORT_SCHEMA and doc["summary"]["step_seconds_median"] == pytest.approx(0.0105)
-  assert doc["measured_scaling"] == pytest.approx(10 / 10.5)  # the baseline (itself, rank 0): T_1 / T_n
+  assert doc["measured_scaling"] == pytest.approx(10 / 10.5)  # the baseline's step over this run's
+  # A run of several processes is no baseline (a fresh-user review: the run itself was taken as its own).
+  with pytest.raises(profiles.ProfileError, match=r"--baseline_run=.* ran 2 processes: give a one-process run"):
+    report_cli.baseline_step(str(run_dir))
   assert (run_dir / "breakdown.png").stat().st_size > 1000
   # --link_capacity overrides the recorded capacity.
   assert cli(["x", "report", f"--run={run_dir}", "--link_capacity=100mbit"]) == 0

@@ -120,19 +120,29 @@ def link_capacity(flag: str | None, probe_path: str | None, recorded: float | No
   return None, "unknown: pass --link_capacity or --probe for utilisations"
 
 
+def _check_one_process(run: str, processes: int) -> None:
+  if processes != 1:  # T_1 must be one process's: a run compared with itself gave a scaling factor of 1
+    raise ProfileError(f"--baseline_run={run} ran {processes} processes: give a one-process run of the same "
+                       "per-process work")
+
+
 def baseline_step(run: str) -> float:
   """Median step of a one-process run: its profiled window, else its metrics.jsonl step times."""
   try:
     windows, _, _ = load_run(run)
-    return float(np.median([b - a for _, a, b in windows[0].steps]))
   except ProfileError:
-    pass
+    windows = None
+  if windows is not None:
+    _check_one_process(run, len(windows))
+    return float(np.median([b - a for _, a, b in windows[0].steps]))
   path = os.path.join(run, "metrics.jsonl")
   try:
     with open(path) as f:
-      medians = [r["step_seconds_median"] for r in map(json.loads, f) if "step_seconds_median" in r]
+      records = list(map(json.loads, f))
   except (OSError, ValueError) as e:
     raise ProfileError(f"{path}: cannot read the baseline's step times: {e}") from None
+  _check_one_process(run, max((r.get("num_processes", 1) for r in records), default=1))
+  medians = [r["step_seconds_median"] for r in records if "step_seconds_median" in r]
   if not medians:
     raise ProfileError(f"{path}: no step_seconds_median records (and no netanalysis window) in the baseline run")
   return float(np.median(medians))
@@ -215,7 +225,8 @@ def format_run_report(analysis: dict, run: dict, directory: str, capacity_source
               report.format_table(["what", "rank", "after step", "ms", "modules"], rows, left=1)]
   lines += ["", f"Scaling factor SF = (step - exposed comm) / step = {analysis['scaling_factor']:.3f}"]
   if analysis.get("measured_scaling") is not None:
-    lines.append(f"Measured T_n / (n T_1) = T_1 / T_n = {analysis['measured_scaling']:.3f} "
+    lines.append(f"Measured scaling factor T_n / (n T_1) (T: throughput; here the one-process step over this "
+                 f"one's) = {analysis['measured_scaling']:.3f} "
                  f"(one-process step {_ms(analysis['baseline_step_seconds'])} ms)")
   lines += [f"Bottleneck: {analysis['bottleneck']}"]
   return "\n".join(lines)
