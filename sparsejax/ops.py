@@ -48,9 +48,11 @@ class RowSparseGrad(NamedTuple):
   x: jax.Array
 
   def to_dense(self, num_rows: int) -> jax.Array:
-    """The dense ``[num_rows, d]`` gradient (O(N d): for tests and debugging)."""
+    """The dense ``[num_rows, d]`` gradient (O(N d): for tests and debugging); ids outside ``[0, num_rows)``, the
+    padding -1 among them, add nothing."""
     rows = self.g[..., None] * self.x[:, None, :]
-    safe = jnp.where(self.ids == PAD_ID, num_rows, self.ids)  # dropped, not wrapped
+    # Dropped, not wrapped: a negative index counts from the end even with mode="drop".
+    safe = jnp.where((self.ids < 0) | (self.ids >= num_rows), num_rows, self.ids)
     return jnp.zeros((num_rows, self.x.shape[-1]), self.x.dtype).at[safe].add(rows, mode="drop")
 
 

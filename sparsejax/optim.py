@@ -121,6 +121,9 @@ def apply_row_sparse_adam(
     raise TypeError(f"{op}: a (weight, bias) pair of params needs a pair of states, got {len(params)} params "
                     f"and a state of type {type(state).__name__}")
   weight, bias = params if is_pair else (params, None)
+  if not all(hasattr(p, "ndim") for p in ((weight, bias) if is_pair else (weight,))):  # e.g. an optax-style dict
+    raise TypeError(f"{op}: argument 'params' must be an [N, d] weight, an [N] bias or a (weight, bias) pair of "
+                    f"arrays, got {type(params).__name__}")
   w_state, b_state = state if is_pair else (state, None)
   for name, s in (("state", w_state), ("bias state", b_state)):
     if s is not None and not isinstance(s, RowSparseAdamState):
@@ -224,9 +227,12 @@ def row_sparse_adam(
 
   def init(params):
     """State for a weight, a bias, or a ``(weight, bias)`` pair."""
-    if isinstance(params, (tuple, list)):
-      return tuple(init_one(p) for p in params)
-    return init_one(params)
+    pieces = tuple(params) if isinstance(params, (tuple, list)) else (params,)
+    if not 1 <= len(pieces) <= 2 or not all(getattr(p, "ndim", None) in (1, 2) for p in pieces):
+      # an optax-style dict of parameters: one sparse layer's rows are what this optimizer updates
+      raise TypeError("row_sparse_adam.init: params must be an [N, d] weight, an [N] bias or a (weight, bias) pair "
+                      f"of arrays, got {type(params).__name__}")
+    return tuple(map(init_one, pieces)) if isinstance(params, (tuple, list)) else init_one(params)
 
   def update(grad: RowSparseGrad, state, params, after=None, combine=False):
     """``(new_params, new_state)``, and ``combined`` with ``combine`` (see :func:`apply_row_sparse_adam`)."""

@@ -156,6 +156,12 @@ def test_optimizer_arguments_are_named():
   with pytest.raises(ValueError, match="row_sparse_adam: argument 'learning_rate' must be finite"):
     optim.row_sparse_adam(float("nan"))
   opt = optim.row_sparse_adam(0.1)
+  # An optax-style dict of parameters is named (a fresh-user review: AttributeError: 'dict' object has no 'shape').
+  with pytest.raises(TypeError, match=r"row_sparse_adam.init: params must be an \[N, d\] weight, an \[N\] bias or a "
+                     r"\(weight, bias\) pair of arrays, got dict"):
+    opt.init({"w": W, "b": b})
+  with pytest.raises(TypeError, match=r"row_sparse_adam: argument 'params' must be an \[N, d\] weight.*got dict"):
+    opt.update(_grad(rng), opt.init(W), {"w": W})
   with pytest.raises(TypeError, match=r"row_sparse_adam: a \(weight, bias\) pair of params needs a pair of states"):
     opt.update(_grad(rng), opt.init(W), (W, b))
   with pytest.raises(TypeError, match="row_sparse_adam: argument 'grad' must be a RowSparseGrad"):

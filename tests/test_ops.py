@@ -81,6 +81,12 @@ def test_row_sparse_grad_factors_equal_dense_weight_grad():
   dense = jax.grad(lambda W: jnp.sum(_dense_logits(h, W, b, ids) * g))(W)
   np.testing.assert_allclose(ops.RowSparseGrad(ids, jnp.where(ids < 0, 0, g), h).to_dense(W.shape[0]), dense,
                              rtol=1e-5, atol=1e-5)
+  # Ids outside [0, N) add nothing, whatever their sign (a fresh-user review: -3 wrapped to row N - 3).
+  N = W.shape[0]
+  outside = ops.RowSparseGrad(jnp.asarray([[-3, N + 5, 1]], jnp.int32), jnp.ones((1, 3), jnp.float32), h[:1])
+  want = np.zeros((N, h.shape[1]), np.float32)
+  want[1] = h[0]
+  np.testing.assert_array_equal(outside.to_dense(N), want)
 
 
 def _dense_bag(fids, fvals, W, bias):
