@@ -11,6 +11,7 @@ trace time, from :data:`SIGNATURES`, so that every caller gets an error that
 names both. The kernels check everything else (sizes that must agree, ids).
 """
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -32,6 +33,11 @@ def ensure_registered() -> None:
   with _lock:
     if _registered:
       return
+    threads = os.environ.get("SPARSEJAX_NUM_THREADS")
+    if threads and not (threads.strip().isdigit() and int(threads) > 0):  # empty: as unset
+      # the kernels read it once and would run uncapped on anything else, silently
+      raise ValueError(f"SPARSEJAX_NUM_THREADS={threads!r}: must be a positive integer (the kernels' thread cap), or "
+                       "unset for all cores")
     for name, capsule in _sparsejax.registrations().items():
       jax.ffi.register_ffi_target(name, capsule, platform="cpu")
     _registered = True

@@ -2,6 +2,8 @@
 
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent("""
     import hashlib, jax, jax.numpy as jnp, numpy as np
     from sparsejax import lsh, ops, optim, tables
@@ -51,3 +53,17 @@ def test_results_do_not_depend_on_thread_count(run_python, monkeypatch):
   assert len(one) == 64
   assert _digest(run_python, None) == one
   assert _digest(run_python, 3) == one
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "2.5"])
+def test_a_thread_cap_that_is_no_positive_integer_is_named(run_python, value):
+  """A fresh-user review: SPARSEJAX_NUM_THREADS=abc (or 0, -1) silently ran the kernels on every core."""
+  out = run_python(code="""
+      import jax.numpy as jnp
+      from sparsejax import ops
+      ops.gather_dot(jnp.ones((1, 2)), jnp.ones((3, 2)), jnp.zeros((1, 1), jnp.int32))
+  """, env={"SPARSEJAX_NUM_THREADS": value}, check=False, isolated=False)
+  assert out.returncode != 0
+  assert out.stderr.strip().splitlines()[-1] == (
+      f"ValueError: SPARSEJAX_NUM_THREADS={value!r}: must be a positive integer (the kernels' thread cap), or unset "
+      "for all cores")
