@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from absl import app, flags, logging
 
+from sparsejax import flagfiles
 from sparsejax.config import Config, ConfigError, field_type, flat_items, format_value, iter_fields, override
 
 FLAGS = flags.FLAGS
@@ -332,7 +333,7 @@ def _with_flagfile_origin(argv: list[str], message: str) -> str:
   name = match.group(1) or match.group(2)
   unknown = match.group(1) is not None
   found = None
-  for origin, arg in _expand_flagfiles(argv[1:], depth=0):
+  for origin, arg in flagfiles.expand(argv[1:]):
     if re.match(rf"^--?(no)?{re.escape(name)}(=|$)", arg):
       found = origin
       if unknown:
@@ -341,33 +342,6 @@ def _with_flagfile_origin(argv: list[str], message: str) -> str:
     return message
   where = f" (set in {found[0]}, line {found[1]})"
   return message[:match.end()] + where + message[match.end():] if unknown else message + where
-
-
-def _expand_flagfiles(args: list[str], depth: int):
-  """Yields ``(origin, arg)``: origin ``None`` on the command line, ``(file, line)`` in a flagfile."""
-  pending = iter(args)
-  for arg in pending:
-    path = None
-    if re.match(r"^--?flagfile=", arg):
-      path = arg.split("=", 1)[1]
-    elif arg in ("--flagfile", "-flagfile"):
-      path = next(pending, None)
-    if path is None:
-      yield None, arg
-      continue
-    if depth > 8:  # absl refuses deeper nesting itself
-      continue
-    try:
-      with open(os.path.expanduser(path)) as f:
-        lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError):
-      continue
-    for number, line in enumerate(lines, 1):
-      line = line.strip()
-      if not line or line.startswith(("#", "//")):
-        continue
-      for origin, inner in _expand_flagfiles([line], depth + 1):
-        yield origin or (path, number), inner
 
 
 def _parser(command: Command):

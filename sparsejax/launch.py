@@ -27,7 +27,8 @@ preemption notice that the training loop answers by saving a checkpoint and
 exiting) and kills with SIGKILL the ranks still running after
 ``--stop_timeout`` seconds; a second Ctrl-C kills them at once. The ranks die
 with the launcher, also when it is killed with SIGKILL (Linux
-``PR_SET_PDEATHSIG``).
+``PR_SET_PDEATHSIG``). A signal sent to the ranks themselves (a scheduler's
+preemption) ends the job the same way: the launcher exits 128 + N.
 """
 
 import argparse
@@ -37,6 +38,7 @@ import os
 import queue
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -44,6 +46,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from sparsejax import flagfiles
 
 _TAIL_LINES = 40  # lines of each rank's output kept in memory for failure reports
 _REPORT_LINES = 12  # of which at most this many are printed for the failing rank
@@ -59,6 +63,8 @@ _ERROR_LINE = re.compile(r"^(\w[\w.]*(Error|Exception|Exit|Interrupt)\b|[FE]\d{4
 _FAILURE_START = re.compile(r"^(Traceback \(most recent call last\)|[FE]\d{4} )")
 _ABSL_PREFIX = re.compile(r"^[FEWI]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] (\[\d+\] )?")
 # Errors that say a peer was lost (gloo, the coordination service): consequences, not causes.
+# The last line of a rank that a signal stopped after it saved a checkpoint (stopping.Interrupted).
+_STOPPED_LINE = re.compile(r"error: stopped by (SIGTERM|SIGINT) after step (\d+): checkpoint saved")
 _LOST_PEER = re.compile(r"Connection reset by peer|Connection closed by peer|stopped sending heartbeats|"
                         r"another task died|unexpectedly tried to connect|Socket closed|Broken pipe", re.I)
 
@@ -71,8 +77,10 @@ def free_port() -> int:
 
 
 def flag_value(command: list[str], name: str) -> str | None:
-  """The value of ``--name=V`` or ``--name V`` in ``command`` (the last one wins, as in absl), else None."""
+  """The value of ``--name=V`` or ``--name V`` in ``command`` or its flagfiles (the last one wins, as in absl), else
+  None."""
   value = None
+  command = [arg for _, arg in flagfiles.expand(command)]
   for i, arg in enumerate(command):
     for prefix in (f"--{name}", f"-{name}"):
       if arg.startswith(prefix + "="):
@@ -444,9 +452,16 @@ class _Job:
       self.say(f"job failed: rank {cause.rank} {describe_exit(cause.code)}; logs: {logs}")
       return cause.code if cause.code > 0 else 128 - cause.code
     if self.stop_requested_at is not None:
-      codes = {r.rank: r.code for r in self.ranks if r.code != 0}
-      self.say("stopped" + (f"; ranks that did not exit cleanly: {codes}" if codes else ": every rank exited"))
+      unclean = [f"rank {r.rank} {describe_exit(r.code)}" for r in self.ranks if r.code != 0]
+      self.say("stopped" + (f"; not exited cleanly: {', '.join(unclean)}" if unclean else ": every rank exited"))
       return 128 + self.stop_signals[-1]
+    # A signal sent to the ranks themselves (a scheduler's preemption notice): they saved a checkpoint and exited
+    # 0, as a finished job's do; their last line says which it was.
+    stopped = next((m for r in self.ranks for m in map(_STOPPED_LINE.search, reversed(r.tail)) if m), None)
+    if stopped is not None:
+      self.say(f"stopped: the ranks were stopped by {stopped[1]} after step {stopped[2]} and saved a checkpoint; "
+               "run the same command again to continue")
+      return 128 + signal.Signals[stopped[1]]
     return 0
 
 
@@ -492,7 +507,10 @@ def launch(num_processes: int, command: list[str], *, port: int | None = None, l
   if command and command[0].endswith(".py"):
     command = [sys.executable, "-u"] + command
   log_dir = os.path.abspath(log_directory(command, log_dir))
-  os.makedirs(log_dir, exist_ok=True)
+  try:
+    os.makedirs(log_dir, exist_ok=True)
+  except OSError as e:
+    raise LaunchError(f"cannot create the log directory {log_dir} ({e.strerror or e})") from None
   address = f"127.0.0.1:{port or free_port()}"
   proc_env = dict(os.environ, **(env or {}), PYTHONUNBUFFERED="1")
   preexec = _die_with_parent()
@@ -530,6 +548,10 @@ def launch(num_processes: int, command: list[str], *, port: int | None = None, l
         rank.proc.wait()
 
 
+class LaunchError(Exception):
+  """The job could not be started (its message says why, in one line)."""
+
+
 class _ArgumentParser(argparse.ArgumentParser):
   """argparse, but a usage error is one line (naming the flag) and exit status 2, as sparsejax-train's."""
 
@@ -560,8 +582,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.error(f"-n must be >= 1, got {args.num_processes}")
   if args.stop_timeout < 0:
     parser.error(f"--stop_timeout must be >= 0, got {args.stop_timeout}")
-  return launch(args.num_processes, args.command, port=args.port, log_dir=args.log_dir, console=args.console,
-                stop_timeout=args.stop_timeout)
+  if args.port is not None:
+    if not 1 <= args.port <= 65535:
+      parser.error(f"--port must be in [1, 65535], got {args.port}")
+    try:  # else rank 0 fails with a traceback that names no port ("Failed to start RPC server")
+      with socket.socket() as s:
+        s.bind(("127.0.0.1", args.port))
+    except OSError as e:
+      parser.error(f"--port={args.port}: cannot listen there ({e.strerror or e}): give another, or none for a free "
+                   "one")
+  program = args.command[0]
+  if not program.endswith(".py") and shutil.which(program) is None:
+    parser.error(f"cannot run {program!r}: no such program (give a sparsejax command such as sparsejax-train, or a "
+                 "script.py)")
+  try:
+    return launch(args.num_processes, args.command, port=args.port, log_dir=args.log_dir, console=args.console,
+                  stop_timeout=args.stop_timeout)
+  except LaunchError as e:
+    sys.stderr.write(f"sparsejax-launch: error: {e}\n")
+    return 1
 
 
 if __name__ == "__main__":

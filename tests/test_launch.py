@@ -3,6 +3,7 @@
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -51,6 +52,10 @@ RANK = textwrap.dedent("""
     for step in range(10**6):
       if mode == "ok" and step == 3:
         print(f"rank {rank} done", flush=True)
+        sys.exit(0)
+      if mode == "preempted" and step == 3:  # as sparsejax-train's ranks end on a signal sent to them
+        print(f"sparsejax-train: error: stopped by SIGTERM after step 3: checkpoint saved in {run}/checkpoints; "
+              "run the same command again to continue", flush=True)
         sys.exit(0)
       if rank == 1 and step == 5:
         if mode == "kill":  # a killed process's sockets close a while before it can be reaped
@@ -267,8 +272,39 @@ def test_helpers():
   assert launch.process_state(os.getpid()) in ("R", "S")
 
 
-def test_cli_errors():
-  for argv, fragment in ((["-n", "0", "x.py"], "-n must be >= 1"), (["-n", "2"], "give the script"),
-                         (["-n", "2", "--console=some", "x.py"], "invalid choice")):
-    out = subprocess.run([sys.executable, "-P", "-m", "sparsejax.launch", *argv], capture_output=True, text=True)
-    assert out.returncode == 2 and fragment in out.stderr, out.stderr
+def test_ranks_stopped_by_a_signal_sent_to_them_end_the_job_as_stopped(tmp_path, rank_script):
+  """A fresh-user review: ranks preempted by a scheduler (the signal sent to them, not to the launcher) save a
+  checkpoint and exit 0, and the launcher exited 0 with no line, as if the job had finished."""
+  code, out = _run(rank_script, tmp_path, "preempted", 2)
+  assert code == 128 + signal.SIGTERM, out
+  assert _launch_lines(out)[-1] == ("[launch] stopped: the ranks were stopped by SIGTERM after step 3 and saved a "
+                                    "checkpoint; run the same command again to continue"), out
+
+
+def test_helpers_read_flagfiles(tmp_path):
+  """The launcher put a --workdir given in a --flagfile nowhere: its logs went to a temporary directory."""
+  (tmp_path / "inner.flags").write_text("# where\n--workdir=/from/inner\n")
+  (tmp_path / "run.flags").write_text(f"--dataset=synthetic\n--flagfile={tmp_path / 'inner.flags'}\n")
+  assert launch.log_directory(["x.py", f"--flagfile={tmp_path / 'run.flags'}"], None) == "/from/inner/logs"
+  assert launch.flag_value(["x.py", f"--flagfile={tmp_path / 'run.flags'}", "--workdir=/later"], "workdir") == "/later"
+
+
+def test_cli_errors(tmp_path):
+  with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    (tmp_path / "file").write_text("")
+    for argv, fragment in (
+        (["-n", "0", "x.py"], "-n must be >= 1"), (["-n", "2"], "give the script"),
+        (["-n", "2", "--console=some", "x.py"], "invalid choice"),
+        (["-n", "2", "--port=99999", "x.py"], "--port must be in [1, 65535], got 99999"),
+        (["-n", "2", f"--port={port}", "x.py"], f"--port={port}: cannot listen there"),
+        (["-n", "2", "no_such_program_xyz"], "cannot run 'no_such_program_xyz': no such program")):
+      out = subprocess.run([sys.executable, "-P", "-m", "sparsejax.launch", *argv], capture_output=True, text=True)
+      assert out.returncode == 2 and fragment in out.stderr and "Traceback" not in out.stderr, out.stderr
+  # A log directory that cannot be made: one line naming it (was a traceback from os.makedirs).
+  out = subprocess.run([sys.executable, "-P", "-m", "sparsejax.launch", "-n", "2", f"--log_dir={tmp_path}/file/logs",
+                        "x.py"], capture_output=True, text=True)
+  assert out.returncode == 1 and out.stderr.strip().splitlines() == [
+      f"sparsejax-launch: error: cannot create the log directory {tmp_path}/file/logs (Not a directory)"], out.stderr
