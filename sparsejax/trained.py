@@ -282,9 +282,13 @@ class TrainedModel:
 
   def names(self, ids: np.ndarray) -> np.ndarray:
     """Label names of ``ids`` (the ids as strings where the dataset has no names)."""
+    ids = np.asarray(ids)
+    outside = (ids < 0) | (ids >= self.num_labels)
+    if outside.any():  # -1 named the last label (numpy's negative index), N + 5 was "N + 5" or an IndexError
+      raise ValueError(f"names: label ids must be in [0, {self.num_labels}), got {ids[outside].flat[0]}")
     if self.label_names is None:
-      return np.asarray(ids).astype(str)
-    return np.asarray(self.label_names, dtype=object)[np.asarray(ids)]
+      return ids.astype(str)
+    return np.asarray(self.label_names, dtype=object)[ids]
 
 
 def load(workdir: str, step: int | None = None) -> TrainedModel:

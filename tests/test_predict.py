@@ -91,6 +91,11 @@ def test_load_evaluate_reproduces_the_final_evaluation(synthetic_run):
   ):
     with pytest.raises(error, match=re.escape(message)):
       model.evaluate(*args)
+  assert model.names(np.array([[0, 7]])).tolist() == [["0", "7"]]  # no names in this dataset: the ids
+  for outside in (-1, test.num_labels):
+    with pytest.raises(ValueError, match=re.escape(f"names: label ids must be in [0, {test.num_labels}), got "
+                                                   f"{outside}")):
+      model.names(np.array([1, outside]))
   first_seven = model.evaluate(test.subset(np.arange(7)), sampled=False)["p@1"]
   assert model.evaluate(test, 7, sampled=False)["p@1"] == first_seven
 
