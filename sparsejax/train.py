@@ -79,6 +79,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
     meta = None if latest is None else checkpoints.meta(latest)
     changed = []  # the settings that differ from the checkpoint's
     if latest is not None:
+      _restore_config_file(workdir, meta, latest)
       changed = checkpoint.check_resume(meta, latest, config, num_shards, workdir)
       finished = _recorded_final(workdir, config, latest, meta)
       if finished is not None:
@@ -185,6 +186,17 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
 # The settings that decide what a validation score measures: the data (and so the split), the seed that draws the
 # split, the metric and the samples evaluated.
 _SELECTION_SETTINGS = {f.name for f in dataclasses.fields(DataConfig)} | {"seed", "selection_metric", "eval_samples"}
+
+
+def _restore_config_file(workdir: str, meta: dict | None, step: int) -> None:
+  """Writes ``WORKDIR/config.json`` from checkpoint ``step``'s settings where it is missing: the messages that refuse
+  other settings point to it, and a finished run, which writes nothing, would otherwise never have it again."""
+  path = os.path.join(workdir, "config.json")
+  if meta is None or os.path.exists(path) or jax.process_index() != 0:
+    return
+  with open(path, "w") as f:
+    json.dump(meta["config"], f, indent=1)
+  logging.warning("%s was missing: written again from the settings of checkpoint %d", path, step)
 
 
 def _recorded_final(workdir: str, config: Config, latest: int, meta: dict | None) -> dict | None:

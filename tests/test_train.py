@@ -131,6 +131,12 @@ def test_a_finished_run_that_selected_an_earlier_step_is_not_trained_again(tmp_p
   assert train_and_evaluate(config, str(tmp_path)) == final
   assert (tmp_path / "metrics.jsonl").read_text() == records  # no second final record
   assert "is finished (step 150 of 150): nothing to train" in caplog.text
+  # A deleted config.json is written again from the checkpoint (a fresh-user review: a finished run never wrote it
+  # again, and the message refusing other settings pointed to the missing file).
+  saved = json.loads((tmp_path / "config.json").read_text())
+  (tmp_path / "config.json").unlink()
+  assert train_and_evaluate(config, str(tmp_path)) == final
+  assert json.loads((tmp_path / "config.json").read_text()) == saved
   # Every evaluation the selection compared is recorded: the last step's too.
   periodic = [r for r in read_records(str(tmp_path)) if r.get("split") == "validation"]
   assert [r["step"] for r in periodic] == list(range(10, 160, 10))
