@@ -141,6 +141,9 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
 
   evaluator = lambda dataset: Evaluator.for_run(dataset, train, config.data.max_features, config.run.propensity_a,
                                                 config.run.propensity_b)
+  if "batch_size" in changed:  # --resume=force: epochs are counted in steps (not redone here: a known limitation)
+    logging.warning("--batch_size changed at step %d: the epochs that metrics.jsonl records and that --num_epochs "
+                    "counts are steps of the new batch size, the steps so far included", start_step)
   selection = None
   if validation is not None:
     best = checkpoint.BestCheckpoint(workdir, config.run.selection_metric)

@@ -177,9 +177,13 @@ def test_a_continued_run_selects_against_every_evaluation_before_it(tmp_path, sm
   forced = train_and_evaluate(override(config, max_steps=300, seed=7, resume="force"), str(tmp_path))
   assert "--resume=force: continuing" in caplog.text and "--seed=0 (now 7)" in caplog.text
   assert "model selection starts anew at step 250: --seed" in caplog.text
+  assert "--batch_size changed" not in caplog.text
   after = [r for r in read_records(str(tmp_path)) if r.get("split") == "validation" and r["step"] > 250]
   assert forced["selected_step"] == _selection_so_far(after)["best_step"] > 250
   assert os.listdir(tmp_path / "best_checkpoint") == [str(forced["selected_step"])]
+  # A batch size changed under force: its epochs counted in steps of the new size are named as such.
+  train_and_evaluate(override(config, max_steps=310, seed=7, batch_size=32, resume="force"), str(tmp_path))
+  assert "--batch_size changed at step 300: the epochs that metrics.jsonl records" in caplog.text
 
 
 def test_an_early_stopped_run_is_finished_until_its_patience_is_raised(tmp_path, small_config, caplog):
