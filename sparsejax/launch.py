@@ -62,9 +62,9 @@ _ERROR_LINE = re.compile(r"^(\w[\w.]*(Error|Exception|Exit|Interrupt)\b|[FE]\d{4
 # Lines that start a failure report: a Python traceback, an absl FATAL or ERROR line.
 _FAILURE_START = re.compile(r"^(Traceback \(most recent call last\)|[FE]\d{4} )")
 _ABSL_PREFIX = re.compile(r"^[FEWI]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] (\[\d+\] )?")
-# Errors that say a peer was lost (gloo, the coordination service): consequences, not causes.
 # The last line of a rank that a signal stopped after it saved a checkpoint (stopping.Interrupted).
 _STOPPED_LINE = re.compile(r"error: stopped by (SIGTERM|SIGINT) after step (\d+): checkpoint saved")
+# Errors that say a peer was lost (gloo, the coordination service): consequences, not causes.
 _LOST_PEER = re.compile(r"Connection reset by peer|Connection closed by peer|stopped sending heartbeats|"
                         r"another task died|unexpectedly tried to connect|Socket closed|Broken pipe", re.I)
 
