@@ -414,7 +414,7 @@ def test_log_lines_go_above_the_progress_bar(tmp_path, root, columns):
   assert proc.returncode == 0
   text = output.decode(errors="replace")
   evaluations = [line for line in text.split("\n") if "] step " in line and "P@1 " in line]
-  assert len(evaluations) == 2, text[-3000:]  # steps 20 and 40
+  assert len(evaluations) == 3, text[-3000:]  # steps 20 and 40, and the last step's validation evaluation (60)
   for line in evaluations:
     visible = line.rstrip("\r").split("\r")[-1]  # on screen after carriage returns (the pty ends lines \r\n)
     assert visible.startswith("I") and "train.py" in visible, repr(line)  # the absl line, not the bar's text
