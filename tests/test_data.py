@@ -83,6 +83,8 @@ def test_dataset_validates_and_coerces():
       (([0, 1], ["1"], [1.0], [0, 1], [2], 4, 3), "indices must hold integers, got an array of <U1"),
       (([0, 0], [], [], [0, 0], [], -3, 3), "num_features must be an integer >= 0, got -3"),
       (([0, 0], [], [], [0, 0], [], 3, 2.9), "num_labels must be an integer >= 0, got 2.9"),
+      (([0, 0], [], [], [0, 0], [], float("nan"), 3), "num_features must be an integer >= 0, got nan"),
+      (([0, 0], [], [], [0, 0], [], 3, float("inf")), "num_labels must be an integer >= 0, got inf"),
   ):
     with pytest.raises(ValueError, match=re.escape(message)):
       XCDataset(*args)

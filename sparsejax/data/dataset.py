@@ -8,6 +8,7 @@ empty slot (feature or label), its value is ``0``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 
 import numpy as np
@@ -43,8 +44,8 @@ def _row_ids(indptr: np.ndarray) -> np.ndarray:
 
 def _size(name: str, value) -> int:
   """A size given as an integer (``2.9`` or ``-3`` features are refused, not truncated)."""
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer, float, np.floating)) or value != int(value) \
-      or value < 0:
+  number = isinstance(value, (int, np.integer, float, np.floating)) and not isinstance(value, bool)
+  if not number or not math.isfinite(value) or value != int(value) or value < 0:  # NaN and inf: int() would raise
     raise ValueError(f"XCDataset.{name} must be an integer >= 0, got {value!r}")
   return int(value)
 
