@@ -183,9 +183,10 @@ class DataConfig(Section):
   dataset: str = option(
       "icd10", "Training data: icd10 (ICD-10-CM code descriptions -> categories, built in), gcide (dictionary "
       "definitions -> their headwords, 25K labels; needs the gcide extra), gcide_cloze (dictionary definitions with "
-      "one word removed -> that word, 21K Zipf-distributed labels; needs the gcide extra), synthetic (generated, with "
-      "power-law labels and planted structure) or files (--train_file and --test_file).",
-      choices=("icd10", "gcide", "gcide_cloze", "synthetic", "files"))
+      "one word removed -> that word, 21K Zipf-distributed labels; needs the gcide extra), wordnet (WordNet noun and "
+      "verb glosses -> their hypernym ancestors, 14K labels, 4.2 per sample; needs apt-get install wordnet-base), "
+      "synthetic (generated, with power-law labels and planted structure) or files (--train_file and --test_file).",
+      choices=("icd10", "gcide", "gcide_cloze", "wordnet", "synthetic", "files"))
   train_file: str | None = option(
       None, "Training set in the Extreme Classification Repository text format (needs --dataset=files).")
   test_file: str | None = option(
@@ -208,7 +209,7 @@ class DataConfig(Section):
   synthetic_labels_per_sample: float = option(
       1.0, "Mean number of labels per synthetic sample.", bounds=POSITIVE)
   test_fraction: float = option(
-      0.1, "Fraction of the samples held out for testing (icd10, gcide, gcide_cloze and synthetic).",
+      0.1, "Fraction of the samples held out for testing (icd10, gcide, gcide_cloze, wordnet and synthetic).",
       bounds=Range(0, 1, lo_open=True, hi_open=True))
   validation_fraction: float = option(
       0.05, "Fraction of the training samples held out for validation (never the test set): periodic evaluations "

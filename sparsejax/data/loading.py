@@ -9,6 +9,7 @@ from .dataset import XCDataset, train_test_split
 from .gcide import MissingPackage, load_gcide, load_gcide_cloze
 from .icd10 import load_icd10
 from .synthetic import make_synthetic
+from .wordnet import load_wordnet
 from .xc_format import XCFormatError, load_xc_file
 
 
@@ -17,8 +18,9 @@ class LoadedData(NamedTuple):
 
   Attributes:
     train, test: the splits, over the same features and labels.
-    label_names: ``[L]`` a name per label, where the dataset has them (ICD-10 codes, GCIDE words); else None.
-    vectorizer: what turns raw text into feature rows (ICD-10's fitted TF-IDF, with a sklearn
+    label_names: ``[L]`` a name per label, where the dataset has them (ICD-10 codes, GCIDE words, WordNet
+      synsets); else None.
+    vectorizer: what turns raw text into feature rows (the real datasets' fitted TF-IDF, with a sklearn
       ``transform``), where the dataset has one; else None.
   """
   train: XCDataset
@@ -42,8 +44,8 @@ def load_dataset(config, *, seed: int = 0) -> LoadedData:
   if config.dataset == "icd10":
     train, test, info = load_icd10(label_level=config.icd10_labels, seed=seed, test_fraction=config.test_fraction)
     return LoadedData(train, test, info.label_names, info.vectorizer)
-  if config.dataset in ("gcide", "gcide_cloze"):
-    load = load_gcide if config.dataset == "gcide" else load_gcide_cloze
+  if config.dataset in ("gcide", "gcide_cloze", "wordnet"):
+    load = {"gcide": load_gcide, "gcide_cloze": load_gcide_cloze, "wordnet": load_wordnet}[config.dataset]
     try:
       train, test, info = load(seed=seed, test_fraction=config.test_fraction)
     except MissingPackage as e:
@@ -62,4 +64,5 @@ def load_dataset(config, *, seed: int = 0) -> LoadedData:
       if len(split) == 0:
         raise XCFormatError(path, 1, "the file holds no samples")
     return LoadedData(train, test)
-  raise ValueError(f"unknown dataset {config.dataset!r}: use 'icd10', 'gcide', 'gcide_cloze', 'synthetic' or 'files'")
+  raise ValueError(f"unknown dataset {config.dataset!r}: use 'icd10', 'gcide', 'gcide_cloze', 'wordnet', "
+                   "'synthetic' or 'files'")
