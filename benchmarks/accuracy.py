@@ -12,6 +12,10 @@ exactly on the same test set:
   optax, full softmax).
 * ``dense_gpu``: ``dense`` on the machine's GPU (``--platform=cuda``; needs
   ``jax[cuda12]`` and a GPU): the baseline users reach for, same budget.
+* ``pecos``: PECOS XR-Linear (PIFA label embeddings, hierarchical k-means,
+  its default solver), run by ``pecos_xrlinear.py`` in an environment of its
+  own (``libpecos`` needs numpy < 2: ``--pecos_python``), on the samples
+  napkinXC trains on.
 * ``napkinxc``: napkinXC's probabilistic label tree (``PLT``, liblinear
   nodes; benchmark-only: ``pip install napkinxc``), trained on the same
   training samples (the validation split left out, as for the others), one
@@ -70,13 +74,16 @@ import os
 import platform
 import re
 import statistics
+import sys
 import time
 
 import numpy as np
 
 from sparsejax import data as xcdata
 
-SYSTEMS = ("sparsejax", "all_active", "dense", "dense_gpu", "napkinxc")
+SYSTEMS = ("sparsejax", "all_active", "dense", "dense_gpu", "napkinxc", "pecos")
+PEER_SYSTEMS = ("napkinxc", "pecos")
+DATASETS = ("synthetic", "gcide", "gcide_cloze", "icd10", "wordnet", "tiny")
 SLIDE_SYSTEMS = ("sparsejax", "all_active")
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "accuracy")
 DEFAULT_WORKDIR = "/tmp/sparsejax_accuracy"
@@ -100,6 +107,8 @@ def write_files(dataset: str, workdir: str, seed: int) -> tuple[str, str]:
     train, test = full.subset(np.arange(3_000)), full.subset(np.arange(3_000, 3_300))
   elif dataset == "icd10":
     train, test, _ = xcdata.load_icd10(seed=seed)
+  elif dataset == "wordnet":
+    train, test, _ = xcdata.load_wordnet(seed=seed)
   else:
     raise ValueError(f"unknown dataset {dataset!r}")
   os.makedirs(workdir, exist_ok=True)
@@ -204,7 +213,7 @@ def selected_state(config, run_dir: str, test_path: str):
 
 def add_finished_run_flags(parser: argparse.ArgumentParser, dataset: str) -> None:
   """The flags that name a finished sparsejax run of this benchmark (see :func:`finished_run`)."""
-  parser.add_argument("--dataset", default=dataset, choices=("synthetic", "gcide", "gcide_cloze", "icd10", "tiny"))
+  parser.add_argument("--dataset", default=dataset, choices=DATASETS)
   parser.add_argument("--tag", default="300s", help="the run's tag (300s for --budget 300, 1ep for --num_epochs 1)")
   parser.add_argument("--workdir", default="/tmp/sparsejax_accuracy", help="accuracy.py's --workdir")
 
@@ -366,25 +375,65 @@ def time_inference(config, run, state, test_path: str, args) -> dict:
           "speedup": {name: ms["exact"] / t for name, t in ms.items() if name != "exact"}}
 
 
-def run_napkinxc(train_path: str, test_path: str, run_dir: str, args) -> dict:
-  """napkinXC PLT with its defaults (liblinear nodes), on the training samples minus the validation split."""
-  import scipy.sparse
-  from napkinxc.models import PLT
-
-  from sparsejax import metrics
+def _peer_data(train_path: str, test_path: str, seed: int):
+  """``(train, test)``: the peers train on the training samples minus the validation split that sparsejax's
+  default run holds out (sparsejax.train: seed + 1), as sparsejax does."""
   from sparsejax.config import Config
-
-  def to_xy(ds):
-    x = scipy.sparse.csr_matrix((ds.values, ds.indices, ds.indptr), shape=(len(ds), ds.num_features))
-    y = [ds.label_indices[ds.label_indptr[i]:ds.label_indptr[i + 1]].tolist() for i in range(len(ds))]
-    return x, y
 
   train, test = xcdata.load_xc_file(train_path), xcdata.load_xc_file(test_path)
   fraction = Config().data.validation_fraction
-  if fraction > 0:  # the split sparsejax's default run holds out (sparsejax.train: seed + 1)
-    train, _ = xcdata.train_test_split(train, fraction, seed=args.seed + 1)
-  x_train, y_train = to_xy(train)
-  x_test, _ = to_xy(test)
+  if fraction > 0:
+    train, _ = xcdata.train_test_split(train, fraction, seed=seed + 1)
+  return train, test
+
+
+def _csr(ds, labels: bool = False):
+  import scipy.sparse
+
+  if labels:
+    return scipy.sparse.csr_matrix((np.ones(len(ds.label_indices), np.float32), ds.label_indices, ds.label_indptr),
+                                   shape=(len(ds), ds.num_labels))
+  return scipy.sparse.csr_matrix((ds.values, ds.indices, ds.indptr), shape=(len(ds), ds.num_features))
+
+
+def _peer_result(ids: np.ndarray, test, seconds: float, args) -> dict:
+  from sparsejax import metrics
+
+  _, _, labels = test.to_padded(None)
+  result = metrics.evaluate_topk(ids, labels)
+  point = {"step": None, "epoch": None, "seconds": seconds, "p@1": result["p@1"], "p@5": result["p@5"],
+           "split": "test"}
+  return {"curve": [point], "final": {**result, "train_seconds": seconds, "seconds": seconds,
+                                      "within_budget": args.budget is None or seconds <= args.budget},
+          "wall_seconds": seconds}
+
+
+def run_pecos(train_path: str, test_path: str, run_dir: str, args) -> dict:
+  """PECOS XR-Linear (PIFA + hierarchical k-means + its default solver) in its own environment
+  (``--pecos_python``; see pecos_xrlinear.py), on the same samples as napkinXC."""
+  import subprocess
+
+  import scipy.sparse
+
+  train, test = _peer_data(train_path, test_path, args.seed)
+  os.makedirs(run_dir, exist_ok=True)
+  paths = [os.path.join(run_dir, f"{name}.npz") for name in ("train_x", "train_y", "test_x", "out")]
+  for path, matrix in zip(paths, (_csr(train), _csr(train, labels=True), _csr(test))):
+    scipy.sparse.save_npz(path, matrix)
+  script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pecos_xrlinear.py")
+  subprocess.run([args.pecos_python, script, *paths], check=True)
+  out = np.load(paths[-1])
+  return _peer_result(out["ids"], test, float(out["train_seconds"]), args)
+
+
+def run_napkinxc(train_path: str, test_path: str, run_dir: str, args) -> dict:
+  """napkinXC PLT with its defaults (liblinear nodes), on the training samples minus the validation split."""
+  from napkinxc.models import PLT
+
+  train, test = _peer_data(train_path, test_path, args.seed)
+  x_train = _csr(train)
+  y_train = [train.label_indices[train.label_indptr[i]:train.label_indptr[i + 1]].tolist() for i in range(len(train))]
+  x_test = _csr(test)
   model = PLT(run_dir, seed=args.seed, threads=0)
   t = time.time()
   model.fit(x_train, y_train)
@@ -393,13 +442,7 @@ def run_napkinxc(train_path: str, test_path: str, run_dir: str, args) -> dict:
   ids = np.full((len(test), 5), -1, np.int64)
   for i, row in enumerate(top):
     ids[i, :len(row)] = row[:5]
-  _, _, labels = test.to_padded(None)
-  result = metrics.evaluate_topk(ids, labels)
-  point = {"step": None, "epoch": None, "seconds": seconds, "p@1": result["p@1"], "p@5": result["p@5"],
-           "split": "test"}
-  return {"curve": [point], "final": {**result, "train_seconds": seconds, "seconds": seconds,
-                                      "within_budget": args.budget is None or seconds <= args.budget},
-          "wall_seconds": seconds}
+  return _peer_result(ids, test, seconds, args)
 
 
 def tag_of(budget: float | None, num_epochs: float | None, variant: str | None = None) -> str:
@@ -416,6 +459,8 @@ def train_one(args) -> str:
   run_dir = os.path.join(workdir, f"{args.system}-{tag}")
   if args.system == "napkinxc":
     result = run_napkinxc(train_path, test_path, run_dir, args)
+  elif args.system == "pecos":
+    result = run_pecos(train_path, test_path, run_dir, args)
   else:
     result = run_sparsejax(args.system, train_path, test_path, run_dir, args)
   final = result["final"]
@@ -446,7 +491,7 @@ def train_one(args) -> str:
 
 def _device_kind(system: str) -> str:
   """The device a run trained on (a GPU's model for dense_gpu, else the CPU)."""
-  if system == "napkinxc":
+  if system in PEER_SYSTEMS:
     return "cpu"
   import jax
 
@@ -519,8 +564,10 @@ def summarize(runs: dict) -> dict:
       for name, speedup in run["inference"]["speedup"].items():
         out[f"{tag}: {name} inference speedup over exact (target >= 5 at N >= 2e5)"] = speedup
   for tag in budget_tags:  # the same wall-clock budget: sparsejax against dense and napkinXC
-    sj, dense, napkin = (final(s, tag, "p@1") for s in ("sparsejax", "dense", "napkinxc"))
-    out[f"{tag}: p@1 sparsejax, dense, napkinxc"] = [sj, dense, napkin]
+    sj, dense, napkin, pecos = (final(s, tag, "p@1") for s in ("sparsejax", "dense", "napkinxc", "pecos"))
+    out[f"{tag}: p@1 sparsejax, dense, napkinxc, pecos"] = [sj, dense, napkin, pecos]
+    out[f"{tag}: sparsejax beats every peer (napkinxc, pecos)"] = None if sj is None else all(
+        sj >= peer for peer in (napkin, pecos) if peer is not None)
     out[f"{tag}: sparsejax beats dense"] = None if sj is None or dense is None else sj > dense
     if (gpu := final("dense_gpu", tag, "p@1")) is not None:
       out[f"{tag}: p@1 dense on {runs[('dense_gpu', tag)]['machine']['device']}, sparsejax minus it"] = [
@@ -587,7 +634,7 @@ def report(args) -> None:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--dataset", default="synthetic", choices=("synthetic", "gcide", "gcide_cloze", "icd10", "tiny"),
+  parser.add_argument("--dataset", default="synthetic", choices=DATASETS,
                       help="synthetic: issue 9's 200K-label set; tiny: 2K labels, to check the benchmark runs")
   parser.add_argument("--system", choices=SYSTEMS, help="what to train (one per invocation)")
   budget = parser.add_mutually_exclusive_group()
@@ -611,6 +658,9 @@ def main():
   parser.add_argument("--workdir", default=DEFAULT_WORKDIR, help="data files and run directories")
   parser.add_argument("--out", default=DEFAULT_OUT, help="directory of the JSON files (and the plot)")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--pecos_python", default=os.environ.get("PECOS_PYTHON", sys.executable),
+                      help="the Python of an environment with libpecos (--system pecos; default $PECOS_PYTHON, else "
+                      "this one)")
   parser.add_argument("--variant", default=None, metavar="NAME",
                       help="name a run whose settings differ from the defaults (with --set): its run directory and "
                       "JSON get TAG+NAME (e.g. 4ep+k512), so it overwrites no default run, and --report lists it "

@@ -1,7 +1,7 @@
 """The configuration of a training run: one nested, documented, validated dataclass.
 
 :class:`Config` groups the settings in sections (``data``, ``network``,
-``tables``, ``optim``, ``budget``, ``run``, ``checkpoint``, ``dist``, ``netanalysis``). Each
+``tables``, ``optim``, ``budget``, ``run``, ``checkpoint``, ``dist``, ``netanalysis``, ``search``). Each
 field is documented once, by the ``help`` of its :func:`option`; the command
 line (:mod:`sparsejax.cli`) turns every field into a flag of the same name
 with that text as its ``--help``, so field names are unique across sections.
@@ -256,6 +256,10 @@ class NetworkConfig(Section):
   dropout: float = option(
       0.0, "Dropout rate on the last hidden layer during training (SLIDE model; inference uses every unit).",
       bounds=Range(0, 1, hi_open=True))
+  input_dropout: float = option(
+      0.0, "Dropout rate on the input features during training (each of a sample's non-zero features is dropped "
+      "with this probability, the rest scaled up to keep the sum's expectation; SLIDE model; O(features) per step).",
+      bounds=Range(0, 1, hi_open=True))
   tail_correction: bool = option(
       True, "Weight the random active neurons as the sample of the whole tail they are (sampled softmax: their "
       "logits get + log(tail rows / random rows)), so that the loss estimates the full softmax's.")
@@ -508,6 +512,22 @@ class NetanalysisConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class RecipeConfig(Section):
+  """The network recipe (width, depth, regularisers, learning rate), given or chosen by a search on validation."""
+  recipe: str = option(
+      "auto", "The network recipe (sparsejax.recipes): its settings apply where you set none of them. auto: with a "
+      "validation split, a fresh run compares the recipes that fit the data on it by successive halving within "
+      "--search_fraction of the budget, then trains the winner on (logged, and in metrics.jsonl); any recipe "
+      "setting given explicitly (e.g. --hidden_dims) skips the search. Or a recipe's name (no search): "
+      "small (one hidden layer of 128: fastest per step), wide (512, dropout 0.25) or wider (1024, dropout 0.5, a "
+      "lower learning rate: most capacity).", choices=("auto", "small", "wide", "wider"))
+  search_fraction: float = option(
+      0.3, "Largest share of the training budget (--max_seconds, or the steps of --max_steps / --num_epochs) that "
+      "the recipe search may spend, the winner's own steps included (they are kept: it trains on from them).",
+      bounds=Range(0, 1, lo_open=True, hi_open=True))
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
   """A training run: every setting, in sections (see the module docstring)."""
   data: DataConfig = _section(DataConfig)
@@ -519,6 +539,7 @@ class Config:
   checkpoint: CheckpointConfig = _section(CheckpointConfig)
   dist: DistConfig = _section(DistConfig)
   netanalysis: NetanalysisConfig = _section(NetanalysisConfig)
+  search: RecipeConfig = _section(RecipeConfig)
 
   def validate(self) -> "Config":
     """Checks every setting; raises :class:`ConfigError` naming the first bad one. Returns ``self``."""

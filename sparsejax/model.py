@@ -341,6 +341,17 @@ def hidden_forward(embed_w: jax.Array, dense_params, feat_ids: jax.Array, feat_v
   return h
 
 
+def input_dropout(feat_ids: jax.Array, feat_vals: jax.Array, rate: float,
+                  key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Inverted dropout on the input features: ``(feat_ids, feat_vals)`` ``[B, F]`` with each feature dropped with
+  probability ``rate`` (its id made padding, its value 0) and the others' values divided by ``1 - rate``, so that
+  the embedding bag's expectation is unchanged. A dropped feature's input row is neither read nor updated (lazy
+  Adam leaves it alone, as for a feature the sample does not have): the step stays O(B F)."""
+  keep = jax.random.bernoulli(key, 1.0 - rate, feat_vals.shape) & (feat_ids >= 0)
+  return (jnp.where(keep, feat_ids, PAD_ID),
+          jnp.where(keep, feat_vals / (1.0 - rate), 0.0).astype(feat_vals.dtype))
+
+
 def all_finite(tree) -> jax.Array:
   """Whether every floating-point value in ``tree`` is finite: a ``[]`` bool."""
   flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
@@ -644,6 +655,10 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   n_valid = jnp.clip(config.num_labels - offset, 0, rows).astype(jnp.int32)
   local_labels = jnp.where((labels >= offset) & (labels < offset + n_valid), labels - offset, PAD_ID)
   dense_params = (state.embed.b, state.hidden)
+  if config.network.input_dropout > 0:  # inverted dropout on the features, a mask drawn from (rng, step)
+    fids, fvals = input_dropout(
+        fids, fvals, config.network.input_dropout,
+        jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), 0x1d))
   keep = None
   if config.network.dropout > 0:  # inverted dropout on the last hidden layer, a mask drawn from (rng, step)
     key = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), 0x0d)

@@ -26,21 +26,23 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 from absl import logging
 
-from sparsejax import checkpoint, dense, distributed, memory, model, retrieval, trained
-from sparsejax.config import Config, ConfigError, DataConfig
+from sparsejax import checkpoint, dense, distributed, memory, model, recipes, retrieval, search, trained
+from sparsejax.config import Config, ConfigError, DataConfig, override
 from sparsejax.console import Progress
-from sparsejax.data import BatchIterator, load_dataset, train_test_split
+from sparsejax.data import BatchIterator, LoadedData, load_dataset, train_test_split
 from sparsejax.evaluation import Evaluator
-from sparsejax.metric_writer import MetricWriter, read_records
+from sparsejax.metric_writer import METRICS_FILE, MetricWriter, read_records
 from sparsejax.netanalysis.collect import StepProfiler
 from sparsejax.nonfinite import NonFiniteError, NonFiniteWatch
 from sparsejax.stopping import Interrupted, StopRequests
 
 # Final-record fields that describe the run rather than a point of a curve.
 _SUMMARY_FIELDS = ("step", "epoch", "last_loss", "samples_per_sec", "seconds", "train_seconds", "num_params", "final",
-                   "num_processes", "last_step", "selected_step", "selected_by", "stopped_by", "bad_evaluations")
+                   "num_processes", "last_step", "selected_step", "selected_by", "stopped_by", "bad_evaluations",
+                   "recipe", "search_seconds", "search_scores")
 
 
 def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
@@ -63,6 +65,33 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
     Interrupted: SIGINT or SIGTERM stopped the run (after saving a checkpoint).
   """
   config.validate()
+  data, search_summary = None, None
+  if config.search.recipe != recipes.AUTO:
+    config = recipes.apply(config, recipes.get(config.search.recipe))
+  elif not _holds_checkpoints(workdir):  # a run continued takes the recipe its checkpoints record (_train)
+    why_not = search.reason_not_to_search(config, jax.process_count())
+    if why_not is None:
+      with checkpoint.new_directories_removed_on_failure(workdir):
+        checkpoint.check_writable(workdir)
+        read_records(workdir)
+        data = _load_data(config)
+        chosen = search.run(config, workdir, _data_shape(config, data.train),
+                            functools.partial(_train, data=data), functools.partial(_append_record, workdir))
+      if chosen is not None:
+        config, search_summary = chosen
+        if config.budget.max_seconds is not None:  # the search's training seconds count against the budget
+          config = override(config, max_seconds=max(config.budget.max_seconds - search_summary["search_seconds"],
+                                                     1e-3))
+    else:
+      logging.info("recipe: the defaults, no search (%s)", why_not)
+  return _train(config, workdir, data=data, search_summary=search_summary)
+
+
+def _train(config: Config, workdir: str, *, data: LoadedData | None = None, evaluate_test: bool = True,
+           search_summary: dict | None = None) -> dict[str, Any]:
+  """:func:`train_and_evaluate` with a recipe chosen. ``data``: the loaded dataset (None: loaded here);
+  ``evaluate_test=False`` (a search's candidate) ends with the validation score instead of the test set's
+  evaluation: ``{"score": best validation metric, "step", "train_seconds"}``."""
   for line in config.unused_settings():
     logging.warning(line)
   num_shards = config.dist.num_shards or jax.process_count()
@@ -78,6 +107,9 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
     latest = checkpoints.latest_good_step()  # corrupted ones: named, set aside
     meta = None if latest is None else checkpoints.meta(latest)
     changed = []  # the settings that differ from the checkpoint's
+    recorded_recipe = ((meta or {}).get("config") or {}).get("search", {}).get("recipe", recipes.AUTO)
+    if config.search.recipe == recipes.AUTO and recorded_recipe != recipes.AUTO:  # the recipe the search chose
+      config = recipes.apply(config, recipes.get(recorded_recipe))
     if latest is not None:
       _restore_config_file(workdir, meta, latest)
       changed = checkpoint.check_resume(meta, latest, config, num_shards, workdir)
@@ -85,8 +117,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
       if finished is not None:
         return finished
 
-    t_start = time.time()
-    data = load_dataset(config.data, seed=config.run.seed)
+    data = data if data is not None else _load_data(config)
     train, test, validation = data.train, data.test, None
     if len(test) == 0:
       name = "test_file" if config.data.dataset == "files" else "test_fraction"
@@ -97,9 +128,8 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
         raise ConfigError("validation_fraction", config.data.validation_fraction,
                           f"holds no sample of the {len(train)} training samples: raise it, or 0 for no validation "
                           "split")
-    logging.info("data: %d train / %d validation / %d test samples, %d features, %d labels (%.1f s)", len(train),
-                 0 if validation is None else len(validation), len(test), train.num_features, train.num_labels,
-                 time.time() - t_start)
+    logging.info("data: %d train / %d validation / %d test samples, %d features, %d labels", len(train),
+                 0 if validation is None else len(validation), len(test), train.num_features, train.num_labels)
     steps_per_epoch = len(train) // config.optim.batch_size
     if steps_per_epoch == 0:
       raise ConfigError("batch_size", config.optim.batch_size, f"exceeds the {len(train)} training samples")
@@ -183,12 +213,43 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   checkpoints.wait()
   if loop.stop_signal is not None:
     raise Interrupted(loop.stop_signal, loop.step, checkpoints.directory)
-  return loop.finish(state, start_step)
+  if not evaluate_test:
+    return loop.finish_candidate(state)
+  return loop.finish(state, start_step, search_summary)
 
 
 # The settings that decide what a validation score measures: the data (and so the split), the seed that draws the
 # split, the metric and the samples evaluated.
 _SELECTION_SETTINGS = {f.name for f in dataclasses.fields(DataConfig)} | {"seed", "selection_metric", "eval_samples"}
+
+
+def _holds_checkpoints(workdir: str) -> bool:
+  directory = os.path.join(workdir, "checkpoints")
+  return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+
+
+def _load_data(config: Config) -> LoadedData:
+  t_start = time.time()
+  data = load_dataset(config.data, seed=config.run.seed)
+  logging.info("loaded %s in %.1f s", config.data.dataset, time.time() - t_start)
+  return data
+
+
+def _data_shape(config: Config, train) -> search.DataShape:
+  """The sizes the recipe search's step-cost model needs (of the samples trained on: less the validation split)."""
+  num_train = len(train) - round(len(train) * config.data.validation_fraction)
+  feature_counts, label_counts = np.diff(train.indptr), np.diff(train.label_indptr)
+  limit = config.data.max_features
+  mean_features = float(np.mean(np.minimum(feature_counts, limit) if limit else feature_counts)) if len(train) else 0.0
+  return search.DataShape(num_train, train.num_features, train.num_labels, mean_features,
+                          float(np.mean(label_counts)) if len(train) else 0.0)
+
+
+def _append_record(workdir: str, record: dict) -> None:
+  """Appends ``record`` to ``WORKDIR/metrics.jsonl`` (the recipe search's records, written between runs)."""
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, METRICS_FILE), "a") as f:
+      f.write(json.dumps(record) + "\n")
 
 
 def _restore_config_file(workdir: str, meta: dict | None, step: int) -> None:
@@ -350,7 +411,15 @@ class _Loop:
       position["selection"] = self.selection.to_json()
     self.checkpoints.save(self.step, state, position, self.meta, wait=wait)
 
-  def finish(self, state, start_step: int) -> dict[str, Any]:
+  def finish_candidate(self, state) -> dict[str, Any]:
+    """A recipe search's candidate's result: its best validation score (the test set is left alone)."""
+    if self.selection.last_step != self.step:  # a candidate resumed at its budget: its state was evaluated
+      self._write(self.selection.evaluate(self.run, state, self.step, self.config.run.eval_samples))
+    if self.writer is not None:
+      self.writer.close()
+    return {"score": self.selection.best_value, "step": self.step, "train_seconds": self.train_seconds}
+
+  def finish(self, state, start_step: int, search_summary: dict | None = None) -> dict[str, Any]:
     """The final evaluation on the whole test set, of the selected state, recorded and logged."""
     step = self.step
     if self.selection is not None:
@@ -377,6 +446,7 @@ class _Loop:
         "samples_per_sec": (self.step - start_step) * self.config.optim.batch_size / max(self.train_seconds, 1e-9),
         "seconds": self.seconds_before + self.train_seconds, "train_seconds": self.train_seconds,
         "num_params": model.num_params(state), "final": True, "num_processes": self.run.num_shards,
+        "recipe": self.config.search.recipe, **(search_summary or {}),
     })
     if self.writer is not None:
       self.writer.write(final, curves=[k for k in final if k not in _SUMMARY_FIELDS])

@@ -331,3 +331,69 @@ def test_learning_rate_scaling_with_the_batch_size(scaling, batch_size, want):
   warm = override(cfg, warmup_steps=100)  # warm-up ramps linearly to the scaled peak
   np.testing.assert_allclose([float(warm.schedule()(s)) for s in (0, 25, 100, 500)], [0, want / 4, want, want],
                              rtol=1e-6)
+
+
+def _dropout_key(state, salt):
+  return jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), salt)
+
+
+def _reference_loss(state, fids, fvals, labels, hidden_keep=None):
+  """The exact softmax cross-entropy of the network in jnp (embedding bag by one-hot sums), SLIDE's 1/|y| targets."""
+  num_features, num_labels = state.embed.w.shape[0], state.out.w.shape[0]
+  x = jnp.zeros((fids.shape[0], num_features)).at[jnp.arange(fids.shape[0])[:, None],
+                                                   jnp.where(fids >= 0, fids, num_features)].add(fvals, mode="drop")
+  h = jax.nn.relu(x @ state.embed.w + state.embed.b)
+  for w, b in state.hidden:
+    h = jax.nn.relu(h @ w + b)
+  if hidden_keep is not None:
+    h = h * hidden_keep
+  logits = h @ state.out.w.T + state.out.b
+  y = jnp.zeros((labels.shape[0], num_labels)).at[jnp.arange(labels.shape[0])[:, None],
+                                                  jnp.where(labels >= 0, labels, num_labels)].set(1.0, mode="drop")
+  y = y / jnp.maximum(y.sum(1, keepdims=True), 1)
+  return jnp.mean(-jnp.sum(y * jax.nn.log_softmax(logits), axis=1))
+
+
+@pytest.mark.parametrize("rate", [0.25, 0.5])
+def test_input_dropout_against_a_jnp_reference(rate):
+  """Input dropout drops each real feature with probability ``rate`` (its id made padding) and scales the rest by
+  1 / (1 - rate): the step equals a step without dropout on that masked batch, and its loss the jnp reference's."""
+  ds = data.make_synthetic(500, 300, 40, labels_per_sample=2, seed=1)
+  cfg = override(model.ModelConfig(300, 40), hidden_dims=(16, 8), active_k=40, learning_rate=1e-2,
+                 input_dropout=rate)
+  batch = _batch(ds, 32)
+  state = model.init(jax.random.key(0), cfg)
+  keep = jax.random.bernoulli(_dropout_key(state, 0x1d), 1 - rate, batch["feat_ids"].shape) & (batch["feat_ids"] >= 0)
+  real = np.asarray(batch["feat_ids"] >= 0)
+  assert abs(float(keep.sum()) / real.sum() - (1 - rate)) < 0.1  # about 1 - rate of the real features kept
+  masked = {**batch, "feat_ids": jnp.where(keep, batch["feat_ids"], -1),
+            "feat_vals": jnp.where(keep, batch["feat_vals"] / (1 - rate), 0.0)}
+  got_state, got = jax.jit(functools.partial(model.train_step, config=cfg))(state, batch)
+  plain = override(cfg, input_dropout=0.0)
+  want_state, want = jax.jit(functools.partial(model.train_step, config=plain))(model.init(jax.random.key(0), plain),
+                                                                                masked)
+  np.testing.assert_allclose(got["loss"], _reference_loss(state, masked["feat_ids"], masked["feat_vals"],
+                                                          batch["labels"]), rtol=1e-5)
+  assert float(got["loss"]) == float(want["loss"])
+  for x, y in zip(jax.tree.leaves((got_state.embed, got_state.hidden, got_state.out)),
+                  jax.tree.leaves((want_state.embed, want_state.hidden, want_state.out))):
+    np.testing.assert_array_equal(x, y)
+  # The dropped features' input rows are untouched (lazy Adam: not updated, as absent features).
+  dropped = np.setdiff1d(np.asarray(batch["feat_ids"])[real & ~np.asarray(keep)], np.asarray(masked["feat_ids"]))
+  assert dropped.size > 0
+  np.testing.assert_array_equal(got_state.embed.w[dropped], state.embed.w[dropped])
+
+
+def test_hidden_dropout_against_a_jnp_reference():
+  """Dropout on the last hidden layer: the step's loss is the jnp reference's with the same inverted mask."""
+  ds = data.make_synthetic(500, 300, 40, labels_per_sample=2, seed=2)
+  rate = 0.5
+  cfg = override(model.ModelConfig(300, 40), hidden_dims=(16, 12), active_k=40, learning_rate=1e-2, dropout=rate)
+  batch = _batch(ds, 32)
+  state = model.init(jax.random.key(1), cfg)
+  keep = jax.random.bernoulli(_dropout_key(state, 0x0d), 1 - rate, (32, 12)).astype(jnp.float32) / (1 - rate)
+  _, got = jax.jit(functools.partial(model.train_step, config=cfg))(state, batch)
+  want = _reference_loss(state, batch["feat_ids"], batch["feat_vals"], batch["labels"], keep)
+  np.testing.assert_allclose(got["loss"], want, rtol=1e-5)
+  no_dropout = _reference_loss(state, batch["feat_ids"], batch["feat_vals"], batch["labels"])
+  assert abs(float(want) - float(no_dropout)) > 1e-3  # the mask matters: the test can tell

@@ -1,0 +1,72 @@
+"""Network recipes: named sets of settings (width, depth, regularisers, learning rate) that a run can take whole.
+
+A sample's cost in a SLIDE network is ``nnz x d0`` in the input layer and ``k x d`` in the output layer, not
+``N x d``: capacity is what sparsity makes cheap. The recipes span that trade, from the fastest step to the most
+capacity; :mod:`sparsejax.search` picks one per run by measurement on the validation split (``--recipe=auto``), or
+the user names one (``--recipe=wide``)::
+
+  config = recipes.apply(config, recipes.get("wide"))   # its settings where the config has the defaults
+
+A recipe's settings apply only where the config still has the default: a setting given explicitly wins.
+"""
+
+from typing import Any, NamedTuple
+
+from sparsejax.config import Config, ConfigError, flat_items, override
+
+
+class Recipe(NamedTuple):
+  """A named set of settings.
+
+  Attributes:
+    name: the ``--recipe`` value.
+    settings: ``(name, value)`` pairs of :class:`sparsejax.config.Config` settings (hashable).
+    summary: one line for the log and ``--help``.
+  """
+  name: str
+  settings: tuple[tuple[str, Any], ...]
+  summary: str
+
+
+# Measured on the real sets on 2 cores (benchmarks/RESULTS.md, "Recipes"): see there for the figures behind each.
+RECIPES = (
+    Recipe("small", (), "one hidden layer of 128 (the defaults): the fastest step"),
+    Recipe("wide", (("hidden_dims", (512,)), ("dropout", 0.25)), "one hidden layer of 512, dropout 0.25"),
+    Recipe("wider", (("hidden_dims", (1024,)), ("dropout", 0.5), ("learning_rate", 1e-3)),
+           "one hidden layer of 1024, dropout 0.5, learning rate 1e-3"),
+)
+
+AUTO = "auto"
+
+
+def names() -> tuple[str, ...]:
+  return tuple(r.name for r in RECIPES)
+
+
+def get(name: str) -> Recipe:
+  """The recipe called ``name``; a :class:`ConfigError` naming the choices otherwise."""
+  for recipe in RECIPES:
+    if recipe.name == name:
+      return recipe
+  raise ConfigError("recipe", name, f"must be one of {', '.join((AUTO, *names()))}")
+
+
+def recipe_settings() -> tuple[str, ...]:
+  """The names of the settings that some recipe sets, in a fixed order."""
+  seen = {}
+  for recipe in RECIPES:
+    seen.update((name, None) for name, _ in recipe.settings)
+  return tuple(seen)
+
+
+def explicit_settings(config: Config) -> list[str]:
+  """The recipe settings that ``config`` sets away from their defaults (``--name=value`` strings' names)."""
+  now, defaults = flat_items(config), flat_items(Config())
+  return [name for name in recipe_settings() if now[name] != defaults[name]]
+
+
+def apply(config: Config, recipe: Recipe) -> Config:
+  """``config`` with ``recipe`` named and its settings where ``config`` has the default."""
+  now, defaults = flat_items(config), flat_items(Config())
+  changes = {name: value for name, value in recipe.settings if now[name] == defaults[name]}
+  return override(config, recipe=recipe.name, **changes)

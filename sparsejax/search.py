@@ -1,0 +1,210 @@
+"""The recipe search: successive halving over :mod:`sparsejax.recipes` on the validation split, within the budget.
+
+A fresh run with ``--recipe=auto`` (the default) spends at most ``--search_fraction`` of its training budget
+comparing the recipes. Each candidate trains in ``WORKDIR/search/NAME`` (an ordinary run directory: an
+interrupted search resumes), is scored on the whole validation split, and the better half goes on for twice
+the budget, until one is left. The winner's directory then becomes the run's: it trains on from the steps it
+took in the search, so they are not lost. ``metrics.jsonl`` gets one ``"search"`` record per round (each
+candidate's steps, modelled seconds and validation score) and one naming the winner.
+
+Rounds are measured in steps, never in measured seconds, so that the same seed chooses the same recipe and
+yields bit-identical parameters on any machine. With ``--max_seconds`` a candidate's steps are its share of
+the search's seconds over its *modelled* step time (:func:`modelled_step_seconds`: the step's multiply-adds and
+row updates at rates measured on 2 cores); with ``--max_steps`` or ``--num_epochs`` every candidate of a round
+gets the same steps.
+"""
+
+import dataclasses
+import os
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+from absl import logging
+
+from sparsejax import recipes
+from sparsejax.config import Config, override
+from sparsejax.metric_writer import METRICS_FILE
+
+SEARCH_DIR = "search"
+# A round shorter than this tells recipes apart by noise (a few hundred steps of Adam at the default rate): a
+# budget that gives fewer steps to the first round compares fewer recipes, down to none.
+MIN_ROUND_STEPS = 100
+
+# The modelled step time (seconds) of :func:`modelled_step_seconds`: a fixed cost per step, one per multiply-add of
+# the layers' products (forward and both backward products) and one per element of a row that Adam updates.
+# Fitted to training steps measured on the 2-vCPU VM (benchmarks/RESULTS.md, "Recipes"). The constants only
+# convert a budget in seconds to steps: a faster machine finishes the search early, it does not choose otherwise.
+SECONDS_PER_STEP = 2e-3
+SECONDS_PER_MAC = 1.0e-10
+SECONDS_PER_ROW_ELEMENT = 2.0e-9
+
+
+@dataclasses.dataclass(frozen=True)
+class DataShape:
+  """What the step cost depends on: the training set's sizes and a batch's mean non-zeros."""
+  num_train: int
+  num_features: int
+  num_labels: int
+  mean_features: float
+  mean_labels: float
+
+
+def modelled_step_seconds(config: Config, shape: DataShape) -> float:
+  """Modelled wall time of one training step of ``config`` on data of ``shape`` (one process).
+
+  Multiply-adds: the input layer's ``nnz x d0`` per sample (forward, and its row gradients), the hidden layers'
+  ``d_i x d_i+1`` (three products each), the output layer's ``k x d`` (three products; ``N x d`` on the exact path).
+  Row updates: the input rows a batch touches and the output rows (``min(B k, N)``; ``N`` exact), times ``d``.
+  """
+  model = config.model_config(shape.num_features, shape.num_labels)
+  dims = model.hidden_dims
+  b = config.optim.batch_size
+  k = model.num_labels if model.exact_softmax else model.k
+  macs = b * (2 * shape.mean_features * dims[0] + 3 * sum(x * y for x, y in zip(dims[:-1], dims[1:]))
+              + 3 * k * dims[-1])
+  out_rows = model.num_labels if model.exact_softmax else min(b * k, model.num_labels)
+  row_elements = min(b * shape.mean_features, shape.num_features) * dims[0] + out_rows * dims[-1]
+  return SECONDS_PER_STEP + SECONDS_PER_MAC * macs + SECONDS_PER_ROW_ELEMENT * row_elements
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """The search's rounds: ``steps[name]`` is each candidate's step count at the end of round 0 (round r:
+  ``2**r`` times it); ``rounds`` how many rounds it takes to leave one."""
+  candidates: tuple[recipes.Recipe, ...]
+  steps: dict[str, int]
+  seconds: dict[str, float]  # modelled seconds of round 0 per candidate (0 for a step budget)
+  rounds: int
+
+
+def _round_units(count: int) -> tuple[int, int]:
+  """``(rounds, units)``: successive halving of ``count`` candidates; ``units`` is the total of round-0 budgets
+  it spends (round r trains ``ceil(count / 2**r)`` candidates from ``2**(r-1)`` to ``2**r`` round-0 budgets)."""
+  rounds, alive, units = 0, count, 0
+  while alive > 1:
+    units += alive * (1 if rounds == 0 else 2 ** (rounds - 1))
+    alive, rounds = -(-alive // 2), rounds + 1
+  return rounds, units
+
+
+def plan(config: Config, shape: DataShape, candidates: tuple[recipes.Recipe, ...]) -> Plan | None:
+  """The rounds that fit ``config``'s budget, or None where no two candidates fit (too small a budget)."""
+  steps_per_epoch = max(shape.num_train // config.optim.batch_size, 1)
+  max_steps = config.budget.max_steps_for(steps_per_epoch)
+  fraction = config.search.search_fraction
+  candidates = tuple(candidates)
+  while len(candidates) > 1:
+    rounds, units = _round_units(len(candidates))
+    configs = {r.name: recipes.apply(config, r) for r in candidates}
+    if config.budget.max_seconds is not None:
+      share = fraction * config.budget.max_seconds / units  # round-0 seconds of each candidate
+      seconds = {n: modelled_step_seconds(c, shape) for n, c in configs.items()}
+      steps = {n: int(share / s) for n, s in seconds.items()}
+      if max_steps is not None:  # a step or epoch limit too: no candidate past its share of those
+        steps = {n: min(s, int(fraction * max_steps / units)) for n, s in steps.items()}
+      seconds = {n: steps[n] * seconds[n] for n in steps}
+    else:
+      steps = {n: int(fraction * max_steps / units) for n in configs}
+      seconds = dict.fromkeys(configs, 0.0)
+    if min(steps.values()) >= MIN_ROUND_STEPS:
+      return Plan(candidates, steps, seconds, rounds)
+    candidates = candidates[:-1]  # the costliest last: drop it and plan again
+  return None
+
+
+def reason_not_to_search(config: Config, num_processes: int) -> str | None:
+  """Why ``config`` trains without a search (None: it searches)."""
+  if config.search.recipe != recipes.AUTO:
+    return None if False else f"--recipe={config.search.recipe}"
+  explicit = recipes.explicit_settings(config)
+  if explicit:
+    return "recipe settings given: " + ", ".join(f"--{n}" for n in explicit)
+  if config.network.model != "slide":
+    return "--model=dense"
+  if config.data.validation_fraction <= 0:
+    return "no validation split (--validation_fraction=0)"
+  if num_processes > 1 or (config.dist.num_shards or 1) > 1:
+    return "several processes"
+  return None
+
+
+TrainFn = Callable[..., dict[str, Any]]
+
+
+def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write_record: Callable[[dict], None],
+        candidates: tuple[recipes.Recipe, ...] = recipes.RECIPES) -> tuple[Config, dict[str, Any]] | None:
+  """Successive halving over ``candidates``; returns ``(the winner's config, the search's summary)``.
+
+  Args:
+    config: the run (``--recipe=auto``, its budget the whole run's).
+    workdir: the run's directory; candidates train in ``WORKDIR/search/NAME``, and the winner's files are moved
+      to ``workdir`` (its checkpoints, best state, assets, metrics), from where the run continues.
+    shape: the training data's sizes.
+    train_fn: ``train_fn(config, workdir, evaluate_test=False)`` trains a candidate to its budget (resuming
+      its directory) and returns ``{"score": best validation metric, "train_seconds": ...}``.
+    write_record: appends a record to the run's ``metrics.jsonl``.
+    candidates: the recipes, cheapest first.
+
+  Returns:
+    None where the budget fits no comparison (the log says so; the run trains the defaults).
+  """
+  the_plan = plan(config, shape, candidates)
+  if the_plan is None:
+    logging.info("recipe search: the budget is too small to compare recipes (< %d steps each): training the "
+                 "defaults", MIN_ROUND_STEPS)
+    return None
+  metric = config.run.selection_metric
+  logging.info("recipe search over %s: %d round(s) of successive halving on validation %s; first round: %s",
+               ", ".join(r.name for r in the_plan.candidates), the_plan.rounds, metric,
+               ", ".join(f"{n} {s} steps" for n, s in the_plan.steps.items()))
+  alive = list(the_plan.candidates)
+  scores: dict[str, float] = {}
+  search_seconds = 0.0
+  rounds = []
+  for round_index in range(the_plan.rounds):
+    results = {}
+    for recipe in alive:
+      steps = the_plan.steps[recipe.name] * 2 ** round_index
+      candidate = override(recipes.apply(config, recipe), max_steps=steps, num_epochs=None, max_seconds=None,
+                           early_stopping_patience=None)
+      result = train_fn(candidate, os.path.join(workdir, SEARCH_DIR, recipe.name), evaluate_test=False)
+      scores[recipe.name] = result["score"]
+      search_seconds += result["train_seconds"]
+      results[recipe.name] = {"steps": steps, "score": result["score"],
+                              "train_seconds": round(result["train_seconds"], 2)}
+      logging.info("recipe search, round %d: %s (%s) after %d steps: validation %s %.4f", round_index + 1,
+                   recipe.name, recipe.summary, steps, metric, result["score"])
+    # The better half goes on; ties keep the cheaper recipe (the candidates' order), for a deterministic choice.
+    ranked = sorted(alive, key=lambda r: -scores[r.name])
+    alive = ranked[:-(-len(alive) // 2)]
+    rounds.append(results)
+    write_record({"step": 0, "search_round": round_index + 1, "search": results,
+                  "search_kept": [r.name for r in alive]})
+  winner = alive[0]
+  summary = {"recipe": winner.name, "search_seconds": round(search_seconds, 2),
+             "search_scores": {name: round(value, 4) for name, value in scores.items()}}
+  logging.info("recipe search: %s wins (validation %s %.4f; %s) after %.0f s of search training", winner.name,
+               metric, scores[winner.name], winner.summary, search_seconds)
+  _adopt(os.path.join(workdir, SEARCH_DIR, winner.name), workdir)
+  write_record({"step": 0, "search_winner": winner.name, **summary})
+  return recipes.apply(config, winner), summary
+
+
+# What a run directory holds that the run continues from (metrics.jsonl is appended, not moved).
+_RUN_FILES = ("checkpoints", "best_checkpoint", "assets", "config.json")
+
+
+def _adopt(candidate_dir: str, workdir: str) -> None:
+  """Makes the winner's run directory the run's: its files moved to ``workdir``, its records appended."""
+  for name in _RUN_FILES:
+    source, target = os.path.join(candidate_dir, name), os.path.join(workdir, name)
+    if not os.path.exists(source):
+      continue
+    if os.path.isdir(target):
+      shutil.rmtree(target)
+    os.replace(source, target)
+  source = os.path.join(candidate_dir, METRICS_FILE)
+  if os.path.exists(source):
+    with open(source) as f, open(os.path.join(workdir, METRICS_FILE), "a") as out:
+      out.write(f.read())

@@ -1,0 +1,129 @@
+"""The recipe search (sparsejax.search): it chooses by validation score, logs and records, is deterministic, and the
+winner trains on from its search steps; recipes apply only where no setting was given."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from sparsejax import recipes, search
+from sparsejax.checkpoint import Checkpoints
+from sparsejax.config import Config, ConfigError, override
+from sparsejax.metric_writer import read_records
+from sparsejax.train import train_and_evaluate
+
+
+@pytest.fixture
+def search_config(monkeypatch):
+  # Rounds of a few steps tell nothing apart, but they exercise the whole search in seconds.
+  monkeypatch.setattr(search, "MIN_ROUND_STEPS", 10)
+  return override(Config(), dataset="synthetic", synthetic_samples=2000, synthetic_features=600,
+                  synthetic_labels=120, batch_size=64, max_steps=120, search_fraction=0.6, eval_every=1000,
+                  eval_samples=None, log_every=10, checkpoint_every=1000, progress=False)
+
+
+def _arrays(workdir):
+  checkpoints = Checkpoints(str(workdir), writable=False)
+  step = checkpoints.latest_step()
+  return step, jax.tree.leaves(checkpoints.restore_arrays(step))
+
+
+def test_search_chooses_the_best_scored_logs_and_records(tmp_path, search_config, caplog):
+  caplog.set_level("INFO")
+  final = train_and_evaluate(search_config, str(tmp_path))
+  records = read_records(str(tmp_path))
+  rounds = [r for r in records if "search_round" in r]
+  # 3 candidates, 5 round-0 budgets in all (3 + 2): int(0.6 * 120 / 5) = 14 steps in round 0, 28 in round 1.
+  assert [sorted(r["search"]) for r in rounds] == [["small", "wide", "wider"], sorted(rounds[0]["search_kept"])]
+  assert [s["steps"] for s in rounds[0]["search"].values()] == [14, 14, 14]
+  assert [s["steps"] for s in rounds[1]["search"].values()] == [28, 28]
+  first = rounds[0]["search"]
+  kept = sorted(first, key=lambda name: -first[name]["score"])[:2]
+  assert sorted(rounds[0]["search_kept"]) == sorted(kept)
+  second = rounds[1]["search"]
+  winner = max(second, key=lambda name: (second[name]["score"], -recipes.names().index(name)))
+  assert rounds[1]["search_kept"] == [winner]
+  assert [r["search_winner"] for r in records if "search_winner" in r] == [winner]
+  assert final["recipe"] == winner and final["last_step"] == 120 and final["search_scores"][winner] == \
+      pytest.approx(second[winner]["score"], abs=1e-4)
+  # The run is the winner's: its settings, and its search steps kept (their loss records are the run's).
+  saved = Config.from_dict(json.load(open(tmp_path / "config.json")))
+  assert saved.search.recipe == winner
+  assert saved.network.hidden_dims == dict(recipes.get(winner).settings).get("hidden_dims", (128,))
+  assert [r["step"] for r in records if "loss" in r][:5] == [10, 14, 20, 28, 30]  # its rounds 1 and 2, then on
+  log = caplog.text
+  assert "recipe search over small, wide, wider" in log and f"recipe search: {winner} wins" in log
+  for name in ("small", "wide", "wider"):
+    assert f"round 1: {name} (" in log
+
+
+def test_search_is_deterministic(tmp_path, search_config):
+  a = train_and_evaluate(search_config, str(tmp_path / "a"))
+  b = train_and_evaluate(search_config, str(tmp_path / "b"))
+  assert a["recipe"] == b["recipe"] and a["search_scores"] == b["search_scores"]
+  (step_a, leaves_a), (step_b, leaves_b) = _arrays(tmp_path / "a"), _arrays(tmp_path / "b")
+  assert step_a == step_b == 120 and len(leaves_a) == len(leaves_b)
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_a_continued_run_keeps_its_recipe_without_searching_again(tmp_path, search_config):
+  first = train_and_evaluate(search_config, str(tmp_path))
+  again = train_and_evaluate(override(search_config, max_steps=140), str(tmp_path))
+  records = read_records(str(tmp_path))
+  assert len([r for r in records if "search_winner" in r]) == 1
+  assert again["recipe"] == first["recipe"] and again["last_step"] == 140
+
+
+def test_explicit_settings_and_named_recipes_skip_the_search(tmp_path, search_config, caplog):
+  caplog.set_level("INFO")
+  final = train_and_evaluate(override(search_config, hidden_dims=(64,)), str(tmp_path / "explicit"))
+  assert final["recipe"] == "auto" and not any("search_round" in r for r in read_records(str(tmp_path / "explicit")))
+  assert "no search (recipe settings given: --hidden_dims)" in caplog.text
+  final = train_and_evaluate(override(search_config, recipe="wider", dropout=0.1), str(tmp_path / "named"))
+  saved = Config.from_dict(json.load(open(tmp_path / "named" / "config.json")))
+  # The recipe's settings, except the one given.
+  assert (final["recipe"], saved.network.hidden_dims, saved.network.dropout, saved.optim.learning_rate) == \
+      ("wider", (1024,), 0.1, 1e-3)
+  assert not (tmp_path / "named" / "search").exists()
+
+
+def test_a_budget_too_small_trains_the_defaults(tmp_path, search_config, caplog):
+  caplog.set_level("INFO")
+  final = train_and_evaluate(override(search_config, max_steps=30), str(tmp_path))
+  assert final["recipe"] == "auto" and "too small to compare recipes" in caplog.text
+  assert not (tmp_path / "search").exists()
+
+
+def test_plan_gives_each_candidate_steps_for_an_equal_share_of_seconds():
+  shape = search.DataShape(num_train=130_000, num_features=100_000, num_labels=20_000, mean_features=10,
+                           mean_labels=1)
+  config = override(Config(), max_seconds=300.0)
+  plan = search.plan(config, shape, recipes.RECIPES)
+  assert plan.rounds == 2 and [r.name for r in plan.candidates] == ["small", "wide", "wider"]
+  share = 0.3 * 300 / 5  # 5 round-0 budgets: 3 candidates, then 2 for twice as long
+  for recipe in plan.candidates:
+    seconds = search.modelled_step_seconds(recipes.apply(config, recipe), shape)
+    assert plan.steps[recipe.name] == int(share / seconds)
+  assert plan.steps["small"] > plan.steps["wide"] > plan.steps["wider"]
+  # Too little time for three: the costliest is left out; for none, no plan.
+  smallest = search.MIN_ROUND_STEPS * search.modelled_step_seconds(recipes.apply(config, recipes.RECIPES[2]), shape)
+  tight = override(config, max_seconds=smallest * 5 / 0.3 * 0.9)
+  assert [r.name for r in search.plan(tight, shape, recipes.RECIPES).candidates] == ["small", "wide"]
+  assert search.plan(override(config, max_seconds=1.0), shape, recipes.RECIPES) is None
+
+
+def test_modelled_step_seconds_grows_with_width_and_active_neurons():
+  shape = search.DataShape(10_000, 50_000, 100_000, 30, 2)
+  cost = lambda **changes: search.modelled_step_seconds(override(Config(), **changes), shape)
+  assert cost(hidden_dims=(128,)) < cost(hidden_dims=(512,)) < cost(hidden_dims=(1024,))
+  assert cost(active_k=256) < cost(active_k=1024)
+  assert cost(hidden_dims=(512,)) < cost(hidden_dims=(512, 512))
+
+
+def test_recipe_names_are_the_flag_choices_and_unknown_ones_are_refused():
+  field = {f.name: f for f in __import__("dataclasses").fields(Config().search)}["recipe"]
+  assert field.metadata["choices"] == (recipes.AUTO, *recipes.names())
+  with pytest.raises(ConfigError, match="--recipe=huge: must be one of auto, small, wide, wider"):
+    recipes.get("huge")
