@@ -2,6 +2,8 @@
 
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -193,6 +195,22 @@ def test_reference_handles_several_batches_like_the_engine(tmp_path, paper):
   for n, bw, c in [(4, 1e9, 1), (16, 1e10, 3), (64, 25e9, 1)]:
     expected = _reference_paper_sf(str(path), os.path.join(DATA, "cuda_vec_add.log"), 0.05, n, bw, c)
     assert whatif.predict(profile, model, n, bw, c).scaling_factor == pytest.approx(expected, abs=1e-9)
+
+
+def test_whatif_time_grows_linearly_with_the_layers_fusion_holds_back(tmp_path):
+  # 10^5 layers of 0.1 us and 400 bytes: the paper's 5 ms window holds 50,000 gradients back at a time, and every
+  # segment scanned them (minutes here); the subprocess' timeout ends that.
+  layers, cost = 100_000, os.path.join(DATA, "cuda_vec_add.log")
+  path = tmp_path / "deep.bk.log"
+  path.write_text(f"deep\n1\n{layers}\n" + "0.1,400\n" * layers)
+  result = subprocess.run([sys.executable, "-m", "sparsejax.netanalysis", "whatif", f"--profile={path}",
+                           "--iteration_time_ms=20", "--model=paper", f"--reduce_cost={cost}", "--workers=8",
+                           "--bandwidths=1gbit", f"--json={tmp_path}/w.json"], capture_output=True, text=True,
+                          timeout=20)
+  assert result.returncode == 0, result.stderr
+  (prediction,) = profiles.read_whatif(f"{tmp_path}/w.json")["grid"]
+  assert prediction["scaling_factor"] == pytest.approx(_reference_paper_sf(str(path), cost, 0.02, 8, 1e9, 1),
+                                                       abs=1e-9)
 
 
 def test_paper_reproduction(paper):
