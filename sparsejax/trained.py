@@ -27,7 +27,7 @@ import numpy as np
 
 from sparsejax.config import Config
 from sparsejax.data import LoadedData, XCDataset
-from sparsejax.data.text import load_vectorizer, save_vectorizer
+from sparsejax.data.text import VectorizerFormatError, load_vectorizer, save_vectorizer
 from sparsejax.evaluation import Evaluator, predict_in_batches
 
 ASSETS = "assets"
@@ -127,7 +127,11 @@ class TrainedModel:
         self.label_names = tuple(line.rstrip("\n") for line in f)
     self.vectorizer = None
     if os.path.exists(os.path.join(assets, _VECTORIZER)):
-      self.vectorizer = load_vectorizer(os.path.join(assets, _VECTORIZER))
+      path = os.path.join(assets, _VECTORIZER)
+      self.vectorizer = load_vectorizer(path)  # data checked against a fixed schema: see load_vectorizer
+      if len(self.vectorizer.vocabulary_) != self.num_features:  # another run's: its columns name other features
+        raise VectorizerFormatError(path, "vocabulary", f"has {len(self.vectorizer.vocabulary_)} terms; the model "
+                                    f"reads {self.num_features} features")
     self._frequencies = np.load(os.path.join(assets, _FREQUENCIES))
 
   def features(self, inputs) -> XCDataset:

@@ -289,6 +289,45 @@ def test_predict_errors_are_one_line(synthetic_run, tmp_path, installed_command)
   assert (proc.wait(timeout=300), err) == (128 + signal.SIGPIPE, "")
 
 
+def _vectorizer_of(num_features: int):
+  """A vectorizer of ``num_features`` one-word terms (``t0``, ``t1``, ...), fitted as the real datasets fit theirs."""
+  from sklearn.feature_extraction.text import TfidfVectorizer
+
+  from sparsejax.data.text import TOKEN_PATTERN
+
+  vectorizer = TfidfVectorizer(token_pattern=TOKEN_PATTERN, sublinear_tf=True, dtype=np.float32)
+  return vectorizer.fit([" ".join(f"t{i}" for i in range(num_features)), "t0 t1 t2"])
+
+
+def test_a_work_directory_s_vectorizer_is_data_checked_before_use(synthetic_run, tmp_path, installed_command):
+  from sparsejax.data.text import save_vectorizer
+
+  workdir = tmp_path / "run"
+  shutil.copytree(synthetic_run[0], workdir)
+  path = workdir / "assets" / "vectorizer.json"
+  vectorizer = _vectorizer_of(1000)
+  save_vectorizer(vectorizer, path)
+  model = sparsejax.load(str(workdir))  # a good one: texts give the rows it gives
+  texts = ["t5 t7 t7", "t0 t999 nothing"]
+  np.testing.assert_array_equal(model.predict(texts, top=3)[1], model.predict(vectorizer.transform(texts), top=3)[1])
+  # Received from someone else: texts opened as file names. Refused by name, one line, before anything is read.
+  secret = tmp_path / "secret.txt"
+  secret.write_text("t1 t2 t3\n")
+  (tmp_path / "texts.txt").write_text(f"{secret}\n")
+  hostile = json.loads(path.read_text())
+  hostile["params"]["input"] = "filename"
+  path.write_text(json.dumps(hostile))
+  out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={workdir}",
+                        f"--input={tmp_path / 'texts.txt'}"], capture_output=True, text=True, timeout=300)
+  assert (out.returncode, out.stdout) == (1, "")
+  assert out.stderr == (f"sparsejax-predict: error: {path}: params.input: must be 'content' (the texts themselves, "
+                        "never names of files to read), got \"filename\"\n")
+  # Another run's (another vocabulary): its columns would name other features.
+  save_vectorizer(_vectorizer_of(40), path)
+  with pytest.raises(ValueError, match=re.escape(f"{path}: vocabulary: has 40 terms; the model reads 1000 features")):
+    sparsejax.load(str(workdir))
+
+
 def test_icd10_text_in_codes_out(tmp_path, small_config, installed_command):
   config = override(small_config, dataset="icd10", hidden_dims=(16,), active_k=64, max_steps=30, eval_every=1000,
                     eval_samples=500, batch_size=128, learning_rate=1e-2)

@@ -2,45 +2,81 @@
 
 Used by the built-in real datasets (:mod:`.icd10`, :mod:`.gcide`) and by prediction from text. The vectorizer
 is saved as JSON rather than pickle: a work directory's files are safe to open, and they outlive
-scikit-learn's pickle format. Needs ``scikit-learn`` (imported lazily).
+scikit-learn's pickle format. Loading checks that JSON against a fixed schema of data (:func:`load_vectorizer`):
+a vectorizer received from someone else never reads files nor runs a regular expression of theirs. Needs
+``scikit-learn`` (imported lazily).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from .dataset import XCDataset
 
+# Keep 1-character tokens: they matter in codes and terms ("type 1" vs "type 2", "C1").
+TOKEN_PATTERN = r"(?u)\b\w+\b"
+
+
+class VectorizerFormatError(ValueError):
+  """A ``vectorizer.json`` that is not what :func:`save_vectorizer` writes; ``str()`` names the file and the key.
+
+  Attributes:
+    path: the file.
+    key: what in it is wrong (``params.token_pattern``, ``vocabulary``, ``idf[3]``, ...), or None: the whole file.
+    reason: what is wrong with it.
+  """
+
+  def __init__(self, path: str | os.PathLike, key: str | None, reason: str):
+    self.path, self.key, self.reason = os.fspath(path), key, reason
+    super().__init__(f"{self.path}: {key}: {reason}" if key else f"{self.path}: {reason}")
+
+  def __reduce__(self):  # keep picklable despite the custom signature
+    return type(self), (self.path, self.key, self.reason)
+
 
 def save_vectorizer(vectorizer: Any, path: str | os.PathLike) -> None:
   """Writes a fitted ``TfidfVectorizer``'s parameters, vocabulary and idf weights to ``path``.
 
   Raises:
-    TypeError: a vectorizer with parameters JSON cannot hold (a custom tokenizer, ...).
+    VectorizerFormatError: a vectorizer that :func:`load_vectorizer` would refuse (a custom tokenizer, another
+      token pattern, ...): the run would leave a work directory that cannot predict from text.
   """
   params = vectorizer.get_params()
-  params.pop("dtype", None)
-  params = {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}
-  try:
-    text = json.dumps({"params": params, "vocabulary": {t: int(i) for t, i in vectorizer.vocabulary_.items()},
-                       "idf": vectorizer.idf_.tolist()})
-  except TypeError as e:
-    raise TypeError(f"cannot save this vectorizer as JSON: {e}") from None
+  params = {k: list(params[k]) if isinstance(params[k], tuple) else params[k] for k in _PARAMS}
+  saved = {"params": params, "vocabulary": {t: int(i) for t, i in vectorizer.vocabulary_.items()},
+           "idf": vectorizer.idf_.tolist()}
+  _check_saved(saved, path)
+  text = json.dumps(saved)
   with open(path, "w") as f:
     f.write(text)
 
 
 def load_vectorizer(path: str | os.PathLike) -> Any:
-  """The ``TfidfVectorizer`` that :func:`save_vectorizer` wrote (``transform`` gives the same rows)."""
+  """The ``TfidfVectorizer`` that :func:`save_vectorizer` wrote (``transform`` gives the same rows).
+
+  The file is data, checked against a fixed schema before anything is built from it: every parameter
+  :func:`save_vectorizer` writes, each with the values it may hold (the texts are never file names to open, the
+  tokens are found by sparsejax's own pattern, never one from the file), a vocabulary of terms numbering the
+  columns ``0 .. V-1`` once each, and ``V`` idf weights.
+
+  Raises:
+    OSError: the file cannot be read.
+    VectorizerFormatError: anything else about it, naming the file and the key.
+  """
   from sklearn.feature_extraction.text import TfidfVectorizer
 
-  with open(path) as f:
-    saved = json.load(f)
+  try:
+    with open(path, encoding="utf-8") as f:
+      saved = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: deeply nested
+    raise VectorizerFormatError(path, None, f"not a vectorizer's JSON: {type(e).__name__}: {e}") from None
+  _check_saved(saved, path)
   params = {k: tuple(v) if isinstance(v, list) else v for k, v in saved["params"].items()}
   vectorizer = TfidfVectorizer(**params, dtype=np.float32)
   vectorizer.vocabulary_ = saved["vocabulary"]
@@ -48,8 +84,88 @@ def load_vectorizer(path: str | os.PathLike) -> Any:
   return vectorizer
 
 
-# Keep 1-character tokens: they matter in codes and terms ("type 1" vs "type 2", "C1").
-TOKEN_PATTERN = r"(?u)\b\w+\b"
+def _is_bool(value) -> bool:
+  return isinstance(value, bool)
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_MAX_NGRAM = 3  # sparsejax writes (1, 2); each n adds a string per token to every text transform reads
+_MAX_IDF = 1e6  # idf = ln(n / df) + 1 >= 1 (smoothed or not): ~22 at 10^9 texts
+
+# Every parameter save_vectorizer writes (TfidfVectorizer's, but dtype) and the values each may hold, as JSON gives
+# them. Only data: texts as they are given (never file names to open), no callables, and no regular expression but
+# sparsejax's own (one from the file could backtrack for ever on an input line).
+_PARAMS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "analyzer": (lambda v: v == "word", "'word'"),
+    "binary": (_is_bool, "true or false"),
+    "decode_error": (lambda v: v in ("strict", "ignore", "replace"), "'strict', 'ignore' or 'replace'"),
+    "encoding": (lambda v: v == "utf-8", "'utf-8'"),
+    "input": (lambda v: v == "content", "'content' (the texts themselves, never names of files to read)"),
+    "lowercase": (_is_bool, "true or false"),
+    "max_df": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "max_features": (lambda v: v is None or _is_int(v) and v >= 1, "null or an integer >= 1"),
+    "min_df": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "ngram_range": (lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_int, v))
+                    and 1 <= v[0] <= v[1] <= _MAX_NGRAM, f"[min_n, max_n], 1 <= min_n <= max_n <= {_MAX_NGRAM}"),
+    "norm": (lambda v: v in ("l1", "l2", None), "'l1', 'l2' or null"),
+    "preprocessor": (lambda v: v is None, "null"),
+    "smooth_idf": (_is_bool, "true or false"),
+    "stop_words": (lambda v: v is None, "null"),
+    "strip_accents": (lambda v: v in ("ascii", "unicode", None), "'ascii', 'unicode' or null"),
+    "sublinear_tf": (_is_bool, "true or false"),
+    "token_pattern": (lambda v: v == TOKEN_PATTERN, f"sparsejax's own {TOKEN_PATTERN!r}"),
+    "tokenizer": (lambda v: v is None, "null"),
+    "use_idf": (lambda v: v is True, "true (the file holds idf weights)"),
+    "vocabulary": (lambda v: v is None, "null (the fitted vocabulary is the file's own key)"),
+}
+
+
+def _check_saved(saved: Any, path: str | os.PathLike) -> None:
+  """Raises :class:`VectorizerFormatError` unless ``saved`` (a parsed ``vectorizer.json``) fits the schema."""
+
+  def refuse(key, reason):
+    return VectorizerFormatError(path, key, reason)
+
+  if not isinstance(saved, dict) or set(saved) != {"params", "vocabulary", "idf"}:
+    raise refuse(None, "must be a JSON object of exactly params, vocabulary and idf, as sparsejax writes it")
+  params = saved["params"]
+  if not isinstance(params, dict):
+    raise refuse("params", "must be an object of TfidfVectorizer parameters")
+  for key, value in params.items():
+    if key not in _PARAMS:
+      raise refuse(f"params.{key}", f"not a parameter sparsejax writes (it writes {', '.join(_PARAMS)})")
+    allowed, what = _PARAMS[key]
+    if not allowed(value):
+      raise refuse(f"params.{key}", f"must be {what}, got {json.dumps(value)[:200]}")
+  missing = [key for key in _PARAMS if key not in params]
+  if missing:
+    raise refuse(f"params.{missing[0]}", "missing (sparsejax writes every parameter: the defaults may differ)")
+  vocabulary = saved["vocabulary"]
+  if not isinstance(vocabulary, dict) or not vocabulary:
+    raise refuse("vocabulary", "must be a non-empty object of term: column")
+  size, owner = len(vocabulary), {}
+  for term, column in vocabulary.items():  # JSON keys are strings: the terms need no check
+    if not _is_int(column) or not 0 <= column < size:
+      raise refuse(f"vocabulary[{term!r}]", f"must be a column in [0, {size}) (one per term), got "
+                   f"{json.dumps(column)[:200]}")
+    if column in owner:
+      raise refuse(f"vocabulary[{term!r}]", f"column {column} is also {owner[column]!r}'s")
+    owner[column] = term
+  idf = saved["idf"]
+  if not isinstance(idf, list) or len(idf) != size:
+    raise refuse("idf", f"must be a list of {size} weights (one per vocabulary term), got "
+                 f"{len(idf) if isinstance(idf, list) else type(idf).__name__}")
+  for i, weight in enumerate(idf):
+    if not (_is_number(weight) and 1 <= weight <= _MAX_IDF):
+      raise refuse(f"idf[{i}]", f"must be a number in [1, {_MAX_IDF:g}] (ln(n / df) + 1), got "
+                   f"{json.dumps(weight)[:200]}")
 
 
 def stratified_split(groups: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
