@@ -35,9 +35,9 @@ MIN_ROUND_STEPS = 100
 # the layers' products (forward and both backward products) and one per element of a row that Adam updates.
 # Fitted to training steps measured on the 2-vCPU VM (benchmarks/RESULTS.md, "Recipes"). The constants only
 # convert a budget in seconds to steps: a faster machine finishes the search early, it does not choose otherwise.
-SECONDS_PER_STEP = 2e-3
-SECONDS_PER_MAC = 1.0e-10
-SECONDS_PER_ROW_ELEMENT = 2.0e-9
+SECONDS_PER_STEP = 5e-4
+SECONDS_PER_MAC = 4e-11
+SECONDS_PER_ROW_ELEMENT = 1e-9
 
 
 @dataclasses.dataclass(frozen=True)
