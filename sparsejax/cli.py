@@ -463,12 +463,55 @@ def read_inputs(path: str, input_format: str, model):
     where = _svmlight_id_out_of_range(path, model.num_features)
     raise ValueError(where or f"{path}: not a svmlight file with feature ids in [0, {model.num_features}): {e}") \
         from None
+  import numpy as np
+
+  from sparsejax.data.xc_format import FLOAT32_OVERFLOW
+
+  if not (np.abs(x.data) < FLOAT32_OVERFLOW).all():  # scikit-learn reads nan, inf and 1e39; a row of them scored NaN
+    raise ValueError(_svmlight_value_not_finite(path) or f"{path}: a feature value is not finite in float32")
   return x
+
+
+def _open_svmlight(path: str) -> typing.TextIO:
+  """``path`` as text, decompressed as scikit-learn's svmlight reader decompresses it (by the name's ending)."""
+  if path.endswith((".gz", ".bz2")):
+    import bz2
+    import gzip
+
+    return (gzip if path.endswith(".gz") else bz2).open(path, "rt", errors="replace")
+  return open(path, errors="replace")
+
+
+def _svmlight_value_not_finite(path: str) -> str | None:
+  """``FILE:LINE: ...`` of the first feature value that is not finite in float32 (NaN, inf, 1e39), as the XC reader
+  words it."""
+  import math
+
+  import numpy as np
+
+  from sparsejax.data.xc_format import FLOAT32_MAX, FLOAT32_OVERFLOW
+
+  with _open_svmlight(path) as f:
+    for number, line in enumerate(f, 1):
+      for item in line.split("#", 1)[0].split():
+        name, sep, text = item.partition(":")
+        if not sep or name == "qid":
+          continue
+        try:
+          value = float(text)
+        except ValueError:  # a form scikit-learn reads and float() does not (hex): named without its line
+          continue
+        if not math.isfinite(value):
+          return f"{path}:{number}: non-finite feature value in {item!r}"
+        if abs(value) >= FLOAT32_OVERFLOW:
+          largest = np.float32(FLOAT32_MAX)
+          return f"{path}:{number}: feature value in {item!r} overflows float32 (its largest is {largest!s})"
+  return None
 
 
 def _svmlight_id_out_of_range(path: str, num_features: int) -> str | None:
   """``FILE:LINE: ...`` of the first feature id outside ``[0, num_features)`` (scikit-learn names no line)."""
-  with open(path, errors="replace") as f:
+  with _open_svmlight(path) as f:
     for number, line in enumerate(f, 1):
       for item in line.split("#", 1)[0].split()[1:]:
         name, sep, _ = item.partition(":")

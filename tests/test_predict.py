@@ -289,6 +289,35 @@ def test_predict_errors_are_one_line(synthetic_run, tmp_path, installed_command)
   assert (proc.wait(timeout=300), err) == (128 + signal.SIGPIPE, "")
 
 
+@pytest.mark.parametrize("value, message", [
+    ("nan", "non-finite feature value in '3:nan'"),
+    ("-inf", "non-finite feature value in '3:-inf'"),
+    ("1e39", "feature value in '3:1e39' overflows float32 (its largest is 3.4028235e+38)"),
+])
+def test_predict_refuses_svmlight_values_not_finite_in_float32(tmp_path, monkeypatch, value, message):
+  """As the XC reader does, by file and line (scikit-learn reads them: the row's scores were NaN)."""
+  import gzip
+  import io
+  import types
+
+  from sparsejax.cli import read_inputs
+
+  model = types.SimpleNamespace(vectorizer=None, num_features=10)  # what read_inputs asks of a model
+  content = f"1 0:0.5 2:3.4028235e+38\n2 qid:7 1:0.25 3:{value}\n"
+  (tmp_path / "x.svm").write_text(content)
+  with gzip.open(tmp_path / "x.svm.gz", "wt") as f:
+    f.write(content)
+  for path in (tmp_path / "x.svm", tmp_path / "x.svm.gz"):
+    with pytest.raises(ValueError, match=re.escape(f"{path}:2: {message}")):
+      read_inputs(str(path), "svmlight", model)
+  monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(content.encode())))
+  with pytest.raises(ValueError, match=re.escape(f"<stdin>:2: {message}")):
+    read_inputs("-", "svmlight", model)
+  # The largest float32 is finite: read as it is.
+  (tmp_path / "x.svm").write_text(content.splitlines(True)[0])
+  assert read_inputs(str(tmp_path / "x.svm"), "svmlight", model).data.astype(np.float32)[1] == np.finfo(np.float32).max
+
+
 def _vectorizer_of(num_features: int):
   """A vectorizer of ``num_features`` one-word terms (``t0``, ``t1``, ...), fitted as the real datasets fit theirs."""
   from sklearn.feature_extraction.text import TfidfVectorizer

@@ -38,10 +38,10 @@ from .dataset import XCDataset
 _CHUNK_BYTES = 32 << 20
 UTF8_BOM = b"\xef\xbb\xbf"
 _GZIP_MAGIC = b"\x1f\x8b"
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 # The smallest magnitude that rounds to inf in float32 (half an ulp above the largest float32): a value below it,
 # such as the shortest text of the largest float32 that save_xc_file writes, reads as a finite float32.
-_FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
+FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
 
 # Byte -> class tables, applied with ``bytes.translate`` (several times faster
 # than numpy fancy indexing on uint8 arrays).
@@ -191,7 +191,7 @@ def _parse_chunk_fast(chunk: bytes, num_features: int, num_labels: int) -> _Rows
   if (
       (label_ids.size and label_ids.max() >= num_labels)
       or (feat_ids.size and feat_ids.max() >= num_features)
-      or not np.all(np.abs(feat_vals) < _FLOAT32_OVERFLOW)  # also false for NaN: finite in float32
+      or not np.all(np.abs(feat_vals) < FLOAT32_OVERFLOW)  # also false for NaN: finite in float32
   ):
     return None
   return _Rows(
@@ -257,8 +257,8 @@ def _parse_chunk_slow(chunk: bytes, first_line: int, num_features: int, num_labe
         raise err(f"malformed feature value in {item!r}") from None
       if not np.isfinite(value):
         raise err(f"non-finite feature value in {item!r}")
-      if abs(value) >= _FLOAT32_OVERFLOW:
-        raise err(f"feature value in {item!r} overflows float32 (its largest is {np.float32(_FLOAT32_MAX)!s})")
+      if abs(value) >= FLOAT32_OVERFLOW:
+        raise err(f"feature value in {item!r} overflows float32 (its largest is {np.float32(FLOAT32_MAX)!s})")
       feat_vals.append(value)
     feat_counts.append(len(items))
   return _Rows(
