@@ -103,13 +103,15 @@ def test_a_malformed_data_file_ends_the_command_with_one_line_naming_file_and_li
   (tmp_path / "bad.txt").write_text("2 10 3\n0 1:0.5 2:1\n1 3;0.25\n")
   (tmp_path / "train.txt").write_text("2 10 3\n0 1:0.5 2:1\n1 3:0.25\n")
   (tmp_path / "test.txt").write_text("1 12 3\n0 1:0.5\n")
+  (tmp_path / "unlabelled.txt").write_text("2 12 3\n 1:0.5 2:1\n 3:0.25\n")  # it trained, to loss 0.0000
   for train, message in (
       ("bad.txt", f"{tmp_path / 'bad.txt'}:3: malformed feature '3;0.25' (expected 'id:value')"),
       ("train.txt", f"{tmp_path / 'test.txt'}:1: header has 12 features / 3 labels, but {tmp_path / 'train.txt'} "
-                    "has 10 / 3")):
+                    "has 10 / 3"),
+      ("unlabelled.txt", f"{tmp_path / 'unlabelled.txt'}:1: no sample has a label: nothing to train on")):
     out = subprocess.run([installed_command("sparsejax-train"), "--dataset=files", f"--train_file={tmp_path / train}",
                           f"--test_file={tmp_path / 'test.txt'}", f"--workdir={tmp_path / 'wd'}", "--noprogress",
-                          "--batch_size=1"], capture_output=True, text=True, timeout=300)
+                          "--batch_size=1", "--validation_fraction=0"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert out.stderr.strip().splitlines()[-1] == f"sparsejax-train: error: {message}"
     # A refused start leaves the work directory as it was: none made (it left an empty checkpoints/), and a

