@@ -91,26 +91,54 @@ def padded_width(dataset: XCDataset, feature_limit: int | None) -> int:
   training set's widest row does not bound the rows a model is asked about, and cutting a longer one would
   silently drop features. Rounded up to a power of two, so that inputs of similar widths share a compilation.
   """
-  widest = max(dataset.max_features_per_sample(), 1)
-  width = 1 << (widest - 1).bit_length()
-  return width if feature_limit is None else min(width, feature_limit)
+  return _row_width(dataset.max_features_per_sample(), feature_limit)
+
+
+# Padded feature ids (and as many values) per predict call beyond which wider rows get batches of their own:
+# 2^22, 32 MiB of ids and values.
+PADDED_ELEMENTS = 1 << 22
 
 
 def predict_in_batches(predict: Predict, state, dataset: XCDataset, num_samples: int, feature_limit: int | None,
                        batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-  """``predict`` over the first ``num_samples`` samples, in batches padded to one shape (one compilation);
-  ``feature_limit`` as in :class:`Evaluator`.
+  """``predict`` over the first ``num_samples`` samples, in batches of padded rows; ``feature_limit`` as in
+  :class:`Evaluator`.
+
+  Rows of up to ``PADDED_ELEMENTS / batch_size`` features (after ``feature_limit``) share one shape, one
+  compilation: ``batch_size`` rows padded to the widest of them (:func:`padded_width`). Each wider row goes in a
+  batch of rows of its own power-of-two width, as many as fit in :data:`PADDED_ELEMENTS` (at least one): one long
+  row pads a few rows to its width, not ``batch_size`` of them, so the padded arrays follow the input's features,
+  not its rows times its longest row (one line of 2M features once took 23.7 GB).
 
   Returns:
-    ``(scores, ids, sampled_ids or None)``, each ``[num_samples, top]``.
+    ``(scores, ids, sampled_ids or None)``, each ``[num_samples, top]``, in the samples' order.
   """
-  parts, max_features = [], padded_width(dataset, feature_limit)
-  for start in range(0, num_samples, batch_size):
-    rows = np.arange(start, min(start + batch_size, num_samples))
-    fi, fv, _ = dataset.to_padded(rows, max_features, 0)
-    pad = batch_size - len(rows)
-    out = predict(state, np.pad(fi, ((0, pad), (0, 0)), constant_values=PAD_ID), np.pad(fv, ((0, pad), (0, 0))))
-    parts.append([None if x is None else x[:len(rows)] for x in out])
-  if not parts:
+  counts = dataset.feature_counts()[:num_samples]
+  distinct, which = np.unique(counts, return_inverse=True)
+  widths = np.array([_row_width(int(c), feature_limit) for c in distinct], np.int64)[which.reshape(-1)]
+  narrow_limit = max(1, PADDED_ELEMENTS // batch_size)
+  narrow = np.flatnonzero(widths <= narrow_limit)
+  groups = [(narrow, int(widths[narrow].max()), batch_size)] if len(narrow) else []
+  for width in np.unique(widths[widths > narrow_limit]):
+    groups.append((np.flatnonzero(widths == width), int(width), min(batch_size, max(1, PADDED_ELEMENTS // width))))
+  out = None
+  for rows, width, rows_per_call in groups:
+    for start in range(0, len(rows), rows_per_call):
+      batch = rows[start:start + rows_per_call]
+      fi, fv, _ = dataset.to_padded(batch, width, 0)
+      pad = rows_per_call - len(batch)  # one compiled shape per group
+      result = predict(state, np.pad(fi, ((0, pad), (0, 0)), constant_values=PAD_ID), np.pad(fv, ((0, pad), (0, 0))))
+      if out is None:
+        out = [None if x is None else np.empty((num_samples, *x.shape[1:]), x.dtype) for x in result]
+      for whole, part in zip(out, result):
+        if whole is not None:
+          whole[batch] = part[:len(batch)]
+  if out is None:
     return None, None, None
-  return tuple(None if p[0] is None else np.concatenate(p) for p in zip(*parts))
+  return tuple(out)
+
+
+def _row_width(num_features: int, feature_limit: int | None) -> int:
+  """The padded width of a row of ``num_features``: the next power of two, at most ``feature_limit``."""
+  width = 1 << (max(num_features, 1) - 1).bit_length()
+  return width if feature_limit is None else min(width, feature_limit)

@@ -231,7 +231,8 @@ class TrainedModel:
       inputs: an XCDataset, a scipy sparse ``[n, F]`` matrix, or texts (when the model has a vectorizer; one
         string is one text).
       top: labels per input (at most N, and at most ``k``).
-      batch_size: inputs per call (one compiled shape).
+      batch_size: inputs per call (one compiled shape); an input too wide for ``batch_size`` of it to stay
+        within :data:`sparsejax.evaluation.PADDED_ELEMENTS` padded features goes in a smaller call of its own.
       k: None: exact (every output scored). An int: sampled inference, as the run's ``sampled_p@k`` measured it:
         each input's ``k`` best candidates from the serving index (kept by the run, else built from the output
         rows on the first such call) are scored, and the top ``top`` of them returned. Faster than exact where

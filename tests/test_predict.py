@@ -250,6 +250,57 @@ def test_sampled_predict_needs_a_slide_model(tmp_path, small_config, installed_c
   assert out.returncode == 2 and "sampled prediction needs a SLIDE model" in out.stderr, out.stderr
 
 
+def test_a_long_input_row_pads_a_few_rows_not_the_batch(synthetic_run, monkeypatch):
+  """One line of 2M id:value pairs took 23.7 GB: each batch of 1,024 rows was padded to its longest row. Now the
+  long row's batch holds few rows, and the other rows' predictions do not change."""
+  import tracemalloc
+
+  from sparsejax.evaluation import padded_width
+
+  workdir, _, test = synthetic_run
+  model = sparsejax.load(str(workdir))
+  normal = test.subset(np.arange(40))
+  want_scores, want_ids = model.predict(normal, top=5)
+  rng = np.random.default_rng(0)
+  long_ids = rng.integers(0, model.num_features, 200_000)  # repeats add up, as a sum over the row's features
+  long_vals = rng.random(200_000, dtype=np.float32) * 1e-3
+  rows = [normal.indices[normal.indptr[i]:normal.indptr[i + 1]] for i in range(40)]
+  vals = [normal.values[normal.indptr[i]:normal.indptr[i + 1]] for i in range(40)]
+  rows.insert(7, long_ids)
+  vals.insert(7, long_vals)
+  mixed = XCDataset(np.concatenate([[0], np.cumsum([len(r) for r in rows])]), np.concatenate(rows),
+                    np.concatenate(vals), np.zeros(42, np.int64), np.zeros(0, np.int32), model.num_features,
+                    model.num_labels)
+  padded, to_padded = [], XCDataset.to_padded
+
+  def bounded_to_padded(self, batch, max_features=None, max_labels=None):
+    padded.append((len(batch), max_features))
+    assert len(batch) * max_features <= 1 << 22, padded[-1]  # before numpy allocates it (GiBs, it was)
+    return to_padded(self, batch, max_features, max_labels)
+
+  monkeypatch.setattr(XCDataset, "to_padded", bounded_to_padded)
+  tracemalloc.start()
+  try:
+    scores, ids = model.predict(mixed, top=5)
+    peak = tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+  assert peak < 64 << 20, peak  # numpy's arrays: 16 rows of 2^18 ids and values padded (32 MiB), the rest small
+  # The other rows as wide as alone; the long one 2^18 wide, in a call of 16 rows (2^22 elements), not 1,024.
+  assert padded == [(40, padded_width(normal, None)), (1, 1 << 18)]
+  keep = np.arange(41) != 7
+  np.testing.assert_array_equal(ids[keep], want_ids)
+  np.testing.assert_array_equal(scores[keep], want_scores)
+  # The long row keeps every feature: its logits are a dense forward pass's.
+  x = np.bincount(long_ids, weights=long_vals.astype(np.float64), minlength=model.num_features).astype(np.float32)
+  p = model.params
+  h = np.maximum(x @ np.asarray(p.embed.w) + np.asarray(p.embed.b), 0.0)
+  for w, b in p.hidden:
+    h = np.maximum(h @ np.asarray(w) + np.asarray(b), 0.0)
+  logits = h @ np.asarray(p.out.w).T + np.asarray(p.out.b)
+  np.testing.assert_allclose(scores[7], np.sort(logits)[::-1][:5], rtol=1e-3, atol=1e-4)
+
+
 def test_predict_errors_are_one_line(synthetic_run, tmp_path, installed_command):
   workdir, _, _ = synthetic_run
   predict = installed_command("sparsejax-predict")
