@@ -520,7 +520,8 @@ class RecipeConfig(Section):
       "--search_fraction of the budget, then trains the winner on (logged, and in metrics.jsonl); any recipe "
       "setting given explicitly (e.g. --hidden_dims) skips the search. Or a recipe's name (no search): "
       "small (one hidden layer of 128: the fastest step), wide (512, dropout 0.25, --active_k=512) or wider (1024, "
-      "dropout 0.5, --active_k=512, --learning_rate=2e-3: the most capacity).", choices=("auto", "small", "wide", "wider"))
+      "dropout 0.5, --active_k=512, --learning_rate=2e-3: the most capacity).",
+      choices=("auto", "small", "wide", "wider"))
   search_fraction: float = option(
       0.3, "Largest share of the training budget (--max_seconds, or the steps of --max_steps / --num_epochs) that "
       "the recipe search may spend, the winner's own steps included (they are kept: it trains on from them).",
