@@ -159,13 +159,21 @@ def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, ar
   evals_per_epoch = args.evals_per_epoch or (None if system == "sparsejax" else 4)
   if evals_per_epoch is not None:
     config = override(config, eval_every=max(1, steps_per_epoch // evals_per_epoch))
-  if os.path.exists(run_dir):  # a new run: the benchmark never resumes an earlier one
-    import shutil
+  if args.collect:  # the run in run_dir finished (its final record written): collect its results only
+    from sparsejax.metric_writer import read_records
 
-    shutil.rmtree(run_dir)
-  t = time.time()
-  final = train_and_evaluate(config, run_dir)
-  wall = time.time() - t
+    final, wall = [r for r in read_records(run_dir) if r.get("final")][-1], None
+  else:
+    if os.path.exists(run_dir):  # a new run: the benchmark never resumes an earlier one
+      import shutil
+
+      shutil.rmtree(run_dir)
+    t = time.time()
+    final = train_and_evaluate(config, run_dir)
+    wall = time.time() - t
+  # The settings the run trained with: a recipe search (--recipe=auto) chose some of them.
+  with open(os.path.join(run_dir, "config.json")) as f:
+    config = Config.from_dict(json.load(f))
   result = {"config": config.to_dict(), "final": final, "wall_seconds": wall, **curve_and_selection(run_dir, final)}
   if system == "sparsejax":
     run, state = selected_state(config, run_dir, test_path)
@@ -491,7 +499,7 @@ def train_one(args) -> str:
                   if key.startswith("sampled") and key.endswith("_p@1") or key == "label_recall")
   print(f"{args.dataset} {args.system} ({tag}): test P@1 {final['p@1']:.4f}  P@5 {final['p@5']:.4f}{extra}  "
         f"(selected step {final.get('selected_step', final.get('step'))} of {final.get('last_step', '-')}; "
-        f"{final.get('train_seconds', 0):.0f} s training, {result['wall_seconds']:.0f} s in all)", flush=True)
+        f"{final.get('train_seconds', 0):.0f} s training, {result['wall_seconds'] or 0:.0f} s in all)", flush=True)
   if "inference" in result:
     inf = result["inference"]
     timings = ", ".join(f"{name} {ms:.1f}" for name, ms in inf["ms_per_batch"].items())
@@ -654,6 +662,9 @@ def main():
   parser.add_argument("--report", action="store_true", help="summarize and plot the dataset's runs in --out")
   parser.add_argument("--set", action="append", metavar="NAME=VALUE",
                       help="a sparsejax setting for every system's run (repeatable), e.g. --set learning_rate=0.01")
+  parser.add_argument("--collect", action="store_true",
+                      help="write the JSON of the finished run in the run directory without training it again (a run "
+                      "whose final record was written but whose benchmark process stopped before its JSON)")
   parser.add_argument("--evaluate_again", action="store_true",
                       help="re-measure inference speed and the k sweep of the finished sparsejax run (same --budget "
                       "or --num_epochs) and update its JSON")

@@ -523,7 +523,7 @@ class RecipeConfig(Section):
       "dropout 0.5, --active_k=512, --learning_rate=2e-3: the most capacity).",
       choices=("auto", "small", "wide", "wider"))
   search_fraction: float = option(
-      0.3, "Largest share of the training budget (--max_seconds, or the steps of --max_steps / --num_epochs) that "
+      0.5, "Largest share of the training budget (--max_seconds, or the steps of --max_steps / --num_epochs) that "
       "the recipe search may spend, the winner's own steps included (they are kept: it trains on from them).",
       bounds=Range(0, 1, lo_open=True, hi_open=True))
 

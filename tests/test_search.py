@@ -102,14 +102,14 @@ def test_plan_gives_each_candidate_steps_for_an_equal_share_of_seconds():
   config = override(Config(), max_seconds=300.0)
   plan = search.plan(config, shape, recipes.RECIPES)
   assert plan.rounds == 2 and [r.name for r in plan.candidates] == ["small", "wide", "wider"]
-  share = 0.3 * 300 / 5  # 5 round-0 budgets: 3 candidates, then 2 for twice as long
+  share = config.search.search_fraction * 300 / 5  # 5 round-0 budgets: 3 candidates, then 2 for twice as long
   for recipe in plan.candidates:
     seconds = search.modelled_step_seconds(recipes.apply(config, recipe), shape)
     assert plan.steps[recipe.name] == int(share / seconds)
   assert plan.steps["small"] > plan.steps["wide"] > plan.steps["wider"]
   # Too little time for three: the costliest is left out; for none, no plan.
   smallest = search.MIN_ROUND_STEPS * search.modelled_step_seconds(recipes.apply(config, recipes.RECIPES[2]), shape)
-  tight = override(config, max_seconds=smallest * 5 / 0.3 * 0.9)
+  tight = override(config, max_seconds=smallest * 5 / config.search.search_fraction * 0.9)
   assert [r.name for r in search.plan(tight, shape, recipes.RECIPES).candidates] == ["small", "wide"]
   assert search.plan(override(config, max_seconds=1.0), shape, recipes.RECIPES) is None
 
