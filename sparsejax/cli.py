@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from absl import app, flags, logging
 
-from sparsejax import flagfiles
+from sparsejax import compilation_cache, flagfiles
 from sparsejax.config import Config, ConfigError, field_type, flat_items, format_value, iter_fields, override
 
 FLAGS = flags.FLAGS
@@ -31,6 +31,14 @@ class Flag(NamedTuple):
   default: typing.Any
   help: str
   kind: type = str
+
+
+COMPILATION_CACHE = Flag(
+    "compilation_cache", compilation_cache.AUTO,
+    "Where JAX keeps the programs it compiles, so that the next run of the same shapes starts without compiling: "
+    "auto ($JAX_COMPILATION_CACHE_DIR where it is set, else a private per-user directory, "
+    "$XDG_CACHE_HOME/sparsejax/jax or ~/.cache/sparsejax/jax, one subdirectory per CPU model), a directory, or none "
+    "(compile every time). A directory that cannot be written is named in a warning and not used.")
 
 
 class Command(NamedTuple):
@@ -74,6 +82,7 @@ command with exit status 2 and one line naming it, before any data is loaded.
          "--model=dense in one process: the full-softmax baseline on a GPU. SLIDE's kernels are CPU code."),
     Flag("initialization_timeout", 45, "Seconds to wait for every process to join the job; then each one ends, "
          "saying which rank it is and what it waited for.", int),
+    COMPILATION_CACHE,
 ), settings=True)
 
 PREDICT = Command("""\
@@ -98,6 +107,7 @@ SCORE is the output layer's logit).
          "from the serving index (kept by the run, else built from the model's rows) are scored, as the run's "
          "sampled_p@k; faster where K is a small share of the labels.", int),
     Flag("output", "-", "Where to write the predictions (- for stdout)."),
+    COMPILATION_CACHE,
 ))
 
 PLOT = Command("""\
@@ -359,6 +369,19 @@ def print_final(final: dict) -> None:
         + (f"  ({final['samples_per_sec']:,.0f} samples/s)" if trained else ""))
 
 
+def warn(message: str) -> None:
+  """One line on stderr that says what went wrong and what the command does instead."""
+  sys.stderr.write(f"{_program()}: warning: {message}\n")
+
+
+def _use_compilation_cache() -> None:
+  """``--compilation_cache``: JAX's persistent cache on (by default) or off; call after importing jax, before it
+  compiles."""
+  _, problem = compilation_cache.configure(FLAGS.compilation_cache)
+  if problem:
+    warn(problem)
+
+
 PLATFORMS = ("cpu", "cuda", "rocm")
 
 
@@ -388,6 +411,7 @@ def train(argv: list[str]) -> None:
   os.environ["JAX_PLATFORMS"] = FLAGS.platform
   import jax
 
+  _use_compilation_cache()
   from sparsejax import checkpoint, distributed  # imported here: creating a JAX backend must wait for the flags
   from sparsejax.data import XCFormatError
   from sparsejax.metric_writer import MetricsFileError
@@ -568,6 +592,7 @@ def predict(argv: list[str]) -> None:
     if os.path.isdir(FLAGS.output) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
       usage_error(f"--output={FLAGS.output}: " + ("is a directory" if os.path.isdir(FLAGS.output) else
                                                   f"cannot write a file in {parent}"))
+  _use_compilation_cache()  # before anything compiles
   try:
     model = load(FLAGS.workdir, FLAGS.step)
     if not 1 <= FLAGS.top <= model.num_labels:

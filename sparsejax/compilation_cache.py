@@ -1,0 +1,113 @@
+"""JAX's persistent compilation cache for the commands, on by default in a per-user directory.
+
+Every run compiles its programs first (seconds at any size); the cache keeps the compiled programs across runs, so
+a second run of the same shapes starts without compiling. The commands (``sparsejax-train``, ``sparsejax-predict``
+and so ``sparsejax-launch``'s ranks) call :func:`configure` with their ``--compilation_cache`` before JAX creates
+its backend:
+
+* ``auto`` (the default): ``$JAX_COMPILATION_CACHE_DIR`` where it is set, else the per-user directory
+  :func:`default_directory`, ``$XDG_CACHE_HOME/sparsejax/jax/<CPU>`` or ``~/.cache/sparsejax/jax/<CPU>``;
+* a directory: that one;
+* ``none``: no cache.
+
+The entries are native code for the CPU that compiled them, so the default directory has one subdirectory per CPU
+model and instruction set (a home directory shared by different machines keeps them apart), and it is created
+private to the user (mode 0700): no one else can put code there. A directory that cannot be used (not writable,
+not the user's own) is named in a warning and the command compiles without a cache.
+"""
+
+import hashlib
+import importlib.util
+import os
+import platform
+import tempfile
+
+AUTO, NONE = "auto", "none"
+# JAX's own settings of the cache, read from the environment when jax is imported.
+DIR_ENV = "JAX_COMPILATION_CACHE_DIR"
+MIN_COMPILE_TIME_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
+MIN_ENTRY_SIZE_ENV = "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"
+# The default directory's bound: the least recently used entries go beyond it (where JAX can lock the directory).
+MAX_BYTES = 2 << 30
+
+
+def cpu_id() -> str:
+  """A short name of this CPU's model and instruction set (``x86_64-1a2b3c4d5e6f``): compiled code is for it."""
+  description = [platform.machine(), platform.processor()]
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith(("vendor_id", "model name", "flags", "Features", "CPU implementer", "CPU part")):
+          description.append(" ".join(line.split()))
+        elif not line.strip() and len(description) > 2:  # the first processor's block is enough
+          break
+  except OSError:  # not Linux: the machine and processor names stand for it
+    pass
+  return f"{platform.machine() or 'cpu'}-{hashlib.sha256(chr(10).join(description).encode()).hexdigest()[:12]}"
+
+
+def default_directory() -> str:
+  """The per-user cache: ``$XDG_CACHE_HOME/sparsejax/jax/<CPU>``, else ``~/.cache/sparsejax/jax/<CPU>``."""
+  cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(cache_home, "sparsejax", "jax", cpu_id())
+
+
+def resolve(setting: str | None) -> tuple[str | None, bool]:
+  """``(directory or None, whether it is the per-user default)`` that ``--compilation_cache=setting`` names."""
+  setting = (setting or AUTO).strip()
+  if setting.lower() == NONE:
+    return None, False
+  if setting.lower() == AUTO:
+    if os.environ.get(DIR_ENV):
+      return os.environ[DIR_ENV], False
+    return default_directory(), True
+  return os.path.abspath(os.path.expanduser(setting)), False
+
+
+def unusable(directory: str, private: bool) -> str | None:
+  """Why ``directory`` cannot hold the cache (creating it first), or None. ``private``: it must be the user's own
+  and writable by no one else (the per-user default)."""
+  try:
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    if private and hasattr(os, "getuid"):
+      status = os.stat(directory)
+      if status.st_uid != os.getuid():
+        return "it belongs to another user"
+      if status.st_mode & 0o022:
+        return "others can write to it"
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-test-"):
+      pass
+  except OSError as e:
+    return f"cannot write there ({e.strerror or e})"
+  return None
+
+
+def configure(setting: str | None) -> tuple[str | None, str | None]:
+  """Turns JAX's persistent compilation cache on in the directory ``setting`` names (see the module), or off.
+
+  Call after importing jax and before it compiles anything. Small programs are cached too (JAX's defaults skip
+  compilations under 1 s, most of a small run's), unless the environment sets JAX's thresholds.
+
+  Returns:
+    ``(directory used or None, warning or None)``: the warning says why a directory named could not be used (the
+    command then compiles without a cache).
+  """
+  import jax
+
+  directory, is_default = resolve(setting)
+  if directory is None:
+    jax.config.update("jax_enable_compilation_cache", False)
+    return None, None
+  problem = unusable(directory, private=is_default)
+  if problem is not None:
+    jax.config.update("jax_enable_compilation_cache", False)
+    return None, f"compilation cache {directory}: {problem}; compiling without it"
+  jax.config.update("jax_enable_compilation_cache", True)
+  jax.config.update("jax_compilation_cache_dir", directory)
+  if MIN_COMPILE_TIME_ENV not in os.environ:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  if MIN_ENTRY_SIZE_ENV not in os.environ:
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: no minimum, whatever the filesystem
+  if is_default and importlib.util.find_spec("filelock") is not None:  # JAX needs it to bound a cache
+    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+  return directory, None
