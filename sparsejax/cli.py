@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from absl import app, flags, logging
 
-from sparsejax import compilation_cache, flagfiles
+from sparsejax import compilation_cache, flagfiles, rundirs
 from sparsejax.config import Config, ConfigError, field_type, flat_items, format_value, iter_fields, override
 
 FLAGS = flags.FLAGS
@@ -52,7 +52,7 @@ class Command(NamedTuple):
 TRAIN = Command("""\
 sparsejax-train: trains a SLIDE network (or its dense baseline) and reports P@k.
 
-  sparsejax-train                                       # ICD-10-CM, built in
+  sparsejax-train                                       # ICD-10-CM, built in, in a new ~/sparsejax/runs/...
   sparsejax-train --dataset=synthetic --synthetic_labels=200000 --workdir=/tmp/synth
   sparsejax-train --dataset=files --train_file=train.txt --test_file=test.txt --workdir=/tmp/xc
   sparsejax-train --model=dense --workdir=/tmp/dense    # the full-softmax baseline
@@ -65,12 +65,16 @@ Distributed (the output layer split over P processes):
   python -m sparsejax.launch -n 4 sparsejax-train --dataset=synthetic ...   # one machine
   sparsejax-train --coordinator_address=host0:1234 --num_processes=4 --process_id=$RANK ...
 
-Running the same command again continues the run from its newest checkpoint
-(Ctrl-C or SIGTERM saves one before stopping). An invalid flag ends the
-command with exit status 2 and one line naming it, before any data is loaded.
+Without --workdir, each run gets a new work directory under $SPARSEJAX_RUNS
+(default ~/sparsejax/runs), named by its start (UTC) and dataset, printed in
+its first log line and its last line. The same command with --workdir=THAT_DIR
+continues the run from its newest checkpoint (Ctrl-C or SIGTERM saves one
+before stopping). An invalid flag ends the command with exit status 2 and one
+line naming it, before any data is loaded.
 """, (
-    Flag("workdir", "/tmp/sparsejax", "Work directory: metrics, checkpoints, config.json, assets. A run continues "
-         "from it."),
+    Flag("workdir", None, "Work directory: metrics, checkpoints, config.json, assets. A run continues from it. "
+         "Default: a new directory per run, $SPARSEJAX_RUNS/<UTC start>-<dataset> (without $SPARSEJAX_RUNS: "
+         "~/sparsejax/runs)."),
     Flag("config", None, "A config.json (e.g. WORKDIR/config.json of an earlier run) to start from; flags given on "
          "the command line override its settings."),
     Flag("coordinator_address", None, "host:port of process 0's coordinator (multi-process runs; the launcher "
@@ -314,7 +318,10 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = FLAGS, command:
   if len(rest) - 1 > len(command.positional):
     usage_error(f"unexpected argument {rest[1 + len(command.positional)]!r} (flags are written --name=value)")
   if len(rest) - 1 < len(command.positional):
-    usage_error(f"give {' '.join(command.positional)}")
+    missing = " ".join(command.positional)
+    if "WORKDIR" in command.positional:  # runs go to new directories: say which is the newest
+      missing += ": the work directory of a trained run" + rundirs.newest_run_hint()
+    usage_error(f"give {missing}")
   if command.settings:
     try:
       config_from_flags(flag_values).validate()
@@ -361,12 +368,13 @@ def _parser(command: Command):
 # --- sparsejax-train ---------------------------------------------------------------------
 
 
-def print_final(final: dict) -> None:
-  """The one summary line of a finished run."""
+def print_final(final: dict, workdir: str | None = None) -> None:
+  """The one summary line of a finished run (ending with its work directory, where given)."""
   keys = ["p@1", "p@3", "p@5", "ndcg@5", "psp@5", "sampled_p@1", "sampled_p@5"]
   trained = final.get("train_seconds", 1.0) > 0  # else a finished run's final evaluation, done again
   print(f"step {final['step']}  " + "  ".join(f"{k.upper()} {final[k]:.4f}" for k in keys if k in final)
-        + (f"  ({final['samples_per_sec']:,.0f} samples/s)" if trained else ""))
+        + (f"  ({final['samples_per_sec']:,.0f} samples/s)" if trained else "")
+        + (f"  in {workdir}" if workdir else ""))
 
 
 def warn(message: str) -> None:
@@ -385,8 +393,9 @@ def _use_compilation_cache() -> None:
 PLATFORMS = ("cpu", "cuda", "rocm")
 
 
-def _check_platform(platform: str, config: Config) -> None:
-  """Ends the command (status 2) unless ``config`` can run on ``platform`` and JAX has a device of it there."""
+def _check_platform(platform: str, config: Config) -> str:
+  """Ends the command (status 2) unless ``config`` can run on ``platform`` and JAX has a device of it there; returns
+  the device's kind."""
   from sparsejax import distributed
 
   if platform != "cpu" and config.network.model != "dense":
@@ -396,7 +405,7 @@ def _check_platform(platform: str, config: Config) -> None:
     device = distributed.first_device(platform)
   except RuntimeError as e:
     usage_error(f"--platform={platform}: {e}")
-  logging.info("platform: %s (%s)", platform, device.device_kind)
+  return device.device_kind
 
 
 def train(argv: list[str]) -> None:
@@ -426,21 +435,30 @@ def train(argv: list[str]) -> None:
   except ValueError as e:  # a bad process count, rank or address
     usage_error(str(e))
   config = config_from_flags()
-  _check_platform(FLAGS.platform, config)
+  device = _check_platform(FLAGS.platform, config)
+  workdir, new_run = _workdir(config, jax.process_count())
+  continuing = (f"add --workdir={workdir} to the command to continue" if new_run
+                else "run the same command again to continue")
+  logging.info("work directory: %s%s", workdir, f" (a new run: {continuing})" if new_run else "")
+  logging.info("platform: %s (%s)", FLAGS.platform, device)
   defaults = flat_items(Config())
   changed = [f"--{k}={format_value(v)}" for k, v in flat_items(config).items() if v != defaults[k]]
   logging.info("settings not at their defaults: %s (all of them: WORKDIR/config.json)", " ".join(changed) or "none")
   try:
     raise_on_signals()
-    print_final(train_and_evaluate(config, FLAGS.workdir))
+    print_final(train_and_evaluate(config, workdir), workdir)
   except KeyboardInterrupt as e:  # outside the training loop, or a second Ctrl-C within it
     signum = getattr(e, "signum", signal.SIGINT)
+    _remove_if_empty(workdir, new_run)
     # XLA's threads may still be compiling (Ctrl-C during start-up): tearing Python down under them crashed.
+    continues = f"the same command with --workdir={workdir} continues" if new_run else "the same command continues"
     fail_now(f"interrupted by {signal.Signals(signum).name}: nothing more was saved. The checkpoints already in "
-             f"{FLAGS.workdir} are kept; the same command continues from the newest", 128 + signum)
+             f"{workdir} are kept; {continues} from the newest", 128 + signum)
   except XCFormatError as e:  # names the file and line
+    _remove_if_empty(workdir, new_run)
     fail(str(e))
   except ConfigError as e:
+    _remove_if_empty(workdir, new_run)
     usage_error(str(e))
   except checkpoint.ResumeError as e:
     fail(str(e), USAGE_ERROR)
@@ -450,7 +468,34 @@ def train(argv: list[str]) -> None:
     fail(str(e))
   except Interrupted as e:
     # Several processes: exit 0, as every rank does after the same stop (the launcher's contract).
-    fail(str(e), 0 if jax.process_count() > 1 else 128 + e.signum)
+    fail(e.describe(how_to_continue=continuing), 0 if jax.process_count() > 1 else 128 + e.signum)
+
+
+def _workdir(config: Config, process_count: int) -> tuple[str, bool]:
+  """``(work directory, whether it is a new one made for this run)``: ``--workdir``, else the one sparsejax-launch
+  chose for its ranks, else a new one under :func:`sparsejax.rundirs.runs_base` (one process)."""
+  if FLAGS.workdir:
+    return FLAGS.workdir, False
+  launched = os.environ.get(rundirs.LAUNCH_WORKDIR_ENV)
+  if launched:
+    return launched, True
+  if process_count > 1:  # each rank would make its own
+    usage_error("a job of several processes needs --workdir: one directory that every rank writes to (sparsejax-launch "
+                "picks a new one for its ranks where the command gives none)")
+  try:
+    return rundirs.new_run_directory(config.data.dataset), True
+  except OSError as e:
+    usage_error(f"cannot make a work directory under {rundirs.runs_base()} ({e.strerror or e}): give --workdir, or "
+                f"set {rundirs.RUNS_ENV} to a directory where runs may go")
+
+
+def _remove_if_empty(workdir: str, new_run: bool) -> None:
+  """A new run's directory, when the run stopped before writing anything: not left behind, empty."""
+  if new_run:
+    try:
+      os.rmdir(workdir)
+    except OSError:  # not empty (or gone): kept
+      pass
 
 
 def main() -> None:
@@ -576,8 +621,10 @@ def predict(argv: list[str]) -> None:
 
   quiet_orbax_logs()  # stdout is the predictions; stderr only says what went wrong
 
-  if not FLAGS.workdir or not FLAGS.input:
-    usage_error("give --workdir and --input")
+  if not FLAGS.workdir:
+    usage_error("give --workdir: the work directory of a trained run" + rundirs.newest_run_hint())
+  if not FLAGS.input:
+    usage_error("give --input: a file of input samples, or - for stdin")
   if FLAGS.input_format not in ("auto", "xc", "svmlight", "text"):
     usage_error(f"--input_format={FLAGS.input_format}: must be one of auto, xc, svmlight, text")
   if FLAGS.top < 1:  # before the model loads (its upper bound, the model's labels, after)

@@ -231,6 +231,7 @@ class _Job:
     self.cause_stopped = False  # ...by being stopped (its peers gave up on it)
     self.pending: list[_Rank] = []  # failed ranks whose errors say they lost a peer: waiting for the peer's
     self.next_state_poll = 0.0
+    self.how_to_continue = "run the same command again to continue"
 
   # --- Output ---------------------------------------------------------------------
 
@@ -453,14 +454,15 @@ class _Job:
       return cause.code if cause.code > 0 else 128 - cause.code
     if self.stop_requested_at is not None:
       unclean = [f"rank {r.rank} {describe_exit(r.code)}" for r in self.ranks if r.code != 0]
-      self.say("stopped" + (f"; not exited cleanly: {', '.join(unclean)}" if unclean else ": every rank exited"))
+      self.say("stopped" + (f"; not exited cleanly: {', '.join(unclean)}" if unclean else ": every rank exited")
+               + ("" if self.how_to_continue.startswith("run the same") else f"; {self.how_to_continue}"))
       return 128 + self.stop_signals[-1]
     # A signal sent to the ranks themselves (a scheduler's preemption notice): they saved a checkpoint and exited
     # 0, as a finished job's do; their last line says which it was.
     stopped = next((m for r in self.ranks for m in map(_STOPPED_LINE.search, reversed(r.tail)) if m), None)
     if stopped is not None:
       self.say(f"stopped: the ranks were stopped by {stopped[1]} after step {stopped[2]} and saved a checkpoint; "
-               "run the same command again to continue")
+               f"{self.how_to_continue}")
       return 128 + signal.Signals[stopped[1]]
     return 0
 
@@ -470,14 +472,42 @@ def likely_cause(candidates: list[_Rank]) -> _Rank:
   return min(candidates, key=lambda r: (r.failure_kind(), r.failed_at, r.rank))
 
 
-def log_directory(command: list[str], log_dir: str | None) -> str:
-  """Where the ranks' logs go: ``log_dir``, else ``WORKDIR/logs`` of the command's ``--workdir``, else a temp dir."""
+def log_directory(command: list[str], log_dir: str | None, workdir: str | None = None) -> str:
+  """Where the ranks' logs go: ``log_dir``, else ``WORKDIR/logs`` of the command's ``--workdir`` (or of
+  ``workdir``, the one the launcher made for the ranks), else a temp dir."""
   if log_dir:
     return log_dir
-  workdir = flag_value(command, "workdir")
+  workdir = flag_value(command, "workdir") or workdir
   if workdir:
     return os.path.join(workdir, "logs")
   return os.path.join(tempfile.mkdtemp(prefix="sparsejax-launch-"), "logs")
+
+
+_TRAINING_PROGRAMS = ("sparsejax-train", "train.py")  # the installed command, examples/train.py
+
+
+def trains(command: list[str]) -> bool:
+  """Whether ``command`` runs sparsejax's training command (``sparsejax-train`` or a ``train.py`` script)."""
+  program = next((arg for arg in command if not os.path.basename(arg).startswith("python") and arg != "-u"), "")
+  return os.path.basename(program) in _TRAINING_PROGRAMS
+
+
+def new_workdir(command: list[str]) -> str | None:
+  """A new run directory for a training command without ``--workdir`` (every rank must write to the same one, and
+  each would make its own), else None.
+
+  Raises:
+    LaunchError: it cannot be made.
+  """
+  if not trains(command) or flag_value(command, "workdir"):
+    return None
+  from sparsejax import rundirs
+
+  try:
+    return rundirs.new_run_directory(rundirs.dataset_of_command(command))
+  except OSError as e:
+    raise LaunchError(f"cannot make a work directory under {rundirs.runs_base()} ({e.strerror or e}): give the "
+                      f"command --workdir, or set {rundirs.RUNS_ENV} to a directory where runs may go") from None
 
 
 def launch(num_processes: int, command: list[str], *, port: int | None = None, log_dir: str | None = None,
@@ -506,15 +536,22 @@ def launch(num_processes: int, command: list[str], *, port: int | None = None, l
   out, err = _Console(out or sys.stdout), _Console(err or sys.stderr)
   if command and command[0].endswith(".py"):
     command = [sys.executable, "-u"] + command
-  log_dir = os.path.abspath(log_directory(command, log_dir))
+  from sparsejax import rundirs
+
+  workdir = new_workdir(command)
+  log_dir = os.path.abspath(log_directory(command, log_dir, workdir))
   try:
     os.makedirs(log_dir, exist_ok=True)
   except OSError as e:
     raise LaunchError(f"cannot create the log directory {log_dir} ({e.strerror or e})") from None
   address = f"127.0.0.1:{port or free_port()}"
-  proc_env = dict(os.environ, **(env or {}), PYTHONUNBUFFERED="1")
-  preexec = _die_with_parent()
   job = _Job([], console, stop_timeout, failure_grace, out, err)
+  proc_env = dict(os.environ, **(env or {}), PYTHONUNBUFFERED="1")
+  if workdir:
+    proc_env[rundirs.LAUNCH_WORKDIR_ENV] = workdir
+    job.how_to_continue = f"add --workdir={workdir} to the command to continue"
+    job.say(f"work directory: {workdir} (a new run; {job.how_to_continue})")
+  preexec = _die_with_parent()
   # Handlers first: a Ctrl-C while the ranks start is a stop request like any other.
   in_main = threading.current_thread() is threading.main_thread()
   previous = {s: signal.signal(s, job.request_stop) for s in (signal.SIGINT, signal.SIGTERM)} if in_main else {}

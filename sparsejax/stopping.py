@@ -22,9 +22,13 @@ class Interrupted(Exception):
 
   def __init__(self, signum: int, step: int, checkpoint_dir: str):
     self.signum, self.step, self.checkpoint_dir = signum, step, checkpoint_dir
-    name = signal.Signals(signum).name
-    super().__init__(f"stopped by {name} after step {step}: checkpoint saved in {checkpoint_dir}; run the same "
-                     "command again to continue")
+    super().__init__(self.describe())
+
+  def describe(self, signal_name: str | None = None,
+               how_to_continue: str = "run the same command again to continue") -> str:
+    """The message, naming ``signal_name`` (default: the signal's) and saying how to continue the run."""
+    name = signal_name or signal.Signals(self.signum).name
+    return f"stopped by {name} after step {self.step}: checkpoint saved in {self.checkpoint_dir}; {how_to_continue}"
 
 
 class SignalInterrupt(KeyboardInterrupt):

@@ -29,6 +29,11 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
   os.environ.update(JAX_COMPILATION_CACHE_DIR=_XLA_CACHE, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+# Runs without --workdir go to new directories under SPARSEJAX_RUNS (else ~/sparsejax/runs): the session's own.
+if "SPARSEJAX_RUNS" not in os.environ:
+  _RUNS = tempfile.mkdtemp(prefix="sparsejax-tests-runs-")
+  atexit.register(shutil.rmtree, _RUNS, ignore_errors=True)
+  os.environ["SPARSEJAX_RUNS"] = _RUNS
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import os
 import re
 import shutil
 import signal
@@ -406,6 +407,21 @@ def test_a_work_directory_s_vectorizer_is_data_checked_before_use(synthetic_run,
   save_vectorizer(_vectorizer_of(40), path)
   with pytest.raises(ValueError, match=re.escape(f"{path}: vocabulary: has 40 terms; the model reads 1000 features")):
     sparsejax.load(str(workdir))
+
+
+def test_commands_that_need_a_work_directory_name_the_newest_run(tmp_path, installed_command):
+  """Runs go to new directories (issue 33): predict and plot without one say so and name the newest run."""
+  runs = tmp_path / "runs"
+  env = dict(os.environ, SPARSEJAX_RUNS=str(runs))
+  for name, args in (("sparsejax-predict", ["--input=-"]), ("sparsejax-plot", [])):
+    out = subprocess.run([installed_command(name), *args], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2 and out.stderr.endswith(f"the work directory of a trained run (no run under {runs} "
+                                                       "yet) (--help lists the flags)\n"), out.stderr
+  for run in ("20250102T030405Z-icd10", "20250102T030405Z-icd10-2", "20241231T235959Z-synthetic", "notes"):
+    (runs / run).mkdir(parents=True)
+  for name, args in (("sparsejax-predict", ["--input=-"]), ("sparsejax-plot", [])):
+    out = subprocess.run([installed_command(name), *args], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2 and f"(the newest run: {runs / '20250102T030405Z-icd10-2'})" in out.stderr, out.stderr
 
 
 def test_icd10_text_in_codes_out(tmp_path, small_config, installed_command):

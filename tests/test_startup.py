@@ -1,10 +1,12 @@
-"""What a command does before its first step: JAX's persistent compilation cache (on by default, per user)."""
+"""What a command does before its first step: JAX's persistent compilation cache (on by default, per user) and the
+work directory of a run started without ``--workdir`` (a new one per run)."""
 
 import os
+import re
 import stat
 import subprocess
 
-from sparsejax import compilation_cache
+from sparsejax import compilation_cache, launch, rundirs
 
 # A run whose time is nearly all start-up: a few seconds.
 TINY = ["--dataset=synthetic", "--synthetic_samples=600", "--synthetic_features=200", "--synthetic_labels=30",
@@ -72,4 +74,65 @@ def test_the_default_cache_must_be_the_user_s_own(tmp_path, monkeypatch):
   assert compilation_cache.resolve("auto") == ("/elsewhere", False)
   assert compilation_cache.resolve("NONE") == (None, False)
   assert compilation_cache.resolve("~/x") == (os.path.expanduser("~/x"), False)
+
+
+def _work_directories(out: subprocess.CompletedProcess) -> tuple[str, str]:
+  """The work directory a run names in its first log line and in its last line."""
+  first = re.search(r"\] work directory: (\S+) \(a new run: add --workdir=(\S+) to the command to continue\)",
+                    out.stderr.splitlines()[0])
+  assert first and first[1] == first[2], out.stderr[:2000]
+  last = re.fullmatch(r"step \d+ .*  in (\S+)", out.stdout.strip().splitlines()[-1])
+  assert last, out.stdout
+  return first[1], last[1]
+
+
+def test_two_different_runs_without_a_workdir_both_run_each_in_its_own(tmp_path, installed_command):
+  """Issue 33: every run without --workdir used /tmp/sparsejax, and the second, different experiment was refused
+  ("was trained with other settings")."""
+  env = _environment(tmp_path, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"))
+  first = _work_directories(_train(installed_command, env))
+  second = _work_directories(_train(installed_command, env, "--learning_rate=0.02"))
+  assert first[0] == first[1] and second[0] == second[1] and first[0] != second[0]
+  for workdir in (first[0], second[0]):
+    assert os.path.dirname(workdir) == str(tmp_path / "runs")
+    assert re.fullmatch(r"\d{8}T\d{6}Z-synthetic(-\d+)?", os.path.basename(workdir))
+    assert os.path.exists(os.path.join(workdir, "metrics.jsonl"))
+  # The one it names continues: the same command with --workdir.
+  out = _train(installed_command, env, "--learning_rate=0.02", f"--workdir={second[0]}", "--max_steps=6")
+  assert out.stdout.startswith("step 6 ") and out.stdout.strip().endswith(f"  in {second[0]}")
+  assert sorted(os.listdir(tmp_path / "runs")) == sorted(os.path.basename(w) for w in (first[0], second[0]))
+
+
+def test_a_refused_start_leaves_no_empty_run_directory(tmp_path, installed_command):
+  (tmp_path / "train.txt").write_text("1 4 2\n0 9:1\n")  # feature 9 of 4
+  out = subprocess.run([installed_command("sparsejax-train"), "--dataset=files", f"--train_file={tmp_path}/train.txt",
+                        f"--test_file={tmp_path}/train.txt", "--noprogress"], capture_output=True, text=True,
+                       timeout=300, env=_environment(tmp_path))
+  assert out.returncode == 1 and "error: " in out.stderr.splitlines()[-1], out.stderr[-2000:]
+  assert os.listdir(tmp_path / "runs") == []
+
+
+def test_run_directories_are_new_and_sort_by_start(tmp_path):
+  now = 1_750_000_000.0  # 2025-06-15 15:06:40 UTC
+  first = rundirs.new_run_directory("icd10", str(tmp_path), now)
+  same_second = rundirs.new_run_directory("icd10", str(tmp_path), now)
+  assert os.path.basename(first) == "20250615T150640Z-icd10"
+  assert os.path.basename(same_second) == "20250615T150640Z-icd10-2"  # never shared
+  rundirs.new_run_directory("synthetic", str(tmp_path), now - 1)
+  (tmp_path / "not-a-run").mkdir()
+  assert rundirs.newest_run_directory(str(tmp_path)) == same_second
+  assert rundirs.newest_run_directory(str(tmp_path / "none")) is None
+
+
+def test_the_launcher_gives_its_ranks_one_new_work_directory(tmp_path, monkeypatch):
+  """Each rank would have made its own; the launcher makes one for a training command without --workdir."""
+  monkeypatch.setenv("SPARSEJAX_RUNS", str(tmp_path))
+  (tmp_path / "run.json").write_text('{"data": {"dataset": "wordnet"}}')
+  assert launch.trains(["/venv/bin/python3", "-u", "examples/train.py"]) and launch.trains(["sparsejax-train"])
+  assert not launch.trains(["python", "-m", "sparsejax.netanalysis", "probe"])
+  assert launch.new_workdir(["sparsejax-train", "--workdir=/w"]) is None
+  assert launch.new_workdir(["python", "-m", "sparsejax.netanalysis", "probe"]) is None
+  made = launch.new_workdir(["sparsejax-train", f"--config={tmp_path / 'run.json'}"])
+  assert os.path.isdir(made) and made.endswith("Z-wordnet") and os.path.dirname(made) == str(tmp_path)
+  assert launch.log_directory(["sparsejax-train"], None, made) == os.path.join(made, "logs")
 
