@@ -448,7 +448,7 @@ def train(argv: list[str]) -> None:
     raise_on_signals()
     print_final(train_and_evaluate(config, workdir), workdir)
   except KeyboardInterrupt as e:  # outside the training loop, or a second Ctrl-C within it
-    signum = getattr(e, "signum", signal.SIGINT)
+    signum = _launcher_stop_signal(getattr(e, "signum", signal.SIGINT))
     _remove_if_empty(workdir, new_run)
     # XLA's threads may still be compiling (Ctrl-C during start-up): tearing Python down under them crashed.
     continues = f"the same command with --workdir={workdir} continues" if new_run else "the same command continues"
@@ -467,8 +467,9 @@ def train(argv: list[str]) -> None:
   except (NonFiniteError, MetricsFileError) as e:
     fail(str(e))
   except Interrupted as e:
+    signum = _launcher_stop_signal(e.signum)
     # Several processes: exit 0, as every rank does after the same stop (the launcher's contract).
-    fail(e.describe(how_to_continue=continuing), 0 if jax.process_count() > 1 else 128 + e.signum)
+    fail(e.describe(signal.Signals(signum).name, continuing), 0 if jax.process_count() > 1 else 128 + signum)
 
 
 def _workdir(config: Config, process_count: int) -> tuple[str, bool]:
@@ -496,6 +497,19 @@ def _remove_if_empty(workdir: str, new_run: bool) -> None:
       os.rmdir(workdir)
     except OSError:  # not empty (or gone): kept
       pass
+
+
+def _launcher_stop_signal(signum: int) -> int:
+  """The signal a stop came from: the one sparsejax-launch received (Ctrl-C: SIGINT) where it passed it on to this
+  rank as SIGTERM (the preemption notice that every rank answers at the same step), else ``signum``."""
+  path = os.environ.get(rundirs.LAUNCH_STOP_FILE_ENV)
+  if signum != signal.SIGTERM or not path:
+    return signum
+  try:
+    with open(path) as f:
+      return int(signal.Signals[f.read().strip()])
+  except (OSError, KeyError):  # no stop request of the launcher's (a signal sent to the ranks themselves)
+    return signum
 
 
 def main() -> None:

@@ -231,6 +231,7 @@ class _Job:
     self.cause_stopped = False  # ...by being stopped (its peers gave up on it)
     self.pending: list[_Rank] = []  # failed ranks whose errors say they lost a peer: waiting for the peer's
     self.next_state_poll = 0.0
+    self.stop_file: str | None = None  # where the signal that stopped the launcher is written for the ranks
     self.how_to_continue = "run the same command again to continue"
 
   # --- Output ---------------------------------------------------------------------
@@ -306,11 +307,23 @@ class _Job:
       self.kill_deadline = now + self.stop_timeout
       self.say(f"{signal_name(new[0])}: asking every rank to save a checkpoint and exit (SIGTERM); ranks still "
                f"running in {self.stop_timeout:g} s are killed (Ctrl-C again: kill now)")
+      self.note_stop_signal(new[0])
       self.signal_all(signal.SIGTERM)
       new = new[1:]
     if new and self.kill_deadline > now:
       self.say(f"{signal_name(new[-1])} again: killing every rank now (SIGKILL)")
       self.kill_deadline = now
+
+  def note_stop_signal(self, signum: int) -> None:
+    """Writes the stop's signal where the ranks read it: they get SIGTERM (the preemption notice every rank answers
+    at the same step) and report the signal the user sent (Ctrl-C: SIGINT), not SIGTERM."""
+    if self.stop_file is None:
+      return
+    try:
+      with open(self.stop_file, "w") as f:
+        f.write(signal.Signals(signum).name)
+    except OSError:  # the ranks then name SIGTERM: nothing worse
+      pass
 
   def signal_all(self, signum: int) -> None:
     for rank in self.ranks:
@@ -546,7 +559,9 @@ def launch(num_processes: int, command: list[str], *, port: int | None = None, l
     raise LaunchError(f"cannot create the log directory {log_dir} ({e.strerror or e})") from None
   address = f"127.0.0.1:{port or free_port()}"
   job = _Job([], console, stop_timeout, failure_grace, out, err)
-  proc_env = dict(os.environ, **(env or {}), PYTHONUNBUFFERED="1")
+  stop_fd, job.stop_file = tempfile.mkstemp(prefix="sparsejax-launch-stop-")
+  os.close(stop_fd)
+  proc_env = dict(os.environ, **(env or {}), PYTHONUNBUFFERED="1", **{rundirs.LAUNCH_STOP_FILE_ENV: job.stop_file})
   if workdir:
     proc_env[rundirs.LAUNCH_WORKDIR_ENV] = workdir
     job.how_to_continue = f"add --workdir={workdir} to the command to continue"
@@ -579,6 +594,10 @@ def launch(num_processes: int, command: list[str], *, port: int | None = None, l
       signal.signal(s, handler)
     for log in logs:
       log.close()
+    try:
+      os.unlink(job.stop_file)
+    except OSError:
+      pass
     for rank in job.ranks:  # only after an unexpected error in the launcher itself
       if rank.proc.poll() is None:
         rank.signal(signal.SIGKILL)

@@ -14,6 +14,9 @@ import time
 RUNS_ENV = "SPARSEJAX_RUNS"
 # Set by sparsejax-launch for its ranks when the command gives no --workdir: every rank must write to the same one.
 LAUNCH_WORKDIR_ENV = "SPARSEJAX_LAUNCH_WORKDIR"
+# Set by sparsejax-launch for its ranks: a file where it writes the signal it was stopped by (Ctrl-C: SIGINT) before
+# passing the stop on to them as SIGTERM, so that they report the signal the user sent.
+LAUNCH_STOP_FILE_ENV = "SPARSEJAX_LAUNCH_STOP_FILE"
 _NAME = re.compile(r"^\d{8}T\d{6}Z-")
 
 

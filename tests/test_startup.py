@@ -3,8 +3,13 @@ work directory of a run started without ``--workdir`` (a new one per run)."""
 
 import os
 import re
+import signal
 import stat
 import subprocess
+import sys
+import time
+
+import pytest
 
 from sparsejax import compilation_cache, launch, rundirs
 
@@ -136,3 +141,44 @@ def test_the_launcher_gives_its_ranks_one_new_work_directory(tmp_path, monkeypat
   assert os.path.isdir(made) and made.endswith("Z-wordnet") and os.path.dirname(made) == str(tmp_path)
   assert launch.log_directory(["sparsejax-train"], None, made) == os.path.join(made, "logs")
 
+
+@pytest.mark.parametrize("stopped_by", ["SIGINT", ""])
+def test_a_rank_reports_the_signal_the_launcher_was_stopped_by(tmp_path, monkeypatch, stopped_by):
+  """Issue 33: Ctrl-C on sparsejax-launch was reported by its ranks as "stopped by SIGTERM" (the preemption notice
+  it sends them)."""
+  from sparsejax import cli
+
+  (tmp_path / "stop").write_text(stopped_by)
+  monkeypatch.setenv(rundirs.LAUNCH_STOP_FILE_ENV, str(tmp_path / "stop"))
+  want = signal.SIGINT if stopped_by else signal.SIGTERM  # empty: a signal sent to the ranks themselves
+  assert cli._launcher_stop_signal(signal.SIGTERM) == want
+  assert cli._launcher_stop_signal(signal.SIGINT) == signal.SIGINT
+
+
+STOP_REPORTER = """
+import os, signal, sys, time
+def on_term(signum, frame):
+  with open(os.environ["SPARSEJAX_LAUNCH_STOP_FILE"]) as f:
+    print("stopped by", f.read(), flush=True)
+  sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+with open(sys.argv[1], "w") as f:
+  f.write(str(os.getpid()))
+while True:
+  time.sleep(0.05)
+"""
+
+
+def test_the_launcher_tells_its_ranks_which_signal_stopped_it(tmp_path):
+  (tmp_path / "rank.py").write_text(STOP_REPORTER)
+  proc = subprocess.Popen([sys.executable, "-P", "-m", "sparsejax.launch", "-n", "1", f"--log_dir={tmp_path}",
+                           str(tmp_path / "rank.py"), str(tmp_path / "pid")], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  deadline = time.time() + 60
+  while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
+    assert time.time() < deadline and proc.poll() is None, proc.communicate()[0]
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGINT)
+  out, _ = proc.communicate(timeout=60)
+  assert "stopped by SIGINT" in out.splitlines(), out  # the rank got SIGTERM, and knows it was a Ctrl-C
+  assert proc.returncode == 130
