@@ -95,9 +95,9 @@ sparsejax-predict: the top labels of each input sample, with their scores, from 
   sparsejax-predict --workdir=/tmp/synth --input=test.txt --top=5          # XC repository or svmlight file
   echo "type 2 diabetes with kidney complications" | sparsejax-predict --workdir=/tmp/icd10 --input=-
 
-Writes one line per input sample: LABEL:SCORE pairs, best first (LABEL is the
-label's name where the dataset has names, e.g. an ICD-10 code, else its id;
-SCORE is the output layer's logit).
+Writes one line per input sample: LABEL:SCORE pairs separated by tabs, best
+first (LABEL is the label's name where the dataset has names, e.g. an ICD-10
+code and its title, else its id; SCORE is the output layer's logit).
 """, (
     Flag("workdir", None, "Work directory of a trained run. Its selected checkpoint is used (the best on the "
          "validation split, the one its final evaluation reported), else its newest."),
@@ -667,7 +667,9 @@ def predict(argv: list[str]) -> None:
   except (OSError, ValueError) as e:
     fail(str(e))
   names = model.names(ids)
-  lines = (" ".join(f"{n}:{s:.5g}" for n, s in zip(row_names, row_scores)) + "\n"
+  # Tabs between the pairs: a label's name may hold spaces (ICD-10: its code and title); splitting on whitespace
+  # still works for names without them.
+  lines = ("\t".join(f"{n}:{s:.5g}" for n, s in zip(row_names, row_scores)) + "\n"
            for row_names, row_scores in zip(names, scores))
   if FLAGS.output == "-":
     sys.stdout.writelines(lines)

@@ -30,7 +30,8 @@ def synthetic_run(tmp_path_factory, small_config):
 
 
 def _pairs(line: str) -> list[tuple[str, float]]:
-  return [(label, float(score)) for label, score in (pair.rsplit(":", 1) for pair in line.split())]
+  """A sparsejax-predict line's ``(label, score)`` pairs: tab-separated, as a name may hold spaces."""
+  return [(label, float(score)) for label, score in (pair.rsplit(":", 1) for pair in line.split("\t"))]
 
 
 def test_predict_command_writes_top_labels_per_sample(synthetic_run, tmp_path, installed_command):
@@ -453,9 +454,11 @@ def test_icd10_text_in_codes_out(tmp_path, small_config, installed_command):
     with pytest.raises(error, match=re.escape(message)):
       model.predict(texts, **{"top": 1, **kwargs})
   for line, row in zip(lines, ids):
-    codes = [code for code, _ in _pairs(line)]
-    assert codes == [loaded.label_names[i] for i in row]
-    assert all(re.fullmatch(r"[A-Z][0-9][0-9A-Z]", code) for code in codes), codes  # ICD-10-CM categories
+    names = [name for name, _ in _pairs(line)]
+    assert names == [loaded.label_names[i] for i in row]
+    # Issue 33: an ICD-10-CM category's code and its title, not the bare code.
+    assert all(re.fullmatch(r"[A-Z][0-9][0-9A-Z] [A-Z][^\t\n]+", name) for name in names), names
+  assert "E11 Type 2 diabetes mellitus" in model.label_names
 
 
 def test_plot_draws_learning_curves(synthetic_run, tmp_path, installed_command, run_python):

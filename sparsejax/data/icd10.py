@@ -34,6 +34,8 @@ class ICD10Info:
       ``(label_kinds[i], label_names[i])`` as a unique key.
     label_kinds: ``[L]`` ``"chapter"``, ``"block"`` or ``"category"``.
     label_descriptions: ``[L]`` official titles.
+    titled_label_names: ``[L]`` each label's code and title, ``"E11 Type 2 diabetes mellitus"`` (one line each):
+      the names a trained model gives its labels.
     feature_names: ``[F]`` vocabulary terms (unigrams / bigrams).
     train_texts, test_texts: the sample texts, aligned with the datasets.
     train_codes, test_codes: the leaf code each sample comes from.
@@ -52,6 +54,13 @@ class ICD10Info:
   test_codes: tuple[str, ...]
   vectorizer: Any
   package_version: str
+
+  @property
+  def titled_label_names(self) -> tuple[str, ...]:
+    """``[L]`` ``"CODE title"`` per label (see the attributes)."""
+    # Whitespace collapsed: a name is one line of labels.txt and one field of sparsejax-predict's output.
+    return tuple(" ".join(f"{code} {title}".split()) for code, title in zip(self.label_names,
+                                                                           self.label_descriptions))
 
 
 def _collect_samples(icd) -> tuple[list[str], list[str], list[tuple[str, str, str]]]:

@@ -18,8 +18,8 @@ class LoadedData(NamedTuple):
 
   Attributes:
     train, test: the splits, over the same features and labels.
-    label_names: ``[L]`` a name per label, where the dataset has them (ICD-10 codes, GCIDE words, WordNet
-      synsets); else None.
+    label_names: ``[L]`` a name per label, where the dataset has them (ICD-10 codes and titles, GCIDE words,
+      WordNet synsets); else None.
     vectorizer: what turns raw text into feature rows (the real datasets' fitted TF-IDF, with a sklearn
       ``transform``), where the dataset has one; else None.
   """
@@ -52,7 +52,7 @@ def _load(config, seed: int) -> LoadedData:
   """:func:`load_dataset` before the check that there is something to train on."""
   if config.dataset == "icd10":
     train, test, info = load_icd10(label_level=config.icd10_labels, seed=seed, test_fraction=config.test_fraction)
-    return LoadedData(train, test, info.label_names, info.vectorizer)
+    return LoadedData(train, test, info.titled_label_names, info.vectorizer)  # "E11 Type 2 diabetes mellitus"
   if config.dataset in ("gcide", "gcide_cloze", "wordnet"):
     load = {"gcide": load_gcide, "gcide_cloze": load_gcide_cloze, "wordnet": load_wordnet}[config.dataset]
     try:
