@@ -14,6 +14,7 @@ import signal
 import sys
 import textwrap
 import typing
+import warnings
 from typing import NamedTuple
 
 from absl import app, flags, logging
@@ -97,7 +98,8 @@ sparsejax-predict: the top labels of each input sample, with their scores, from 
 
 Writes one line per input sample: LABEL:SCORE pairs separated by tabs, best
 first (LABEL is the label's name where the dataset has names, e.g. an ICD-10
-code and its title, else its id; SCORE is the output layer's logit).
+code and its title, else its id; SCORE is the output layer's logit). A text
+none of whose words the model knows is named in a warning on stderr.
 """, (
     Flag("workdir", None, "Work directory of a trained run. Its selected checkpoint is used (the best on the "
          "validation split, the one its final evaluation reported), else its newest."),
@@ -631,7 +633,7 @@ def predict(argv: list[str]) -> None:
   del argv
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   from sparsejax.checkpoint import quiet_orbax_logs
-  from sparsejax.trained import load
+  from sparsejax.trained import UnknownWordsWarning, load
 
   quiet_orbax_logs()  # stdout is the predictions; stderr only says what went wrong
 
@@ -662,10 +664,17 @@ def predict(argv: list[str]) -> None:
       usage_error(f"--k={FLAGS.k}: must be at most {model.num_labels} (the model's labels)")
     if FLAGS.k and model.config.network.model != "slide":
       usage_error(f"--k={FLAGS.k}: sampled prediction needs a SLIDE model; this one was trained with --model=dense")
-    scores, ids = model.predict(read_inputs(FLAGS.input, FLAGS.input_format, model), top=FLAGS.top,
-                                k=FLAGS.k or None)
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always", UnknownWordsWarning)
+      scores, ids = model.predict(read_inputs(FLAGS.input, FLAGS.input_format, model), top=FLAGS.top,
+                                  k=FLAGS.k or None)
   except (OSError, ValueError) as e:
     fail(str(e))
+  for warning in caught:  # one line per input line whose words the model does not know
+    if issubclass(warning.category, UnknownWordsWarning):
+      warn(f"{FLAGS.input if FLAGS.input != '-' else '<stdin>'}:{warning.message.row + 1}: {warning.message}")
+    else:
+      warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
   names = model.names(ids)
   # Tabs between the pairs: a label's name may hold spaces (ICD-10: its code and title); splitting on whitespace
   # still works for names without them.

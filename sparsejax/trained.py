@@ -21,6 +21,7 @@ the same computations as the run's evaluations.
 
 import functools
 import os
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,6 +32,8 @@ from sparsejax.data.text import VectorizerFormatError, load_vectorizer, save_vec
 from sparsejax.evaluation import Evaluator, predict_in_batches
 
 ASSETS = "assets"
+# Texts without a known word named one by one, then the rest in one warning.
+_UNKNOWN_WORDS_NAMED = 10
 _LABELS, _VECTORIZER, _FREQUENCIES = "labels.txt", "vectorizer.json", "label_frequencies.npy"
 _SERVING_INDEX = "serving_index.npz"
 
@@ -64,6 +67,27 @@ def save_serving_index(workdir: str, step: int, index) -> None:
   np.savez(partial, step=np.int64(step), centroids=np.asarray(index.centroids), offsets=np.asarray(index.offsets),
            rows=np.asarray(index.rows))
   os.replace(partial, path)
+
+
+class UnknownWordsWarning(UserWarning):
+  """A text none of whose words (or word pairs) is in the model's vocabulary.
+
+  Its feature row is empty, so the network sees no input: its predictions are the same for every such text (the
+  labels the model favours when told nothing), not about the text.
+
+  Attributes:
+    row: the text's index among the inputs (0-based).
+    more: how many further texts after it have no known word either (named in this one warning, not one each).
+  """
+
+  def __init__(self, row: int, text: str, more: int = 0):
+    self.row, self.text, self.more = row, text, more
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    if more:
+      message = f"this text and {more} more after it have no word the model knows: their labels are a guess"
+    else:
+      message = f"no word of {shown!r} is in the model's vocabulary: its labels are a guess, the same for any such text"
+    super().__init__(message)
 
 
 class TrainedModel:
@@ -146,7 +170,9 @@ class TrainedModel:
     if isinstance(inputs, Sequence) and all(isinstance(t, str) for t in inputs):
       if self.vectorizer is None:
         raise ValueError("this model's dataset has no text vectorizer: give feature rows, not texts")
-      inputs = self.vectorizer.transform(list(inputs))
+      texts = list(inputs)
+      inputs = self.vectorizer.transform(texts)
+      _warn_of_unknown_words(texts, np.flatnonzero(np.diff(inputs.indptr) == 0))
     import scipy.sparse
 
     if not scipy.sparse.issparse(inputs) or inputs.ndim != 2 or inputs.shape[1] != self.num_features:
@@ -294,6 +320,15 @@ class TrainedModel:
     if self.label_names is None:
       return ids.astype(str)
     return np.asarray(self.label_names, dtype=object)[ids]
+
+
+def _warn_of_unknown_words(texts: list[str], rows: np.ndarray) -> None:
+  """An :class:`UnknownWordsWarning` for each of the first texts at ``rows`` (no known word), one for the rest."""
+  for row in rows[:_UNKNOWN_WORDS_NAMED]:
+    warnings.warn(UnknownWordsWarning(int(row), texts[row]), stacklevel=4)
+  if len(rows) > _UNKNOWN_WORDS_NAMED:
+    rest = int(rows[_UNKNOWN_WORDS_NAMED])
+    warnings.warn(UnknownWordsWarning(rest, texts[rest], more=len(rows) - _UNKNOWN_WORDS_NAMED - 1), stacklevel=4)
 
 
 def load(workdir: str, step: int | None = None) -> TrainedModel:

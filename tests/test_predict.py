@@ -410,6 +410,39 @@ def test_a_work_directory_s_vectorizer_is_data_checked_before_use(synthetic_run,
     sparsejax.load(str(workdir))
 
 
+def test_texts_without_a_known_word_are_named_in_a_warning(synthetic_run, tmp_path, installed_command):
+  """Issue 33: a text none of whose words the vectorizer knows got confident predictions (those of an empty feature
+  row, the same for any such text) without a word."""
+  from sparsejax.data.text import save_vectorizer
+  from sparsejax.trained import UnknownWordsWarning
+
+  workdir = tmp_path / "run"
+  shutil.copytree(synthetic_run[0], workdir)
+  save_vectorizer(_vectorizer_of(1000), workdir / "assets" / "vectorizer.json")
+  model = sparsejax.load(str(workdir))
+  texts = ["t1 t2 t3", "nothing known here", "", "t5 and unknown words"]
+  with pytest.warns(UnknownWordsWarning) as caught:
+    _, ids = model.predict(texts, top=3)
+  assert [(w.message.row, w.message.more) for w in caught] == [(1, 0), (2, 0)]
+  assert "no word of 'nothing known here' is in the model's vocabulary" in str(caught[0].message)
+  np.testing.assert_array_equal(ids[1], ids[2])  # the same empty row: the same "prediction"
+  # Many such texts: the first ten one by one, the rest in one warning.
+  with pytest.warns(UnknownWordsWarning) as caught:
+    model.predict(["t1"] + [f"unknown {i}" for i in range(25)], top=3)
+  assert [(w.message.row, w.message.more) for w in caught] == [*((i, 0) for i in range(1, 11)), (11, 14)]
+  # The command: one line per such input line, with its line number; the predictions as before.
+  (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+  out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={workdir}",
+                        f"--input={tmp_path / 'texts.txt'}", "--top=3"], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stderr.splitlines() == [
+      f"sparsejax-predict: warning: {tmp_path / 'texts.txt'}:2: no word of 'nothing known here' is in the model's "
+      "vocabulary: its labels are a guess, the same for any such text",
+      f"sparsejax-predict: warning: {tmp_path / 'texts.txt'}:3: no word of '' is in the model's vocabulary: its "
+      "labels are a guess, the same for any such text"]
+  assert [[int(label) for label, _ in _pairs(line)] for line in out.stdout.splitlines()] == ids.tolist()
+
+
 def test_commands_that_need_a_work_directory_name_the_newest_run(tmp_path, installed_command):
   """Runs go to new directories (issue 33): predict and plot without one say so and name the newest run."""
   runs = tmp_path / "runs"
