@@ -30,6 +30,28 @@ def _use_installed_extension() -> None:
 _use_installed_extension()
 
 
+def _version(source_root: str | None = None) -> str:
+  """The installed distribution's version, else (a source tree never installed) the version in
+  ``source_root/pyproject.toml`` (default: the directory above the package)."""
+  import importlib.metadata
+
+  try:
+    return importlib.metadata.version("sparsejax")
+  except importlib.metadata.PackageNotFoundError:
+    pass
+  import tomllib
+
+  source_root = source_root or _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+  try:
+    with open(_os.path.join(source_root, "pyproject.toml"), "rb") as f:
+      return tomllib.load(f)["project"]["version"]
+  except (OSError, KeyError, tomllib.TOMLDecodeError):
+    return "unknown"
+
+
+__version__ = _version()
+
+
 def load(workdir: str, step: int | None = None):
   """The model trained in ``workdir``: ``predict(inputs, top=k)`` and ``evaluate(dataset)``.
 

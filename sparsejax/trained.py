@@ -158,6 +158,20 @@ class TrainedModel:
                                     f"reads {self.num_features} features")
     self._frequencies = np.load(os.path.join(assets, _FREQUENCIES))
 
+  def __repr__(self) -> str:
+    """What the model is and where it came from: its sizes, its checkpoint and its work directory."""
+    # The layers' widths as loaded (the input layer's, then each hidden layer's), not as configured.
+    hidden = (int(self.params.embed.w.shape[1]), *(int(w.shape[1]) for w, _ in self.params.hidden))
+    return (f"TrainedModel(workdir={self._workdir!r}, step={self.step}, selected_by={self.selected_by!r}, "
+            f"model={self.config.network.model!r}, features={self.num_features}, hidden_dims={hidden}, "
+            f"labels={self.num_labels}, named_labels={self.label_names is not None}, "
+            f"text_input={self.vectorizer is not None})")
+
+  @property
+  def workdir(self) -> str:
+    """The work directory the model was loaded from."""
+    return self._workdir
+
   def features(self, inputs) -> XCDataset:
     """``inputs`` as feature rows: an XCDataset (as is), a scipy sparse ``[n, F]`` matrix, or texts (one string:
     one text, one row)."""

@@ -443,6 +443,15 @@ def test_texts_without_a_known_word_are_named_in_a_warning(synthetic_run, tmp_pa
   assert [[int(label) for label, _ in _pairs(line)] for line in out.stdout.splitlines()] == ids.tolist()
 
 
+def test_a_trained_model_s_repr_says_what_and_where(synthetic_run):
+  """Issue 33: ``TrainedModel`` printed as ``<sparsejax.trained.TrainedModel object at 0x...>``."""
+  workdir = str(synthetic_run[0])
+  model = sparsejax.load(workdir)
+  assert repr(model) == (f"TrainedModel(workdir={workdir!r}, step=200, selected_by='newest', model='slide', "
+                         "features=1000, hidden_dims=(32,), labels=200, named_labels=False, text_input=False)")
+  assert model.workdir == workdir
+
+
 def test_commands_that_need_a_work_directory_name_the_newest_run(tmp_path, installed_command):
   """Runs go to new directories (issue 33): predict and plot without one say so and name the newest run."""
   runs = tmp_path / "runs"
@@ -511,6 +520,20 @@ def test_plot_draws_learning_curves(synthetic_run, tmp_path, installed_command, 
                    env={"PYTHONPATH": str(tmp_path / "fake")}, check=False, isolated=False, cwd=tmp_path)
   assert out.returncode == 1
   assert out.stderr.strip().splitlines()[-1].endswith("error: sparsejax-plot needs matplotlib: pip install matplotlib")
+
+
+def test_the_package_has_a_version(monkeypatch, root):
+  """Issue 33: no ``sparsejax.__version__``; it is the installed one's, else (never installed) pyproject.toml's."""
+  import importlib.metadata
+  import tomllib
+
+  assert sparsejax.__version__ == importlib.metadata.version("sparsejax")
+
+  def not_installed(name):
+    raise importlib.metadata.PackageNotFoundError(name)
+
+  monkeypatch.setattr(importlib.metadata, "version", not_installed)
+  assert sparsejax._version(str(root)) == tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
 
 
 def test_installed_commands_answer_help(installed_command):
