@@ -72,6 +72,34 @@ def test_png_into_a_directory_and_without_matplotlib(capsys, tmp_path, monkeypat
       "matplotlib)\n"
 
 
+def test_png_named_after_the_plot_is_not_named_twice(capsys, tmp_path):
+  """Issue 33: the README's --png=runs/whatif wrote runs/whatif-whatif.png."""
+  pytest.importorskip("matplotlib")
+  status, out, err = _run(capsys, f"--profile={BK['resnet50']}", "--iteration_time_ms=128.1", *PAPER_ARGS,
+                          "--target_scaling=0.95", f"--png={tmp_path}/whatif")
+  assert status == 0, err
+  assert sorted(os.listdir(tmp_path)) == ["whatif-compression.png", "whatif.png"]
+  assert f"wrote {tmp_path}/whatif.png" in out
+
+
+@pytest.mark.parametrize("prefix, name, main, path", [
+    ("runs/whatif", "whatif", True, "runs/whatif.png"),
+    ("runs/whatif", "compression", False, "runs/whatif-compression.png"),
+    ("runs/resnet-whatif", "whatif", True, "runs/resnet-whatif.png"),
+    ("runs/net", "whatif", True, "runs/net-whatif.png"),  # a prefix, as before
+    ("runs/net", "compression", False, "runs/net-compression.png"),
+    ("runs/sf.png", "whatif", True, "runs/sf.png"),  # a file name: the main plot's
+    ("runs/sf.png", "compression", False, "runs/sf-compression.png"),
+    ("runs/breakdown", "breakdown", True, "runs/breakdown.png"),
+])
+def test_png_paths(tmp_path, monkeypatch, prefix, name, main, path):
+  from sparsejax.netanalysis.report import png_path
+
+  monkeypatch.chdir(tmp_path)
+  assert png_path(prefix, name, main) == path
+  assert png_path(f"{tmp_path}/runs/", name, main) == f"{tmp_path}/runs/{name}.png"
+
+
 @pytest.mark.parametrize("times, message", [
     (None, "{resnet50}: a .bk.log profile needs its one-worker iteration time"),
     ("vgg16=194.5", "{resnet50}: a .bk.log profile needs its one-worker iteration time"),

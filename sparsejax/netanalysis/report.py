@@ -172,13 +172,23 @@ def require_matplotlib():
   return plt
 
 
-def png_path(prefix: str, name: str) -> str:
-  """Where ``--png=PREFIX`` puts ``name``: ``DIR/name.png`` for a directory (or a prefix ending in /),
-  else ``PREFIX-name.png``. Creates the directory."""
+def png_path(prefix: str, name: str, main: bool = True) -> str:
+  """Where ``--png=PREFIX`` puts the plot ``name``; creates the directory.
+
+  ``DIR/name.png`` for a directory (or a prefix ending in /); ``PREFIX.png`` where PREFIX already ends in the name
+  (``--png=runs/whatif``: ``runs/whatif.png``, not ``whatif-whatif.png``); for a PREFIX ending in ``.png``, that
+  file for the command's ``main`` plot and ``STEM-name.png`` for the others; else ``PREFIX-name.png``.
+  """
+  stem, given_png = (prefix[:-4], True) if prefix.lower().endswith(".png") else (prefix, False)
+  base = os.path.basename(stem)
   if prefix.endswith(os.sep) or os.path.isdir(prefix):
     path = os.path.join(prefix, f"{name}.png")
+  elif given_png:
+    path = prefix if main else f"{stem}-{name}.png"
+  elif base == name or base.endswith((f"-{name}", f"_{name}", f".{name}")):
+    path = f"{stem}.png"
   else:
-    path = f"{prefix}-{name}.png"
+    path = f"{stem}-{name}.png"
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   return path
 
@@ -235,7 +245,7 @@ def plot_whatif(result: whatif.Analysis, prefix: str) -> list[str]:
   ax.grid(True, which="major", alpha=0.3)
   ax.legend(fontsize=7)
   fig.tight_layout()
-  paths.append(png_path(prefix, "compression"))
+  paths.append(png_path(prefix, "compression", main=False))
   fig.savefig(paths[1], dpi=110)
   plt.close(fig)
   return paths

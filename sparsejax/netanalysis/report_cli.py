@@ -45,7 +45,8 @@ def define_flags(command: str) -> None:
               "A probe file (netanalysis probe --out): capacity = its fitted all-reduce bandwidth.")
   define_flag("string", "baseline_run", None, "A one-process run of the same per-process work: report T_n / (n T_1).")
   define_flag("string", "json", None, f"Write the report as JSON (schema {REPORT_SCHEMA}) here.")
-  define_flag("string", "png", None, "Write PREFIX-breakdown.png (a directory: DIR/breakdown.png).")
+  define_flag("string", "png", None, "Write PREFIX-breakdown.png (PREFIX.png where PREFIX ends in breakdown or "
+              ".png; a directory: DIR/breakdown.png).")
   define_flag("string", "trace", None, "Write a Chrome trace (ui.perfetto.dev, chrome://tracing) of the window here.")
 
 

@@ -53,7 +53,8 @@ def define_flags(command: str) -> None:
   define_flag("bool", "details", False, "Also print one row per prediction (step, compute, comm, exposed comm).")
   define_flag("string", "json", None, "Write the results as JSON (schema sparsejax.netanalysis.whatif/1) here.")
   define_flag("string", "png", None,
-              "Write PREFIX-whatif.png and PREFIX-compression.png (a directory: DIR/whatif.png).")
+              "Write PREFIX-whatif.png and PREFIX-compression.png (PREFIX.png and PREFIX-compression.png where "
+              "PREFIX ends in whatif or .png; a directory: DIR/whatif.png and DIR/compression.png).")
 
 
 def _numbers(flag: str, values: list[str], cast, minimum: float, exclusive: bool = False) -> list:
