@@ -117,10 +117,14 @@ none of whose words the model knows is named in a warning on stderr.
 ))
 
 PLOT = Command("""\
-sparsejax-plot: learning curves of a run: training loss and test P@k against steps and wall-clock time.
+sparsejax-plot: learning curves of a run: training loss and P@k against steps and wall-clock time.
 
   sparsejax-plot /tmp/synth                     # writes /tmp/synth/curves.png
   sparsejax-plot /tmp/synth --output=run.png
+
+P@k is the periodic evaluations' on the validation split (on the test set where
+the run has none), with the final evaluation's test P@k marked at the step it
+reports (the selected one).
 
 Needs matplotlib (pip install matplotlib).
 """, (

@@ -9,6 +9,11 @@ class MissingMatplotlib(ImportError):
   """Plotting needs matplotlib."""
 
 
+def run_title(workdir: str) -> str:
+  """The plot's title: the work directory's name (``20250614T153012Z-icd10``), not its whole path."""
+  return os.path.basename(os.path.normpath(os.path.abspath(workdir)))
+
+
 def plot_run(workdir: str, output: str) -> str:
   """Draws the run in ``workdir`` to the PNG ``output`` and returns its path.
 
@@ -56,7 +61,7 @@ def plot_run(workdir: str, output: str) -> str:
     axes[1, col].legend()
     for row in (0, 1):
       axes[row, col].grid(alpha=0.3)
-  fig.suptitle(os.path.abspath(workdir))
+  fig.suptitle(run_title(workdir))
   fig.tight_layout()
   fig.savefig(output, dpi=100)
   plt.close(fig)

@@ -522,6 +522,26 @@ def test_plot_draws_learning_curves(synthetic_run, tmp_path, installed_command, 
   assert out.stderr.strip().splitlines()[-1].endswith("error: sparsejax-plot needs matplotlib: pip install matplotlib")
 
 
+def test_a_plot_is_titled_by_its_run_s_name_and_says_which_split_it_shows(synthetic_run, tmp_path, monkeypatch,
+                                                                          installed_command):
+  """Issue 33: the title was the work directory's absolute path, and --help said "test P@k" for curves drawn on the
+  validation split."""
+  figure = pytest.importorskip("matplotlib.figure")
+  from sparsejax import plot
+
+  titles = []
+  suptitle = figure.Figure.suptitle
+  monkeypatch.setattr(figure.Figure, "suptitle", lambda fig, text, **kw: (titles.append(text),
+                                                                           suptitle(fig, text, **kw))[1])
+  workdir = synthetic_run[0]
+  plot.plot_run(str(workdir) + "/", str(tmp_path / "c.png"))
+  assert titles == [workdir.name]
+  out = subprocess.run([installed_command("sparsejax-plot"), "--help"], capture_output=True, text=True, timeout=120)
+  assert out.stdout.splitlines()[0] == ("sparsejax-plot: learning curves of a run: training loss and P@k against "
+                                        "steps and wall-clock time.")
+  assert "P@k is the periodic evaluations' on the validation split (on the test set where" in out.stdout
+
+
 def test_the_package_has_a_version(monkeypatch, root):
   """Issue 33: no ``sparsejax.__version__``; it is the installed one's, else (never installed) pyproject.toml's."""
   import importlib.metadata
