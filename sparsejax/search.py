@@ -171,8 +171,9 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
     results = {}
     for recipe in alive:
       steps = the_plan.steps[recipe.name] * 2 ** round_index
+      # Each round continues the candidate's own directory (whatever --resume says of the run's).
       candidate = override(recipes.apply(config, recipe), max_steps=steps, num_epochs=None, max_seconds=None,
-                           early_stopping_patience=None)
+                           early_stopping_patience=None, resume="auto")
       result = train_fn(candidate, os.path.join(workdir, SEARCH_DIR, recipe.name), evaluate_test=False)
       scores[recipe.name] = result["score"]
       search_seconds += result["train_seconds"]
@@ -191,9 +192,14 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
              "search_scores": {name: round(value, 4) for name, value in scores.items()}}
   logging.info("recipe search: %s wins (validation %s %.4f; %s) after %.0f s of search training", winner.name,
                metric, scores[winner.name], winner.summary, search_seconds)
-  _adopt(os.path.join(workdir, SEARCH_DIR, winner.name), workdir)
   write_record({"step": 0, "search_winner": winner.name, **summary})
-  return recipes.apply(config, winner), summary
+  _adopt(os.path.join(workdir, SEARCH_DIR, winner.name), workdir)
+  for recipe in the_plan.candidates:  # the others' states are not needed again (their records stay)
+    if recipe is not winner:
+      for name in ("checkpoints", "best_checkpoint"):
+        shutil.rmtree(os.path.join(workdir, SEARCH_DIR, recipe.name, name), ignore_errors=True)
+  # The run continues the winner's checkpoints (a fresh run's: there were none before the search).
+  return override(recipes.apply(config, winner), resume="auto"), summary
 
 
 # What a run directory holds that the run continues from (metrics.jsonl is appended, not moved).

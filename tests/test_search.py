@@ -52,6 +52,10 @@ def test_search_chooses_the_best_scored_logs_and_records(tmp_path, search_config
   assert saved.search.recipe == winner
   assert saved.network.hidden_dims == dict(recipes.get(winner).settings).get("hidden_dims", (128,))
   assert [r["step"] for r in records if "loss" in r][:5] == [10, 14, 20, 28, 30]  # its rounds 1 and 2, then on
+  # The winner's states moved to the run, the others' removed; every candidate's records stay.
+  for name in ("small", "wide", "wider"):
+    assert not (tmp_path / "search" / name / "checkpoints").exists()
+    assert (tmp_path / "search" / name / "metrics.jsonl").exists()
   log = caplog.text
   assert "recipe search over small, wide, wider" in log and f"recipe search: {winner} wins" in log
   for name in ("small", "wide", "wider"):
@@ -69,7 +73,7 @@ def test_search_is_deterministic(tmp_path, search_config):
 
 
 def test_a_continued_run_keeps_its_recipe_without_searching_again(tmp_path, search_config):
-  first = train_and_evaluate(search_config, str(tmp_path))
+  first = train_and_evaluate(override(search_config, resume="never"), str(tmp_path))  # a new run: searched
   again = train_and_evaluate(override(search_config, max_steps=140), str(tmp_path))
   records = read_records(str(tmp_path))
   assert len([r for r in records if "search_winner" in r]) == 1
