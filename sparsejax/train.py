@@ -10,7 +10,7 @@ asks it to stop (:mod:`sparsejax.stopping`), evaluating
 (:mod:`sparsejax.metric_writer`) on the way, and returns the final
 evaluation. A resumed run continues exactly as an uninterrupted one would.
 
-Files in ``workdir``: ``metrics.jsonl``, ``checkpoints/``, ``config.json``
+Files in ``workdir``: ``metrics.jsonl``, ``checkpoints/``, ``search/`` (a recipe search's candidates), ``config.json``
 (written once the run has started or resumed), ``assets/`` (label names,
 vectorizer: what :func:`sparsejax.load` needs) and, if asked for,
 ``tensorboard/``.
@@ -47,6 +47,10 @@ _SUMMARY_FIELDS = ("step", "epoch", "last_loss", "samples_per_sec", "seconds", "
 
 def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   """Trains and evaluates; continues the run in ``workdir`` if it holds one.
+
+  A fresh run with ``--recipe=auto`` first compares the network recipes on the validation split within part of
+  the budget (:mod:`sparsejax.search`) and trains the winner on; a named recipe's settings apply where the config
+  has the defaults (:mod:`sparsejax.recipes`); a continued run keeps the recipe its checkpoints record.
 
   Args:
     config: the run (validated here, before any data is loaded).
