@@ -6,6 +6,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from absl import logging as absl_logging
 
 from sparsejax import recipes, search
 from sparsejax.checkpoint import Checkpoints
@@ -18,9 +19,13 @@ from sparsejax.train import train_and_evaluate
 def search_config(monkeypatch):
   # Rounds of a few steps tell nothing apart, but they exercise the whole search in seconds.
   monkeypatch.setattr(search, "MIN_ROUND_STEPS", 10)
-  return override(Config(), dataset="synthetic", synthetic_samples=2000, synthetic_features=600,
-                  synthetic_labels=120, batch_size=64, max_steps=120, search_fraction=0.6, eval_every=1000,
-                  eval_samples=None, log_every=10, checkpoint_every=1000, progress=False)
+  # The search logs at INFO: absl's verbosity is process-wide, and earlier tests may have lowered it.
+  verbosity = absl_logging.get_verbosity()
+  absl_logging.set_verbosity(absl_logging.INFO)
+  yield override(Config(), dataset="synthetic", synthetic_samples=2000, synthetic_features=600,
+                 synthetic_labels=120, batch_size=64, max_steps=120, search_fraction=0.6, eval_every=1000,
+                 eval_samples=None, log_every=10, checkpoint_every=1000, progress=False)
+  absl_logging.set_verbosity(verbosity)
 
 
 def _arrays(workdir):
