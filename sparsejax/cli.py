@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from absl import app, flags, logging
 
-from sparsejax import compilation_cache, flagfiles, rundirs
+from sparsejax import compilation_cache, flagfiles, recipes, rundirs
 from sparsejax.config import Config, ConfigError, field_type, flat_items, format_value, iter_fields, override
 
 FLAGS = flags.FLAGS
@@ -441,6 +441,11 @@ def train(argv: list[str]) -> None:
   except ValueError as e:  # a bad process count, rank or address
     usage_error(str(e))
   config = config_from_flags()
+  given = {field.name for _, field in iter_fields(Config) if field.name in FLAGS and FLAGS[field.name].present}
+  try:
+    config = recipes.with_given_settings(config, given)
+  except ConfigError as e:
+    usage_error(str(e))
   device = _check_platform(FLAGS.platform, config)
   workdir, new_run = _workdir(config, jax.process_count())
   continuing = (f"add --workdir={workdir} to the command to continue" if new_run

@@ -518,13 +518,16 @@ class RecipeConfig(Section):
       "auto", "The network recipe (sparsejax.recipes): its settings apply where you set none of them. auto: with a "
       "validation split, a fresh run compares the recipes that fit the data on it by successive halving within "
       "--search_fraction of the budget, then trains the winner on (logged, and in metrics.jsonl); any recipe "
-      "setting given explicitly (e.g. --hidden_dims) skips the search. Or a recipe's name (no search): "
+      "setting given explicitly (e.g. --hidden_dims) skips the search. none: no recipe, no search, the settings "
+      "as given. Or a recipe's name (no search): "
       "small (one hidden layer of 128: the fastest step), wide (512, dropout 0.25, --active_k=512) or wider (1024, "
       "dropout 0.5, --active_k=512, --learning_rate=2e-3: the most capacity).",
-      choices=("auto", "small", "wide", "wider"))
+      choices=("auto", "none", "small", "wide", "wider"))
   search_fraction: float = option(
-      0.5, "Largest share of the training budget (--max_seconds, or the steps of --max_steps / --num_epochs) that "
-      "the recipe search may spend, the winner's own steps included (they are kept: it trains on from them).",
+      0.5, "Largest share of the training budget that the recipe search may spend, the winner's own steps "
+      "included (they are kept: it trains on from them). With --max_seconds the run's seconds, the search's "
+      "included (planned from a modelled step time: a slower machine may overrun it); with --max_steps or "
+      "--num_epochs the winner still trains all of them, so the other candidates' steps come on top.",
       bounds=Range(0, 1, lo_open=True, hi_open=True))
 
 

@@ -41,6 +41,7 @@ RECIPES = (
 )
 
 AUTO = "auto"
+NONE = "none"  # no recipe and no search: the settings as given
 
 
 def names() -> tuple[str, ...]:
@@ -52,7 +53,31 @@ def get(name: str) -> Recipe:
   for recipe in RECIPES:
     if recipe.name == name:
       return recipe
-  raise ConfigError("recipe", name, f"must be one of {', '.join((AUTO, *names()))}")
+  raise ConfigError("recipe", name, f"must be one of {', '.join((AUTO, NONE, *names()))}")
+
+
+def with_given_settings(config: Config, given: set[str]) -> Config:
+  """``config`` as a command line meant it, knowing which settings it gave (``given``: names of the flags set).
+
+  A recipe setting given explicitly skips the search (``--recipe=auto`` becomes ``none``), even at its default
+  value, which :func:`explicit_settings` cannot tell from an unset one. With a named recipe, a setting given at its
+  default where the recipe sets another value is refused: the recipe would replace it (``--recipe=none`` takes every
+  setting as given).
+  """
+  named = [name for name in recipe_settings() if name in given]
+  if not named:
+    return config
+  if config.search.recipe == AUTO:
+    return override(config, recipe=NONE)
+  if config.search.recipe == NONE:
+    return config
+  now, defaults = flat_items(config), flat_items(Config())
+  recipe = dict(get(config.search.recipe).settings)
+  for name in named:
+    if name in recipe and now[name] == defaults[name] and recipe[name] != now[name]:
+      raise ConfigError(name, now[name], f"is the default, which --recipe={config.search.recipe} replaces by "
+                        f"{recipe[name]}: give --recipe=none to take every setting as given")
+  return config
 
 
 def recipe_settings() -> tuple[str, ...]:

@@ -15,6 +15,8 @@ gets the same steps.
 """
 
 import dataclasses
+import json
+import math
 import os
 import shutil
 from collections.abc import Callable
@@ -166,27 +168,40 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
   alive = list(the_plan.candidates)
   scores: dict[str, float] = {}
   search_seconds = 0.0
-  rounds = []
+  # Rounds already done (an interrupted search run again): their results, not their training again. A candidate
+  # of a later round has trained past an earlier round's steps, so replaying that round would score another state.
+  done_path = os.path.join(workdir, SEARCH_DIR, _ROUNDS_FILE)
+  done = _read_rounds(done_path)
+  # Each round continues the candidate's own directory: under --resume=force too (a changed setting), else auto.
+  resume = "force" if config.checkpoint.resume == "force" else "auto"
   for round_index in range(the_plan.rounds):
-    results = {}
-    for recipe in alive:
-      steps = the_plan.steps[recipe.name] * 2 ** round_index
-      # Each round continues the candidate's own directory (whatever --resume says of the run's).
-      candidate = override(recipes.apply(config, recipe), max_steps=steps, num_epochs=None, max_seconds=None,
-                           early_stopping_patience=None, resume="auto")
-      result = train_fn(candidate, os.path.join(workdir, SEARCH_DIR, recipe.name), evaluate_test=False)
-      scores[recipe.name] = result["score"]
+    if round_index < len(done):
+      results = done[round_index]
+      logging.info("recipe search, round %d: done before (%s)", round_index + 1,
+                   ", ".join(f"{n} {r['score']:.4f}" for n, r in results.items()))
+    else:
+      results = {}
+      for recipe in alive:
+        steps = the_plan.steps[recipe.name] * 2 ** round_index
+        candidate = override(recipes.apply(config, recipe), max_steps=steps, num_epochs=None, max_seconds=None,
+                             early_stopping_patience=None, resume=resume)
+        result = train_fn(candidate, os.path.join(workdir, SEARCH_DIR, recipe.name), evaluate_test=False)
+        results[recipe.name] = {"steps": steps, "score": result["score"],
+                                "train_seconds": round(result["train_seconds"], 2)}
+        logging.info("recipe search, round %d: %s (%s) after %d steps: validation %s %.4f", round_index + 1,
+                     recipe.name, recipe.summary, steps, metric, result["score"])
+    for name, result in results.items():
+      scores[name] = result["score"]
       search_seconds += result["train_seconds"]
-      results[recipe.name] = {"steps": steps, "score": result["score"],
-                              "train_seconds": round(result["train_seconds"], 2)}
-      logging.info("recipe search, round %d: %s (%s) after %d steps: validation %s %.4f", round_index + 1,
-                   recipe.name, recipe.summary, steps, metric, result["score"])
-    # The better half goes on; ties keep the cheaper recipe (the candidates' order), for a deterministic choice.
-    ranked = sorted(alive, key=lambda r: -scores[r.name])
+    # The better half goes on; ties keep the cheaper recipe (the candidates' order), for a deterministic choice; a
+    # non-finite score (a diverged candidate) ranks last.
+    ranked = sorted(alive, key=lambda r: -scores[r.name] if math.isfinite(scores[r.name]) else math.inf)
     alive = ranked[:-(-len(alive) // 2)]
-    rounds.append(results)
-    write_record({"step": 0, "search_round": round_index + 1, "search": results,
-                  "search_kept": [r.name for r in alive]})
+    if round_index >= len(done):
+      done.append(results)
+      _write_rounds(done_path, done)
+      write_record({"step": 0, "search_round": round_index + 1, "search": results,
+                    "search_kept": [r.name for r in alive]})
   winner = alive[0]
   summary = {"recipe": winner.name, "search_seconds": round(search_seconds, 2),
              "search_scores": {name: round(value, 4) for name, value in scores.items()}}
@@ -200,6 +215,25 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
         shutil.rmtree(os.path.join(workdir, SEARCH_DIR, recipe.name, name), ignore_errors=True)
   # The run continues the winner's checkpoints (a fresh run's: there were none before the search).
   return override(recipes.apply(config, winner), resume="auto"), summary
+
+
+_ROUNDS_FILE = "rounds.json"
+
+
+def _read_rounds(path: str) -> list[dict]:
+  """The results of the rounds an earlier, interrupted search finished (empty: none)."""
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return json.load(f)["rounds"]
+
+
+def _write_rounds(path: str, rounds: list[dict]) -> None:
+  """Records the finished rounds, whole or not at all (a rename)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path + ".partial", "w") as f:
+    json.dump({"rounds": rounds}, f)
+  os.replace(path + ".partial", path)
 
 
 # What a run directory holds that the run continues from (metrics.jsonl is appended, not moved).

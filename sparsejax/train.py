@@ -70,10 +70,16 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   """
   config.validate()
   data, search_summary = None, None
-  if config.search.recipe != recipes.AUTO:
+  if config.search.recipe in recipes.names():
     config = recipes.apply(config, recipes.get(config.search.recipe))
-  elif not _holds_checkpoints(workdir):  # a run continued takes the recipe its checkpoints record (_train)
+  # A run continued takes the recipe its checkpoints record (_train).
+  elif config.search.recipe == recipes.AUTO and not _holds_checkpoints(workdir):
     why_not = search.reason_not_to_search(config, jax.process_count())
+    interrupted_search = os.path.isdir(os.path.join(workdir, search.SEARCH_DIR))
+    if why_not is None and config.checkpoint.resume == "never" and interrupted_search:
+      raise checkpoint.ResumeError(f"{os.path.join(workdir, search.SEARCH_DIR)} holds an interrupted recipe search "
+                                   "and --resume=never: use another --workdir for a new run (or --resume=auto to "
+                                   "continue it)")
     if why_not is None:
       with checkpoint.new_directories_removed_on_failure(workdir):
         checkpoint.check_writable(workdir)
@@ -112,7 +118,7 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
     meta = None if latest is None else checkpoints.meta(latest)
     changed = []  # the settings that differ from the checkpoint's
     recorded_recipe = ((meta or {}).get("config") or {}).get("search", {}).get("recipe", recipes.AUTO)
-    if config.search.recipe == recipes.AUTO and recorded_recipe != recipes.AUTO:  # the recipe the search chose
+    if config.search.recipe == recipes.AUTO and recorded_recipe in recipes.names():  # the one the search chose
       config = recipes.apply(config, recipes.get(recorded_recipe))
     if latest is not None:
       _restore_config_file(workdir, meta, latest)

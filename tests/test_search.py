@@ -9,7 +9,7 @@ import pytest
 from absl import logging as absl_logging
 
 from sparsejax import recipes, search
-from sparsejax.checkpoint import Checkpoints
+from sparsejax.checkpoint import Checkpoints, ResumeError
 from sparsejax.config import Config, ConfigError, override
 from sparsejax.metric_writer import read_records
 from sparsejax.train import train_and_evaluate
@@ -133,6 +133,71 @@ def test_modelled_step_seconds_grows_with_width_and_active_neurons():
 
 def test_recipe_names_are_the_flag_choices_and_unknown_ones_are_refused():
   field = {f.name: f for f in __import__("dataclasses").fields(Config().search)}["recipe"]
-  assert field.metadata["choices"] == (recipes.AUTO, *recipes.names())
-  with pytest.raises(ConfigError, match="--recipe=huge: must be one of auto, small, wide, wider"):
+  assert field.metadata["choices"] == (recipes.AUTO, recipes.NONE, *recipes.names())
+  with pytest.raises(ConfigError, match="--recipe=huge: must be one of auto, none, small, wide, wider"):
     recipes.get("huge")
+
+
+def test_settings_given_at_their_default_still_count_as_given():
+  """The command line knows which flags were set: --hidden_dims=128 (the default) skips the search too, and a
+  default given with a recipe that would replace it is refused, not silently replaced."""
+  given = recipes.with_given_settings(override(Config(), hidden_dims=(128,)), {"hidden_dims", "seed"})
+  assert given.search.recipe == recipes.NONE
+  assert search.reason_not_to_search(given, 1) == "--recipe=none"
+  assert recipes.with_given_settings(Config(), {"seed"}) == Config()  # no recipe setting given: unchanged
+  with pytest.raises(ConfigError, match=r"--dropout=0.0: is the default, which --recipe=wide replaces by 0.25"):
+    recipes.with_given_settings(override(Config(), recipe="wide", dropout=0.0), {"dropout"})
+  named = override(Config(), recipe="wide", dropout=0.5)  # not the default: the recipe keeps it
+  assert recipes.with_given_settings(named, {"dropout"}) == named
+  assert recipes.apply(named, recipes.get("wide")).network.dropout == 0.5
+
+
+class _FakeTraining:
+  """A train_fn for search.run: scores from a table, an interrupt at a chosen call."""
+
+  def __init__(self, scores, interrupt_at=None):
+    self.scores, self.interrupt_at, self.calls = scores, interrupt_at, []
+
+  def __call__(self, config, workdir, evaluate_test):
+    assert not evaluate_test
+    name = workdir.rsplit("/", 1)[-1]
+    self.calls.append((name, config.budget.max_steps, config.checkpoint.resume))
+    if len(self.calls) == self.interrupt_at:
+      raise KeyboardInterrupt
+    return {"score": self.scores[name][config.budget.max_steps > 200], "train_seconds": 1.0}
+
+
+def test_an_interrupted_search_goes_on_from_its_last_finished_round(tmp_path):
+  """Ctrl-C in round 2: the same command does not train or record round 1 again (a candidate of round 2 has
+  trained past round 1's steps: replaying it would score another state), it finishes round 2."""
+  config = override(Config(), max_steps=2000, resume="force")
+  shape = search.DataShape(10_000, 1_000, 100, 10, 1)
+  scores = {"small": (0.5, 0.6), "wide": (0.4, 0.7), "wider": (0.1, 0.2)}
+  records = []
+  first = _FakeTraining(scores, interrupt_at=5)  # 3 candidates in round 1, then wide and small
+  with pytest.raises(KeyboardInterrupt):
+    search.run(config, str(tmp_path), shape, first, records.append)
+  steps = search.plan(config, shape, recipes.RECIPES).steps["small"]
+  assert [c[:2] for c in first.calls] == [("small", steps), ("wide", steps), ("wider", steps), ("small", 2 * steps),
+                                          ("wide", 2 * steps)]
+  assert {c[2] for c in first.calls} == {"force"}  # --resume=force reaches the candidates
+  assert [r["search_round"] for r in records] == [1]
+  again = _FakeTraining(scores)
+  chosen, summary = search.run(config, str(tmp_path), shape, again, records.append)
+  assert [c[:2] for c in again.calls] == [("small", 2 * steps), ("wide", 2 * steps)]
+  assert [r.get("search_round", r.get("search_winner")) for r in records] == [1, 2, "wide"]
+  assert chosen.search.recipe == summary["recipe"] == "wide"
+
+
+def test_a_diverged_candidate_ranks_last(tmp_path):
+  config = override(Config(), max_steps=2000)
+  shape = search.DataShape(10_000, 1_000, 100, 10, 1)
+  training = _FakeTraining({"small": (float("nan"),) * 2, "wide": (0.1, 0.2), "wider": (0.05, 0.1)})
+  chosen, summary = search.run(config, str(tmp_path), shape, training, lambda record: None)
+  assert summary["recipe"] == "wide" and "small" not in {c[0] for c in training.calls[3:]}
+
+
+def test_resume_never_refuses_an_interrupted_search(tmp_path, search_config):
+  (tmp_path / "search" / "small").mkdir(parents=True)
+  with pytest.raises(ResumeError, match="holds an interrupted recipe search and --resume=never"):
+    train_and_evaluate(override(search_config, resume="never"), str(tmp_path))
