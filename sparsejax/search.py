@@ -5,7 +5,7 @@ comparing the recipes. Each candidate trains in ``WORKDIR/search/NAME`` (an ordi
 interrupted search resumes), is scored on the whole validation split, and the better half goes on for twice
 the budget, until one is left. The winner's directory then becomes the run's: it trains on from the steps it
 took in the search, so they are not lost. ``metrics.jsonl`` gets one ``"search"`` record per round (each
-candidate's steps, modelled seconds and validation score) and one naming the winner.
+candidate's steps, training seconds and validation score) and one naming the winner.
 
 Rounds are measured in steps, never in measured seconds, so that the same seed chooses the same recipe and
 yields bit-identical parameters on any machine. With ``--max_seconds`` a candidate's steps are its share of
@@ -47,12 +47,11 @@ SECONDS_PER_ROW_ELEMENT = 1e-9
 
 @dataclasses.dataclass(frozen=True)
 class DataShape:
-  """What the step cost depends on: the training set's sizes and a batch's mean non-zeros."""
+  """What the step cost depends on: the training set's sizes and a sample's mean non-zero features."""
   num_train: int
   num_features: int
   num_labels: int
   mean_features: float
-  mean_labels: float
 
 
 def modelled_step_seconds(config: Config, shape: DataShape) -> float:
@@ -81,7 +80,6 @@ class Plan:
   ``2**r`` times it); ``rounds`` how many rounds it takes to leave one."""
   candidates: tuple[recipes.Recipe, ...]
   steps: dict[str, int]
-  seconds: dict[str, float]  # modelled seconds of round 0 per candidate (0 for a step budget)
   rounds: int
 
 
@@ -106,16 +104,13 @@ def plan(config: Config, shape: DataShape, candidates: tuple[recipes.Recipe, ...
     configs = {r.name: recipes.apply(config, r) for r in candidates}
     if config.budget.max_seconds is not None:
       share = fraction * config.budget.max_seconds / units  # round-0 seconds of each candidate
-      seconds = {n: modelled_step_seconds(c, shape) for n, c in configs.items()}
-      steps = {n: int(share / s) for n, s in seconds.items()}
+      steps = {n: int(share / modelled_step_seconds(c, shape)) for n, c in configs.items()}
       if max_steps is not None:  # a step or epoch limit too: no candidate past its share of those
         steps = {n: min(s, int(fraction * max_steps / units)) for n, s in steps.items()}
-      seconds = {n: steps[n] * seconds[n] for n in steps}
     else:
       steps = {n: int(fraction * max_steps / units) for n in configs}
-      seconds = dict.fromkeys(configs, 0.0)
     if min(steps.values()) >= MIN_ROUND_STEPS:
-      return Plan(candidates, steps, seconds, rounds)
+      return Plan(candidates, steps, rounds)
     candidates = candidates[:-1]  # the costliest last: drop it and plan again
   return None
 

@@ -248,11 +248,9 @@ def _load_data(config: Config) -> LoadedData:
 def _data_shape(config: Config, train) -> search.DataShape:
   """The sizes the recipe search's step-cost model needs (of the samples trained on: less the validation split)."""
   num_train = len(train) - round(len(train) * config.data.validation_fraction)
-  feature_counts, label_counts = np.diff(train.indptr), np.diff(train.label_indptr)
-  limit = config.data.max_features
+  feature_counts, limit = np.diff(train.indptr), config.data.max_features
   mean_features = float(np.mean(np.minimum(feature_counts, limit) if limit else feature_counts)) if len(train) else 0.0
-  return search.DataShape(num_train, train.num_features, train.num_labels, mean_features,
-                          float(np.mean(label_counts)) if len(train) else 0.0)
+  return search.DataShape(num_train, train.num_features, train.num_labels, mean_features)
 
 
 def _append_record(workdir: str, record: dict) -> None:

@@ -106,8 +106,7 @@ def test_a_budget_too_small_trains_the_defaults(tmp_path, search_config, caplog)
 
 
 def test_plan_gives_each_candidate_steps_for_an_equal_share_of_seconds():
-  shape = search.DataShape(num_train=130_000, num_features=100_000, num_labels=20_000, mean_features=10,
-                           mean_labels=1)
+  shape = search.DataShape(num_train=130_000, num_features=100_000, num_labels=20_000, mean_features=10)
   config = override(Config(), max_seconds=300.0)
   plan = search.plan(config, shape, recipes.RECIPES)
   assert plan.rounds == 2 and [r.name for r in plan.candidates] == ["small", "wide", "wider"]
@@ -124,7 +123,7 @@ def test_plan_gives_each_candidate_steps_for_an_equal_share_of_seconds():
 
 
 def test_modelled_step_seconds_grows_with_width_and_active_neurons():
-  shape = search.DataShape(10_000, 50_000, 100_000, 30, 2)
+  shape = search.DataShape(10_000, 50_000, 100_000, 30)
   cost = lambda **changes: search.modelled_step_seconds(override(Config(), **changes), shape)
   assert cost(hidden_dims=(128,)) < cost(hidden_dims=(512,)) < cost(hidden_dims=(1024,))
   assert cost(active_k=256) < cost(active_k=1024)
@@ -171,7 +170,7 @@ def test_an_interrupted_search_goes_on_from_its_last_finished_round(tmp_path):
   """Ctrl-C in round 2: the same command does not train or record round 1 again (a candidate of round 2 has
   trained past round 1's steps: replaying it would score another state), it finishes round 2."""
   config = override(Config(), max_steps=2000, resume="force")
-  shape = search.DataShape(10_000, 1_000, 100, 10, 1)
+  shape = search.DataShape(10_000, 1_000, 100, 10)
   scores = {"small": (0.5, 0.6), "wide": (0.4, 0.7), "wider": (0.1, 0.2)}
   records = []
   first = _FakeTraining(scores, interrupt_at=5)  # 3 candidates in round 1, then wide and small
@@ -191,7 +190,7 @@ def test_an_interrupted_search_goes_on_from_its_last_finished_round(tmp_path):
 
 def test_a_diverged_candidate_ranks_last(tmp_path):
   config = override(Config(), max_steps=2000)
-  shape = search.DataShape(10_000, 1_000, 100, 10, 1)
+  shape = search.DataShape(10_000, 1_000, 100, 10)
   training = _FakeTraining({"small": (float("nan"),) * 2, "wide": (0.1, 0.2), "wider": (0.05, 0.1)})
   chosen, summary = search.run(config, str(tmp_path), shape, training, lambda record: None)
   assert summary["recipe"] == "wide" and "small" not in {c[0] for c in training.calls[3:]}
