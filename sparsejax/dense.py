@@ -28,14 +28,18 @@ class DenseState(NamedTuple):
 def init(rng: jax.Array, config: model.ModelConfig) -> DenseState:
   """The same initial parameters as :func:`sparsejax.model.init` with the same key."""
   p = model.jitted_init_params(rng, config)  # one program, not ~20 compiled op by op
-  rng_data = jax.random.key_data(jax.random.fold_in(rng, 2))
+  # The sparse model's run key (model.init_from_params): the same dropout masks at the same step.
+  rng_data = jax.random.key_data(jax.random.split(jax.random.fold_in(rng, 1), 3)[2])
   return DenseState(jnp.zeros((), jnp.int32), rng_data, p.embed, p.hidden, p.out,
                     model.dense_optimizer(config).init((p.embed, p.hidden, p.out)))
 
 
-def full_logits(params, feat_ids, feat_vals) -> jax.Array:
+def full_logits(params, feat_ids, feat_vals, keep: jax.Array | None = None) -> jax.Array:
+  """``[B, N]`` logits; ``keep``: the training step's hidden dropout factor (:func:`sparsejax.model.dropout`)."""
   embed, hidden, out = params
   h = model.hidden_forward(embed.w, (embed.b, hidden), feat_ids, feat_vals)
+  if keep is not None:
+    h = h * keep
   return h @ out.w.T + out.b
 
 
@@ -56,13 +60,15 @@ def train_step(state: DenseState, batch: dict, *, config: model.ModelConfig,
   labels = batch["labels"]
   psum = (lambda x: x) if axis is None else (lambda x: jax.lax.psum(x, axis))
   with jax.named_scope("forward"):
-    every_output = jnp.broadcast_to(jnp.arange(config.num_labels, dtype=jnp.int32),
-                                    (labels.shape[0], config.num_labels))
-    targets = model.label_targets(every_output, labels)  # the sparse model's target: 1/|y| on each label
+    # The sparse model's target, 1/|y| on each label, built by a scatter: O(B·M), not the O(B·N·M) comparison.
+    targets = model.all_rows_label_targets(labels, config.num_labels)
     num_labeled = psum(jnp.sum(jnp.sum(targets, axis=1) > 0))
 
+    # The sparse model's dropout, the same masks for the same (rng, step).
+    feat_ids, feat_vals, keep = model.dropout(config, state.rng, state.step, batch["feat_ids"], batch["feat_vals"])
+
     def loss_fn(params):  # this slice's share of the mean over all labeled samples
-      logits = full_logits(params, batch["feat_ids"], batch["feat_vals"])
+      logits = full_logits(params, feat_ids, feat_vals, keep)
       return model.softmax_cross_entropy(logits, targets, num_labeled)
 
     params = (state.embed, state.hidden, state.out)

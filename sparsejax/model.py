@@ -352,6 +352,32 @@ def input_dropout(feat_ids: jax.Array, feat_vals: jax.Array, rate: float,
           jnp.where(keep, feat_vals / (1.0 - rate), 0.0).astype(feat_vals.dtype))
 
 
+def dropout(config: ModelConfig, rng: jax.Array, step: jax.Array, feat_ids: jax.Array, feat_vals: jax.Array
+            ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+  """A training step's dropout, its masks drawn from ``(rng, step)`` (the sparse and dense models share it).
+
+  Args:
+    config: ``config.network.input_dropout`` and ``.dropout`` are the rates (0: none).
+    rng: ``[2]`` uint32 key data of the run (``SlideState.rng``).
+    step: the step number.
+    feat_ids, feat_vals: ``[B, F]`` the batch's features.
+
+  Returns:
+    ``(feat_ids, feat_vals, keep)``: the features after :func:`input_dropout`, and the ``[B, d]`` inverted-dropout
+    factor (0 or ``1/(1-rate)``) to multiply the last hidden layer's activations by, or None without dropout.
+  """
+  key = jax.random.fold_in(jax.random.wrap_key_data(rng), step)
+  if config.network.input_dropout > 0:
+    feat_ids, feat_vals = input_dropout(feat_ids, feat_vals, config.network.input_dropout,
+                                        jax.random.fold_in(key, 0x1d))
+  keep = None
+  if config.network.dropout > 0:
+    keep = jax.random.bernoulli(jax.random.fold_in(key, 0x0d), 1.0 - config.network.dropout,
+                                (feat_ids.shape[0], config.hidden_dims[-1]))
+    keep = keep.astype(jnp.float32) / (1.0 - config.network.dropout)
+  return feat_ids, feat_vals, keep
+
+
 def all_finite(tree) -> jax.Array:
   """Whether every floating-point value in ``tree`` is finite: a ``[]`` bool."""
   flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
@@ -385,6 +411,27 @@ def label_targets(active: jax.Array, labels: jax.Array, num_labels: jax.Array | 
   is_label = jnp.any((active[:, :, None] == labels[:, None, :]) & (labels[:, None, :] >= 0), axis=-1)
   count = jnp.sum(is_label, axis=1) if num_labels is None else num_labels
   return jnp.where(is_label, 1.0 / jnp.maximum(count, 1)[:, None], 0.0).astype(jnp.float32)
+
+
+def all_rows_label_targets(labels: jax.Array, num_rows: int, num_labels: jax.Array | None = None) -> jax.Array:
+  """:func:`label_targets` where every row is active (``active = arange(num_rows)``), in O(B·M), not O(B·N·M).
+
+  Args:
+    labels: ``[B, M]`` int32 row ids, -1 (or any id outside ``[0, num_rows)``) padded.
+    num_rows: N, the number of rows (all active).
+    num_labels: ``[B]`` |y| per sample, as in :func:`label_targets`; default: the distinct ids in ``labels``.
+
+  Returns:
+    ``[B, N]`` float32: ``1/|y|`` on each label's row.
+  """
+  B = labels.shape[0]
+  count = num_distinct_labels(jnp.where((labels >= 0) & (labels < num_rows), labels, -1)) \
+      if num_labels is None else num_labels
+  sample = jnp.broadcast_to(jnp.arange(B)[:, None], labels.shape)
+  # Padding goes to row N, which mode="drop" drops (-1 would wrap to the last row); a repeated id is set once.
+  rows = jnp.where((labels >= 0) & (labels < num_rows), labels, num_rows)
+  return jnp.zeros((B, num_rows), jnp.float32).at[sample, rows].set(
+      jnp.broadcast_to((1.0 / jnp.maximum(count, 1))[:, None], labels.shape).astype(jnp.float32), mode="drop")
 
 
 def softmax_cross_entropy(logits: jax.Array, targets: jax.Array, num_labeled: jax.Array | None = None) -> jax.Array:
@@ -655,15 +702,7 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   n_valid = jnp.clip(config.num_labels - offset, 0, rows).astype(jnp.int32)
   local_labels = jnp.where((labels >= offset) & (labels < offset + n_valid), labels - offset, PAD_ID)
   dense_params = (state.embed.b, state.hidden)
-  if config.network.input_dropout > 0:  # inverted dropout on the features, a mask drawn from (rng, step)
-    fids, fvals = input_dropout(
-        fids, fvals, config.network.input_dropout,
-        jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), 0x1d))
-  keep = None
-  if config.network.dropout > 0:  # inverted dropout on the last hidden layer, a mask drawn from (rng, step)
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), 0x0d)
-    keep = jax.random.bernoulli(key, 1.0 - config.network.dropout, (B, config.hidden_dims[-1]))
-    keep = keep.astype(jnp.float32) / (1.0 - config.network.dropout)
+  fids, fvals, keep = dropout(config, state.rng, state.step, fids, fvals)
   with jax.named_scope("hidden_fwd"):
     h, hidden_vjp = jax.vjp(
         lambda dp, tap: hidden_forward(state.embed.w, dp, fids, fvals, tap) * (1.0 if keep is None else keep),
@@ -682,10 +721,7 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
       valid = row_ids < n_valid
       w = state.out.w.astype(jnp.float32)  # (bfloat16 weights: widened for the matmuls)
       logits = jnp.where(valid, h @ w.T + state.out.b, -jnp.inf)
-      count = num_distinct_labels(labels)
-      sample = jnp.broadcast_to(jnp.arange(B)[:, None], local_labels.shape)
-      targets = jnp.zeros((B, rows), jnp.float32).at[sample, jnp.where(local_labels >= 0, local_labels, rows)].set(
-          jnp.broadcast_to((1.0 / jnp.maximum(count, 1))[:, None], local_labels.shape), mode="drop")
+      targets = all_rows_label_targets(local_labels, rows, num_distinct_labels(labels))
     with jax.named_scope("softmax_reduce"):
       loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
     with jax.named_scope("dh_reduce"):  # the step's metric rides along in the same all-reduce

@@ -31,6 +31,26 @@ def test_label_targets_and_loss_by_hand():
   np.testing.assert_allclose(model.softmax_cross_entropy(logits, t), want, rtol=1e-6)
 
 
+def test_all_rows_label_targets_match_the_comparison_with_every_row_active():
+  """The O(B·M) scatter the dense and exact paths use gives label_targets' O(B·N·M) answer: repeated ids count
+  once, padding (-1) and ids outside [0, N) are no label, an unlabeled row is all zero."""
+  rng = np.random.default_rng(3)
+  n = 50
+  labels = rng.integers(-1, n, size=(16, 6)).astype(np.int32)
+  labels[0] = [7, 7, 7, -1, -1, -1]  # one label, repeated
+  labels[1] = -1  # unlabeled
+  labels[2] = [3, n, n + 5, -1, 9, 3]  # ids at or past N: padding
+  every_row = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (16, n))
+  in_range = jnp.where(jnp.asarray(labels) < n, jnp.asarray(labels), -1)
+  want = model.label_targets(every_row, in_range)
+  got = model.all_rows_label_targets(jnp.asarray(labels), n)
+  np.testing.assert_array_equal(got, want)
+  assert float(got[0, 7]) == 1.0 and not np.any(np.asarray(got[1])) and float(got[2, 3]) == float(got[2, 9]) == 0.5
+  # With the count given (a shard's labels are only some of the sample's), each label gets 1/count.
+  np.testing.assert_array_equal(model.all_rows_label_targets(jnp.asarray(labels[:1]), n, jnp.array([4])),
+                                np.eye(n, dtype=np.float32)[[7]] * 0.25)
+
+
 def test_sharded_softmax_gradient_matches_autodiff():
   rng = np.random.default_rng(0)
   logits = jnp.asarray(rng.normal(size=(5, 7)), jnp.float32).at[1, 3].set(-jnp.inf)  # padding
@@ -64,11 +84,13 @@ def test_sharded_softmax_across_shards_matches_one_shard():
   assert not np.any(np.isfinite(np.asarray(loss)))
 
 
-def test_exact_softmax_step_equals_dense_baseline():
-  """With every output active, one sparse step equals one dense full-softmax step."""
+@pytest.mark.parametrize("dropouts", [{}, {"dropout": 0.3, "input_dropout": 0.2}])
+def test_exact_softmax_step_equals_dense_baseline(dropouts):
+  """With every output active, one sparse step equals one dense full-softmax step, dropout included (the same
+  masks: a dense baseline with other masks, or none, would not be the same network)."""
   ds = data.make_synthetic(500, 300, 40, labels_per_sample=2, seed=1)
   cfg = override(model.ModelConfig(300, 40), hidden_dims=(16, 8), active_k=40, num_tables=4,
-                          learning_rate=1e-2)
+                          learning_rate=1e-2, **dropouts)
   batch = _batch(ds, 32)
   sparse_step = jax.jit(functools.partial(model.train_step, config=cfg))
   dense_step = jax.jit(functools.partial(dense.train_step, config=cfg))
