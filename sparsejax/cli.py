@@ -19,8 +19,8 @@ from typing import NamedTuple
 
 from absl import app, flags, logging
 
-from sparsejax import compilation_cache, flagfiles, recipes, rundirs
-from sparsejax.config import Config, ConfigError, field_type, flat_items, format_value, iter_fields, override
+from sparsejax import compilation_cache, console, flagfiles, recipes, rundirs
+from sparsejax.config import Config, ConfigError, field_type, format_value, iter_fields, override
 
 FLAGS = flags.FLAGS
 USAGE_ERROR = 2
@@ -376,11 +376,7 @@ def _parser(command: Command):
 
 def print_final(final: dict, workdir: str | None = None) -> None:
   """The one summary line of a finished run (ending with its work directory, where given)."""
-  keys = ["p@1", "p@3", "p@5", "ndcg@5", "psp@5", "sampled_p@1", "sampled_p@5"]
-  trained = final.get("train_seconds", 1.0) > 0  # else a finished run's final evaluation, done again
-  print(f"step {final['step']}  " + "  ".join(f"{k.upper()} {final[k]:.4f}" for k in keys if k in final)
-        + (f"  ({final['samples_per_sec']:,.0f} samples/s)" if trained else "")
-        + (f"  in {workdir}" if workdir else ""))
+  print(console.final_line(final, workdir))
 
 
 def warn(message: str) -> None:
@@ -452,9 +448,7 @@ def train(argv: list[str]) -> None:
                 else "run the same command again to continue")
   logging.info("work directory: %s%s", workdir, f" (a new run: {continuing})" if new_run else "")
   logging.info("platform: %s (%s)", FLAGS.platform, device)
-  defaults = flat_items(Config())
-  changed = [f"--{k}={format_value(v)}" for k, v in flat_items(config).items() if v != defaults[k]]
-  logging.info("settings not at their defaults: %s (all of them: WORKDIR/config.json)", " ".join(changed) or "none")
+  console.log_settings(config)
   try:
     raise_on_signals()
     print_final(train_and_evaluate(config, workdir), workdir)

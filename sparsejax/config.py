@@ -185,8 +185,9 @@ class DataConfig(Section):
       "definitions -> their headwords, 25K labels; needs the gcide extra), gcide_cloze (dictionary definitions with "
       "one word removed -> that word, 21K Zipf-distributed labels; needs the gcide extra), wordnet (WordNet noun and "
       "verb glosses -> their hypernym ancestors, 14K labels, 4.2 per sample; needs apt-get install wordnet-base), "
-      "synthetic (generated, with power-law labels and planted structure) or files (--train_file and --test_file).",
-      choices=("icd10", "gcide", "gcide_cloze", "wordnet", "synthetic", "files"))
+      "synthetic (generated, with power-law labels and planted structure), files (--train_file and --test_file) or "
+      "arrays (the matrices given to sparsejax.fit in Python: what its runs record; not read from a command line).",
+      choices=("icd10", "gcide", "gcide_cloze", "wordnet", "synthetic", "files", "arrays"))
   train_file: str | None = option(
       None, "Training set in the Extreme Classification Repository text format (needs --dataset=files).")
   test_file: str | None = option(
@@ -642,11 +643,21 @@ def override(obj: Any, **changes: Any) -> Any:
       continue
     section = next((s for s, f in iter_fields(obj) if f.name == name), None)
     if section is None:
-      raise TypeError(f"{type(obj).__name__} has no setting {name!r}")
+      names = [f.name for _, f in iter_fields(obj)] + sorted(own)
+      raise TypeError(f"{type(obj).__name__} has no setting {name!r}{did_you_mean(name, names)}")
     by_section.setdefault(section, {})[name] = value
   for section, values in by_section.items():
     direct[section] = dataclasses.replace(getattr(obj, section), **values)
   return dataclasses.replace(obj, **direct)
+
+
+def did_you_mean(name: str, names: list[str]) -> str:
+  """``". Did you mean: learning_rate ?"`` for a misspelt setting, worded and chosen as absl words and chooses them
+  for an unknown flag on the command line; empty where no name is close."""
+  from absl.flags import _helpers  # absl's own suggestions: the command line's, for the same mistake
+
+  suggestions = _helpers.get_flag_suggestions(name, names)
+  return f". Did you mean: {', '.join(suggestions)} ?" if suggestions else ""
 
 
 def flat_items(config: Any) -> dict[str, Any]:

@@ -2,14 +2,88 @@
 
 With a bar, absl log lines (evaluations, warnings) are printed above it
 through ``tqdm.write`` instead of being glued onto it. Without a terminal (a
-log file, a pipe, ``--noprogress``) a plain line reports the step, the
-training loss and the throughput every ``log_every`` steps.
+log file, a pipe, a notebook, ``--noprogress``) a plain line reports the step,
+the training loss and the throughput every ``log_every`` steps.
+
+``sparsejax-train`` logs through absl's handler, which ``absl.app`` sets up. A
+Python caller (a notebook, a script: :func:`sparsejax.fit`,
+``train_and_evaluate(..., verbose=True)``) has none: :func:`log_to_console`
+shows the same lines on stderr while it trains.
 """
 
+import contextlib
+import logging as python_logging
 import os
 import sys
+from collections.abc import Iterator
 
 from absl import logging
+
+# The handler that log_to_console installed, while it is active: the bar writes the log lines through it.
+_console_handler: python_logging.StreamHandler | None = None
+
+
+class _CurrentStderr:
+  """``sys.stderr`` as it is at each write: a notebook's output of the cell running, pytest's capture."""
+
+  def write(self, text: str) -> None:
+    sys.stderr.write(text)
+
+  def flush(self) -> None:
+    sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def log_to_console() -> Iterator[None]:
+  """sparsejax's log lines (absl's logger, INFO and up) on stderr while the block runs, as ``sparsejax-train`` writes
+  them: the work directory, progress, evaluations, warnings, the final evaluation.
+
+  For callers that no ``absl.app`` set up logging for (a notebook, a script). The lines go to this handler only,
+  not on to the root logger's (a notebook's or ``logging.basicConfig``'s would print each one twice); absl's
+  verbosity, the logger's handlers and its propagation are as they were afterwards. Nested blocks use the outer
+  one's handler.
+  """
+  global _console_handler
+  if _console_handler is not None:
+    yield
+    return
+  absl_logger = logging.get_absl_logger()
+  verbosity, propagate = logging.get_verbosity(), absl_logger.propagate
+  handler = python_logging.StreamHandler(_CurrentStderr())
+  handler.setFormatter(logging.PythonFormatter())
+  # absl's handler's filters too, whenever they are added (sparsejax.checkpoint keeps orbax's INFO lines out).
+  handler.addFilter(lambda record: logging.get_absl_handler().filter(record))
+  absl_logger.addHandler(handler)
+  absl_logger.propagate = False
+  if verbosity < logging.INFO:
+    logging.set_verbosity(logging.INFO)
+  _console_handler = handler
+  try:
+    yield
+  finally:
+    _console_handler = None
+    absl_logger.removeHandler(handler)
+    absl_logger.propagate = propagate
+    logging.set_verbosity(verbosity)
+
+
+def log_settings(config) -> None:
+  """Logs the settings of ``config`` that are not at their defaults (a :class:`sparsejax.config.Config`)."""
+  from sparsejax.config import Config, flat_items, format_value
+
+  defaults = flat_items(Config())
+  changed = [f"--{k}={format_value(v)}" for k, v in flat_items(config).items() if v != defaults[k]]
+  logging.info("settings not at their defaults: %s (all of them: WORKDIR/config.json)", " ".join(changed) or "none")
+
+
+def final_line(final: dict, workdir: str | None = None) -> str:
+  """The one summary line of a finished run's final evaluation ``final`` (ending with its work directory, where
+  given): ``step 40  P@1 0.7000  ...  (1,234 samples/s)  in WORKDIR``."""
+  keys = ["p@1", "p@3", "p@5", "ndcg@5", "psp@5", "sampled_p@1", "sampled_p@5"]
+  trained = final.get("train_seconds", 1.0) > 0  # else a finished run's final evaluation, done again
+  return (f"step {final['step']}  " + "  ".join(f"{k.upper()} {final[k]:.4f}" for k in keys if k in final)
+          + (f"  ({final['samples_per_sec']:,.0f} samples/s)" if trained else "")
+          + (f"  in {workdir}" if workdir else ""))
 
 
 class _AboveTheBar:
@@ -50,7 +124,7 @@ class Progress:
       from tqdm.auto import tqdm
 
       self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
-      self._handler = getattr(logging.get_absl_handler(), "python_handler", None)
+      self._handler = _console_handler or getattr(logging.get_absl_handler(), "python_handler", None)
       if self._handler is not None:
         self._stream = self._handler.stream
         self._handler.stream = _AboveTheBar(self._stream)

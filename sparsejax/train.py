@@ -31,7 +31,7 @@ from absl import logging
 
 from sparsejax import checkpoint, dense, distributed, memory, model, recipes, retrieval, search, trained
 from sparsejax.config import Config, ConfigError, DataConfig, override
-from sparsejax.console import Progress
+from sparsejax.console import Progress, final_line, log_settings, log_to_console
 from sparsejax.data import BatchIterator, LoadedData, load_dataset, train_test_split
 from sparsejax.evaluation import Evaluator
 from sparsejax.metric_writer import METRICS_FILE, MetricWriter, read_records
@@ -45,7 +45,8 @@ _SUMMARY_FIELDS = ("step", "epoch", "last_loss", "samples_per_sec", "seconds", "
                    "recipe", "search_seconds", "search_scores")
 
 
-def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
+def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None = None,
+                       verbose: bool = False) -> dict[str, Any]:
   """Trains and evaluates; continues the run in ``workdir`` if it holds one.
 
   A fresh run with ``--recipe=auto`` first compares the network recipes on the validation split within part of
@@ -55,6 +56,11 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
   Args:
     config: the run (validated here, before any data is loaded).
     workdir: output directory (created).
+    data: the train and test sets (:func:`sparsejax.fit` gives its matrices so, with ``--dataset=arrays``); None:
+      those that ``config.data`` names, loaded here.
+    verbose: show the log lines ``sparsejax-train`` shows (the work directory, the settings, progress, evaluations,
+      the final evaluation) on stderr, for a caller outside ``absl.app`` (:func:`sparsejax.console.log_to_console`).
+      False: logging as the caller set it up (absl's logger, which shows only warnings unless set up).
 
   Returns:
     The final evaluation on the test set (exact and sampled P@k, nDCG@k, PSP@k) of the selected state (the
@@ -68,8 +74,15 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
     ResumeError: ``workdir`` holds checkpoints of another run.
     Interrupted: SIGINT or SIGTERM stopped the run (after saving a checkpoint).
   """
+  if verbose:
+    with log_to_console():
+      logging.info("work directory: %s", workdir)
+      log_settings(config)
+      final = train_and_evaluate(config, workdir, data=data)
+      logging.info("%s", final_line(final, workdir))
+      return final
   config.validate()
-  data, search_summary = None, None
+  search_summary = None
   if config.search.recipe in recipes.names():
     config = recipes.apply(config, recipes.get(config.search.recipe))
   # A run continued takes the recipe its checkpoints record (_train).
@@ -84,7 +97,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict[str, Any]:
       with checkpoint.new_directories_removed_on_failure(workdir):
         checkpoint.check_writable(workdir)
         read_records(workdir)
-        data = _load_data(config)
+        data = data if data is not None else _load_data(config)
         chosen = search.run(config, workdir, _data_shape(config, data.train),
                             functools.partial(_train, data=data), functools.partial(_append_record, workdir))
       if chosen is not None:

@@ -76,5 +76,9 @@ def _load(config, seed: int) -> LoadedData:
       if not len(split.label_indices):  # trained: loss 0.0000; tested: every metric 0, reported as a result
         raise XCFormatError(path, 1, f"no sample has a label: {what}")
     return LoadedData(train, test)
+  if config.dataset == "arrays":  # a run of sparsejax.fit, continued or restarted without its matrices
+    raise ConfigError("dataset", config.dataset, "the matrices given to sparsejax.fit(X, Y) in Python, which only fit "
+                      "can train on (give them to it again, with workdir= to continue its run); for files, "
+                      "--dataset=files")
   raise ValueError(f"unknown dataset {config.dataset!r}: use 'icd10', 'gcide', 'gcide_cloze', 'wordnet', "
                    "'synthetic' or 'files'")
