@@ -20,7 +20,6 @@ run (other settings, another process count), naming what differs.
 """
 
 import contextlib
-import hashlib
 import importlib.metadata
 import json
 import logging as pylogging
@@ -33,6 +32,7 @@ from typing import Any
 from absl import logging
 
 from sparsejax.config import Config, ConfigError, flat_items, format_value, identity_fields
+from sparsejax.seals import check_sealed_directory, seal_directory, sha256_file
 
 # Every live orbax CheckpointManager of this process. A save first waits for the others' background saves: orbax
 # synchronizes each save across processes with a barrier of the same name, and two managers saving at once
@@ -218,7 +218,7 @@ class Checkpoints:
         actual = os.path.getsize(file)
         if actual != size:
           return f"has a truncated file {name} ({actual} of {size} bytes)"
-        if _sha256(file) != digest:
+        if sha256_file(file) != digest:
           return f"has a corrupted file {name} (its SHA-256 differs from the one recorded at the save)"
     try:
       self.meta(step)
@@ -239,7 +239,7 @@ class Checkpoints:
           file = os.path.join(parent, name)
           relative = os.path.relpath(file, directory)
           if not relative.startswith("checksums."):
-            sums[relative] = (os.path.getsize(file), _sha256(file))
+            sums[relative] = (os.path.getsize(file), sha256_file(file))
       path = os.path.join(directory, _checksums_name())
       try:
         with open(path + ".tmp", "w") as f:
@@ -258,6 +258,11 @@ class Checkpoints:
       return self._manager.restore(step, args=self._ocp.args.Composite(meta=self._ocp.args.JsonRestore()))["meta"]
     except KeyError:  # written before checkpoints recorded their config
       return None
+
+  def position(self, step: int) -> dict[str, Any]:
+    """The ``data`` record of checkpoint ``step``: the data position and, with a validation split, the model
+    selection's state (``selection``: its best step and value)."""
+    return self._manager.restore(step, args=self._ocp.args.Composite(data=self._ocp.args.JsonRestore()))["data"]
 
   def save(self, step: int, state, data_state: dict, meta: dict, *, wait: bool = False) -> None:
     """Saves ``state``, the data position and ``meta`` as checkpoint ``step`` (in the background unless ``wait``)."""
@@ -367,18 +372,11 @@ def _checksums_name() -> str:
   return f"checksums.p{jax.process_index()}.json"
 
 
-def _sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    while chunk := f.read(1 << 20):
-      digest.update(chunk)
-  return digest.hexdigest()
-
-
-def make_meta(config: Config, num_shards: int, num_processes: int, data: dict[str, int]) -> dict[str, Any]:
-  """What a checkpoint records about the run that wrote it."""
+def make_meta(config: Config, num_shards: int, num_processes: int, data: dict[str, int],
+              run_id: str | None = None) -> dict[str, Any]:
+  """What a checkpoint records about the run that wrote it (``run_id``: its identity, see :mod:`sparsejax.seals`)."""
   return {"config": config.to_dict(), "version": package_version(), "num_shards": num_shards,
-          "num_processes": num_processes, "data": data}
+          "num_processes": num_processes, "data": data, "run_id": run_id}
 
 
 def check_resume(meta: dict[str, Any] | None, step: int, config: Config, num_shards: int, workdir: str) -> list[str]:
@@ -428,22 +426,28 @@ class BestCheckpoint:
   """The best state by a validation metric, in ``WORKDIR/best_checkpoint`` (orbax ``best_fn``, one kept). Training
   keeps it without optimizer states (``train.without_optimizer``).
 
+  Each process seals the states it saved once they are on disk (:meth:`wait`, which training calls before each
+  checkpoint save and before the final evaluation): ``checksums.p<process>.json`` in the step's directory records
+  every file's checksum, the run's id and the step (:mod:`sparsejax.seals`). :meth:`check` verifies them.
+
   Args:
     workdir: the run's work directory.
     metric: the name of the (higher-is-better) metric it is selected by.
     writable: for saving (the directory is created); False: read only (see :meth:`open`).
+    run_id: the run's identity, written into the seals (None: read only, nothing is sealed).
   """
 
-  def __init__(self, workdir: str, metric: str, *, writable: bool = True):
+  def __init__(self, workdir: str, metric: str, *, writable: bool = True, run_id: str | None = None):
     import orbax.checkpoint as ocp
 
-    self._ocp, self.metric = ocp, metric
+    self._ocp, self.metric, self.run_id = ocp, metric, run_id
     self.directory = os.path.abspath(os.path.join(workdir, "best_checkpoint"))
     with _quiet(pylogging.ERROR if not writable else pylogging.WARNING):
       self._manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
           max_to_keep=1, best_fn=lambda metrics: metrics[metric], best_mode="max", create=writable,
           read_only=not writable))
     _MANAGERS.add(self._manager)
+    self._unsealed: list[int] = []
 
   @classmethod
   def open(cls, workdir: str, metric: str) -> "BestCheckpoint | None":
@@ -453,11 +457,22 @@ class BestCheckpoint:
     best = cls(workdir, metric, writable=False)
     return best if best.best_step() is not None else None
 
+  def step_directory(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
+
   def discard_after(self, step: int) -> None:
     """Deletes the kept states of steps after ``step`` (a resumed run trains those steps again)."""
-    self._manager.wait_until_finished()
+    self.wait()
     for newer in [s for s in self._manager.all_steps() if s > step]:
       self._manager.delete(newer)
+
+  def set_aside(self, step: int) -> None:
+    """Moves the kept state of ``step`` out of the way (renamed ``<step>.corrupt.<time>``), as a damaged one."""
+    import jax
+
+    if jax.process_index() == 0:
+      os.replace(self.step_directory(step), f"{self.step_directory(step)}.corrupt.{int(time.time())}")
+    self._manager.reload()
 
   def save(self, step: int, state, value: float) -> None:
     """Saves ``state`` of step ``step`` whose metric is ``value`` (orbax keeps the best one); a state already
@@ -469,13 +484,19 @@ class BestCheckpoint:
         self._manager.delete(step)
       self._manager.save(step, args=self._ocp.args.Composite(state=self._ocp.args.StandardSave(state)),
                          metrics={self.metric: float(value)}, force=True)
+    self._unsealed.append(step)
 
   def best_step(self) -> int | None:
     return self._manager.best_step()
 
+  def check(self, step: int, run_id: str) -> None:
+    """Raises :class:`IntegrityError` (naming the file) unless the kept state of ``step`` is the one run ``run_id``
+    sealed for that step: every file unchanged, none missing."""
+    check_sealed_directory(self.step_directory(step), run_id, step)
+
   def restore(self, abstract_state):
     """The best state (None if none was saved)."""
-    self._manager.wait_until_finished()
+    self.wait()
     step = self.best_step()
     if step is None:
       return None
@@ -488,5 +509,18 @@ class BestCheckpoint:
     return _restore_arrays(self._ocp, os.path.join(self.directory, str(self.best_step()), "state"))
 
   def wait(self) -> None:
+    """Blocks until the saves are on disk, and seals them."""
     with _save_errors(f"the best state in {self.directory}"):
       self._manager.wait_until_finished()
+    self.seal(self._unsealed)
+    self._unsealed = []
+
+  def seal(self, steps: list[int]) -> None:
+    """Writes this process's seal of the kept states of ``steps`` (those orbax has not replaced since)."""
+    kept = set(self._manager.all_steps())
+    for step in steps:
+      if step in kept and self.run_id is not None:
+        try:
+          seal_directory(self.step_directory(step), _checksums_name(), self.run_id, step)
+        except OSError as e:
+          raise CheckpointError(f"cannot seal the best state {self.step_directory(step)}: {e.strerror or e}") from None

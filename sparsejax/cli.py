@@ -427,6 +427,7 @@ def train(argv: list[str]) -> None:
   from sparsejax.data import XCFormatError
   from sparsejax.metric_writer import MetricsFileError
   from sparsejax.nonfinite import NonFiniteError
+  from sparsejax.seals import IntegrityError
   from sparsejax.stopping import Interrupted, raise_on_signals
   from sparsejax.train import train_and_evaluate
 
@@ -469,7 +470,7 @@ def train(argv: list[str]) -> None:
     fail(str(e), USAGE_ERROR)
   except checkpoint.CheckpointError as e:  # orbax's save threads, failing too, would print pages at shutdown
     fail_now(str(e))
-  except (NonFiniteError, MetricsFileError) as e:
+  except (NonFiniteError, MetricsFileError, IntegrityError) as e:  # IntegrityError: a changed best state
     fail(str(e))
   except Interrupted as e:
     signum = _launcher_stop_signal(e.signum)

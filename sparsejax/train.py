@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from sparsejax import checkpoint, dense, distributed, memory, model, recipes, retrieval, search, trained
+from sparsejax import checkpoint, dense, distributed, memory, model, recipes, retrieval, seals, search, trained
 from sparsejax.config import Config, ConfigError, DataConfig, override
 from sparsejax.console import Progress, final_line, log_settings, log_to_console
 from sparsejax.data import BatchIterator, LoadedData, load_dataset, train_test_split
@@ -182,11 +182,15 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
       state, position = restored
       logging.info("resumed from step %d (epoch %d, index %d)", latest, position["epoch"], position["index"])
   start_step = int(distributed.local_value(state.step))
+  # The run's identity, in its checkpoints' meta and the seals of its best state and assets: kept when it resumes.
+  # A run of an older sparsejax has none: its files so far are taken as they are (unverified) and sealed from now.
+  unsealed_run = meta is not None and meta.get("run_id") is None
+  run_id = (meta or {}).get("run_id") or seals.new_run_id()
   is_chief = jax.process_index() == 0
   if is_chief:  # only now: a refused or failed start leaves the work directory as it was
     with open(os.path.join(workdir, "config.json"), "w") as f:
       json.dump(config.to_dict(), f, indent=1)
-    trained.save_assets(workdir, data._replace(train=train))  # the samples trained on (PSP@k's propensities)
+    trained.save_assets(workdir, data._replace(train=train), run_id)  # the samples trained on (PSP@k's propensities)
   logging.info("%s model: %s parameters%s; %s", config.network.model, f"{model.num_params(state):,}",
                f" over {num_shards} processes" if num_shards > 1 else "",
                f"training to step {max_steps}" if max_steps is not None else "training on the clock")
@@ -199,7 +203,7 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
                     "counts are steps of the new batch size, the steps so far included", start_step)
   selection = None
   if validation is not None:
-    best = checkpoint.BestCheckpoint(workdir, config.run.selection_metric)
+    best = checkpoint.BestCheckpoint(workdir, config.run.selection_metric, run_id=run_id)
     restored_selection = position.get("selection")
     scored_otherwise = [f"--{n}" for n in sorted(set(changed) & _SELECTION_SETTINGS)]
     if meta is not None and meta["data"] != sizes:  # --resume=force past other data
@@ -213,12 +217,13 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
       # A best state newer than the checkpoint resumed from belongs to steps that are trained again now (the
       # process died between an evaluation and the next checkpoint): they will be evaluated and kept again.
       best.discard_after(start_step)
+      restored_selection = _kept_selection(best, restored_selection, None if unsealed_run else run_id, start_step)
     selection = _Selection(evaluator(validation), best, config.run, restored_selection)
-  loop = _Loop(config, run, checkpoints, checkpoint.make_meta(config, num_shards, jax.process_count(), sizes),
+  loop = _Loop(config, run, checkpoints, checkpoint.make_meta(config, num_shards, jax.process_count(), sizes, run_id),
                evaluator(test), selection,
                MetricWriter(workdir, config.run.tensorboard, resume_step=start_step) if is_chief else None,
                steps_per_epoch, max_steps, _step_profiler(config, run, workdir),
-               functools.partial(trained.save_serving_index, workdir) if is_chief else None)
+               functools.partial(trained.save_serving_index, workdir, run_id) if is_chief else None)
   batches = BatchIterator(train, config.optim.batch_size, seed=config.run.seed, epoch=position["epoch"],
                           index=position["index"], max_features=sizes["max_features"],
                           max_labels=sizes["max_labels"])
@@ -430,12 +435,16 @@ class _Loop:
     position = {**batches.state(), "seconds": self.seconds_before + self.train_seconds}
     if self.selection is not None:
       position["selection"] = self.selection.to_json()
+      # A checkpoint names the best state in its selection record only once that state is sealed on disk: a
+      # resumed run then finds it intact or knows it was changed.
+      self.selection.best.wait()
     self.checkpoints.save(self.step, state, position, self.meta, wait=wait)
 
   def finish_candidate(self, state) -> dict[str, Any]:
     """A recipe search's candidate's result: its best validation score (the test set is left alone)."""
     if self.selection.last_step != self.step:  # a candidate resumed at its budget: its state was evaluated
       self._write(self.selection.evaluate(self.run, state, self.step, self.config.run.eval_samples))
+    self.selection.best.wait()  # sealed: the winner's best state is adopted and checked as the run's
     if self.writer is not None:
       self.writer.close()
     return {"score": self.selection.best_value, "step": self.step, "train_seconds": self.train_seconds}
@@ -520,11 +529,47 @@ class _Selection:
     """``(best state, its step)``; the given state if none was saved. The best state is kept without optimizer
     states: ``state``'s stand in (evaluation and serving do not read them; the state's structure stays whole)."""
     self.best.wait()
+    if self.best.best_step() is not None:  # never a changed state reported as the run's (names the file)
+      self.best.check(self.best.best_step(), self.best.run_id)
     best = self.best.restore(without_optimizer(run.abstract_state()))
     if best is None:
       return state, int(distributed.local_value(state.step))
     best = best._replace(**{f: getattr(state, f) for f in best._fields if getattr(best, f) is None})
     return best, int(distributed.local_value(best.step))
+
+
+def _kept_selection(best: checkpoint.BestCheckpoint, restored: dict | None, run_id: str | None,
+                    start_step: int) -> dict | None:
+  """The model selection ``restored`` from a checkpoint, if the best state it names is kept intact; else None
+  (selection starts anew), with a warning that says what happened to the recorded best state.
+
+  ``run_id``: the run whose seal the kept state must carry (None: a run of an older sparsejax, unsealed: its kept
+  state is sealed now as it is).
+  """
+  recorded, kept = (restored or {}).get("best_step"), best.best_step()
+  if recorded is None:
+    if kept is not None:  # a state no selection names (scored by no evaluation this run compares with)
+      best.discard_after(-1)
+    return restored
+  where = best.step_directory(recorded)
+  if kept is None or kept < recorded:
+    logging.warning("the best state recorded at step %d (validation %s %.4f) was lost: %s is missing. Model "
+                    "selection starts anew at step %d: the final evaluation selects among the states evaluated from "
+                    "now on", recorded, best.metric, restored.get("best_value", float("nan")), where, start_step)
+    best.discard_after(-1)
+    return None
+  if run_id is None:
+    best.seal([kept])
+    return restored
+  try:
+    best.check(kept, run_id)
+  except seals.IntegrityError as e:
+    logging.warning("the best state recorded at step %d cannot be used: %s. It is set aside (renamed .corrupt); "
+                    "model selection starts anew at step %d", recorded, e, start_step)
+    best.set_aside(kept)
+    best.discard_after(-1)
+    return None
+  return restored
 
 
 def without_optimizer(state):

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from sparsejax import seals
 from sparsejax.config import Config
 from sparsejax.data import LoadedData, XCDataset
 from sparsejax.data.text import VectorizerFormatError, load_vectorizer, save_vectorizer
@@ -36,37 +37,80 @@ ASSETS = "assets"
 _UNKNOWN_WORDS_NAMED = 10
 _LABELS, _VECTORIZER, _FREQUENCIES = "labels.txt", "vectorizer.json", "label_frequencies.npy"
 _SERVING_INDEX = "serving_index.npz"
+_SEAL = "checksums.json"  # the assets' seal (sparsejax.seals)
 
 
-def save_assets(workdir: str, data: LoadedData) -> None:
-  """Writes the label names, the vectorizer and the label frequencies of ``data`` to ``WORKDIR/assets``.
+def save_assets(workdir: str, data: LoadedData, run_id: str | None = None) -> None:
+  """Writes the label names, the vectorizer and the label frequencies of ``data`` to ``WORKDIR/assets``, and their
+  seal (``checksums.json``: each file's checksum and run ``run_id``, :mod:`sparsejax.seals`).
 
   ``data.train`` is what the run trains on (without its validation split): its label frequencies and its size
-  (the run's ``meta``) give the propensities of PSP@k.
+  (the run's ``meta``) give the propensities of PSP@k. Each file is written whole or not at all (a rename). A
+  serving index that this run kept before (a resumed run) stays recorded; any other file of a former run's (a
+  serving index, label names) is removed: it would describe another model.
   """
   directory = os.path.join(workdir, ASSETS)
   os.makedirs(directory, exist_ok=True)
-  np.save(os.path.join(directory, _FREQUENCIES), data.train.label_frequencies())
+  files = {_FREQUENCIES: _write_asset(directory, _FREQUENCIES,
+                                      lambda path: np.save(path, data.train.label_frequencies()))}
   if data.label_names is not None:
     if any("\n" in name for name in data.label_names):
       raise ValueError("label names must not contain line breaks")
-    with open(os.path.join(directory, _LABELS), "w") as f:
-      f.writelines(name + "\n" for name in data.label_names)
+    files[_LABELS] = _write_asset(directory, _LABELS, lambda path: _write_lines(path, data.label_names))
   if data.vectorizer is not None:
-    save_vectorizer(data.vectorizer, os.path.join(directory, _VECTORIZER))
+    files[_VECTORIZER] = _write_asset(directory, _VECTORIZER, lambda path: save_vectorizer(data.vectorizer, path))
+  previous = _own_seal(directory, run_id)
+  if previous is not None and _SERVING_INDEX in previous["files"]:
+    files[_SERVING_INDEX] = previous["files"][_SERVING_INDEX]  # its checksum as written, never recomputed
+  for name in (_LABELS, _VECTORIZER, _SERVING_INDEX):
+    if name not in files and os.path.exists(os.path.join(directory, name)):
+      os.remove(os.path.join(directory, name))
+  if run_id is not None:
+    seals.write_json_atomically(os.path.join(directory, _SEAL), {"run_id": run_id, "step": None, "files": files})
 
 
-def save_serving_index(workdir: str, step: int, index) -> None:
-  """Keeps the clustered serving index that a run's final evaluation built for the state of ``step``.
+def _write_asset(directory: str, name: str, write) -> list:
+  """Writes ``name`` in ``directory`` whole or not at all (``write(path)`` writes a partial file, then renamed);
+  returns its seal entry (``[size, sha256]`` of the bytes written, computed before the rename)."""
+  partial = os.path.join(directory, f".partial.{name}")  # the same suffix: numpy adds none
+  write(partial)
+  entry = seals.file_entry(partial)
+  os.replace(partial, os.path.join(directory, name))
+  return entry
+
+
+def _write_lines(path: str, lines) -> None:
+  with open(path, "w") as f:
+    f.writelines(line + "\n" for line in lines)
+
+
+def _own_seal(directory: str, run_id: str | None) -> dict | None:
+  """The assets' seal if it is run ``run_id``'s and readable, else None."""
+  path = os.path.join(directory, _SEAL)
+  if run_id is None or not os.path.exists(path):
+    return None
+  try:
+    seal = seals.read_seal(path)
+  except seals.IntegrityError:
+    return None
+  return seal if seal.get("run_id") == run_id else None
+
+
+def save_serving_index(workdir: str, run_id: str | None, step: int, index) -> None:
+  """Keeps the clustered serving index that a run's final evaluation built for the state of ``step``, and
+  records it in the assets' seal.
 
   ``sparsejax.load`` then uses it for sampled prediction instead of building it again from the rows (seconds
   to minutes at 10^5-10^6 labels). Written whole or not at all (a rename).
   """
-  path = os.path.join(workdir, ASSETS, _SERVING_INDEX)
-  partial = path + ".partial.npz"
-  np.savez(partial, step=np.int64(step), centroids=np.asarray(index.centroids), offsets=np.asarray(index.offsets),
-           rows=np.asarray(index.rows))
-  os.replace(partial, path)
+  directory = os.path.join(workdir, ASSETS)
+  entry = _write_asset(directory, _SERVING_INDEX, lambda path: np.savez(
+      path, step=np.int64(step), centroids=np.asarray(index.centroids), offsets=np.asarray(index.offsets),
+      rows=np.asarray(index.rows)))
+  seal = _own_seal(directory, run_id)
+  if seal is not None:
+    seal["files"][_SERVING_INDEX] = entry
+    seals.write_json_atomically(os.path.join(directory, _SEAL), seal)
 
 
 class UnknownWordsWarning(UserWarning):
@@ -119,20 +163,43 @@ class TrainedModel:
     if meta is None:
       raise ValueError(f"{checkpoints.directory}/{newest} records no settings (written by an older sparsejax)")
     self.config = Config.from_dict(meta["config"])
+    # The run's identity: what the seals of its best state and assets must name (None: an older sparsejax's run,
+    # whose files have no seals).
+    run_id = meta.get("run_id")
+    if run_id is None:
+      warnings.warn(seals.UnverifiedWarning(
+          f"{workdir} was written by a sparsejax that did not seal its best state and assets: they are loaded "
+          "without checking them"), stacklevel=3)
+    _check_assets(os.path.join(workdir, ASSETS), run_id)  # before anything of them is read
     # The state the run selected on its validation split (and reported), not its last one, unless asked.
     best = checkpoint.BestCheckpoint.open(workdir, self.config.run.selection_metric)
     saved = checkpoints.all_steps()
     if step is None and best is not None:
-      self.step, self.selected_by, tree = best.best_step(), f"validation {best.metric}", best.restore_arrays()
+      self.step, self.selected_by, from_best = best.best_step(), f"validation {best.metric}", True
+      _check_selected(checkpoints, newest, self.step, best.step_directory(self.step))
     elif step is None or step in saved:
-      self.step = newest if step is None else step
+      self.step, from_best = newest if step is None else step, False
       self.selected_by = "newest" if step is None else "step"
-      tree = checkpoints.restore_arrays(self.step)
+      if step is None:  # a run that selected a state must not serve its newest instead, unsaid
+        _check_selected(checkpoints, newest, None, os.path.join(workdir, "best_checkpoint"))
     elif best is not None and step == best.best_step():
-      self.step, self.selected_by, tree = step, "step", best.restore_arrays()
+      self.step, self.selected_by, from_best = step, "step", True
     else:
       kept = ", ".join(map(str, saved)) + (f"; best: {best.best_step()}" if best is not None else "")
       raise ValueError(f"{workdir}: no checkpoint of step {step} (checkpoints kept: {kept})")
+    if from_best:
+      if run_id is not None:
+        best.check(self.step, run_id)
+      tree = best.restore_arrays()
+    else:
+      problem = checkpoints.verify(self.step)
+      if problem is not None:
+        raise seals.IntegrityError(f"checkpoint {checkpoints.directory}/{self.step} {problem}")
+      other_run = (checkpoints.meta(self.step) or {}).get("run_id")
+      if run_id is not None and other_run != run_id:
+        raise seals.IntegrityError(f"checkpoint {checkpoints.directory}/{self.step}: from another run (run "
+                                   f"{other_run}; the newest checkpoint is of run {run_id})")
+      tree = checkpoints.restore_arrays(self.step)
     sizes = meta["data"]
     self.num_features, self.num_labels = sizes["num_features"], sizes["num_labels"]
     self.max_features, self._num_train = sizes["max_features"], sizes["num_train"]
@@ -147,8 +214,12 @@ class TrainedModel:
     assets = os.path.join(workdir, ASSETS)
     self.label_names = None
     if os.path.exists(os.path.join(assets, _LABELS)):
-      with open(os.path.join(assets, _LABELS)) as f:
+      path = os.path.join(assets, _LABELS)
+      with open(path, encoding="utf-8") as f:
         self.label_names = tuple(line.rstrip("\n") for line in f)
+      if len(self.label_names) != self.num_labels:
+        raise seals.IntegrityError(f"{path}: names {len(self.label_names)} labels; the model predicts "
+                                   f"{self.num_labels}")
     self.vectorizer = None
     if os.path.exists(os.path.join(assets, _VECTORIZER)):
       path = os.path.join(assets, _VECTORIZER)
@@ -156,7 +227,14 @@ class TrainedModel:
       if len(self.vectorizer.vocabulary_) != self.num_features:  # another run's: its columns name other features
         raise VectorizerFormatError(path, "vocabulary", f"has {len(self.vectorizer.vocabulary_)} terms; the model "
                                     f"reads {self.num_features} features")
-    self._frequencies = np.load(os.path.join(assets, _FREQUENCIES))
+    path = os.path.join(assets, _FREQUENCIES)
+    try:
+      self._frequencies = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+      raise seals.IntegrityError(f"{path}: unreadable ({e})") from None
+    if self._frequencies.shape != (self.num_labels,) or not np.all(np.isfinite(self._frequencies)):
+      raise seals.IntegrityError(f"{path}: not {self.num_labels} finite label frequencies (shape "
+                                 f"{self._frequencies.shape})")
 
   def __repr__(self) -> str:
     """What the model is and where it came from: its sizes, its checkpoint and its work directory."""
@@ -238,13 +316,17 @@ class TrainedModel:
     if self.config.tables.candidates != "clusters" or not os.path.exists(path):
       return None
     d = self.params.out.w.shape[1]
-    with np.load(path) as f:
-      centroids, offsets, rows = f["centroids"], f["offsets"], f["rows"]
-      # C clusters: the run's eval_num_clusters, or, sharded, every shard's (see clusters.merge_shards).
-      if int(f["step"]) != self.step or centroids.ndim != 2 or centroids.shape[1] != d + 2 or \
-          offsets.shape != (len(centroids) + 1,) or rows.shape != (self.num_labels,):
-        return None  # another step's (or another layout's): built afresh
-      return clusters.ClusterIndex(centroids, offsets, rows)
+    try:
+      with np.load(path, allow_pickle=False) as f:
+        step, centroids, offsets, rows = int(f["step"]), f["centroids"], f["offsets"], f["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as e:  # not an npz, or not one of these arrays
+      raise seals.IntegrityError(f"{path}: unreadable as a serving index ({type(e).__name__}: {e})") from None
+    # C clusters: the run's eval_num_clusters, or, sharded, every shard's (see clusters.merge_shards).
+    if step != self.step or centroids.ndim != 2 or centroids.shape[1] != d + 2 or \
+        offsets.shape != (len(centroids) + 1,) or rows.shape != (self.num_labels,):
+      return None  # another step's (or another layout's): built afresh
+    _check_serving_index(path, centroids, offsets, rows, self.num_labels)
+    return clusters.ClusterIndex(centroids, offsets, rows)
 
   @functools.lru_cache(maxsize=8)  # noqa: B019 - one compiled predict per (top, k); the model lives as long
   def _predict_fn(self, top: int, k: int | None = None, with_sampled: bool = False):
@@ -334,6 +416,60 @@ class TrainedModel:
     if self.label_names is None:
       return ids.astype(str)
     return np.asarray(self.label_names, dtype=object)[ids]
+
+
+def _check_selected(checkpoints, newest: int, kept: int | None, where: str) -> None:
+  """Raises :class:`IntegrityError` where the best state kept (step ``kept``, None: none) is not the one that the
+  newest checkpoint's model selection recorded: lost, or an earlier step's."""
+  recorded = (checkpoints.position(newest).get("selection") or {}).get("best_step")
+  if recorded is None:
+    return
+  if kept is None:
+    raise seals.IntegrityError(f"{where}: missing: the state the run selected (step {recorded}, recorded in "
+                               f"checkpoint {newest}) was lost. Load a kept checkpoint by its step "
+                               f"({', '.join(map(str, checkpoints.all_steps()))}), or train again")
+  # A later step is the final evaluation's (the last state, evaluated after the last checkpoint).
+  if kept < recorded:
+    raise seals.IntegrityError(f"{where}: from another step: the run selected step {recorded}, this is step {kept}")
+
+
+def _check_assets(directory: str, run_id: str | None) -> None:
+  """Raises :class:`IntegrityError` unless every file in ``directory`` that load reads is the one run ``run_id``
+  wrote (its seal's checksums). An older sparsejax's run (``run_id`` None) has no seal: nothing is checked."""
+  if run_id is None:
+    return
+  seal_path = os.path.join(directory, _SEAL)
+  if not os.path.exists(seal_path):
+    raise seals.IntegrityError(f"{directory}: has no checksums ({_SEAL} is missing): its run wrote them with the "
+                               "files, so they were changed since")
+  seal = seals.read_seal(seal_path)
+  seals.check_identity(seal, seal_path, directory, run_id)
+  read = (_LABELS, _VECTORIZER, _FREQUENCIES, _SERVING_INDEX)
+  present = {name for name in read if os.path.exists(os.path.join(directory, name))}
+  # The serving index is a cache: one removed is built again from the rows (the same index).
+  names = (set(seal["files"]) - {_SERVING_INDEX}) | present
+  for name in sorted(names):
+    seals.check_file(directory, name, seal, seal_path)
+
+
+def _check_serving_index(path: str, centroids: np.ndarray, offsets: np.ndarray, rows: np.ndarray,
+                         num_labels: int) -> None:
+  """Raises :class:`IntegrityError` unless the arrays of ``path`` make an index of ``num_labels`` rows: finite,
+  not all-zero centroids, ascending offsets from 0, member ids in [0, N) each once."""
+  def refuse(what: str):
+    raise seals.IntegrityError(f"{path}: not a serving index of this model: {what}")
+
+  if not np.issubdtype(centroids.dtype, np.floating) or not np.all(np.isfinite(centroids)):
+    refuse("its centroids are not all finite numbers")
+  if not np.any(centroids):
+    refuse("its centroids are all zero")
+  if not (np.issubdtype(offsets.dtype, np.integer) and np.issubdtype(rows.dtype, np.integer)):
+    refuse("its offsets and rows are not integers")
+  if offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] > num_labels:
+    refuse(f"its offsets do not ascend from 0 to at most {num_labels}")
+  members = rows[:offsets[-1]]
+  if np.any((members < 0) | (members >= num_labels)) or len(np.unique(members)) != len(members):
+    refuse(f"its member ids are not distinct label ids in [0, {num_labels})")
 
 
 def _warn_of_unknown_words(texts: list[str], rows: np.ndarray) -> None:

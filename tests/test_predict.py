@@ -381,6 +381,18 @@ def _vectorizer_of(num_features: int):
   return vectorizer.fit([" ".join(f"t{i}" for i in range(num_features)), "t0 t1 t2"])
 
 
+def _as_the_run_wrote_it(path, write) -> None:
+  """``write()`` an asset at ``path`` and record it in the assets' seal, as if the run had written it: what these
+  tests check is the file's content (a file changed after the run is refused by its seal: test_workdir_integrity)."""
+  from sparsejax import seals
+
+  write()
+  seal_path = path.parent / "checksums.json"
+  seal = json.loads(seal_path.read_text())
+  seal["files"][path.name] = seals.file_entry(str(path))
+  seal_path.write_text(json.dumps(seal))
+
+
 def test_a_work_directory_s_vectorizer_is_data_checked_before_use(synthetic_run, tmp_path, installed_command):
   from sparsejax.data.text import save_vectorizer
 
@@ -388,7 +400,7 @@ def test_a_work_directory_s_vectorizer_is_data_checked_before_use(synthetic_run,
   shutil.copytree(synthetic_run[0], workdir)
   path = workdir / "assets" / "vectorizer.json"
   vectorizer = _vectorizer_of(1000)
-  save_vectorizer(vectorizer, path)
+  _as_the_run_wrote_it(path, lambda: save_vectorizer(vectorizer, path))
   model = sparsejax.load(str(workdir))  # a good one: texts give the rows it gives
   texts = ["t5 t7 t7", "t0 t999 nothing"]
   np.testing.assert_array_equal(model.predict(texts, top=3)[1], model.predict(vectorizer.transform(texts), top=3)[1])
@@ -398,14 +410,14 @@ def test_a_work_directory_s_vectorizer_is_data_checked_before_use(synthetic_run,
   (tmp_path / "texts.txt").write_text(f"{secret}\n")
   hostile = json.loads(path.read_text())
   hostile["params"]["input"] = "filename"
-  path.write_text(json.dumps(hostile))
+  _as_the_run_wrote_it(path, lambda: path.write_text(json.dumps(hostile)))
   out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={workdir}",
                         f"--input={tmp_path / 'texts.txt'}"], capture_output=True, text=True, timeout=300)
   assert (out.returncode, out.stdout) == (1, "")
   assert out.stderr == (f"sparsejax-predict: error: {path}: params.input: must be 'content' (the texts themselves, "
                         "never names of files to read), got \"filename\"\n")
   # Another run's (another vocabulary): its columns would name other features.
-  save_vectorizer(_vectorizer_of(40), path)
+  _as_the_run_wrote_it(path, lambda: save_vectorizer(_vectorizer_of(40), path))
   with pytest.raises(ValueError, match=re.escape(f"{path}: vocabulary: has 40 terms; the model reads 1000 features")):
     sparsejax.load(str(workdir))
 
@@ -418,7 +430,8 @@ def test_texts_without_a_known_word_are_named_in_a_warning(synthetic_run, tmp_pa
 
   workdir = tmp_path / "run"
   shutil.copytree(synthetic_run[0], workdir)
-  save_vectorizer(_vectorizer_of(1000), workdir / "assets" / "vectorizer.json")
+  path = workdir / "assets" / "vectorizer.json"
+  _as_the_run_wrote_it(path, lambda: save_vectorizer(_vectorizer_of(1000), path))
   model = sparsejax.load(str(workdir))
   texts = ["t1 t2 t3", "nothing known here", "", "t5 and unknown words"]
   with pytest.warns(UnknownWordsWarning) as caught:

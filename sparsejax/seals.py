@@ -1,0 +1,137 @@
+"""Seals: what a work directory's served files are (checksums) and whose they are (the run, the step).
+
+A seal is a JSON file next to the files it covers::
+
+  {"run_id": "3f0c...", "step": 200, "files": {"state/d/0a1b": [4096, "<sha256>"], ...}}
+
+``run_id`` names the run that wrote the files: drawn at a run's first start and recorded in every checkpoint's
+``meta`` (:func:`sparsejax.checkpoint.make_meta`), so that a resumed run keeps it. ``step`` (where the files are
+one training step's state) says which. Training writes the seals of ``best_checkpoint/<step>/`` and ``assets/``
+once the files are on disk; :func:`sparsejax.load`, ``sparsejax-predict`` and a resumed run check them before they
+read a byte of what they cover, so that a flipped bit, a truncated file or another run's directory copied in is
+refused by name (:class:`IntegrityError`) instead of served.
+"""
+
+import glob
+import hashlib
+import json
+import os
+import secrets
+from typing import Any
+
+import numpy as np
+
+
+class IntegrityError(ValueError):
+  """A work directory's file is damaged, missing or not this run's (another run's, another step's); the message
+  names the file and what is wrong with it."""
+
+
+class UnverifiedWarning(UserWarning):
+  """A work directory written before sparsejax sealed its files: loaded without checking them."""
+
+
+def new_run_id() -> str:
+  """A new run's identity: 128 random bits as hex, the same on every process (process 0's)."""
+  import jax
+
+  words = np.frombuffer(secrets.token_bytes(16), np.uint32)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    words = np.asarray(multihost_utils.broadcast_one_to_all(words), np.uint32)
+  return words.tobytes().hex()
+
+
+def sha256_file(path: str) -> str:
+  """SHA-256 of a file, read in 1 MiB chunks (a GB-sized state file never sits in memory whole)."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    while chunk := f.read(1 << 20):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+def file_entry(path: str) -> list:
+  """``[size, sha256]`` of a file, as a seal records it."""
+  return [os.path.getsize(path), sha256_file(path)]
+
+
+def write_json_atomically(path: str, value: Any) -> None:
+  """Writes ``value`` as JSON to ``path`` whole or not at all (a rename): a crash leaves the old file or the new."""
+  partial = path + ".partial"
+  with open(partial, "w") as f:
+    json.dump(value, f)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(partial, path)
+
+
+def seal_directory(directory: str, seal_name: str, run_id: str, step: int | None = None) -> None:
+  """Writes ``directory/seal_name``: the checksums of every file below ``directory`` (but seals) and the identity.
+  """
+  files = {}
+  for parent, _, names in os.walk(directory):
+    for name in names:
+      path = os.path.join(parent, name)
+      relative = os.path.relpath(path, directory)
+      if not os.path.basename(relative).startswith("checksums."):
+        files[relative] = file_entry(path)
+  write_json_atomically(os.path.join(directory, seal_name), {"run_id": run_id, "step": step, "files": files})
+
+
+def read_seal(path: str) -> dict:
+  """The seal at ``path``; raises :class:`IntegrityError` for one that is unreadable or not a seal."""
+  try:
+    with open(path, "rb") as f:
+      seal = json.loads(f.read().decode("utf-8"))
+  except (OSError, ValueError) as e:  # ValueError: bad JSON or bad UTF-8
+    raise IntegrityError(f"{path}: unreadable ({e})") from None
+  files = seal.get("files") if isinstance(seal, dict) else None
+  if not isinstance(files, dict) or not all(_is_entry(entry) for entry in files.values()):
+    raise IntegrityError(f"{path}: not a seal of sparsejax's (no list of files with sizes and checksums)")
+  return seal
+
+
+def _is_entry(entry) -> bool:
+  return (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int) and isinstance(entry[1], str))
+
+
+def check_file(directory: str, name: str, seal: dict, seal_path: str) -> None:
+  """Raises :class:`IntegrityError` unless ``directory/name`` is the file that ``seal`` recorded."""
+  path = os.path.join(directory, name)
+  entry = seal["files"].get(name)
+  if entry is None:
+    raise IntegrityError(f"{path}: not recorded in {seal_path}: not written by the run that wrote the others")
+  size, digest = entry
+  if not os.path.isfile(path):
+    raise IntegrityError(f"{path}: missing (its run recorded it in {seal_path})")
+  actual = os.path.getsize(path)
+  if actual != size:
+    raise IntegrityError(f"{path}: truncated or replaced ({actual} bytes; its run wrote {size})")
+  if sha256_file(path) != digest:
+    raise IntegrityError(f"{path}: corrupted (its SHA-256 differs from the one its run recorded in {seal_path})")
+
+
+def check_identity(seal: dict, seal_path: str, what: str, run_id: str, step: int | None = None) -> None:
+  """Raises :class:`IntegrityError` unless ``seal`` (of ``what``, a path) names run ``run_id`` (and ``step``)."""
+  if seal.get("run_id") != run_id:
+    raise IntegrityError(f"{what}: from another run ({seal_path} names run {seal.get('run_id')}; this work "
+                         f"directory's checkpoints are of run {run_id})")
+  if step is not None and seal.get("step") != step:
+    raise IntegrityError(f"{what}: from another step ({seal_path} says step {seal.get('step')}; it is kept as the "
+                         f"state of step {step})")
+
+
+def check_sealed_directory(directory: str, run_id: str, step: int | None = None) -> None:
+  """Raises :class:`IntegrityError` unless every ``checksums.p<process>.json`` seal in ``directory`` names run
+  ``run_id`` (and ``step``) and every file they record is unchanged. A directory without a seal is refused."""
+  seal_paths = sorted(glob.glob(os.path.join(glob.escape(directory), "checksums.p*.json")))
+  if not seal_paths:
+    raise IntegrityError(f"{directory}: has no checksums (checksums.p0.json is missing): its run sealed it once "
+                         "saved, so it was changed since, or its save was interrupted")
+  for seal_path in seal_paths:
+    seal = read_seal(seal_path)
+    check_identity(seal, seal_path, directory, run_id, step)
+    for name in sorted(seal["files"]):
+      check_file(directory, name, seal, seal_path)
+

@@ -1,0 +1,223 @@
+"""A work directory's served files are verified (issue 35): ``best_checkpoint/`` and ``assets/`` are sealed with
+checksums, the run's id and the step; ``sparsejax.load``, ``sparsejax-predict`` and a resumed run refuse a corrupted
+file, another run's, another step's or a lost best state by name, instead of serving or reporting it."""
+
+import glob
+import json
+import logging
+import os
+import shutil
+import subprocess
+import warnings
+
+import numpy as np
+import pytest
+
+import sparsejax
+from sparsejax import data, seals
+from sparsejax.config import override
+from sparsejax.metric_writer import read_records
+from sparsejax.seals import IntegrityError
+from sparsejax.train import train_and_evaluate
+
+
+@pytest.fixture(scope="module")
+def validated_config(small_config):
+  """A run that selects its best state on a validation split and keeps a clustered serving index."""
+  return override(small_config, candidates="clusters", reinsert="none", validation_fraction=0.2, max_steps=40,
+                  eval_every=20, checkpoint_every=20, recipe="none")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, validated_config):
+  """Two runs of the same shapes (other seeds): ``(ours, theirs)`` work directories, kept pristine."""
+  base = tmp_path_factory.mktemp("runs")
+  train_and_evaluate(validated_config, str(base / "ours"))
+  train_and_evaluate(override(validated_config, seed=7), str(base / "theirs"))
+  return base / "ours", base / "theirs"
+
+
+@pytest.fixture
+def ours(runs, tmp_path):
+  """A copy of our run, free to damage."""
+  shutil.copytree(runs[0], tmp_path / "run")
+  return tmp_path / "run"
+
+
+def _flip(path, offset=None):
+  content = bytearray(open(path, "rb").read())
+  offset = len(content) // 2 if offset is None else offset
+  content[offset] ^= 0x01  # one bit
+  open(path, "wb").write(bytes(content))
+
+
+def _best_dir(workdir):
+  (step,) = [name for name in os.listdir(workdir / "best_checkpoint") if name.isdigit()]
+  return workdir / "best_checkpoint" / step
+
+
+def _largest_state_file(directory):
+  files = [f for f in glob.glob(f"{directory}/state/**/d/*", recursive=True) if os.path.isfile(f)]
+  return max(files, key=os.path.getsize)
+
+
+def test_an_intact_run_is_sealed_and_loads_without_a_warning(ours):
+  assert os.path.exists(_best_dir(ours) / "checksums.p0.json")
+  seal = json.loads((ours / "assets" / "checksums.json").read_text())
+  assert set(seal["files"]) == {"label_frequencies.npy", "serving_index.npz"}
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    model = sparsejax.load(str(ours))
+  assert model.selected_by == "validation p@1" and model.serving_index_kept
+
+
+def test_a_flipped_bit_in_the_best_state_is_refused_by_load_and_predict(ours, installed_command, tmp_path):
+  """Issue 35: one flipped bit made load and predict serve scores of 1e29-1e35, exit 0."""
+  path = _largest_state_file(_best_dir(ours))
+  _flip(path)
+  with pytest.raises(IntegrityError, match=f"{path}: corrupted"):
+    sparsejax.load(str(ours))
+  test = data.load_dataset(override(_config(ours).data), seed=0).test.subset(np.arange(5))
+  data.save_xc_file(test, tmp_path / "test.txt")
+  out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={ours}",
+                        f"--input={tmp_path / 'test.txt'}"], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 1 and out.stdout == "", out.stderr[-3000:]
+  assert out.stderr.strip().splitlines()[-1] == (
+      f"sparsejax-predict: error: {path}: corrupted (its SHA-256 differs from the one its run recorded in "
+      f"{_best_dir(ours)}/checksums.p0.json)")
+
+
+def _config(workdir):
+  from sparsejax.config import Config
+
+  return Config.from_dict(json.loads((workdir / "config.json").read_text()))
+
+
+@pytest.mark.parametrize("name", ["label_frequencies.npy", "serving_index.npz"])
+def test_a_flipped_bit_in_an_asset_is_refused(ours, name):
+  path = ours / "assets" / name
+  _flip(path)
+  with pytest.raises(IntegrityError, match=f"{path}: corrupted"):
+    sparsejax.load(str(ours))
+
+
+def test_a_flipped_bit_in_a_checkpoint_loaded_by_its_step_is_refused(ours):
+  path = _largest_state_file(ours / "checkpoints" / "20")
+  _flip(path)
+  with pytest.raises(IntegrityError, match="checkpoints/20 has a corrupted file state/"):
+    sparsejax.load(str(ours), step=20)
+
+
+@pytest.mark.parametrize("directory", ["best_checkpoint", "assets"])
+def test_another_runs_directory_copied_in_is_refused(ours, runs, directory):
+  """Issue 35: another run's best_checkpoint/ (same shapes, other seed) was served and reported as this run's; its
+  assets/ gave sampled predictions its index and PSP@k its label frequencies."""
+  shutil.rmtree(ours / directory)
+  shutil.copytree(runs[1] / directory, ours / directory)
+  with pytest.raises(IntegrityError, match=f"{ours / directory}[^ ]*: from another run"):
+    sparsejax.load(str(ours))
+
+
+def test_another_runs_file_copied_into_assets_is_refused(ours, runs):
+  shutil.copy(runs[1] / "assets" / "serving_index.npz", ours / "assets" / "serving_index.npz")
+  with pytest.raises(IntegrityError, match="serving_index.npz: (corrupted|truncated or replaced)"):
+    sparsejax.load(str(ours))
+
+
+def _reseal_serving_index(workdir, **arrays):
+  """Rewrites the serving index with ``arrays`` replaced and records it in the seal: a bad index its run wrote."""
+  path = workdir / "assets" / "serving_index.npz"
+  with np.load(path) as f:
+    content = {key: f[key] for key in f.files}
+  content.update(arrays)
+  with open(path, "wb") as f:
+    np.savez(f, **content)
+  seal_path = workdir / "assets" / "checksums.json"
+  seal = json.loads(seal_path.read_text())
+  seal["files"]["serving_index.npz"] = seals.file_entry(str(path))
+  seal_path.write_text(json.dumps(seal))
+  return content
+
+
+@pytest.mark.parametrize("fill", [np.nan, 0.0])
+def test_a_serving_index_of_nan_or_zero_centroids_is_refused(ours, fill):
+  """Issue 35: NaN or zero centroids silently changed sampled (--k) predictions."""
+  with np.load(ours / "assets" / "serving_index.npz") as f:
+    centroids = np.full_like(f["centroids"], fill)
+  _reseal_serving_index(ours, centroids=centroids)
+  model = sparsejax.load(str(ours))
+  what = "are not all finite numbers" if np.isnan(fill) else "are all zero"
+  with pytest.raises(IntegrityError, match=f"serving_index.npz: not a serving index of this model: its centroids "
+                                           f"{what}"):
+    model.predict(model.features(_features(model)), top=3, k=20)
+
+
+def _features(model):
+  import scipy.sparse
+
+  return scipy.sparse.random(4, model.num_features, density=0.05, format="csr", random_state=0, dtype=np.float32)
+
+
+def test_a_deleted_best_checkpoint_is_named_by_load_and_by_a_resumed_run(ours, validated_config, caplog):
+  """Issue 35: deleting best_checkpoint/ then resuming selected another step without saying the best was lost."""
+  shutil.rmtree(ours / "best_checkpoint")
+  with pytest.raises(IntegrityError, match=r"best_checkpoint: missing: the state the run selected \(step \d+, "
+                                           r"recorded in checkpoint 40\) was lost"):
+    sparsejax.load(str(ours))
+  assert sparsejax.load(str(ours), step=40).step == 40  # a kept checkpoint, asked for by its step
+  with caplog.at_level(logging.WARNING):
+    final = train_and_evaluate(override(validated_config, max_steps=60), str(ours))
+  assert "the best state recorded at step" in caplog.text and "was lost" in caplog.text
+  assert "Model selection starts anew at step 40" in caplog.text
+  assert final["selected_step"] >= 40  # among the states evaluated after the loss
+  assert sparsejax.load(str(ours)).step == final["selected_step"]
+
+
+def test_a_resumed_run_sets_a_corrupted_best_state_aside(ours, validated_config, caplog):
+  """Issue 35: a resumed run's final record reported the corrupted best state (test P@1 0.000)."""
+  best = _best_dir(ours)
+  _flip(_largest_state_file(best))
+  with caplog.at_level(logging.WARNING):
+    final = train_and_evaluate(override(validated_config, max_steps=60), str(ours))
+  assert f"{best}/state/" in caplog.text and "corrupted" in caplog.text and "set aside" in caplog.text
+  assert glob.glob(f"{best}.corrupt.*")
+  assert final["selected_step"] >= 40 and final["p@1"] > 0.1
+  assert np.isfinite(read_records(str(ours))[-1]["p@1"])
+  sparsejax.load(str(ours))  # the new best state is sealed
+
+
+def test_the_final_evaluation_refuses_a_best_state_changed_during_the_run(tmp_path, validated_config,
+                                                                         monkeypatch):
+  from sparsejax import checkpoint
+
+  check = checkpoint.BestCheckpoint.check
+
+  def flip_then_check(self, step, run_id):  # a bit flips on disk between the save and the final evaluation
+    _flip(_largest_state_file(self.step_directory(step)))
+    return check(self, step, run_id)
+
+  monkeypatch.setattr(checkpoint.BestCheckpoint, "check", flip_then_check)
+  with pytest.raises(IntegrityError, match="best_checkpoint/[0-9]+/state/.*: corrupted"):
+    train_and_evaluate(validated_config, str(tmp_path / "run"))
+  assert not [r for r in read_records(str(tmp_path / "run")) if r.get("final")]
+
+
+def test_an_older_unsealed_run_loads_with_a_warning(ours):
+  """A work directory of a sparsejax before seals: no run id in its meta, no seals. Loaded, with a warning."""
+  for step in ("20", "40"):
+    os.remove(ours / "checkpoints" / step / "checksums.p0.json")
+    meta_path = ours / "checkpoints" / step / "meta" / "metadata"
+    meta = json.loads(meta_path.read_text())
+    del meta["run_id"]
+    meta_path.write_text(json.dumps(meta))
+  os.remove(_best_dir(ours) / "checksums.p0.json")
+  os.remove(ours / "assets" / "checksums.json")
+  with pytest.warns(seals.UnverifiedWarning, match="loaded without checking them"):
+    model = sparsejax.load(str(ours))
+  assert model.selected_by == "validation p@1"
+
+
+def test_a_removed_seal_is_refused(ours):
+  os.remove(_best_dir(ours) / "checksums.p0.json")
+  with pytest.raises(IntegrityError, match="has no checksums"):
+    sparsejax.load(str(ours))
