@@ -555,7 +555,37 @@ class Config:
       if self.optim.batch_size > num_train:
         raise ConfigError("batch_size", self.optim.batch_size,
                           f"exceeds the {num_train} synthetic training samples")
+    self.check_table_memory()
     return self
+
+  def check_table_memory(self, num_bits: int | None = None, bucket_size: int | None = None) -> None:
+    """Raises a :class:`ConfigError` where the LSH hash tables cannot fit in this machine's memory.
+
+    The tables are allocated whole (and filled) when a run starts: ``num_tables x 2^num_bits`` buckets of
+    ``bucket_size`` int32 ids. One that cannot be allocated aborted the process inside jit (SIGABRT) instead of
+    failing. Before the data is loaded ``--num_bits=none`` counts as its least value (a lower bound); the run
+    checks again with the sizes the data gives (``num_bits``, ``bucket_size``).
+    """
+    from sparsejax.memory import machine_memory_bytes
+
+    t = self.tables
+    if self.network.model != "slide" or t.candidates != "lsh":
+      return
+    bits = num_bits or t.num_bits or (3 if t.lsh_family == "dwta" else 1)
+    slots = bucket_size or t.bucket_size or 64  # tables.default_bucket_size()
+    need = t.num_tables * 2**bits * (slots + 1) * 4  # the ids and each bucket's count
+    have = machine_memory_bytes()
+    if have is None or need <= have:
+      return
+    if t.bucket_size is not None and (t.bucket_size > 64 or t.num_bits is None):
+      name = "bucket_size"
+    elif t.num_bits is not None:
+      name = "num_bits"
+    else:
+      name = "num_tables"
+    raise ConfigError(name, getattr(t, name), f"LSH tables of {t.num_tables} x 2^{bits} buckets x {slots} ids need "
+                      f"{_gib(need)} of memory; this machine has {_gib(have)}. Lower --num_bits, --num_tables or "
+                      "--bucket_size")
 
   def unused_settings(self) -> list[str]:
     """Settings changed from their defaults that this run does not read, one line each (logged as warnings)."""
@@ -597,6 +627,10 @@ class Config:
   def from_dict(cls, values: Mapping[str, Any]) -> "Config":
     """The inverse of :meth:`to_dict`; missing fields keep their defaults, unknown ones raise."""
     return _from_dict(cls, values)
+
+
+def _gib(num_bytes: int) -> str:
+  return f"{num_bytes / 2**30:,.1f} GiB"
 
 
 def _from_dict(cls, values: Mapping[str, Any], name: str = "config"):

@@ -9,9 +9,8 @@ init or restore. Contents are never changed.
 
 import ctypes
 import ctypes.util
+import os
 import sys
-
-import jax
 
 _MADV_HUGEPAGE = 14
 _MADV_COLLAPSE = 25  # Linux >= 6.1: back the range with huge pages now
@@ -29,6 +28,23 @@ def _madvise():
   return _libc.madvise
 
 
+def machine_memory_bytes() -> int | None:
+  """This machine's memory in bytes, or a container's limit where lower (cgroup v2 or v1); None if unknown."""
+  try:
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):  # not a POSIX system that says
+    return None
+  for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+    try:
+      with open(limit_file) as f:
+        limit = f.read().strip()
+    except OSError:
+      continue
+    if limit.isdigit():  # "max": no limit
+      total = min(total, int(limit))
+  return total
+
+
 def advise_huge_pages(tree, min_bytes: int = 64 << 20) -> int:
   """Asks the kernel to back the large CPU arrays in ``tree`` with huge pages.
 
@@ -39,6 +55,8 @@ def advise_huge_pages(tree, min_bytes: int = 64 << 20) -> int:
   Returns:
     Bytes now advised (0 where unsupported).
   """
+  import jax  # lazily: the config's validation imports this module for machine_memory_bytes
+
   if not sys.platform.startswith("linux"):
     return 0
   madvise = _madvise()

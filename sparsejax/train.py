@@ -165,6 +165,8 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
       raise checkpoint.ResumeError(f"{checkpoints.directory}/{latest} was trained on other data: {meta['data']}, "
                                    f"now {sizes}. Use another --workdir for a new run")
 
+    sized = config.model_config(train.num_features, train.num_labels, num_shards)  # --num_bits=none: by the labels
+    config.check_table_memory(sized.lsh_config.num_bits, sized.table_bucket_size)
     run = distributed.make_run(config.model_config(train.num_features, train.num_labels), seed=config.run.seed,
                                num_shards=num_shards, sampled_ks=tuple(k for k in [config.run.eval_sampled_k] if k))
     abstract = None if latest is None else run.abstract_state()
