@@ -60,3 +60,16 @@ def load(workdir: str, step: int | None = None):
   from sparsejax.trained import load as _load
 
   return _load(workdir, step)
+
+
+def __getattr__(name: str):
+  """``sparsejax.fit``, imported on first use: ``import sparsejax`` stays free of JAX."""
+  if name == "fit":
+    from sparsejax.fitting import fit
+
+    return fit
+  raise AttributeError(f"module 'sparsejax' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+  return sorted([*globals(), "fit"])

@@ -381,19 +381,33 @@ class TrainedModel:
                                         self.config.data.max_features, batch_size)
     return scores, ids
 
-  def evaluate(self, dataset: XCDataset, num_samples: int | None = None, *,
-               sampled: bool = True) -> dict[str, float]:
+  def evaluate(self, dataset, num_samples: int | None = None, *, sampled: bool = True,
+               labels=None) -> dict[str, float]:
     """P@k, nDCG@k and PSP@k on ``dataset``, as the training run computes them.
 
     On the run's test set this reproduces its final evaluation (of the state :func:`load` selects): the exact
     metrics, and for a SLIDE model with ``sampled`` the ``sampled_*`` ones at the training k, from the serving
     index the run kept (a sharded run's: its shards' indexes merged, probed as the shards probed theirs).
+
+    Args:
+      dataset: labelled samples, an XCDataset; or a sparse ``[n, F]`` feature matrix with ``labels``.
+      num_samples: the first samples evaluated (None: all).
+      sampled: also the ``sampled_*`` metrics (a SLIDE model's).
+      labels: the labels of a feature matrix ``dataset``, as :func:`sparsejax.fit` takes them: a sparse indicator
+        matrix ``[n, N]``, label-id lists or one id per sample (:func:`sparsejax.data.from_arrays`).
     """
     from sparsejax import metrics
 
+    if labels is not None:
+      if isinstance(dataset, XCDataset):
+        raise TypeError("evaluate: an XCDataset holds its labels: give labels= with a feature matrix only")
+      from sparsejax.data import from_arrays
+
+      dataset = from_arrays(dataset, labels, num_labels=self.num_labels, num_features=self.num_features,
+                            names=("dataset", "labels"))
     if not isinstance(dataset, XCDataset):  # a sparse matrix or texts would score 0 against no labels
-      raise TypeError(f"evaluate needs labelled samples, an XCDataset; got {type(dataset).__name__} (predict takes "
-                      "unlabelled inputs)")
+      raise TypeError(f"evaluate needs labelled samples, an XCDataset; got {type(dataset).__name__} (give a feature "
+                      "matrix's labels as labels=; predict takes unlabelled inputs)")
     if dataset.num_labels != self.num_labels:
       raise ValueError(f"the dataset has {dataset.num_labels} labels; the model predicts {self.num_labels}: its "
                        "label ids would not name the same labels")

@@ -19,8 +19,11 @@ Everything is numpy-only (no JAX import), so it is safe in loader threads.
 * :class:`BatchIterator` / :func:`batches` - seeded, resumable, prefetched
  mini-batches.
 * :func:`load_dataset` - the train and test sets a run's data settings name.
+* :func:`from_arrays` - scipy sparse features and labels (an indicator matrix,
+ label-id lists or one id per sample), checked, as an XCDataset.
 """
 
+from .arrays import from_arrays
 from .batching import BatchIterator, batches, epoch_permutation
 from .dataset import PAD_ID, XCDataset, train_test_split
 from .gcide import GCIDEInfo, load_gcide, load_gcide_cloze
@@ -41,6 +44,7 @@ __all__ = [
     "XCFormatError",
     "batches",
     "epoch_permutation",
+    "from_arrays",
     "load_dataset",
     "load_gcide",
     "load_gcide_cloze",
