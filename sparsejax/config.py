@@ -74,6 +74,10 @@ class Range:
     return self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
 
 
+# Every setting's limits beyond its own bounds: counts, ids and seeds become JAX's 32-bit integers, and numbers
+# float32s (a larger value overflowed in Python or numpy, or became inf, long after validation).
+INT_LIMIT = 2**31 - 1
+FLOAT_LIMIT = 3.4028234663852886e38  # float32's largest
 POSITIVE = Range(0, lo_open=True)
 NON_NEGATIVE = Range(0)
 AT_LEAST_ONE = Range(1)
@@ -152,6 +156,11 @@ def _check_field(field: dataclasses.Field, value: Any) -> None:
   bounds = meta.get("bounds")
   if bounds is not None and not all(bounds.contains(v) for v in elements):
     raise ConfigError(field.name, value, f"must be {bounds}{' or none' if optional else ''}")
+  if base is float and any(abs(v) > FLOAT_LIMIT for v in elements):
+    raise ConfigError(field.name, value, f"must be at most {FLOAT_LIMIT:.4g} in size (the computations are float32)")
+  if base is not float and any(not -INT_LIMIT - 1 <= v <= INT_LIMIT for v in elements):
+    raise ConfigError(field.name, value, f"must be at most {INT_LIMIT} (steps, sizes, ids and seeds are 32-bit "
+                      "integers)")
 
 
 class Section:
@@ -208,7 +217,7 @@ class DataConfig(Section):
   synthetic_features: int = option(20_000, "Feature space of the synthetic dataset.", bounds=AT_LEAST_ONE)
   synthetic_labels: int = option(10_000, "Labels of the synthetic dataset.", bounds=AT_LEAST_ONE)
   synthetic_labels_per_sample: float = option(
-      1.0, "Mean number of labels per synthetic sample.", bounds=POSITIVE)
+      1.0, "Mean number of labels per synthetic sample (at most --synthetic_labels).", bounds=AT_LEAST_ONE)
   test_fraction: float = option(
       0.1, "Fraction of the samples held out for testing (icd10, gcide, gcide_cloze, wordnet and synthetic).",
       bounds=Range(0, 1, lo_open=True, hi_open=True))
@@ -236,6 +245,9 @@ class DataConfig(Section):
         if getattr(self, name):
           raise ConfigError(name, getattr(self, name),
                             f"only read with --dataset=files (the dataset is {self.dataset}): add --dataset=files")
+    if self.dataset == "synthetic" and self.synthetic_labels_per_sample > self.synthetic_labels:
+      raise ConfigError("synthetic_labels_per_sample", self.synthetic_labels_per_sample,
+                        f"exceeds --synthetic_labels={self.synthetic_labels}: a sample holds each label at most once")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,7 +380,8 @@ class OptimizerConfig(Section):
       0, "Steps of cosine decay to 10% of the peak rate, after the warm-up; 0: a constant rate.", bounds=NON_NEGATIVE)
   b1: float = option(0.9, "Adam's decay rate of the first moment.", bounds=Range(0, 1, hi_open=True))
   b2: float = option(0.999, "Adam's decay rate of the second moment.", bounds=Range(0, 1, hi_open=True))
-  eps: float = option(1e-8, "Adam's epsilon (added to the root of the second moment).", bounds=POSITIVE)
+  eps: float = option(1e-8, "Adam's epsilon (added to the root of the second moment).",
+                      bounds=Range(0, 1, lo_open=True))
   weight_decay: float = option(0.0, "Decoupled weight decay (AdamW).", bounds=NON_NEGATIVE)
   moment_dtype: str = option(
       "float32", "Adam moments of the sparse layers: float32 or bfloat16 (half the memory, rounded "
@@ -393,8 +406,8 @@ class BudgetConfig(Section):
       f"--max_steps, --num_epochs and --max_seconds are all none, training runs {DEFAULT_EPOCHS:g} epochs.",
       bounds=AT_LEAST_ONE, identity=False)
   num_epochs: float | None = option(
-      None, "Passes over the training set in all (fractions allowed); none: no epoch limit.", bounds=POSITIVE,
-      identity=False)
+      None, "Passes over the training set in all (fractions allowed); none: no epoch limit.",
+      bounds=Range(0, 1e6, lo_open=True), identity=False)
   max_seconds: float | None = option(
       None, "Wall-clock seconds of training in this invocation (periodic evaluations excluded); none: no limit.",
       bounds=POSITIVE, identity=False)
@@ -439,9 +452,9 @@ class RunConfig(Section):
   log_every: int = option(50, "Steps between training-loss readings (progress bar, logs).", bounds=AT_LEAST_ONE,
                           identity=False)
   propensity_a: float = option(0.55, "Propensity model parameter A of the PSP@k metrics (Jain et al. 2016).",
-                               bounds=POSITIVE, identity=False)
-  propensity_b: float = option(1.5, "Propensity model parameter B of the PSP@k metrics.", bounds=POSITIVE,
-                               identity=False)
+                               bounds=Range(0, 100, lo_open=True), identity=False)
+  propensity_b: float = option(1.5, "Propensity model parameter B of the PSP@k metrics.",
+                               bounds=Range(0, 1e6, lo_open=True), identity=False)
   tensorboard: bool = option(False, "Also write TensorBoard events to WORKDIR/tensorboard (needs tensorboardX).",
                              identity=False)
   on_nonfinite: str = option(

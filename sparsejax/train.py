@@ -118,6 +118,12 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
   for line in config.unused_settings():
     logging.warning(line)
   num_shards = config.dist.num_shards or jax.process_count()
+  # The shards are the job's processes (one process: its devices); checked here, where the job is known.
+  devices = jax.process_count() if jax.process_count() > 1 else jax.device_count()
+  if num_shards > devices:
+    raise ConfigError("num_shards", num_shards, f"this job has {devices} process(es) to split the output layer "
+                      f"over: start {num_shards} (sparsejax-launch -n {num_shards} ...), or give none")
+  _check_interface(config)
   if config.network.model == "dense" and config.optim.batch_size % num_shards:
     raise ConfigError("batch_size", config.optim.batch_size,
                       f"data-parallel training splits each batch over {num_shards} processes: must divide by it")
@@ -251,6 +257,15 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
 # The settings that decide what a validation score measures: the data (and so the split), the seed that draws the
 # split, the metric and the samples evaluated.
 _SELECTION_SETTINGS = {f.name for f in dataclasses.fields(DataConfig)} | {"seed", "selection_metric", "eval_samples"}
+
+
+def _check_interface(config: Config) -> None:
+  """Refuses a ``--netanalysis_iface`` that this host does not have (where the window would sample it)."""
+  iface, net = config.netanalysis.netanalysis_iface, "/sys/class/net"
+  if config.netanalysis.netanalysis_steps and iface != "auto" and os.path.isdir(net) and \
+      not os.path.exists(os.path.join(net, iface)):
+    raise ConfigError("netanalysis_iface", iface, f"no such network interface on this host (it has "
+                      f"{', '.join(sorted(os.listdir(net)))})")
 
 
 def _holds_checkpoints(workdir: str) -> bool:

@@ -225,13 +225,13 @@ def test_a_bad_flag_from_a_flagfile_names_the_file_and_line(capsys, tmp_path):
   assert f"Unknown command line flag 'lerning_rate' (set in {outer}, line 3). Did you mean" in _usage_error(
       capsys, f"--flagfile={outer}")
   outer.write_text(f"--dataset=synthetic\n--flagfile={inner}\n")
-  assert f"--num_epochs=-3.0: must be > 0 or none (set in {inner}, line 3)" in _usage_error(
+  assert f"--num_epochs=-3.0: must be > 0 and <= 1e+06 or none (set in {inner}, line 3)" in _usage_error(
       capsys, f"--flagfile={outer}")
   (tmp_path / "value.flags").write_text("--active_k=many\n")
   assert f"--active_k=many: must be an integer (set in {tmp_path / 'value.flags'}, line 1)" in _usage_error(
       capsys, f"--flagfile={tmp_path / 'value.flags'}")
   # The setting that counts is the last one: a command-line value after the file is named without the file.
-  assert "--num_epochs=-2.0: must be > 0 or none (--help" in _usage_error(capsys, f"--flagfile={outer}",
+  assert "--num_epochs=-2.0: must be > 0 and <= 1e+06 or none (--help" in _usage_error(capsys, f"--flagfile={outer}",
                                                                             "--num_epochs=-2")
   assert f"(set in {inner}, line 3)" in _usage_error(capsys, "--num_epochs=-2", f"--flagfile={outer}")
 

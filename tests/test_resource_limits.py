@@ -48,3 +48,42 @@ def test_tables_sized_by_the_labels_are_checked_once_the_data_is_loaded(small_co
 
 def test_machine_memory_is_known_here():
   assert memory.machine_memory_bytes() > 1 << 28
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("seed", 2**63, "must be at most 2147483647 (steps, sizes, ids and seeds are 32-bit integers)"),
+    ("warmup_steps", 10**18, "must be at most 2147483647"),
+    ("synthetic_samples", 10**30, "must be at most 2147483647"),
+    ("hidden_dims", (64, 2**40), "must be at most 2147483647"),
+    ("num_epochs", 1e308, "must be > 0 and <= 1e+06 or none"),
+    ("propensity_b", 1e308, "must be > 0 and <= 1e+06"),
+    ("eps", 1e308, "must be > 0 and <= 1"),
+    ("learning_rate", 1e39, "must be at most 3.403e+38 in size (the computations are float32)"),
+    ("synthetic_labels_per_sample", 201.0, "exceeds --synthetic_labels=200: a sample holds each label at most once"),
+    ("synthetic_labels_per_sample", 0.5, "must be >= 1"),
+])
+def test_absurd_flag_values_get_one_clear_error_at_validation(small_config, flag, value, message):
+  """Issue 35: values the validator accepted and Python or numpy then overflowed on (or a traceback refused)."""
+  config = override(small_config, **{flag: value})
+  with pytest.raises(ConfigError, match=re.escape(f"--{flag}=") + ".*" + re.escape(message)):
+    config.validate()
+
+
+def test_absurd_flag_values_end_the_command_with_one_line(tmp_path, installed_command):
+  out = subprocess.run([installed_command("sparsejax-train"), "--dataset=synthetic", f"--seed={2**63}",
+                        f"--workdir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 2
+  assert out.stderr.strip().splitlines()[-1].startswith(
+      f"sparsejax-train: error: --seed={2**63}: must be at most 2147483647 (steps, sizes, ids and seeds are 32-bit "
+      "integers)"), out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"num_shards": 2}, "--num_shards=2: this job has 1 process(es) to split the output layer over: start 2"),
+    ({"netanalysis_iface": "foo0", "netanalysis_steps": 5}, "--netanalysis_iface=foo0: no such network interface on "
+                                                             "this host"),
+])
+def test_settings_the_job_or_host_cannot_take_are_refused_before_loading(small_config, tmp_path, settings, message):
+  with pytest.raises(ConfigError, match=re.escape(message)):
+    train_and_evaluate(override(small_config, **settings), str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
