@@ -463,8 +463,8 @@ class RunConfig(Section):
       "run goes on without it; it stops if 20 steps in a row are skipped). Checked at each --log_every reading.",
       choices=("stop", "skip_step"), identity=False)
   progress: bool = option(
-      True, "Show a progress bar when the console is a terminal (otherwise, and with --noprogress, log a line "
-      "with the step, the loss and the throughput every --log_every steps).", identity=False)
+      True, "Show a progress bar when the console is a terminal or a Jupyter notebook (otherwise, and with "
+      "--noprogress, log a line with the step, the loss and the throughput every --log_every steps).", identity=False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Training progress on the console: a progress bar on a terminal, plain log lines elsewhere.
 
-With a bar, absl log lines (evaluations, warnings) are printed above it
-through ``tqdm.write`` instead of being glued onto it. Without a terminal (a
-log file, a pipe, a notebook, ``--noprogress``) a plain line reports the step,
-the training loss and the throughput every ``log_every`` steps.
+With a bar (a terminal, or a Jupyter notebook's cell), absl log lines
+(evaluations, warnings) are printed above it through ``tqdm.write`` instead of
+being glued onto it. Without one (a log file, a pipe, ``--noprogress``) a plain
+line reports the step, the training loss and the throughput every
+``log_every`` steps.
 
 ``sparsejax-train`` logs through absl's handler, which ``absl.app`` sets up. A
 Python caller (a notebook, a script: :func:`sparsejax.fit`,
@@ -109,18 +110,30 @@ def _terminal_columns(stream) -> int:
     return 0
 
 
+def _in_notebook() -> bool:
+  """Whether this process is a Jupyter kernel (IPython's, as tqdm.auto tells): its cells show a bar (a widget where
+  ipywidgets is installed), though its stderr is no terminal."""
+  ipython = sys.modules.get("IPython")
+  shell = getattr(ipython, "get_ipython", lambda: None)() if ipython is not None else None
+  try:
+    return shell is not None and "IPKernelApp" in shell.config
+  except TypeError:  # a config that is no mapping
+    return False
+
+
 class Progress:
   """Reports training progress.
 
   Args:
-    bar: show a tqdm bar if stderr is a terminal (else: log lines).
+    bar: show a tqdm bar if stderr is a terminal or the process a Jupyter kernel (else: log lines).
     total: the step budget (None: unknown).
     initial: the step the run starts from.
   """
 
   def __init__(self, bar: bool, total: int | None, initial: int):
     self.total, self.bar, self._handler, self._stream = total, None, None, None
-    if bar and _terminal_columns(sys.stderr) > 0:  # a terminal of no width (no stty size) would show nothing
+    # A terminal of no width (no stty size) would show nothing.
+    if bar and (_terminal_columns(sys.stderr) > 0 or _in_notebook()):
       from tqdm.auto import tqdm
 
       self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, mininterval=1.0, file=sys.stderr)

@@ -7,6 +7,7 @@ import io
 import os
 import re
 import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -121,6 +122,23 @@ def test_fit_shows_what_sparsejax_train_logs(runs):
   with contextlib.redirect_stderr(stderr):
     logging.info("not shown")
   assert "not shown" not in stderr.getvalue()
+
+
+def test_a_notebook_shows_a_progress_bar_with_the_log_lines_above_it(tmp_path, monkeypatch):
+  """In a Jupyter kernel (stderr no terminal) a bar replaces the periodic step lines; evaluations print above it."""
+  import types
+
+  kernel = types.SimpleNamespace(config={"IPKernelApp": {}})
+  monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: kernel))
+  full = data.make_synthetic(400, 60, 10, seed=0)
+  x, y, _ = _matrices(full)
+  stderr = io.StringIO()
+  with contextlib.redirect_stderr(stderr):
+    sparsejax.fit(x, y, workdir=tmp_path, **dict(SETTINGS, progress=True, max_steps=20, eval_every=10))
+  shown = stderr.getvalue()
+  assert re.search(r"20/20 \[.*loss=\d", shown), shown[-2000:]
+  assert "step 10: validation P@1" in shown and "final (selected step" in shown
+  assert "step 10/20: loss" not in shown  # the bar's postfix says it
 
 
 def test_without_verbose_nothing_is_shown(tmp_path, capsys):
