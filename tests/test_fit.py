@@ -64,7 +64,9 @@ def runs(tmp_path_factory):
   data.save_xc_file(test, root / "test.txt")
   config = override(Config(), dataset="files", train_file=str(root / "train.txt"),
                     test_file=str(root / "test.txt"), **SETTINGS)
-  files_final = train_and_evaluate(config, str(root / "files"))
+  files_log = io.StringIO()
+  with contextlib.redirect_stderr(files_log):
+    files_final = train_and_evaluate(config, str(root / "files"), verbose=True)
   (x, y, lists), (x_test, y_test, test_lists) = _matrices(train), _matrices(test)
   indicator = sparsejax.fit(x, y, X_val=x_test, Y_val=y_test, workdir=root / "indicator", verbose=False, **SETTINGS)
   stderr = io.StringIO()
@@ -72,7 +74,8 @@ def runs(tmp_path_factory):
     by_lists = sparsejax.fit(x, lists, X_val=x_test, Y_val=test_lists, num_labels=NUM_LABELS,
                              workdir=root / "lists", **SETTINGS)
   return dict(root=root, files=root / "files", files_final=files_final, indicator=indicator, lists=by_lists,
-              log=stderr.getvalue(), x_test=x_test, y_test=y_test, test=test)
+              log=stderr.getvalue(), files_log=files_log.getvalue(), x_test=x_test, y_test=y_test, test=test,
+              lists_train=lists)
 
 
 def test_fit_trains_what_the_file_path_trains_bit_for_bit(runs):
@@ -106,6 +109,24 @@ def test_one_label_id_per_sample_is_a_list_of_one_each():
     np.testing.assert_array_equal(built.label_indices, full.label_indices)
     np.testing.assert_array_equal(built.indices, full.indices)
     np.testing.assert_array_equal(built.values, full.values)
+
+
+def test_label_id_lists_read_at_once_as_row_by_row(runs):
+  from sparsejax.data.arrays import _id_lists_row_by_row, label_rows
+
+  lists = runs["lists_train"]
+  at_once, by_row = label_rows(lists, len(lists)), _id_lists_row_by_row(lists, "Y")
+  np.testing.assert_array_equal(at_once.indptr, by_row.indptr)
+  np.testing.assert_array_equal(at_once.indices, by_row.indices)
+  assert len(at_once.indices) > len(lists)  # several labels a sample
+
+
+def test_train_and_evaluate_shows_its_log_lines_when_verbose(runs):
+  log = runs["files_log"]
+  for line in (f"work directory: {runs['files']}", "settings not at their defaults: --dataset=files",
+               "step 10/30: loss", "step 15: validation P@1", "final (selected step"):
+    assert line in log, line
+  assert log.rstrip().endswith(f"in {runs['files']}")
 
 
 def test_fit_shows_what_sparsejax_train_logs(runs):

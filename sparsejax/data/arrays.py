@@ -14,6 +14,7 @@ is one, the row and column: ``Y: row 3 has no label (an unlabelled sample): ...`
 
 from __future__ import annotations
 
+import itertools
 import numbers
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -130,7 +131,27 @@ def _one_per_sample(Y: np.ndarray, name: str) -> LabelRows:
 
 
 def _id_lists(Y: Any, name: str) -> LabelRows:
-  """Label-id lists (an int alone is a list of one); per row, so that a row's problem names the row."""
+  """Label-id lists (an int alone is a list of one): all at once where every row is a list of distinct ids >= 0
+  (16 us a row one by one: a minute for millions), else row by row, which names the row at fault."""
+  rows = list(Y)
+  if rows and all(type(item) in (list, tuple) or isinstance(item, np.ndarray) for item in rows):
+    lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+    try:
+      ids = np.array(list(itertools.chain.from_iterable(rows)))
+    except (TypeError, ValueError):  # nested lists of other lengths
+      ids = np.zeros(0, object)
+    if ids.ndim == 1 and ids.dtype.kind in "iu" and len(ids) and ids.min() >= 0:
+      row_ids = np.repeat(np.arange(len(rows)), lengths)
+      order = np.lexsort((ids, row_ids))
+      same = (row_ids[order][1:] == row_ids[order][:-1]) & (ids[order][1:] == ids[order][:-1])
+      if not same.any():
+        indptr = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(lengths, out=indptr[1:])
+        return LabelRows(indptr, ids.astype(np.int64), None)
+  return _id_lists_row_by_row(rows, name)
+
+
+def _id_lists_row_by_row(Y: list, name: str) -> LabelRows:
   lengths, parts = np.zeros(len(Y), np.int64), []
   for row, item in enumerate(Y):
     if isinstance(item, numbers.Integral) and not isinstance(item, bool):
