@@ -93,16 +93,21 @@ def fit(X: Any, Y: Any, *, X_val: Any = None, Y_val: Any = None, workdir: str | 
   data = _data(X, Y, X_val, Y_val, num_labels, label_names, config)
   from absl import logging
 
+  from sparsejax import train
   from sparsejax.console import log_to_console
-  from sparsejax.train import train_and_evaluate
+  from sparsejax.stopping import Interrupted
 
   new_run = workdir is None
-  workdir = rundirs.new_run_directory(RUN_NAME) if new_run else os.fspath(workdir)
+  workdir = rundirs.new_run_directory(RUN_NAME) if new_run else os.path.expanduser(os.fspath(workdir))
   try:
     with log_to_console() if verbose else contextlib.nullcontext():
       if X_val is not None and "test_fraction" in settings:
         logging.warning("--test_fraction=%s has no effect: X_val is the test set", settings["test_fraction"])
-      train_and_evaluate(config, workdir, data=data, verbose=verbose)
+      train.train_and_evaluate(config, workdir, data=data, verbose=verbose)
+  except Interrupted as e:  # Ctrl-C (a notebook's interrupt): say how to continue in Python, not on a command line
+    e.args = (e.describe(how_to_continue=f"fit(...) with workdir={workdir!r} and the same data and settings "
+                         "continues the run"),)
+    raise
   except BaseException:
     if new_run:  # refused or stopped before writing anything: no empty directory left behind
       with contextlib.suppress(OSError):

@@ -278,6 +278,24 @@ def test_a_run_refused_at_its_start_leaves_no_empty_directory(tmp_path, monkeypa
   assert os.listdir(tmp_path) == []
 
 
+def test_an_interrupted_fit_says_how_to_continue_it(tmp_path, monkeypatch):
+  import signal
+
+  from sparsejax import train
+  from sparsejax.stopping import Interrupted
+
+  def stopped(config, workdir, **kwargs):
+    raise Interrupted(signal.SIGINT, 7, os.path.join(workdir, "checkpoints"))
+
+  monkeypatch.setattr(train, "train_and_evaluate", stopped)
+  x, y, _ = _small()
+  with pytest.raises(Interrupted) as stop:
+    sparsejax.fit(x, y, workdir=tmp_path / "run", verbose=False)
+  assert str(stop.value) == (f"stopped by SIGINT after step 7: checkpoint saved in {tmp_path / 'run' / 'checkpoints'}; "
+                             f"fit(...) with workdir={str(tmp_path / 'run')!r} and the same data and settings "
+                             "continues the run")
+
+
 def test_a_setting_is_taken_as_the_command_line_takes_it():
   from sparsejax.fitting import _config
 
