@@ -162,6 +162,25 @@ def test_a_notebook_shows_a_progress_bar_with_the_log_lines_above_it(tmp_path, m
   assert "step 10/20: loss" not in shown  # the bar's postfix says it
 
 
+def test_fit_searches_the_recipes_on_its_matrices(tmp_path, monkeypatch):
+  """recipe="auto" (the default): the candidates train on fit's matrices, the winner trains on, all logged."""
+  from sparsejax import search
+
+  monkeypatch.setattr(search, "MIN_ROUND_STEPS", 10)  # rounds of a few steps: the whole search in seconds
+  full = data.make_synthetic(1000, 300, 60, seed=0)
+  x, y, _ = _matrices(full)
+  stderr = io.StringIO()
+  with contextlib.redirect_stderr(stderr):
+    model = sparsejax.fit(x, y, workdir=tmp_path, batch_size=32, max_steps=60, search_fraction=0.6, eval_every=1000,
+                          log_every=10, progress=False)
+  records = _records(tmp_path)
+  winner = [r["search_winner"] for r in records if "search_winner" in r]
+  assert len(winner) == 1 and records[-1]["recipe"] == winner[0] == model.config.search.recipe
+  first_round = next(r for r in records if r.get("search_round") == 1)
+  assert len(first_round["search"]) >= 2  # the candidates that fit the data, each trained and scored
+  assert f"recipe search: {winner[0]} wins" in stderr.getvalue()
+
+
 def test_without_verbose_nothing_is_shown(tmp_path, capsys):
   full = data.make_synthetic(300, 60, 10, seed=0)
   x, y, _ = _matrices(full)
