@@ -197,19 +197,49 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
       _write_rounds(done_path, done)
       write_record({"step": 0, "search_round": round_index + 1, "search": results,
                     "search_kept": [r.name for r in alive]})
+    for recipe in the_plan.candidates:  # the eliminated ones' states are not needed again (their records stay)
+      if recipe not in alive:
+        _remove_states(os.path.join(workdir, SEARCH_DIR, recipe.name))
   winner = alive[0]
   summary = {"recipe": winner.name, "search_seconds": round(search_seconds, 2),
              "search_scores": {name: round(value, 4) for name, value in scores.items()}}
   logging.info("recipe search: %s wins (validation %s %.4f; %s) after %.0f s of search training", winner.name,
                metric, scores[winner.name], winner.summary, search_seconds)
   write_record({"step": 0, "search_winner": winner.name, **summary})
-  _adopt(os.path.join(workdir, SEARCH_DIR, winner.name), workdir)
-  for recipe in the_plan.candidates:  # the others' states are not needed again (their records stay)
-    if recipe is not winner:
-      for name in ("checkpoints", "best_checkpoint"):
-        shutil.rmtree(os.path.join(workdir, SEARCH_DIR, recipe.name, name), ignore_errors=True)
+  # The adoption is several moves: rounds.json says it began (and how long metrics.jsonl was), so that a run
+  # stopped halfway finishes it (finish_adoption) instead of resuming from half the winner's files.
+  metrics_path = os.path.join(workdir, METRICS_FILE)
+  _write_rounds(done_path, done, adoption={"summary": summary, "done": False,
+                                           "metrics_bytes": os.path.getsize(metrics_path)
+                                           if os.path.exists(metrics_path) else 0})
+  finish_adoption(workdir)
   # The run continues the winner's checkpoints (a fresh run's: there were none before the search).
   return override(recipes.apply(config, winner), resume="auto"), summary
+
+
+def finish_adoption(workdir: str) -> dict | None:
+  """Completes an adoption of the search's winner that a stopped run left halfway (a no-op once done).
+
+  Returns:
+    The search's summary (``recipe``, ``search_seconds``, ``search_scores``) where ``workdir``'s run came from a
+    finished recipe search, else None: a continued run reports it, and is charged its seconds.
+  """
+  path = os.path.join(workdir, SEARCH_DIR, _ROUNDS_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    saved = json.load(f)
+  adoption = saved.get("adoption")
+  if adoption is None:
+    return None
+  if not adoption["done"]:
+    metrics_path = os.path.join(workdir, METRICS_FILE)
+    if os.path.exists(metrics_path):  # the winner's records, if the stopped run appended them: once, not twice
+      with open(metrics_path, "r+b") as f:
+        f.truncate(adoption["metrics_bytes"])
+    _adopt(os.path.join(workdir, SEARCH_DIR, adoption["summary"]["recipe"]), workdir)
+    _write_rounds(path, saved["rounds"], adoption={**adoption, "done": True})
+  return adoption["summary"]
 
 
 _ROUNDS_FILE = "rounds.json"
@@ -223,12 +253,18 @@ def _read_rounds(path: str) -> list[dict]:
     return json.load(f)["rounds"]
 
 
-def _write_rounds(path: str, rounds: list[dict]) -> None:
-  """Records the finished rounds, whole or not at all (a rename)."""
+def _write_rounds(path: str, rounds: list[dict], adoption: dict | None = None) -> None:
+  """Records the finished rounds (and the winner's adoption), whole or not at all (a rename)."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path + ".partial", "w") as f:
-    json.dump({"rounds": rounds}, f)
+    json.dump({"rounds": rounds} | ({"adoption": adoption} if adoption is not None else {}), f)
   os.replace(path + ".partial", path)
+
+
+def _remove_states(candidate_dir: str) -> None:
+  """A candidate's states and assets (what a run continues or serves from); its records stay."""
+  for name in ("checkpoints", "best_checkpoint", "assets"):
+    shutil.rmtree(os.path.join(candidate_dir, name), ignore_errors=True)
 
 
 # What a run directory holds that the run continues from (metrics.jsonl is appended, not moved).
@@ -236,10 +272,13 @@ _RUN_FILES = ("checkpoints", "best_checkpoint", "assets", "config.json")
 
 
 def _adopt(candidate_dir: str, workdir: str) -> None:
-  """Makes the winner's run directory the run's: its files moved to ``workdir``, its records appended."""
+  """Makes the winner's run directory the run's: its files moved to ``workdir``, its records appended.
+
+  Run again after a stop, it moves what is still in ``candidate_dir`` (each move is one rename).
+  """
   for name in _RUN_FILES:
     source, target = os.path.join(candidate_dir, name), os.path.join(workdir, name)
-    if not os.path.exists(source):
+    if not os.path.exists(source):  # not written by the candidate, or moved before a stop
       continue
     if os.path.isdir(target):
       shutil.rmtree(target)

@@ -82,7 +82,11 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
       logging.info("%s", final_line(final, workdir))
       return final
   config.validate()
-  search_summary = None
+  # A run stopped while it took over its search's winner finishes that first; a run continued after its search
+  # reports the search and is charged its seconds, as the run that searched was.
+  search_summary = search.finish_adoption(workdir) if config.search.recipe == recipes.AUTO else None
+  if search_summary is not None and _holds_checkpoints(workdir):
+    config = _charged_for_search(config, search_summary)
   if config.search.recipe in recipes.names():
     config = recipes.apply(config, recipes.get(config.search.recipe))
   # A run continued takes the recipe its checkpoints record (_train).
@@ -102,9 +106,7 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
                             functools.partial(_train, data=data), functools.partial(_append_record, workdir))
       if chosen is not None:
         config, search_summary = chosen
-        if config.budget.max_seconds is not None:  # the search's training seconds count against the budget
-          config = override(config, max_seconds=max(config.budget.max_seconds - search_summary["search_seconds"],
-                                                     1e-3))
+        config = _charged_for_search(config, search_summary)
     else:
       logging.info("recipe: the defaults, no search (%s)", why_not)
   return _train(config, workdir, data=data, search_summary=search_summary)
@@ -266,6 +268,13 @@ def _check_interface(config: Config) -> None:
       not os.path.exists(os.path.join(net, iface)):
     raise ConfigError("netanalysis_iface", iface, f"no such network interface on this host (it has "
                       f"{', '.join(sorted(os.listdir(net)))})")
+
+
+def _charged_for_search(config: Config, search_summary: dict) -> Config:
+  """``config`` with the search's training seconds taken from ``--max_seconds`` (they count against the budget)."""
+  if config.budget.max_seconds is None:
+    return config
+  return override(config, max_seconds=max(config.budget.max_seconds - search_summary["search_seconds"], 1e-3))
 
 
 def _holds_checkpoints(workdir: str) -> bool:

@@ -59,7 +59,8 @@ def test_search_chooses_the_best_scored_logs_and_records(tmp_path, search_config
   assert [r["step"] for r in records if "loss" in r][:5] == [10, 14, 20, 28, 30]  # its rounds 1 and 2, then on
   # The winner's states moved to the run, the others' removed; every candidate's records stay.
   for name in ("small", "wide", "wider"):
-    assert not (tmp_path / "search" / name / "checkpoints").exists()
+    for states in ("checkpoints", "best_checkpoint", "assets"):
+      assert not (tmp_path / "search" / name / states).exists()
     assert (tmp_path / "search" / name / "metrics.jsonl").exists()
   log = caplog.text
   assert "recipe search over small, wide, wider" in log and f"recipe search: {winner} wins" in log
@@ -83,6 +84,41 @@ def test_a_continued_run_keeps_its_recipe_without_searching_again(tmp_path, sear
   records = read_records(str(tmp_path))
   assert len([r for r in records if "search_winner" in r]) == 1
   assert again["recipe"] == first["recipe"] and again["last_step"] == 140
+  # The continued run reports the search it came from (and is charged its seconds under --max_seconds).
+  assert again["search_seconds"] == first["search_seconds"] and again["search_scores"] == first["search_scores"]
+
+
+def test_a_run_stopped_while_adopting_the_winner_finishes_the_adoption(tmp_path, search_config, monkeypatch):
+  """Stopped after moving the winner's checkpoints and half its records: the same command moves the rest, keeps
+  one copy of the records, and ends as an unstopped run does, bit for bit."""
+  import os
+
+  unstopped = train_and_evaluate(search_config, str(tmp_path / "a"))
+  adopt = search._adopt
+
+  def stopped_halfway(candidate_dir, workdir):
+    os.replace(os.path.join(candidate_dir, "checkpoints"), os.path.join(workdir, "checkpoints"))
+    with open(os.path.join(candidate_dir, "metrics.jsonl")) as f, open(os.path.join(workdir, "metrics.jsonl"),
+                                                                          "a") as out:
+      out.write(f.read()[:300])
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(search, "_adopt", stopped_halfway)
+  with pytest.raises(KeyboardInterrupt):
+    train_and_evaluate(search_config, str(tmp_path / "b"))
+  monkeypatch.setattr(search, "_adopt", adopt)
+  again = train_and_evaluate(search_config, str(tmp_path / "b"))
+  assert (tmp_path / "b" / "best_checkpoint").exists() and not (tmp_path / "b" / "search" / again["recipe"] /
+                                                                 "best_checkpoint").exists()
+  for key in ("recipe", "search_scores", "last_step", "selected_step", "p@1", "validation_p@1"):
+    assert again[key] == unstopped[key], key
+  assert again["search_seconds"] > 0  # the stopped search's (its seconds, not the unstopped one's)
+  loss_records = lambda d: [(r["step"], r["loss"]) for r in read_records(str(d)) if "loss" in r]
+  assert loss_records(tmp_path / "b") == loss_records(tmp_path / "a")
+  (step_a, leaves_a), (step_b, leaves_b) = _arrays(tmp_path / "a"), _arrays(tmp_path / "b")
+  assert step_a == step_b == 120
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_explicit_settings_and_named_recipes_skip_the_search(tmp_path, search_config, caplog):
