@@ -17,6 +17,15 @@ with a process count some ranks were not started with:
   the coordinator's count) makes every rank raise :class:`StartupError`
   naming it.
 
+Checked before JAX starts, because JAX crashes on it: rank 0 must be able to
+listen on the coordinator's port (JAX binds ``[::]:PORT``, or
+``JAX_COORDINATOR_BIND_ADDRESS``); a port another program holds made
+``jax.distributed.initialize`` end the process with SIGSEGV. Now a
+``ValueError`` names ``--coordinator_address`` and the port. A rank other than
+0 cannot tell a foreign program on the port from a coordinator still waiting
+for its ranks; when it gives up, its message says whether anything listened
+at the address at all.
+
 What JAX itself reports, immediately and naming the task: a ``process_id``
 outside the coordinator's ``[0, P)`` (``Unexpected task registered``) and a
 ``process_id`` taken by two processes (``... with a different incarnation``
@@ -28,12 +37,15 @@ task; the others say only that the service reported a fatal error, because
 JAX 0.10's error callback cannot be set from Python).
 """
 
+import errno
 import json
 import os
 import platform
+import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import jax
 from absl import logging
@@ -68,9 +80,54 @@ def _validate(coordinator_address: str | None, num_processes: int | None, proces
                        f"got {coordinator_address!r}")
 
 
+def _bind_address(coordinator_address: str) -> tuple[str, int]:
+  """The host and port rank 0's coordination service listens on, as ``jax.distributed.initialize`` chooses them."""
+  bind = os.environ.get("JAX_COORDINATOR_BIND_ADDRESS") or "[::]:" + coordinator_address.rpartition(":")[2]
+  host, _, port = bind.rpartition(":")
+  return host.strip("[]"), int(port)
+
+
+def check_coordinator_port(coordinator_address: str) -> None:
+  """Raises ValueError unless this process can listen where rank 0's coordinator will.
+
+  JAX 0.10 ends the process with SIGSEGV when its gRPC server cannot bind the
+  port (``Failed to add port to server``), and the other ranks then wait out
+  their timeout for a coordinator that never started. SO_REUSEADDR as a
+  server sets it: a port left in TIME_WAIT by a job that just ended is free.
+  """
+  host, port = _bind_address(coordinator_address)
+  families = [socket.AF_INET6, socket.AF_INET] if ":" in host else [socket.AF_INET]
+  for family in families:
+    try:
+      with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0" if family == socket.AF_INET and host == "::" else host, port))
+      return
+    except OSError as e:
+      if e.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL) and family != families[-1]:
+        continue  # no IPv6 on this host: gRPC falls back to IPv4 likewise
+      held = ": another program holds it" if e.errno == errno.EADDRINUSE else ""
+      raise ValueError(f"--coordinator_address={coordinator_address}: rank 0 cannot listen on port {port} for the "
+                       f"job's coordinator ({e.strerror or e}{held}); start every rank with a free port") from None
+
+
+def _probe(coordinator_address: str, timeout: float = 2.0) -> str:
+  """What a TCP connection to the coordinator's address shows, as words for a message."""
+  host, _, port = coordinator_address.rpartition(":")
+  try:
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+      return ("a program accepts connections there: rank 0's coordinator waiting for other ranks, or another program "
+              "that holds the port (rank 0 then fails saying so)")
+  except ConnectionRefusedError:
+    return "nothing listens there: rank 0 was not started, failed to start, or was given another address"
+  except OSError as e:
+    return f"it cannot be reached ({e.strerror or e}): check the host name and firewall"
+
+
 def waiting_message(coordinator_address: str | None, num_processes: int | None, process_id: int | None,
-                    seconds: float) -> str:
-  """What a rank that is still waiting for the job to assemble after ``seconds`` says."""
+                    seconds: float, probe: str | None = None) -> str:
+  """What a rank that is still waiting for the job to assemble after ``seconds`` says (``probe``: what a connection
+  to the coordinator showed, for a rank other than 0)."""
   who = f"rank {process_id if process_id is not None else '?'} of {num_processes or '?'}"
   ranks = f"0..{num_processes - 1}" if num_processes else "0..P-1"
   expected = (f"expected ranks {ranks} to start with --coordinator_address={coordinator_address} "
@@ -79,15 +136,16 @@ def waiting_message(coordinator_address: str | None, num_processes: int | None, 
     return (f"{who} (the coordinator, at {coordinator_address}): the job did not assemble within {seconds:g} s: "
             f"{expected}, but not all of them joined (a rank that never started, crashed before joining, or was given "
             "another coordinator address or --num_processes)")
+  seen = f" ({probe})" if probe else ""
   return (f"{who}: could not join the job within {seconds:g} s: no answer from the coordinator (rank 0) at "
-          f"{coordinator_address}, or not every rank joined, or another process with --process_id={process_id} "
+          f"{coordinator_address}{seen}, or not every rank joined, or another process with --process_id={process_id} "
           f"took this one's place; {expected}")
 
 
 class _Watchdog:
   """Ends the process with a message unless cancelled in time (JAX waits in C++, where Python cannot interrupt)."""
 
-  def __init__(self, seconds: float, message: str):
+  def __init__(self, seconds: float, message: Callable[[], str]):
     self._timer = threading.Timer(seconds, self._fire, args=(message,))
     self._timer.daemon = True
 
@@ -99,9 +157,9 @@ class _Watchdog:
     self._timer.cancel()
 
   @staticmethod
-  def _fire(message: str) -> None:
+  def _fire(message: Callable[[], str]) -> None:
     sys.stdout.flush()
-    sys.stderr.write(f"sparsejax.process_group: StartupError: {message}\n")
+    sys.stderr.write(f"sparsejax.process_group: StartupError: {message()}\n")
     sys.stderr.flush()
     os._exit(1)
 
@@ -167,7 +225,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 
   Raises:
     ValueError: on an argument that cannot be right (P < 1, a rank outside
-      ``[0, P)``, an address that is not ``host:port``).
+      ``[0, P)``, an address that is not ``host:port``, a port rank 0 cannot
+      listen on).
     StartupError: when the ranks were started with different P.
   """
   _validate(coordinator_address, num_processes, process_id)
@@ -180,8 +239,14 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     return False
   # Gloo is JAX's default CPU collective implementation; say so explicitly.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  if coordinator_address is not None and process_id == 0:
+    check_coordinator_port(coordinator_address)
   t0 = time.monotonic()
-  message = waiting_message(coordinator_address, num_processes, process_id, initialization_timeout)
+
+  def message() -> str:  # at the timeout: what the address shows then
+    probe = _probe(coordinator_address) if coordinator_address is not None and process_id != 0 else None
+    return waiting_message(coordinator_address, num_processes, process_id, initialization_timeout, probe)
+
   with _Watchdog(initialization_timeout, message):
     jax.distributed.initialize(
         coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id,

@@ -117,3 +117,63 @@ def test_default_timeouts_end_a_broken_start_within_60_seconds():
   default = inspect.signature(process_group.initialize).parameters["initialization_timeout"].default
   flag = next(f.default for f in cli.TRAIN.flags if f.name == "initialization_timeout")
   assert default <= 50 and flag <= 50, (default, flag)  # the watchdog ends the process at this many seconds
+
+
+def _held_port(host: str = "127.0.0.1"):
+  """A listening socket that holds a port, as another program would."""
+  import socket
+  held = socket.socket()
+  held.bind((host, 0))
+  held.listen()
+  return held
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_rank_0_on_a_port_in_use_fails_naming_the_flag_and_port(host, tmp_path, installed_command):
+  """Issue 35: sparsejax-train --process_id=0 on a port another program holds ended with SIGSEGV inside
+  jax.distributed.initialize (3 of 3 tries). Now one line naming --coordinator_address and the port, exit 2."""
+  with _held_port(host) as held:
+    port = held.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    proc = subprocess.run(
+        [installed_command("sparsejax-train"), "--dataset=synthetic", f"--workdir={tmp_path / 'w'}",
+         f"--coordinator_address={address}", "--num_processes=2", "--process_id=0"],
+        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"sparsejax-train: error: --coordinator_address={address}: rank 0 cannot listen on port "
+                         f"{port}"), proc.stderr[-3000:]
+  assert "another program holds it" in last and "Segmentation fault" not in proc.stderr
+
+
+def test_the_port_check_lets_a_free_port_and_a_time_wait_port_pass():
+  """A port a finished job's coordinator left in TIME_WAIT is free for the next one's (gRPC servers and the check set
+  SO_REUSEADDR)."""
+  import socket
+  with socket.socket() as listener:
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC's server does
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    server_side, _ = listener.accept()
+    server_side.close()  # the server closes first: its side of the connection waits in TIME_WAIT
+    client.close()
+  process_group.check_coordinator_port(f"127.0.0.1:{port}")
+  process_group.check_coordinator_port(f"localhost:{launch.free_port()}")
+
+
+def test_a_rank_on_a_port_another_program_holds_says_what_listens():
+  """The other rank cannot tell a foreign program from a coordinator still waiting, but says that something listens
+  there (and that rank 0 then fails saying so) instead of only 'no answer from the coordinator'."""
+  with _held_port() as held:
+    [(code, out)], seconds, address = _job([(2, 1)], port=held.getsockname()[1])
+  assert code == 1, out
+  assert f"no answer from the coordinator (rank 0) at {address} (a program accepts connections there" in out, out
+  assert "another program that holds the port" in out, out
+
+
+def test_a_rank_whose_coordinator_never_started_says_nothing_listens():
+  [(code, out)], _, address = _job([(2, 1)])
+  assert code == 1, out
+  assert f"at {address} (nothing listens there: rank 0 was not started, failed to start" in out, out
