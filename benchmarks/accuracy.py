@@ -83,7 +83,7 @@ from sparsejax import data as xcdata
 
 SYSTEMS = ("sparsejax", "all_active", "dense", "dense_gpu", "napkinxc", "pecos")
 PEER_SYSTEMS = ("napkinxc", "pecos")
-DATASETS = ("synthetic", "gcide", "gcide_cloze", "icd10", "wordnet", "tiny")
+DATASETS = ("synthetic", "synthetic_1m", "gcide", "gcide_cloze", "icd10", "wordnet", "tiny")
 SLIDE_SYSTEMS = ("sparsejax", "all_active")
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "accuracy")
 DEFAULT_WORKDIR = "/tmp/sparsejax_accuracy"
@@ -98,6 +98,10 @@ def write_files(dataset: str, workdir: str, seed: int) -> tuple[str, str]:
     # The acceptance set of issue 9: make_synthetic(100_000, 100_000, 200_000) plus 10K test samples.
     full = xcdata.make_synthetic(110_000, 100_000, 200_000, seed=seed)
     train, test = full.subset(np.arange(100_000)), full.subset(np.arange(100_000, 110_000))
+  elif dataset == "synthetic_1m":
+    # Scale (issue 34): 10^6 labels (the same generator, 10x the labels and samples), 10K test samples.
+    full = xcdata.make_synthetic(1_010_000, 200_000, 1_000_000, seed=seed)
+    train, test = full.subset(np.arange(1_000_000)), full.subset(np.arange(1_000_000, 1_010_000))
   elif dataset == "gcide":
     train, test, _ = xcdata.load_gcide(seed=seed)
   elif dataset == "gcide_cloze":
