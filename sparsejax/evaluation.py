@@ -14,20 +14,22 @@ Predict = Callable[[object, np.ndarray, np.ndarray], tuple]
 
 
 class Evaluator:
-  """Scores ``predict`` on a test set, in fixed-shape batches (one compilation).
+  """Scores ``predict`` on a test set, in fixed-shape batches (a compilation per width group, see
+  :func:`batch_groups`: one where no row is wider than ``PADDED_ELEMENTS / batch_size`` features).
 
   Args:
     test: the test set.
     propensity: ``[L]`` label propensities (:func:`sparsejax.metrics.propensity_scores` of the training set).
     feature_limit: features kept per sample, those of largest |value| (the run's ``--max_features``); None: all
       of them (see :func:`padded_width`).
-    batch_size: samples per predict call.
+    batch_size: samples per predict call (rows wider than ``PADDED_ELEMENTS / batch_size`` go in fewer).
   """
 
   def __init__(self, test: XCDataset, propensity: np.ndarray, feature_limit: int | None, batch_size: int = 1024):
     self.test, self.propensity, self.batch_size = test, propensity, batch_size
-    self.max_features = padded_width(test, feature_limit)  # one feature width: one compiled shape
-    self.max_labels = max(test.max_labels_per_sample(), 1)  # one label width too
+    # Planned over the whole set, whatever num_samples a call asks for: the same shapes, no recompilation.
+    self.groups = batch_groups(test.feature_counts(), feature_limit, batch_size)
+    self.max_labels = max(test.max_labels_per_sample(), 1)  # one label width
 
   @classmethod
   def for_run(cls, test: XCDataset, train: XCDataset, feature_limit: int | None, a: float, b: float) -> "Evaluator":
@@ -50,24 +52,33 @@ class Evaluator:
       has them, and with ``diagnose`` the retrieval diagnostics (:func:`sparsejax.retrieval.summarize`).
     """
     n = len(self.test) if num_samples is None else min(num_samples, len(self.test))
-    exact, approx, labels, diagnostics = [], {}, [], []
-    for start in range(0, n, self.batch_size):
-      rows = np.arange(start, min(start + self.batch_size, n))
-      fi, fv, lab = self.test.to_padded(rows, self.max_features, self.max_labels)
-      pad = self.batch_size - len(rows)  # one compiled shape for every batch
-      fi = np.pad(fi, ((0, pad), (0, 0)), constant_values=PAD_ID)
-      fv = np.pad(fv, ((0, pad), (0, 0)))
-      extra = {"sampled": {}}
-      if diagnose is None:
-        _, ids, sampled = predict(state, fi, fv)
-      else:
-        _, ids, sampled, extra = diagnose(state, fi, fv, np.pad(lab, ((0, pad), (0, 0)), constant_values=PAD_ID))
-        diagnostics.append({key: v[:len(rows)] for key, v in extra["retrieval"].items()})
-      exact.append(ids[:len(rows)])
-      for name, top in (({"sampled": sampled} if sampled is not None else {}) | extra["sampled"]).items():
-        approx.setdefault(name, []).append(top[:len(rows)])
-      labels.append(lab)
-    labels = np.concatenate(labels)
+    exact, approx, labels, diagnostics, order = [], {}, [], [], []
+    for group_rows, width, rows_per_call in self.groups:
+      group_rows = group_rows[group_rows < n]
+      for start in range(0, len(group_rows), rows_per_call):
+        rows = group_rows[start:start + rows_per_call]
+        fi, fv, lab = self.test.to_padded(rows, width, self.max_labels)
+        pad = rows_per_call - len(rows)  # one compiled shape per group
+        fi = np.pad(fi, ((0, pad), (0, 0)), constant_values=PAD_ID)
+        fv = np.pad(fv, ((0, pad), (0, 0)))
+        extra = {"sampled": {}}
+        if diagnose is None:
+          _, ids, sampled = predict(state, fi, fv)
+        else:
+          _, ids, sampled, extra = diagnose(state, fi, fv, np.pad(lab, ((0, pad), (0, 0)), constant_values=PAD_ID))
+          diagnostics.append({key: v[:len(rows)] for key, v in extra["retrieval"].items()})
+        exact.append(ids[:len(rows)])
+        for name, top in (({"sampled": sampled} if sampled is not None else {}) | extra["sampled"]).items():
+          approx.setdefault(name, []).append(top[:len(rows)])
+        labels.append(lab)
+        order.append(rows)
+    # Back in the samples' order (groups take rows out of it): metrics summed in the same order as ever.
+    in_order = np.argsort(np.concatenate(order), kind="stable")
+    exact = [np.concatenate(exact)[in_order]]
+    approx = {name: [np.concatenate(tops)[in_order]] for name, tops in approx.items()}
+    if diagnostics:
+      diagnostics = [{key: np.concatenate([d[key] for d in diagnostics])[in_order] for key in diagnostics[0]}]
+    labels = np.concatenate(labels)[in_order]
     result = metrics.evaluate_topk(_ranked(exact), labels, self.propensity)
     for name, tops in approx.items():
       sampled_result = metrics.evaluate_topk(_ranked(tops), labels, self.propensity)
@@ -99,30 +110,39 @@ def padded_width(dataset: XCDataset, feature_limit: int | None) -> int:
 PADDED_ELEMENTS = 1 << 22
 
 
-def predict_in_batches(predict: Predict, state, dataset: XCDataset, num_samples: int, feature_limit: int | None,
-                       batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-  """``predict`` over the first ``num_samples`` samples, in batches of padded rows; ``feature_limit`` as in
-  :class:`Evaluator`.
+def batch_groups(feature_counts: np.ndarray, feature_limit: int | None,
+                 batch_size: int) -> list[tuple[np.ndarray, int, int]]:
+  """How rows of ``feature_counts`` features are padded and batched: ``(rows, width, rows_per_call)`` per group.
 
-  Rows of up to ``PADDED_ELEMENTS / batch_size`` features (after ``feature_limit``) share one shape, one
-  compilation: ``batch_size`` rows padded to the widest of them (:func:`padded_width`). Each wider row goes in a
-  batch of rows of its own power-of-two width, as many as fit in :data:`PADDED_ELEMENTS` (at least one): one long
-  row pads a few rows to its width, not ``batch_size`` of them, so the padded arrays follow the input's features,
-  not its rows times its longest row (one line of 2M features once took 23.7 GB).
-
-  Returns:
-    ``(scores, ids, sampled_ids or None)``, each ``[num_samples, top]``, in the samples' order.
+  Rows of up to ``PADDED_ELEMENTS / batch_size`` features (after ``feature_limit``) form one group: ``batch_size``
+  rows per call padded to the widest of them (:func:`padded_width`). Each wider power-of-two width is a group of
+  its own, with as many rows per call as fit in :data:`PADDED_ELEMENTS` (at least one). Rows are in increasing
+  order within a group.
   """
-  counts = dataset.feature_counts()[:num_samples]
-  distinct, which = np.unique(counts, return_inverse=True)
+  distinct, which = np.unique(feature_counts, return_inverse=True)
   widths = np.array([_row_width(int(c), feature_limit) for c in distinct], np.int64)[which.reshape(-1)]
   narrow_limit = max(1, PADDED_ELEMENTS // batch_size)
   narrow = np.flatnonzero(widths <= narrow_limit)
   groups = [(narrow, int(widths[narrow].max()), batch_size)] if len(narrow) else []
   for width in np.unique(widths[widths > narrow_limit]):
     groups.append((np.flatnonzero(widths == width), int(width), min(batch_size, max(1, PADDED_ELEMENTS // width))))
+  return groups
+
+
+def predict_in_batches(predict: Predict, state, dataset: XCDataset, num_samples: int, feature_limit: int | None,
+                       batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+  """``predict`` over the first ``num_samples`` samples, in batches of padded rows; ``feature_limit`` as in
+  :class:`Evaluator`.
+
+  Batched as :func:`batch_groups` says: one long row pads a few rows to its width, not ``batch_size`` of them, so
+  the padded arrays follow the input's features, not its rows times its longest row (one line of 2M features once
+  took 23.7 GB).
+
+  Returns:
+    ``(scores, ids, sampled_ids or None)``, each ``[num_samples, top]``, in the samples' order.
+  """
   out = None
-  for rows, width, rows_per_call in groups:
+  for rows, width, rows_per_call in batch_groups(dataset.feature_counts()[:num_samples], feature_limit, batch_size):
     for start in range(0, len(rows), rows_per_call):
       batch = rows[start:start + rows_per_call]
       fi, fv, _ = dataset.to_padded(batch, width, 0)

@@ -303,6 +303,50 @@ def test_a_long_input_row_pads_a_few_rows_not_the_batch(synthetic_run, monkeypat
   np.testing.assert_allclose(scores[7], np.sort(logits)[::-1][:5], rtol=1e-3, atol=1e-4)
 
 
+def test_evaluating_a_long_row_pads_a_few_rows_and_gives_the_same_metrics(synthetic_run, monkeypatch):
+  """Issue 35: the Evaluator (model.evaluate, a run's evaluations) padded every batch of 1,024 rows to the test set's
+  widest row, as predict did: one row of 200K features made 1,024 x 2^18 padded ids and values (2 GiB). Now it pads
+  as predict does, and the metrics equal those of the old padding (one width for all rows, here in 48-row batches)."""
+  import functools
+
+  from sparsejax import evaluation, trained
+  from sparsejax.evaluation import padded_width
+
+  workdir, _, test = synthetic_run
+  model = sparsejax.load(str(workdir))
+  normal = test.subset(np.arange(40))
+  rng = np.random.default_rng(1)
+  long_ids = rng.integers(0, model.num_features, 200_000)
+  long_vals = rng.random(200_000, dtype=np.float32) * 1e-3
+  rows = [normal.indices[normal.indptr[i]:normal.indptr[i + 1]] for i in range(40)]
+  vals = [normal.values[normal.indptr[i]:normal.indptr[i + 1]] for i in range(40)]
+  labels = [normal.label_indices[normal.label_indptr[i]:normal.label_indptr[i + 1]] for i in range(40)]
+  rows.insert(7, long_ids)
+  vals.insert(7, long_vals)
+  labels.insert(7, np.array([3], np.int32))
+  offsets = lambda parts: np.concatenate([[0], np.cumsum([len(r) for r in parts])])
+  mixed = XCDataset(offsets(rows), np.concatenate(rows), np.concatenate(vals), offsets(labels),
+                    np.concatenate(labels).astype(np.int32), model.num_features, model.num_labels)
+
+  with monkeypatch.context() as unbounded:  # the old padding: every row to the widest, smaller batches to fit here
+    unbounded.setattr(evaluation, "PADDED_ELEMENTS", 1 << 40)
+    unbounded.setattr(trained, "Evaluator", functools.partial(evaluation.Evaluator, batch_size=48))
+    want = model.evaluate(mixed)
+
+  padded, to_padded = [], XCDataset.to_padded
+
+  def bounded_to_padded(self, batch, max_features=None, max_labels=None):
+    padded.append((len(batch), max_features))
+    assert len(batch) * max_features <= evaluation.PADDED_ELEMENTS, padded[-1]  # before numpy allocates it
+    return to_padded(self, batch, max_features, max_labels)
+
+  monkeypatch.setattr(XCDataset, "to_padded", bounded_to_padded)
+  got = model.evaluate(mixed)
+  assert padded == [(40, padded_width(normal, None)), (1, 1 << 18)]
+  assert "sampled_p@1" in got and got == want
+  assert model.evaluate(mixed, 5) == model.evaluate(mixed.subset(np.arange(5)))  # num_samples: the first rows
+
+
 def test_predict_errors_are_one_line(synthetic_run, tmp_path, installed_command):
   workdir, _, _ = synthetic_run
   predict = installed_command("sparsejax-predict")
