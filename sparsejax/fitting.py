@@ -31,14 +31,15 @@ from sparsejax.config import Config, ConfigError, did_you_mean, field_type, iter
 from sparsejax.trained import TrainedModel
 
 # fit's own arguments (named in the suggestions for a misspelt setting), and the settings it sets itself.
-_ARGUMENTS = ("X", "Y", "X_val", "Y_val", "workdir", "num_labels", "label_names", "verbose")
+_ARGUMENTS = ("X", "Y", "X_val", "Y_val", "workdir", "num_labels", "label_names", "verbose", "platform",
+              "compilation_cache")
 _DATA_SETTINGS = ("dataset", "train_file", "test_file")
 RUN_NAME = "fit"  # new work directories: RUNS/<UTC start>-fit
 
 
 def fit(X: Any, Y: Any, *, X_val: Any = None, Y_val: Any = None, workdir: str | os.PathLike | None = None,
         num_labels: int | None = None, label_names: Sequence[str] | None = None, verbose: bool = True,
-        **settings: Any) -> TrainedModel:
+        platform: str = "cpu", compilation_cache: str | os.PathLike | None = "auto", **settings: Any) -> TrainedModel:
   """Trains a network on ``X`` and ``Y`` and returns it, as ``sparsejax.load`` would load it.
 
   The run is the one ``sparsejax-train`` makes of the same data and settings (its records say
@@ -61,6 +62,14 @@ def fit(X: Any, Y: Any, *, X_val: Any = None, Y_val: Any = None, workdir: str | 
     label_names: ``[L]`` names of the labels, for ``model.names(ids)``.
     verbose: show the log lines ``sparsejax-train`` shows on stderr (work directory, settings, progress every
       ``log_every`` steps, evaluations, the final evaluation); False leaves absl's logging as the caller set it up.
+    platform: where the network runs, as ``sparsejax-train --platform``: ``"cpu"`` (SLIDE's kernels are CPU code),
+      or ``"cuda"`` / ``"rocm"`` for ``model="dense"``. Where JAX has not started yet in this process, it starts on
+      this platform only (as the command sets ``JAX_PLATFORMS``), so a machine whose JAX defaults to a GPU trains
+      on its CPUs; where JAX already runs on another platform, fit refuses to start, saying so.
+    compilation_cache: JAX's persistent compilation cache, as ``sparsejax-train --compilation_cache``: ``"auto"``
+      (``$JAX_COMPILATION_CACHE_DIR``, else a private per-user directory), a directory, or ``"none"`` (or None): off.
+      A second fit of the same shapes, in this process or another, then starts without compiling. It stays so for
+      the rest of the process.
     **settings: :class:`sparsejax.config.Config` settings by their flag names (``sparsejax-train --help`` lists
       them): ``max_seconds=60``, ``max_steps=500``, ``hidden_dims=(512,)``, ``recipe="wide"``, ``seed=1`` ...
 
@@ -90,7 +99,9 @@ def fit(X: Any, Y: Any, *, X_val: Any = None, Y_val: Any = None, workdir: str | 
     scores, ids = model.predict(X[1800:], top=5)     # [200, 5] each, best first
   """
   config = _config(settings)
+  _use_platform(platform, config)
   data = _data(X, Y, X_val, Y_val, num_labels, label_names, config)
+  cache_problem = _use_compilation_cache(compilation_cache)
   from absl import logging
 
   from sparsejax import train
@@ -101,6 +112,8 @@ def fit(X: Any, Y: Any, *, X_val: Any = None, Y_val: Any = None, workdir: str | 
   workdir = rundirs.new_run_directory(RUN_NAME) if new_run else os.path.expanduser(os.fspath(workdir))
   try:
     with log_to_console() if verbose else contextlib.nullcontext():
+      if cache_problem:
+        logging.warning("%s", cache_problem)
       if X_val is not None and "test_fraction" in settings:
         logging.warning("--test_fraction=%s has no effect: X_val is the test set", settings["test_fraction"])
       train.train_and_evaluate(config, workdir, data=data, verbose=verbose)
@@ -114,6 +127,49 @@ def fit(X: Any, Y: Any, *, X_val: Any = None, Y_val: Any = None, workdir: str | 
         os.rmdir(workdir)
     raise
   return TrainedModel(workdir)
+
+
+# The platform name of JAX's devices for each of sparsejax-train's --platform values.
+_DEVICE_PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu"}
+
+
+def _use_platform(platform: str, config: Config) -> None:
+  """Runs JAX on ``platform`` as ``sparsejax-train --platform`` does, or raises an error naming the problem."""
+  from sparsejax.cli import PLATFORMS
+
+  if platform not in PLATFORMS:
+    raise ValueError(f"platform={platform!r}: must be one of {', '.join(map(repr, PLATFORMS))}")
+  if platform != "cpu" and config.network.model != "dense":
+    raise ValueError(f"platform={platform!r} trains model='dense' only (the full-softmax baseline): SLIDE's kernels "
+                     "(its index, the sampled softmax, row-sparse Adam) are CPU code; use platform='cpu'")
+  import jax
+  from jax._src import xla_bridge
+
+  from sparsejax import distributed
+
+  if not xla_bridge.backends_are_initialized():  # JAX reads jax_platforms when it starts its backends
+    jax.config.update("jax_platforms", platform)
+  running = distributed.first_device(platform).platform  # a RuntimeError naming the platform where it has none
+  if running != _DEVICE_PLATFORMS[platform]:
+    # The process already uses another platform (e.g. a notebook's earlier GPU work): its devices are the ones the
+    # training would place its arrays on, and SLIDE's CPU kernels cannot run there.
+    other = next((name for name, device in _DEVICE_PLATFORMS.items() if device == running), running)
+    raise RuntimeError(f"platform={platform!r}: JAX already runs on {running} in this process, and it cannot "
+                       f"change once started: call fit before anything else uses JAX (or start Python with "
+                       f"JAX_PLATFORMS={platform})" + (f", or give platform={other!r} with model='dense'"
+                                                       if running == "gpu" else ""))
+
+
+def _use_compilation_cache(setting: str | os.PathLike | None) -> str | None:
+  """JAX's persistent compilation cache as ``--compilation_cache=setting`` sets it; why a directory named cannot be
+  used, or None."""
+  from jax.experimental.compilation_cache import compilation_cache as jax_cache
+
+  from sparsejax import compilation_cache
+
+  _, problem = compilation_cache.configure(compilation_cache.NONE if setting is None else os.fspath(setting))
+  jax_cache.reset_cache()  # JAX decides on its cache once, at its first compilation: from now on, these settings
+  return problem
 
 
 def _config(settings: dict[str, Any]) -> Config:

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 
 import jax
 import numpy as np
@@ -16,7 +17,7 @@ import scipy.sparse
 from absl import logging
 
 import sparsejax
-from sparsejax import data
+from sparsejax import compilation_cache, data
 from sparsejax.checkpoint import BestCheckpoint, Checkpoints
 from sparsejax.config import Config, ConfigError, override
 from sparsejax.train import train_and_evaluate
@@ -277,6 +278,12 @@ def _bad_inputs():
       (dict(X=x, Y=y, X_val=x, Y_val=y[:, :7]), ValueError, "Y_val: has 7 label columns; Y has 8"),
       (dict(X=x, Y=y, X_val=x, Y_val=empty_row), ValueError, "Y_val: row 3 has no label"),
       (dict(X=x, Y=y, label_names=["a", "b"]), ValueError, "label_names: has 2 names for 8 labels"),
+      (dict(X=x, Y=y, platfrom="cpu"), TypeError, "unknown setting 'platfrom'. Did you mean: platform ?"),
+      (dict(X=x, Y=y, platform="tpu"), ValueError, "platform='tpu': must be one of 'cpu', 'cuda', 'rocm'"),
+      (dict(X=x, Y=y, platform="cuda"), ValueError, "platform='cuda' trains model='dense' only"),
+      # This process's JAX runs on CPUs already (the suite's), as a notebook's may run on a GPU when fit is called.
+      (dict(X=x, Y=y, model="dense", platform="cuda"), RuntimeError,
+       "platform='cuda': JAX already runs on cpu in this process, and it cannot change once started"),
   ]
 
 
@@ -287,6 +294,38 @@ def test_every_bad_input_is_named_before_anything_is_trained(case, tmp_path, mon
   with pytest.raises(error, match=re.escape(message)):
     sparsejax.fit(**arguments, verbose=False, max_steps=5)
   assert not (tmp_path / "runs").exists() or not os.listdir(tmp_path / "runs")  # no run directory made
+
+
+FIT_TINY = textwrap.dedent("""
+    import sys
+    import jax
+    import scipy.sparse
+    import sparsejax
+    from sparsejax.data import make_synthetic
+    full = make_synthetic(300, 50, 10, seed=0)
+    X = scipy.sparse.csr_matrix((full.values, full.indices, full.indptr), shape=(len(full), 50))
+    Y = [full.label_indices[a:b].tolist() for a, b in zip(full.label_indptr[:-1], full.label_indptr[1:])]
+    model = sparsejax.fit(X, Y, workdir=sys.argv[1], compilation_cache=sys.argv[2], verbose=False, max_steps=4,
+                          hidden_dims=(8,), active_k=8, batch_size=32, eval_every=1000, recipe="none", progress=False)
+    print(jax.devices()[0].platform, model.predict(X[:2], top=2)[1].shape)
+""")
+
+
+def test_fit_trains_on_cpus_with_the_commands_compilation_cache(tmp_path):
+  """Issue 33: fit used JAX's default platform (a GPU's, where JAX has one: SLIDE's CPU kernels fail there) and no
+  persistent compilation cache. Now, like sparsejax-train, it starts JAX on the CPU (here JAX_PLATFORMS=cuda on a
+  machine without one stands for a GPU default: JAX failed to start its backend) and fills the per-user cache by
+  default; compilation_cache='none' turns it off."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
+  entries = lambda root: [n for _, _, names in os.walk(root) for n in names if n.endswith("-cache")]
+  for setting in ("none", "auto"):
+    env.update(JAX_PLATFORMS="cuda", XDG_CACHE_HOME=str(tmp_path / setting))
+    out = subprocess.run([sys.executable, "-P", "-c", FIT_TINY, str(tmp_path / f"run-{setting}"), setting],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[-2] == "cpu (2, 2)", out.stdout
+    cached = entries(tmp_path / setting / "sparsejax" / "jax" / compilation_cache.cpu_id())
+    assert (len(cached) > 5) if setting == "auto" else not entries(tmp_path / setting), cached
 
 
 def test_a_run_refused_at_its_start_leaves_no_empty_directory(tmp_path, monkeypatch):
