@@ -528,7 +528,7 @@ def main() -> None:
 
 def read_inputs(path: str, input_format: str, model):
   """The samples of ``path`` (``-``: stdin) as ``model.predict`` takes them."""
-  if input_format == "auto" and model.vectorizer is not None:
+  if input_format == "auto" and model.text_input:
     input_format = "text"
   if path == "-" and input_format != "text":
     return _read_stdin_as_file(input_format, model)

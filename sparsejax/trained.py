@@ -29,7 +29,7 @@ import numpy as np
 from sparsejax import seals
 from sparsejax.config import Config
 from sparsejax.data import LoadedData, XCDataset
-from sparsejax.data.text import VectorizerFormatError, load_vectorizer, save_vectorizer
+from sparsejax.data.text import VectorizerFormatError, read_vectorizer, save_vectorizer, vectorizer_from_saved
 from sparsejax.evaluation import Evaluator, predict_in_batches
 
 ASSETS = "assets"
@@ -220,13 +220,16 @@ class TrainedModel:
       if len(self.label_names) != self.num_labels:
         raise seals.IntegrityError(f"{path}: names {len(self.label_names)} labels; the model predicts "
                                    f"{self.num_labels}")
-    self.vectorizer = None
+    # Checked now (a fixed schema: see load_vectorizer), built at the first text: scikit-learn's import is most of
+    # sparsejax-predict's start-up, and feature-row inputs never need it.
+    self._saved_vectorizer, self._vectorizer = None, None
     if os.path.exists(os.path.join(assets, _VECTORIZER)):
       path = os.path.join(assets, _VECTORIZER)
-      self.vectorizer = load_vectorizer(path)  # data checked against a fixed schema: see load_vectorizer
-      if len(self.vectorizer.vocabulary_) != self.num_features:  # another run's: its columns name other features
-        raise VectorizerFormatError(path, "vocabulary", f"has {len(self.vectorizer.vocabulary_)} terms; the model "
-                                    f"reads {self.num_features} features")
+      self._saved_vectorizer = read_vectorizer(path)
+      terms = len(self._saved_vectorizer["vocabulary"])
+      if terms != self.num_features:  # another run's: its columns name other features
+        raise VectorizerFormatError(path, "vocabulary", f"has {terms} terms; the model reads {self.num_features} "
+                                    "features")
     path = os.path.join(assets, _FREQUENCIES)
     try:
       self._frequencies = np.load(path, allow_pickle=False)
@@ -243,7 +246,19 @@ class TrainedModel:
     return (f"TrainedModel(workdir={self._workdir!r}, step={self.step}, selected_by={self.selected_by!r}, "
             f"model={self.config.network.model!r}, features={self.num_features}, hidden_dims={hidden}, "
             f"labels={self.num_labels}, named_labels={self.label_names is not None}, "
-            f"text_input={self.vectorizer is not None})")
+            f"text_input={self.text_input})")
+
+  @property
+  def text_input(self) -> bool:
+    """Whether the model reads texts (its dataset's vectorizer came with it), without building the vectorizer."""
+    return self._saved_vectorizer is not None
+
+  @property
+  def vectorizer(self):
+    """The fitted text vectorizer (a scikit-learn ``TfidfVectorizer``, built at the first use), or None."""
+    if self._vectorizer is None and self._saved_vectorizer is not None:
+      self._vectorizer = vectorizer_from_saved(self._saved_vectorizer)
+    return self._vectorizer
 
   @property
   def workdir(self) -> str:
@@ -260,7 +275,7 @@ class TrainedModel:
         raise ValueError(f"the inputs have {inputs.num_features} features; the model reads {self.num_features}")
       return inputs
     if isinstance(inputs, Sequence) and all(isinstance(t, str) for t in inputs):
-      if self.vectorizer is None:
+      if not self.text_input:
         raise ValueError("this model's dataset has no text vectorizer: give feature rows, not texts")
       texts = list(inputs)
       inputs = self.vectorizer.transform(texts)

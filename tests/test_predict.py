@@ -399,7 +399,7 @@ def test_predict_refuses_svmlight_values_not_finite_in_float32(tmp_path, monkeyp
 
   from sparsejax.cli import read_inputs
 
-  model = types.SimpleNamespace(vectorizer=None, num_features=10)  # what read_inputs asks of a model
+  model = types.SimpleNamespace(text_input=False, num_features=10)  # what read_inputs asks of a model
   content = f"1 0:0.5 2:3.4028235e+38\n2 qid:7 1:0.25 3:{value}\n"
   (tmp_path / "x.svm").write_text(content)
   with gzip.open(tmp_path / "x.svm.gz", "wt") as f:
@@ -464,6 +464,29 @@ def test_a_work_directory_s_vectorizer_is_data_checked_before_use(synthetic_run,
   _as_the_run_wrote_it(path, lambda: save_vectorizer(_vectorizer_of(40), path))
   with pytest.raises(ValueError, match=re.escape(f"{path}: vocabulary: has 40 terms; the model reads 1000 features")):
     sparsejax.load(str(workdir))
+
+
+def test_a_text_model_imports_scikit_learn_only_for_texts(synthetic_run, tmp_path, run_python):
+  """Issue 33: loading a model with a vectorizer imported scikit-learn (about 1.5 s of sparsejax-predict's 2.7 s of
+  imports, 2 busy cores) also for feature-row inputs, which never use it. Now it is imported at the first text."""
+  from sparsejax.data.text import save_vectorizer
+
+  workdir = tmp_path / "run"
+  shutil.copytree(synthetic_run[0], workdir)
+  path = workdir / "assets" / "vectorizer.json"
+  _as_the_run_wrote_it(path, lambda: save_vectorizer(_vectorizer_of(1000), path))
+  out = run_python(str(workdir), code="""
+      import sys
+      import scipy.sparse
+      import sparsejax
+      model = sparsejax.load(sys.argv[1])
+      print(repr(model).endswith("text_input=True)"), "sklearn" in sys.modules)
+      model.predict(scipy.sparse.csr_matrix(([1.0], ([0], [5])), shape=(1, 1000)), top=3)
+      print("sklearn" in sys.modules)
+      model.predict(["t5 t7"], top=3)
+      print("sklearn" in sys.modules)
+  """)
+  assert out.stdout.split() == ["True", "False", "False", "True"], out.stdout
 
 
 def test_texts_without_a_known_word_are_named_in_a_warning(synthetic_run, tmp_path, installed_command):
