@@ -43,6 +43,23 @@ def full_logits(params, feat_ids, feat_vals, keep: jax.Array | None = None) -> j
   return h @ out.w.T + out.b
 
 
+def _dropout(config: model.ModelConfig, state: DenseState, feat_ids: jax.Array, feat_vals: jax.Array,
+             axis: str | None):
+  """:func:`sparsejax.model.dropout` of this process's samples: with ``axis`` (data parallelism) its rows of the
+  masks drawn for the whole batch, as one process drawing them would (and the sparse model does), not the first
+  slice's masks again on every slice (each process drawing its own ``[B / P, ...]`` masks from the same key)."""
+  if axis is None or (config.network.dropout == 0 and config.network.input_dropout == 0):
+    return model.dropout(config, state.rng, state.step, feat_ids, feat_vals)
+  rows, start = feat_ids.shape[0], jax.lax.axis_index(axis) * feat_ids.shape[0]
+  whole = (jax.lax.axis_size(axis) * rows, feat_ids.shape[1])  # the masks depend on the shape, not the contents
+  ids, vals, keep = model.dropout(
+      config, state.rng, state.step,
+      jax.lax.dynamic_update_slice(jnp.zeros(whole, feat_ids.dtype), feat_ids, (start, 0)),
+      jax.lax.dynamic_update_slice(jnp.zeros(whole, feat_vals.dtype), feat_vals, (start, 0)))
+  mine = lambda x: None if x is None else jax.lax.dynamic_slice_in_dim(x, start, rows)  # noqa: E731
+  return mine(ids), mine(vals), mine(keep)
+
+
 # The named scopes of :func:`train_step` and how their work per process scales with P processes:
 # "batch" (proportional to this process's share of the batch) or "replicated" (the same on every process).
 STEP_SCOPES = {"forward": "batch", "backward": "batch", "grad_reduce": "replicated", "adam": "replicated"}
@@ -65,7 +82,7 @@ def train_step(state: DenseState, batch: dict, *, config: model.ModelConfig,
     num_labeled = psum(jnp.sum(jnp.sum(targets, axis=1) > 0))
 
     # The sparse model's dropout, the same masks for the same (rng, step).
-    feat_ids, feat_vals, keep = model.dropout(config, state.rng, state.step, batch["feat_ids"], batch["feat_vals"])
+    feat_ids, feat_vals, keep = _dropout(config, state, batch["feat_ids"], batch["feat_vals"], axis)
 
     def loss_fn(params):  # this slice's share of the mean over all labeled samples
       logits = full_logits(params, feat_ids, feat_vals, keep)
