@@ -464,42 +464,6 @@ def refresh_cost_in_steps(config: ModelConfig) -> float:
   return products / (touched * REFRESH_PRODUCTS_PER_TOUCHED_ROW)
 
 
-def _round_stochastically(x: jax.Array, dtype, key: jax.Array) -> jax.Array:
-  """``x`` (float32) in ``dtype``; to bfloat16 rounded stochastically (unbiased), as the row-sparse kernel does.
-
-  Round-to-nearest would lose every update below half a bfloat16 step (Adam's second moment would freeze).
-  """
-  if jnp.dtype(dtype) != jnp.dtype(jnp.bfloat16):
-    return x.astype(dtype)
-  u = jax.lax.bitcast_convert_type(x, jnp.uint32)
-  finite = (u & 0x7F800000) != 0x7F800000
-  u = jnp.where(finite, u + (jax.random.bits(key, x.shape, jnp.uint32) & 0xFFFF), u)
-  return jax.lax.bitcast_convert_type((u >> 16).astype(jnp.uint16), jnp.bfloat16)
-
-
-def _adam_all_rows(params, states, grads, lr, key, *, b1, b2, eps, weight_decay):
-  """Adam on every row of ``params`` (the exact step): what the row-sparse kernel does when all rows are touched.
-
-  ``key`` draws the bits that round bfloat16 weights and moments.
-  """
-  count = states[0].count + 1
-  t = count.astype(jnp.float32)
-  inv_bc1, inv_bc2 = 1.0 / (1.0 - b1 ** t), 1.0 / (1.0 - b2 ** t)
-  new_params, new_states = [], []
-  for i, (w, state, g) in enumerate(zip(params, states, grads)):
-    k_w, k_mu, k_nu = jax.random.split(jax.random.fold_in(key, i), 3)
-    mu = b1 * state.mu.astype(jnp.float32) + (1.0 - b1) * g
-    rowwise = w.ndim == 2 and state.nu.ndim == 1  # row-wise Adam: one second moment per row, of mean(g^2)
-    nu = b2 * state.nu.astype(jnp.float32) + (1.0 - b2) * (jnp.mean(g * g, axis=1) if rowwise else g * g)
-    denom = jnp.sqrt(nu * inv_bc2) + eps
-    w32 = w.astype(jnp.float32)
-    w32 = w32 - lr * ((mu * inv_bc1) / (denom[:, None] if rowwise else denom) + weight_decay * w32)
-    new_params.append(_round_stochastically(w32, w.dtype, k_w))
-    new_states.append(optim.RowSparseAdamState(state.count + 1, _round_stochastically(mu, state.mu.dtype, k_mu),
-                                               _round_stochastically(nu, state.nu.dtype, k_nu)))
-  return tuple(new_params), tuple(new_states)
-
-
 # The named scopes of :func:`train_step` (``jax.named_scope``: they reach the compiled HLO's metadata and
 # so every netanalysis report), each with how its work per process scales with the number of shards P:
 # "replicated" (every shard does all of it) or "sharded" (each shard does 1/P of it).
@@ -577,7 +541,7 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
     finite = all_finite((loss, dh, d_dense, d_embed)) & _sums_stay_finite(fids.size, fvals, d_embed)
     with jax.named_scope("out_adam"):
       old_out = ((state.out.w, state.out.b), (state.out_w_opt, state.out_b_opt))
-      new_out = _adam_all_rows(
+      new_out = optim.adam_all_rows(
           *old_out, (g_out.T @ h, jnp.sum(g_out, axis=0)), lr,
           jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), 0xADA), **adam)
       (out_w, out_b), (out_w_opt, out_b_opt) = keep_if(finite, new_out, old_out)  # O(N d), as the step itself

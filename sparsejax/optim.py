@@ -248,3 +248,40 @@ def row_sparse_adam(
     return out[:2] + out[3:]
 
   return RowSparseOptimizer(init, update)
+
+
+def round_stochastically(x: jax.Array, dtype, key: jax.Array) -> jax.Array:
+  """``x`` (float32) in ``dtype``; to bfloat16 rounded stochastically (unbiased), as the row-sparse kernel does.
+
+  Round-to-nearest would lose every update below half a bfloat16 step (Adam's second moment would freeze).
+  """
+  if jnp.dtype(dtype) != jnp.dtype(jnp.bfloat16):
+    return x.astype(dtype)
+  u = jax.lax.bitcast_convert_type(x, jnp.uint32)
+  finite = (u & 0x7F800000) != 0x7F800000
+  u = jnp.where(finite, u + (jax.random.bits(key, x.shape, jnp.uint32) & 0xFFFF), u)
+  return jax.lax.bitcast_convert_type((u >> 16).astype(jnp.uint16), jnp.bfloat16)
+
+
+def adam_all_rows(params, states, grads, lr, key, *, b1, b2, eps, weight_decay):
+  """Adam on every row of ``params`` (the exact step): what :func:`apply_row_sparse_adam`'s kernel does when every
+  row is touched, in portable jnp (the all-rows twin of the kernel, as ``ops.gather_dot_jnp`` is of its kernel).
+
+  ``key`` draws the bits that round bfloat16 weights and moments.
+  """
+  count = states[0].count + 1
+  t = count.astype(jnp.float32)
+  inv_bc1, inv_bc2 = 1.0 / (1.0 - b1 ** t), 1.0 / (1.0 - b2 ** t)
+  new_params, new_states = [], []
+  for i, (w, state, g) in enumerate(zip(params, states, grads)):
+    k_w, k_mu, k_nu = jax.random.split(jax.random.fold_in(key, i), 3)
+    mu = b1 * state.mu.astype(jnp.float32) + (1.0 - b1) * g
+    rowwise = w.ndim == 2 and state.nu.ndim == 1  # row-wise Adam: one second moment per row, of mean(g^2)
+    nu = b2 * state.nu.astype(jnp.float32) + (1.0 - b2) * (jnp.mean(g * g, axis=1) if rowwise else g * g)
+    denom = jnp.sqrt(nu * inv_bc2) + eps
+    w32 = w.astype(jnp.float32)
+    w32 = w32 - lr * ((mu * inv_bc1) / (denom[:, None] if rowwise else denom) + weight_decay * w32)
+    new_params.append(round_stochastically(w32, w.dtype, k_w))
+    new_states.append(RowSparseAdamState(state.count + 1, round_stochastically(mu, state.mu.dtype, k_mu),
+                                               round_stochastically(nu, state.nu.dtype, k_nu)))
+  return tuple(new_params), tuple(new_states)

@@ -312,3 +312,24 @@ def test_rowwise_adam_matches_the_reference_over_steps(moment_dtype):
 def test_second_moment_must_be_element_or_row():
   with pytest.raises(ValueError, match="row_sparse_adam: second_moment must be one of"):
     optim.row_sparse_adam(0.1, second_moment="column")
+
+
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_adam_all_rows_is_the_kernel_with_every_row_touched(rowwise):
+  """The exact step's portable Adam (optim.adam_all_rows) against the row-sparse kernel given every row: the same
+  weights, bias and moments (float32), element-wise and row-wise second moments, with weight decay."""
+  rng = np.random.default_rng(5)
+  n, d, batch = 9, 6, 4
+  W = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
+  b = jnp.asarray(rng.normal(size=(n,)), jnp.float32)
+  g = jnp.asarray(rng.normal(size=(batch, n)), jnp.float32)
+  x = jnp.asarray(rng.normal(size=(batch, d)), jnp.float32)
+  opt = optim.row_sparse_adam(0.1, weight_decay=0.01, second_moment="row" if rowwise else "element")
+  state = opt.init((W, b))
+  every_row = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n))
+  want_params, want_state, _, _ = optim.apply_row_sparse_adam(
+      (W, b), state, RowSparseGrad(every_row, g, x), 0.1, weight_decay=0.01, combine=True)
+  got_params, got_state = optim.adam_all_rows((W, b), state, (g.T @ x, jnp.sum(g, axis=0)), 0.1,
+                                              jax.random.key(0), b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
+  for got, want in zip(jax.tree.leaves((got_params, got_state)), jax.tree.leaves((want_params, want_state))):
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
