@@ -175,6 +175,7 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
 
     sized = config.model_config(train.num_features, train.num_labels, num_shards)  # --num_bits=none: by the labels
     config.check_table_memory(sized.lsh_config.num_bits, sized.table_bucket_size)
+    _check_state_memory(config, train.num_features, train.num_labels, num_shards)
     run = distributed.make_run(config.model_config(train.num_features, train.num_labels), seed=config.run.seed,
                                num_shards=num_shards, sampled_ks=tuple(k for k in [config.run.eval_sampled_k] if k))
     abstract = None if latest is None else run.abstract_state()
@@ -338,6 +339,37 @@ def _recorded_final(workdir: str, config: Config, latest: int, meta: dict | None
   logging.warning("the run in %s is finished (step %d of %d): nothing to train. To train further, raise "
                   "--max_steps or --num_epochs; for a new run, use another --workdir", workdir, latest, max_steps)
   return final
+
+
+def _check_state_memory(config: Config, num_features: int, num_labels: int, num_shards: int) -> None:
+  """Raises a :class:`ConfigError` where this process's share of the network's weights and their Adam moments
+  cannot fit in this machine's memory: XLA's allocation failed with RESOURCE_EXHAUSTED and a 70-line traceback (a
+  header of 10^8 labels asked for 51 GB for the output layer alone), after the data had loaded. Counted from the
+  sizes (tracing the state's shapes costs start-up time), so a lower bound: the index and the step's buffers come on
+  top."""
+  have = memory.machine_memory_bytes()
+  if have is None:
+    return
+  widths = [num_features, *config.network.hidden_dims]
+  rows = model.shard_rows(num_labels, num_shards)
+  weights = sum(a * b + b for a, b in zip(widths, widths[1:])) + rows * (widths[-1] + 1)
+  need = 3 * 4 * weights  # float32 weights, Adam's two moments
+  if need <= have:
+    return
+  d = config.data
+  if d.dataset == "files":
+    name, value = "train_file", d.train_file
+  elif d.dataset == "synthetic":
+    name = "synthetic_labels" if d.synthetic_labels >= d.synthetic_features else "synthetic_features"
+    value = getattr(d, name)
+  else:
+    name, value = "hidden_dims", config.network.hidden_dims
+  size = lambda n: f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+  raise ConfigError(name, value, f"a network of {num_features} features, hidden layers "
+                    f"{'x'.join(map(str, config.network.hidden_dims))} and {num_labels} labels needs at least "
+                    f"{size(need)} of memory per process for its weights and Adam moments; this machine has "
+                    f"{size(have)}. Lower --hidden_dims, or split the output layer over more processes "
+                    "(sparsejax-launch -n P)")
 
 
 def _step_profiler(config: Config, run: distributed.Run, workdir: str) -> StepProfiler:

@@ -46,6 +46,37 @@ def test_tables_sized_by_the_labels_are_checked_once_the_data_is_loaded(small_co
   assert not (tmp_path / "run").exists()
 
 
+def test_a_header_of_more_labels_than_memory_holds_ends_with_a_named_error(tmp_path, installed_command):
+  """Issue 35: an XC header of 10^8 labels ended in XLA's RESOURCE_EXHAUSTED (a 51 GB allocation) and a 70-line
+  traceback. Now one line names the file, the network's size and the machine's memory, before anything is built."""
+  for name, rows in (("train.txt", 40), ("test.txt", 10)):
+    lines = [f"{rows} 50 1000000000"] + [f"{(i * 7919) % 10**9} {i % 50}:1" for i in range(rows)]
+    (tmp_path / name).write_text("\n".join(lines) + "\n")
+  out = subprocess.run([installed_command("sparsejax-train"), "--dataset=files",
+                        f"--train_file={tmp_path / 'train.txt'}", f"--test_file={tmp_path / 'test.txt'}",
+                        "--validation_fraction=0", "--batch_size=8",
+                        "--recipe=none", "--noprogress", f"--workdir={tmp_path / 'run'}"],
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 2, out.stderr[-3000:]
+  assert re.fullmatch(rf"sparsejax-train: error: --train_file={re.escape(str(tmp_path / 'train.txt'))}: a network of "
+                      r"50 features, hidden layers 128 and 1000000000 labels needs at least 144\d\.\d GiB of memory "
+                      r"per process for its weights and Adam moments; this machine has [\d,.]+ GiB\. Lower "
+                      r"--hidden_dims, or split the output layer over more processes \(sparsejax-launch -n P\) .*",
+                      out.stderr.strip().splitlines()[-1]), out.stderr[-3000:]
+  assert "Traceback" not in out.stderr and not (tmp_path / "run").exists()
+
+
+def test_the_network_s_memory_is_checked_against_the_machine_s(small_config, tmp_path, monkeypatch):
+  """The synthetic set's labels are named (and a sharded run's share would count: the output layer's rows / P)."""
+  monkeypatch.setattr(memory, "machine_memory_bytes", lambda: 16 << 10)  # 16 KiB: not the network's 68 KiB
+  expected = (r"^--synthetic_labels=200: a network of 150 features, hidden layers 16 and 200 labels needs at least "
+              r"0\.07 MiB of memory per process for its weights and Adam moments; this machine has 0\.02 MiB")
+  with pytest.raises(ConfigError, match=expected):
+    train_and_evaluate(override(small_config, hidden_dims=(16,), synthetic_labels=200, synthetic_features=150,
+                                candidates="clusters", reinsert="none"), str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+
+
 def test_machine_memory_is_known_here():
   assert memory.machine_memory_bytes() > 1 << 28
 
