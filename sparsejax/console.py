@@ -49,7 +49,7 @@ def log_to_console() -> Iterator[None]:
     yield
     return
   absl_logger = logging.get_absl_logger()
-  verbosity, propagate = logging.get_verbosity(), absl_logger.propagate
+  verbosity, propagate, level = logging.get_verbosity(), absl_logger.propagate, absl_logger.level
   handler = python_logging.StreamHandler(_CurrentStderr())
   handler.setFormatter(logging.PythonFormatter())
   # absl's handler's filters too, whenever they are added (sparsejax.checkpoint keeps orbax's INFO lines out).
@@ -66,6 +66,7 @@ def log_to_console() -> Iterator[None]:
     absl_logger.removeHandler(handler)
     absl_logger.propagate = propagate
     logging.set_verbosity(verbosity)
+    absl_logger.setLevel(level)  # set_verbosity gives the logger a level: it may have had none (the root's)
 
 
 def log_settings(config) -> None:

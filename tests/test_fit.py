@@ -387,3 +387,22 @@ def test_readme_notebook_example_runs_as_written(root, tmp_path, monkeypatch):
   p1 = model.evaluate(namespace["X_test"], labels=namespace["Y_test"])["p@1"]
   counts = np.bincount([label for labels in namespace["Y_test"] for label in labels])
   assert p1 > 2 * counts.max() / len(namespace["Y_test"]), p1
+
+
+def test_log_to_console_leaves_absl_loggers_level_as_it_was():
+  """absl's logger has no level of its own where no absl.app set one (its messages go as the root logger's level
+  says: logging.basicConfig(level=INFO) shows them). log_to_console gave it WARNING for good: afterwards
+  basicConfig's INFO no longer showed absl's INFO lines."""
+  import logging as python_logging
+
+  from sparsejax.console import log_to_console
+
+  absl_logger, verbosity = logging.get_absl_logger(), logging.get_verbosity()
+  before = absl_logger.level
+  try:
+    absl_logger.setLevel(python_logging.NOTSET)
+    with log_to_console():
+      assert absl_logger.getEffectiveLevel() == python_logging.INFO
+    assert absl_logger.level == python_logging.NOTSET and logging.get_verbosity() == verbosity
+  finally:
+    absl_logger.setLevel(before)
