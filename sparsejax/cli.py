@@ -229,10 +229,15 @@ def config_from_flags(flag_values: flags.FlagValues = FLAGS) -> Config:
   if "config" in flag_values and flag_values["config"].value:
     path = flag_values["config"].value
     try:
-      with open(path) as f:
+      with open(path, encoding="utf-8") as f:
         base = Config.from_dict(json.load(f))
     except (OSError, json.JSONDecodeError) as e:
       raise ConfigError("config", path, f"cannot read it: {e}") from None
+    except UnicodeDecodeError as e:
+      raise ConfigError("config", path, f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): not a "
+                        "config.json that a run wrote") from None
+    except RecursionError:
+      raise ConfigError("config", path, "JSON nested too deeply: not a config.json that a run wrote") from None
     except ConfigError as e:  # a setting in the file: named with the file
       raise ConfigError("config", path, e.reason if e.name == "config" else str(e)) from None
   given = {name: flag_values[name].value for _, field in iter_fields(Config)
@@ -316,6 +321,9 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = FLAGS, command:
     sys.exit(0)
   try:
     rest = flag_values(argv)
+  except UnicodeDecodeError as e:  # absl reads flagfiles as text and names none
+    path, error = flagfiles.undecodable(argv[1:]) or ("?", e)
+    usage_error(f"--flagfile={path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start})")
   except flags.Error as e:
     message = str(e).strip().splitlines()[0].removeprefix("flag ")
     if message.startswith("ERROR:: Unable to open flagfile: "):  # absl's wording

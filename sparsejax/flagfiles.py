@@ -38,3 +38,28 @@ def expand(args: list[str], depth: int = 0) -> Iterator[tuple[tuple[str, int] | 
         continue
       for origin, inner in expand([line], depth + 1):
         yield origin or (path, number), inner
+
+
+def undecodable(args: list[str], depth: int = 0) -> tuple[str, UnicodeDecodeError] | None:
+  """The first flagfile that ``args`` name (nested ones included, in absl's order) that is not UTF-8 text, with the
+  error decoding it; None if every one decodes."""
+  pending = iter(args)
+  for arg in pending:
+    path = arg.split("=", 1)[1] if re.match(r"^--?flagfile=", arg) else (
+        next(pending, None) if arg in ("--flagfile", "-flagfile") else None)
+    if path is None or depth >= _MAX_DEPTH:
+      continue
+    try:
+      with open(os.path.expanduser(path), "rb") as f:
+        text = f.read().decode("utf-8")
+    except OSError:
+      continue
+    except UnicodeDecodeError as e:
+      return path, e
+    for line in text.splitlines():
+      line = line.strip()
+      if line and not line.startswith(("#", "//")):
+        found = undecodable([line], depth + 1)
+        if found:
+          return found
+  return None

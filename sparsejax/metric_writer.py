@@ -35,19 +35,23 @@ def read_records(workdir: str) -> list[dict]:
   path = os.path.join(workdir, METRICS_FILE)
   if not os.path.exists(path):
     return []
-  with open(path) as f:
+  with open(path, "rb") as f:  # decoded line by line: a line that is not UTF-8 is named by its number
     lines = f.readlines()
   records = []
-  for number, line in enumerate(lines, 1):
-    if not line.strip():
+  for number, raw in enumerate(lines, 1):
+    if not raw.strip():
       continue
     try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      if number == len(lines):
+      record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+      if number == len(lines) and not isinstance(e, RecursionError):
         logging.warning("%s:%d: the last record is incomplete (its write was cut short): left out", path, number)
         break
-      raise MetricsFileError(f"{path}:{number}: not a JSON record ({e.msg})") from None
+      if isinstance(e, UnicodeDecodeError):
+        why = f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at column {e.start + 1})"
+      else:
+        why = f"not a JSON record ({e.msg if isinstance(e, json.JSONDecodeError) else 'nested too deeply'})"
+      raise MetricsFileError(f"{path}:{number}: {why}") from None
     step = record.get("step") if isinstance(record, dict) else None
     if type(step) is not int:
       raise MetricsFileError(f"{path}:{number}: not a sparsejax metrics record (no integer \"step\"); is this "

@@ -174,3 +174,51 @@ def test_invalid_launch_flags_exit_2_with_one_line_naming_the_flag(capsys, fuzz_
 
   check()
   record_cases("sparsejax-launch (invalid flag values)", tally)
+
+
+def _unreadable_files(tmp_path) -> list[tuple[list[str], str]]:
+  """Command lines naming files that are no text or no config (issue 35: each ended in a Python traceback), and the
+  error line each gets."""
+  (tmp_path / "latin1.flags").write_bytes(b"--max_steps=2\n--dataset=synthetic\n\xff\xfe caf\xe9\n")
+  (tmp_path / "outer.flags").write_text(f"--max_steps=3\n--flagfile={tmp_path / 'latin1.flags'}\n")
+  (tmp_path / "latin1.json").write_bytes(b'{"a": "\xff"}')
+  (tmp_path / "nested.json").write_text("[" * 100_000 + "]" * 100_000)
+  return [
+      ([f"--flagfile={tmp_path / 'latin1.flags'}"],
+       f"--flagfile={tmp_path / 'latin1.flags'}: not UTF-8 text (byte 0xff at offset 34)"),
+      ([f"--flagfile={tmp_path / 'outer.flags'}"],  # nested: the file at fault is named
+       f"--flagfile={tmp_path / 'latin1.flags'}: not UTF-8 text (byte 0xff at offset 34)"),
+      ([f"--config={tmp_path / 'latin1.json'}"],
+       f"--config={tmp_path / 'latin1.json'}: not UTF-8 text (byte 0xff at offset 7): not a config.json that a run "
+       "wrote"),
+      ([f"--config={tmp_path / 'nested.json'}"],
+       f"--config={tmp_path / 'nested.json'}: JSON nested too deeply: not a config.json that a run wrote"),
+  ]
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_flagfiles_and_configs_that_are_no_text_end_with_one_line(case, tmp_path, capsys, monkeypatch):
+  """Issue 35: a non-UTF-8 --flagfile or --config and a deeply nested --config ended in tracebacks
+  (UnicodeDecodeError, RecursionError)."""
+  args, message = _unreadable_files(tmp_path)[case]
+  monkeypatch.setattr("sys.argv", ["sparsejax-train"])
+  flag_values = flags.FlagValues()
+  cli.define_flags(cli.TRAIN, flag_values)
+  err = _one_line_exit_2(capsys, lambda: cli.parse_flags(["sparsejax-train", *args], flag_values))
+  assert err == f"sparsejax-train: error: {message} (--help lists the flags)\n"
+
+
+def test_a_metrics_file_line_that_is_no_text_is_named(tmp_path):
+  """Issue 35: a metrics.jsonl line that is not UTF-8 ended resume and sparsejax-plot in a UnicodeDecodeError (a
+  traceback, or a line naming no file); a cut-short last line is still left out with a warning."""
+  from sparsejax.metric_writer import MetricsFileError, read_records
+
+  (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 1}\n{"step": 2, "note": "\xff"}\n{"step": 3}\n')
+  with pytest.raises(MetricsFileError, match=rf"^{tmp_path / 'metrics.jsonl'}:2: not UTF-8 text \(byte 0xff at "
+                                             r"column 22\)$"):
+    read_records(str(tmp_path))
+  (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 1}\n' + b"[" * 100_000 + b"]" * 100_000 + b'\n{"step": 3}\n')
+  with pytest.raises(MetricsFileError, match=r":2: not a JSON record \(nested too deeply\)$"):
+    read_records(str(tmp_path))
+  (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 1}\n{"step": 2, "note": "caf\xc3')  # cut inside a character
+  assert read_records(str(tmp_path)) == [{"step": 1}]
