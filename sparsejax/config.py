@@ -317,11 +317,13 @@ class TablesConfig(Section):
   eval_kmeans_iterations: int = option(
       2, "Lloyd iterations of the index built for evaluation and sampled inference.", bounds=NON_NEGATIVE)
   lsh_mips: bool = option(
-      False, "LSH: hash rows and queries reduced from inner products to cosines (simple-LSH) instead of raw ones.")
+      True, "LSH: hash rows centred on their mean row and reduced from inner products to cosines (simple-LSH), "
+      "and queries reduced to match, instead of raw ones (raw rows share a direction the queries point away from: "
+      "their tables return almost none of the largest logits; benchmarks/lsh_retrieval.py).")
   lsh_family: str = option(
-      "simhash", "Hash family: simhash (signed random projections) or dwta (densified winner-take-all).",
-      choices=("simhash", "dwta"))
-  num_tables: int = option(32, "Hash tables (L); more find more candidates at a higher query cost.",
+      "dwta", "Hash family: dwta (densified winner-take-all; retrieves the largest logits far better at these "
+      "sizes) or simhash (signed random projections).", choices=("simhash", "dwta"))
+  num_tables: int = option(64, "Hash tables (L); more find more candidates at a higher query and rebuild cost.",
                            bounds=AT_LEAST_ONE)
   num_bits: int | None = option(
       None, "Bits per hash code (K; dwta: a multiple of 3); none: chosen from the number of labels "
@@ -351,10 +353,8 @@ class TablesConfig(Section):
 
   def check_combinations(self) -> None:
     if self.reinsert != "none" and (self.candidates == "clusters" or self.lsh_mips):
-      raise ConfigError("reinsert", self.reinsert, "needs --candidates=lsh without --lsh_mips (a clustered or "
-                        "MIPS-reduced index is refreshed as a whole)")
-    if self.lsh_mips and self.lsh_family != "simhash":
-      raise ConfigError("lsh_mips", self.lsh_mips, "needs --lsh_family=simhash")
+      raise ConfigError("reinsert", self.reinsert, "needs --candidates=lsh and --lsh_mips=false (a clustered or "
+                        "MIPS-reduced index is refreshed as a whole: its rows are centred and scaled together)")
     if self.rebuild_period and self.rebuild_max_period < self.rebuild_period:
       raise ConfigError("rebuild_max_period", self.rebuild_max_period,
                         f"must be >= --rebuild_period ({self.rebuild_period})")

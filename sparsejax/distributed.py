@@ -177,7 +177,7 @@ def make_rebuild(config: model.ModelConfig, mesh: jax.sharding.Mesh, new_hash_fu
       state = model.new_hash_functions(state, config, n)
     else:
       state = model.rebuild_tables(state, n, kmeans_iterations=config.tables.kmeans_iterations,
-                                   kmeans_sample=config.kmeans_sample)
+                                   kmeans_sample=config.kmeans_sample, mips_reduced=config.tables.lsh_mips)
     return _stacked_tables(state)
 
   return jax.jit(_shard_map(local, mesh, (specs,), specs), donate_argnums=0)
@@ -573,7 +573,8 @@ def _single_slide(config, key, schedule, top, sampled_ks) -> Run:
 
   fresh = _committed(functools.partial(model.init, config=config), key)
   rebuild = jax.jit(functools.partial(model.rebuild_tables, kmeans_iterations=config.tables.kmeans_iterations,
-                                      kmeans_sample=config.kmeans_sample), donate_argnums=0)
+                                      kmeans_sample=config.kmeans_sample, mips_reduced=config.tables.lsh_mips),
+                  donate_argnums=0)
   rehash = jax.jit(functools.partial(model.new_hash_functions, config=config), donate_argnums=0)
   jit_diagnose = jax.jit(diagnose)
   refresh = functools.partial(model.serving_index, config=config)

@@ -8,6 +8,14 @@ length by one more coordinate ``sqrt(1 - |x_i|^2)``; a query becomes
 ``q = [h, 1] / |[h, 1]|`` with a 0 in that coordinate. Then
 ``<q, x_i> = (<h, w_i> + b_i) / (M |[h, 1]|)``: for each query, the cosine
 ranking of the augmented rows is exactly the logit ranking.
+
+:func:`centre_rows` first subtracts the mean row ``[w_mean, b_mean]``, as the
+clustered index does: each query's logits all move by one constant, so their
+ranking stays, but the direction that every trained row shares (one that the
+queries point away from: the raw ``cos(h, label row)`` drifts negative in
+training) is gone, and the best rows' cosines with the query become positive
+(synthetic 200K labels: median 0.33 for the top row, against -0.16 uncentred).
+Rows are centred at build time only; queries are augmented as before.
 """
 
 import jax
@@ -33,6 +41,26 @@ def augment_rows(weight: jax.Array, bias: jax.Array | None = None, max_norm: jax
   x = x / jnp.maximum(max_norm, 1e-30)
   completion = jnp.sqrt(jnp.maximum(1.0 - jnp.sum(x * x, axis=1, keepdims=True), 0.0))
   return jnp.concatenate([x, completion], axis=1).astype(jnp.float32)
+
+
+def centre_rows(weight: jax.Array, bias: jax.Array,
+                num_valid: int | jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """``(weight - w_mean, bias - b_mean)``: rows centred on the mean of rows ``[0, num_valid)``.
+
+  Padding rows (``>= num_valid``) become zero, so they set neither the mean nor ``M`` of :func:`augment_rows`.
+
+  Args:
+    weight: ``[N, d]`` rows.
+    bias: ``[N]`` biases.
+    num_valid: rows below it are real (default: all); may be traced.
+  """
+  n = weight.shape[0]
+  valid = jnp.arange(n) < (n if num_valid is None else num_valid)
+  count = jnp.maximum(jnp.sum(valid), 1).astype(jnp.float32)
+  w = jnp.where(valid[:, None], weight.astype(jnp.float32), 0.0)
+  b = jnp.where(valid, bias.astype(jnp.float32), 0.0)
+  w_mean, b_mean = jnp.sum(w, axis=0) / count, jnp.sum(b) / count
+  return jnp.where(valid[:, None], w - w_mean, 0.0), jnp.where(valid, b - b_mean, 0.0)
 
 
 def augment_queries(h: jax.Array, with_bias: bool = True) -> jax.Array:

@@ -298,7 +298,7 @@ def init_index(k_lsh: jax.Array, k_tables: jax.Array, config: ModelConfig, out: 
   lsh_params = lsh.init_lsh(k_lsh, config.lsh_config, d + 2 if config.tables.lsh_mips else d)
   t = tables.init_tables(config.lsh_config, config.table_bucket_size, policy=config.tables.table_policy,
                          seed=jax.random.bits(k_tables, (), jnp.uint32))
-  return lsh_params, _build_tables(t, lsh_params, out, num_valid)
+  return lsh_params, _build_tables(t, lsh_params, out, num_valid, config.tables.lsh_mips)
 
 
 _init_index_jit = jax.jit(init_index, static_argnums=2)  # see jitted_init_params
@@ -309,10 +309,17 @@ def _float32_rows(out: SparseLayer) -> SparseLayer:
   return out._replace(w=out.w.astype(jnp.float32))
 
 
-def _build_tables(t: tables.HashTables, params, out: SparseLayer, num_valid) -> tables.HashTables:
+def _hashes_mips(params, width: int, mips_reduced: bool | None) -> bool:
+  """Whether the hash functions take MIPS-reduced vectors (``d + 2`` wide): as configured, or where the caller
+  does not say, as SimHash's drawn width says (DWTA's bins do not record their width)."""
+  return lsh.input_dim(params) == width + 2 if mips_reduced is None else mips_reduced
+
+
+def _build_tables(t: tables.HashTables, params, out: SparseLayer, num_valid,
+                  mips_reduced: bool | None = None) -> tables.HashTables:
   out = _float32_rows(out)
-  if lsh.input_dim(params) == out.w.shape[1] + 2:  # hash functions drawn for MIPS-reduced rows
-    return tables.build_tables(t, params, mips.augment_rows(out.w, out.b), num_valid)
+  if _hashes_mips(params, out.w.shape[1], mips_reduced):  # centred as the clustered index's rows are (mips.py)
+    return tables.build_tables(t, params, mips.augment_rows(*mips.centre_rows(out.w, out.b, num_valid)), num_valid)
   return tables.build_tables(t, params, out.w, num_valid)
 
 
@@ -330,7 +337,7 @@ def query_active(state: SlideState, h: jax.Array, *, config: ModelConfig, k: int
     probes = min(config.tables.cluster_probes or state.tables.centroids.shape[0], k)
     return clusters.index_query(state.tables, h, k=k, num_rows=num_rows, probes=probes, labels=labels, seed=seed,
                                 max_from_index=max_from_index, spread_weight=config.tables.cluster_spread_weight)
-  if lsh.input_dim(state.lsh) == h.shape[1] + 2:
+  if _hashes_mips(state.lsh, h.shape[1], config.tables.lsh_mips):
     h = mips.augment_queries(h)
   return tables.lsh_query(state.tables, state.lsh, h, k=k, num_rows=num_rows, labels=labels, seed=seed)
 
@@ -613,7 +620,8 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
 
 
 def rebuild_tables(state: SlideState, num_valid: int | jax.Array | None = None, *,
-                   kmeans_iterations: int = 2, kmeans_sample: int | None = None) -> SlideState:
+                   kmeans_iterations: int = 2, kmeans_sample: int | None = None,
+                   mips_reduced: bool | None = None) -> SlideState:
   """Refreshes the index from the current rows (amortized work, off the step).
 
   Hash tables: every row is re-hashed into fresh tables (O(N d)). A clustered
@@ -625,12 +633,14 @@ def rebuild_tables(state: SlideState, num_valid: int | jax.Array | None = None, 
     num_valid: only rows below it are real (a padded shard); default all.
     kmeans_iterations: Lloyd iterations of a clustered index.
     kmeans_sample: rows per cluster those iterations see (None: all).
+    mips_reduced: whether the hash functions take MIPS-reduced rows (``--lsh_mips``); None: SimHash's width
+      says (a DWTA state needs it said).
   """
   if isinstance(state.tables, clusters.ClusterIndex):
     out = _float32_rows(state.out)
     return state._replace(tables=clusters.build_index(state.tables, out.w, out.b, iterations=kmeans_iterations,
                                                       num_valid=num_valid, sample_per_cluster=kmeans_sample))
-  return state._replace(tables=_build_tables(state.tables, state.lsh, state.out, num_valid))
+  return state._replace(tables=_build_tables(state.tables, state.lsh, state.out, num_valid, mips_reduced))
 
 
 def serving_index(state: SlideState, config: ModelConfig, num_valid: int | jax.Array | None = None) -> SlideState:
@@ -648,7 +658,8 @@ def serving_index(state: SlideState, config: ModelConfig, num_valid: int | jax.A
     return state._replace(tables=clusters.build_index(clusters.init_index(c, rows, d), out.w, out.b,
                                                       iterations=iterations, num_valid=num_valid,
                                                       sample_per_cluster=config.kmeans_sample))
-  return rebuild_tables(state, num_valid, kmeans_iterations=config.tables.kmeans_iterations)
+  return rebuild_tables(state, num_valid, kmeans_iterations=config.tables.kmeans_iterations,
+                        mips_reduced=config.tables.lsh_mips)
 
 
 def inference_state(params: NetworkParams, config: ModelConfig, index: clusters.ClusterIndex | None = None,
@@ -683,8 +694,9 @@ def new_hash_functions(state: SlideState, config: ModelConfig,
     return state._replace(tables=clusters.build_index(state.tables, out.w, out.b, num_valid=num_valid,
                                                       iterations=config.tables.kmeans_iterations, key=key,
                                                       sample_per_cluster=config.kmeans_sample))
-  params = lsh.init_lsh(key, config.lsh_config, lsh.input_dim(state.lsh) or config.hidden_dims[-1])
-  return rebuild_tables(state._replace(lsh=params), num_valid)
+  d = config.hidden_dims[-1]
+  params = lsh.init_lsh(key, config.lsh_config, d + 2 if config.tables.lsh_mips else d)
+  return rebuild_tables(state._replace(lsh=params), num_valid, mips_reduced=config.tables.lsh_mips)
 
 
 def min_rebuild_period(config: TablesConfig, refresh_steps: float) -> int:

@@ -294,8 +294,9 @@ def test_a_signal_to_the_launcher_stops_every_rank_after_a_checkpoint(tmp_path, 
 
 def test_multiprocess_resume_continues_the_same_run(tmp_path):
   """2 processes: 12 steps, stop, resume to 24 == 24 straight steps (every shard checkpointed)."""
-  kw = dict(synthetic_labels=300, active_k=32, max_steps=24, checkpoint_every=8, eval_every=1000,
-            rebuild_period=5, rehash_period=9, reinsert="labels", candidates="lsh")  # LSH table maintenance
+  kw = dict(  # LSH table maintenance (re-inserting rows: raw, not MIPS-reduced, tables)
+      synthetic_labels=300, active_k=32, max_steps=24, checkpoint_every=8, eval_every=1000,
+      rebuild_period=5, rehash_period=9, reinsert="labels", candidates="lsh", lsh_mips=False)
   straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
   for workdir, steps in ((straight, 24), (split, 12), (split, 24)):
     proc = _launch(2, _train_args(workdir, **dict(kw, max_steps=steps)), timeout=300)

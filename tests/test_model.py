@@ -140,7 +140,7 @@ def test_automatic_exact_path_step_equals_dense_baseline():
   """active_k < N, but the active set covers most rows: auto takes the exact step, equal to the dense one."""
   ds = data.make_synthetic(500, 300, 40, labels_per_sample=2, seed=3)
   cfg = override(model.ModelConfig(300, 40), hidden_dims=(16,), active_k=8, learning_rate=1e-2, candidates="lsh",
-                 num_tables=4, reinsert="labels")
+                 num_tables=4, reinsert="labels", lsh_mips=False)
   assert model.uses_exact_path(cfg) and not model.uses_exact_path(override(cfg, softmax="sampled"))
   # One step: after it, lazy Adam (input layer) and dense Adam differ on the rows the next batch leaves out.
   batch = _batch(ds, 32)
@@ -184,9 +184,10 @@ def test_exact_path_with_bfloat16_weights_and_moments_tracks_float32():
   assert np.corrcoef(f16.ravel(), f32.ravel())[0, 1] > 0.95
 
 
-@pytest.mark.parametrize("index", [dict(candidates="lsh", reinsert="labels"),
+@pytest.mark.parametrize("index", [dict(candidates="lsh", reinsert="labels", lsh_mips=False),
+                                   dict(candidates="lsh"),  # the LSH defaults: centred MIPS rows, DWTA
                                    dict(candidates="clusters", random_negatives=0.5, tail_correction=True),
-                                   dict(candidates="lsh", reinsert="all", weight_dtype="bfloat16")])
+                                   dict(candidates="lsh", reinsert="all", weight_dtype="bfloat16", lsh_mips=False)])
 def test_train_step_does_no_dense_work_on_the_sparse_layers(index):
   N, F, d = 20011, 7919, 16
   cfg = override(model.ModelConfig(F, N), hidden_dims=(d,), active_k=64, num_tables=4, **index)
@@ -308,11 +309,15 @@ def test_run_uses_the_budgeted_schedule():
   assert small.schedule == model.TableSchedule(50, 1.05, 2000)
 
 
-def test_new_hash_functions_rebuild_tables():
-  cfg = override(model.ModelConfig(50, 200), hidden_dims=(8,), active_k=16, num_tables=4, candidates="lsh")
+@pytest.mark.parametrize("family", ["simhash", "dwta"])
+def test_new_hash_functions_rebuild_tables(family):
+  cfg = override(model.ModelConfig(50, 200), hidden_dims=(8,), active_k=16, num_tables=4, candidates="lsh",
+                 lsh_family=family)
   state = model.init(jax.random.key(0), cfg)
   new = model.new_hash_functions(state._replace(step=jnp.int32(5)), cfg)
-  assert not np.array_equal(new.lsh.projections, state.lsh.projections)
+  old_leaves, new_leaves = jax.tree.leaves(state.lsh), jax.tree.leaves(new.lsh)
+  assert [x.shape for x in new_leaves] == [x.shape for x in old_leaves]  # drawn for the same (MIPS-reduced) width
+  assert any(not np.array_equal(a, b) for a, b in zip(new_leaves, old_leaves))
   assert int(jnp.sum(new.tables.counts)) == 4 * 200  # every row in every table
 
 

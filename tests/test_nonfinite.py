@@ -38,7 +38,7 @@ def _equal_but_step(a, b):
 def test_a_nan_step_changes_nothing_but_the_step_counter(kind):
   """SLIDE's sampled step (output rows written in place), its exact step (k near N) and the dense baseline."""
   config = override(model.ModelConfig(50, 40), hidden_dims=(8,), active_k=8, num_tables=2, candidates="lsh",
-                    reinsert="none" if kind == "dense" else "labels",
+                    reinsert="none" if kind == "dense" else "labels", lsh_mips=False,
                     softmax="exact" if kind == "exact" else "sampled")
   assert model.uses_exact_path(config) == (kind == "exact")
   init, step = ((dense.init, dense.train_step) if kind == "dense" else (model.init, model.train_step))
