@@ -557,7 +557,7 @@ def read_inputs(path: str, input_format: str, model):
   try:
     x, _ = load_svmlight_file(path, n_features=model.num_features, multilabel=True, zero_based=True)
   except ValueError as e:
-    where = _svmlight_id_out_of_range(path, model.num_features)
+    where = _svmlight_id_out_of_range(path, model.num_features) or _not_an_xc_header(path)
     raise ValueError(where or f"{path}: not a svmlight file with feature ids in [0, {model.num_features}): {e}") \
         from None
   import numpy as np
@@ -577,6 +577,17 @@ def _open_svmlight(path: str) -> typing.TextIO:
 
     return (gzip if path.endswith(".gz") else bz2).open(path, "rt", errors="replace")
   return open(path, errors="replace")
+
+
+def _not_an_xc_header(path: str) -> str | None:
+  """``FILE:1: ...`` where the first line looks like a malformed XC header (numbers, no ``id:value`` pair), which the
+  format sniffer then took for svmlight (scikit-learn's error said "need more than 1 value to unpack")."""
+  with _open_svmlight(path) as f:
+    tokens = f.readline().removeprefix("\ufeff").split("#", 1)[0].split()
+  if len(tokens) < 2 or any(":" in t for t in tokens) or not tokens[0].isdigit():
+    return None
+  return (f"{path}:1: {' '.join(tokens)[:80]!r} is neither an XC header (three integers: samples, features, labels) "
+          "nor a svmlight row (labels, then id:value pairs)")
 
 
 def _svmlight_value_not_finite(path: str) -> str | None:

@@ -415,6 +415,20 @@ def test_predict_refuses_svmlight_values_not_finite_in_float32(tmp_path, monkeyp
   assert read_inputs(str(tmp_path / "x.svm"), "svmlight", model).data.astype(np.float32)[1] == np.finfo(np.float32).max
 
 
+@pytest.mark.parametrize("header", ["3 200 x", "3 200", "3 200 30 5"])
+def test_a_malformed_xc_header_is_named_as_one(tmp_path, header):
+  """Issue 35: a first line that is no XC header (nor a svmlight row) was read as svmlight, and the error said "not a
+  svmlight file ... need more than 1 value to unpack"."""
+  import types
+
+  from sparsejax.cli import read_inputs
+
+  (tmp_path / "x.txt").write_text(f"{header}\n1 0:0.5 3:1\n2 5:1\n")
+  with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'x.txt'}:1: {header!r} is neither an XC header (three "
+                                                 "integers: samples, features, labels) nor a svmlight row")):
+    read_inputs(str(tmp_path / "x.txt"), "auto", types.SimpleNamespace(text_input=False, num_features=200))
+
+
 def _vectorizer_of(num_features: int):
   """A vectorizer of ``num_features`` one-word terms (``t0``, ``t1``, ...), fitted as the real datasets fit theirs."""
   from sklearn.feature_extraction.text import TfidfVectorizer
