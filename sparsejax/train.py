@@ -82,11 +82,12 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
       logging.info("%s", final_line(final, workdir))
       return final
   config.validate()
-  # A run stopped while it took over its search's winner finishes that first; a run continued after its search
-  # reports the search and is charged its seconds, as the run that searched was.
-  search_summary = search.finish_adoption(workdir) if config.search.recipe == recipes.AUTO else None
-  if search_summary is not None and _holds_checkpoints(workdir):
-    config = _charged_for_search(config, search_summary)
+  # A run stopped while it took over its search's winner finishes that first (the search runs in one process; a
+  # refused --resume=never changes nothing); a run continued after its search reports it. --max_seconds counts
+  # this invocation's training: the search's seconds were charged to the invocation that searched.
+  search_summary = None
+  if config.search.recipe == recipes.AUTO and config.checkpoint.resume != "never" and jax.process_count() == 1:
+    search_summary = search.finish_adoption(workdir)
   if config.search.recipe in recipes.names():
     config = recipes.apply(config, recipes.get(config.search.recipe))
   # A run continued takes the recipe its checkpoints record (_train).

@@ -84,7 +84,7 @@ def test_a_continued_run_keeps_its_recipe_without_searching_again(tmp_path, sear
   records = read_records(str(tmp_path))
   assert len([r for r in records if "search_winner" in r]) == 1
   assert again["recipe"] == first["recipe"] and again["last_step"] == 140
-  # The continued run reports the search it came from (and is charged its seconds under --max_seconds).
+  # The continued run reports the search it came from (its seconds were charged to the invocation that searched).
   assert again["search_seconds"] == first["search_seconds"] and again["search_scores"] == first["search_scores"]
 
 
