@@ -196,7 +196,11 @@ class TrainedModel:
       if problem is not None:
         raise seals.IntegrityError(f"checkpoint {checkpoints.directory}/{self.step} {problem}")
       other_run = (checkpoints.meta(self.step) or {}).get("run_id")
-      if run_id is not None and other_run != run_id:
+      if run_id is not None and other_run is None:  # saved by an older sparsejax before the run was continued
+        warnings.warn(seals.UnverifiedWarning(
+            f"checkpoint {checkpoints.directory}/{self.step} was written by a sparsejax that did not record its "
+            "run: loaded without checking that it is this run's"), stacklevel=3)
+      elif run_id is not None and other_run != run_id:
         raise seals.IntegrityError(f"checkpoint {checkpoints.directory}/{self.step}: from another run (run "
                                    f"{other_run}; the newest checkpoint is of run {run_id})")
       tree = checkpoints.restore_arrays(self.step)

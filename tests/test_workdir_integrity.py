@@ -217,6 +217,19 @@ def test_an_older_unsealed_run_loads_with_a_warning(ours):
   assert model.selected_by == "validation p@1"
 
 
+def test_a_checkpoint_of_an_older_sparsejax_in_a_continued_run_loads_with_a_warning(ours):
+  """A run begun by a sparsejax before seals and continued by this one: its early checkpoints record no run id.
+  Loaded by step, they are named as unverified, not refused as another run's."""
+  os.remove(ours / "checkpoints" / "20" / "checksums.p0.json")
+  meta_path = ours / "checkpoints" / "20" / "meta" / "metadata"
+  meta = json.loads(meta_path.read_text())
+  del meta["run_id"]
+  meta_path.write_text(json.dumps(meta))
+  with pytest.warns(seals.UnverifiedWarning, match="checkpoints/20 was written by a sparsejax that did not record"):
+    model = sparsejax.load(str(ours), step=20)
+  assert model.step == 20 and model.selected_by == "step"
+
+
 def test_a_removed_seal_is_refused(ours):
   os.remove(_best_dir(ours) / "checksums.p0.json")
   with pytest.raises(IntegrityError, match="has no checksums"):
