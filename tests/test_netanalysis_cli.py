@@ -158,3 +158,30 @@ def test_sparse_and_dense_profiles_get_the_effective_compression(capsys, tmp_pat
   # dense: exposed = 1.5 * 3.2e9 / B >= 0.06 s below B = 8e10; sparse: 1.5 * 8e5 / B >= 0.06 below 2e7
   assert bound["dense"]["bandwidth_bps"] == pytest.approx(8e10, rel=0.011)
   assert bound["sparse"]["bandwidth_bps"] == pytest.approx(2e7, rel=0.011)
+
+
+@pytest.mark.parametrize("target, message", [
+    ("dir", "is a directory (give a file name)"),
+    ("file/w.json", "{tmp_path}/file is not a directory"),
+])
+def test_an_output_that_cannot_be_a_file_is_named_before_the_work(capsys, tmp_path, target, message):
+  """Issue 35: --json on a directory (or under a file) ended in a traceback after the analysis, from the final
+  rename; now one line, exit 2, before anything is computed, and no temporary file is left."""
+  (tmp_path / "dir").mkdir()
+  (tmp_path / "file").write_text("")
+  path = tmp_path / target
+  status, out, err = _run(capsys, f"--profile={BK['resnet50']}", "--iteration_time_ms=128", *PAPER_ARGS,
+                          f"--json={path}")
+  assert (status, out) == (2, "")
+  assert err == f"error: --json={path}: {message.format(tmp_path=tmp_path)}\n"
+  assert sorted(os.listdir(tmp_path)) == ["dir", "file"]
+
+
+def test_a_failed_trace_write_leaves_no_temporary_file(tmp_path):
+  """--trace's writer left its .NAME.tmp in the parent directory when the final rename failed."""
+  from sparsejax.netanalysis import timeline
+
+  (tmp_path / "trace.json").mkdir()
+  with pytest.raises(OSError):
+    timeline.write_chrome_trace(str(tmp_path / "trace.json"), {"traceEvents": []})
+  assert os.listdir(tmp_path) == ["trace.json"]

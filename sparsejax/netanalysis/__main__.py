@@ -55,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   try:
+    from sparsejax.netanalysis.profiles import check_output_file
+
+    for name in ("json", "trace"):  # files written at the end: checked before the work
+      if name in flags.FLAGS and flags.FLAGS[name].value:
+        check_output_file(name, flags.FLAGS[name].value)
     return int(module.main(command, rest) or 0)
   except (ProfileError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)

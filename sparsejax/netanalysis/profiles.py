@@ -154,6 +154,20 @@ def write_text_atomic(path: str, text: str) -> None:
     raise
 
 
+def check_output_file(flag: str, path: str) -> None:
+  """Raises ValueError where ``--flag=path`` cannot be written as a file (a directory, under a file, or in a
+  directory this user cannot write), before anything is computed: the write failed at the end with a traceback."""
+  if os.path.isdir(path):
+    raise ValueError(f"--{flag}={path}: is a directory (give a file name)")
+  existing = os.path.dirname(os.path.abspath(path))
+  while not os.path.exists(existing):  # missing directories are created
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise ValueError(f"--{flag}={path}: {existing} is not a directory")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise ValueError(f"--{flag}={path}: cannot write in {existing}")
+
+
 def write_json_atomic(path: str, obj: Any) -> None:
   """Write ``obj`` as JSON to ``path`` atomically (see :func:`write_text_atomic`); NaN and inf are refused."""
   write_text_atomic(path, json.dumps(obj, indent=1, allow_nan=False) + "\n")

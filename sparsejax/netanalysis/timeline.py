@@ -102,7 +102,12 @@ def write_chrome_trace(path: str, trace: Mapping) -> int:
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
   fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-  with os.fdopen(fd, "w") as f:
-    json.dump(trace, f, separators=(",", ":"))
-  os.replace(tmp, path)
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(trace, f, separators=(",", ":"))
+    os.replace(tmp, path)
+  except BaseException:  # a failed write (a directory at path, a full disk) leaves no temporary file behind
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
   return os.path.getsize(path)
