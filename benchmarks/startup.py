@@ -1,11 +1,13 @@
-"""Wall time of short runs of ``sparsejax-train``, where start-up (imports, data, compilation) is most of it.
+"""Wall time of short runs of ``sparsejax-train`` and of ``sparsejax-predict`` calls, where start-up (imports, data,
+compilation) is most of it.
 
-Each configuration runs ``--repeats`` times in a fresh work directory, without and with JAX's persistent
-compilation cache (a new cache directory, filled by the first run with it: the remaining runs read it). Prints and
-writes (``--json``) every wall time, in seconds.
+Each configuration runs ``--repeats`` times in a fresh work directory, without JAX's persistent compilation cache
+(``--compilation_cache=none``: the commands use a per-user one by default) and with it (a new cache directory,
+filled by the first run with it: the remaining runs read it). Prints and writes (``--json``) every wall time, in
+seconds.
 
-  python benchmarks/startup.py                      # a 20-step synthetic run and the README's quick start
-  python benchmarks/startup.py --runs tiny --repeats 5
+  python benchmarks/startup.py                      # a 20-step synthetic run, predict with it, the quick start
+  python benchmarks/startup.py --runs tiny,predict --repeats 5
   python benchmarks/startup.py --runs tiny --init_labels 2000000   # the initial state's time and peak memory
 """
 
@@ -29,19 +31,49 @@ RUNS = {
              "--learning_rate=0.01"],
     # The README's quick start (ICD-10-CM, the defaults).
     "quick_start": ["--noprogress"],
+    # sparsejax-predict with the tiny run's model, on PREDICT_ROWS synthetic rows (its arguments: predict_timer's).
+    "predict": [],
 }
 
 
-def time_run(args: list[str], env: dict) -> tuple[float, str]:
-  """Seconds one run takes in a new work directory, and its final line."""
+PREDICT = os.path.join(os.path.dirname(sys.executable), "sparsejax-predict")
+PREDICT_ROWS = 1000  # input rows of each timed sparsejax-predict call (one batch): start-up is nearly all of it
+
+
+def time_run(args: list[str], env: dict, cache: str) -> tuple[float, str]:
+  """Seconds one run takes in a new work directory with ``--compilation_cache=cache``, and its final line."""
   with tempfile.TemporaryDirectory() as workdir:
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, TRAIN, *args, f"--workdir={workdir}"], env=env, capture_output=True,
-                         text=True, check=False)
+    out = subprocess.run([sys.executable, TRAIN, *args, f"--workdir={workdir}", f"--compilation_cache={cache}"],
+                         env=env, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - start
   if out.returncode != 0:
     raise SystemExit(f"{' '.join(args)} failed:\n{out.stderr[-3000:]}")
   return seconds, out.stdout.strip().splitlines()[-1]
+
+
+def predict_timer(env: dict, directory: str):
+  """A function timing one ``sparsejax-predict`` call on ``PREDICT_ROWS`` rows with a given cache, as
+  :func:`time_run` times a run; the model is the tiny run's, trained first in ``directory`` (without a cache)."""
+  from sparsejax import data
+
+  workdir, inputs = os.path.join(directory, "model"), os.path.join(directory, "inputs.txt")
+  out = subprocess.run([sys.executable, TRAIN, *RUNS["tiny"], f"--workdir={workdir}", "--compilation_cache=none"],
+                       env=env, capture_output=True, text=True, check=False)
+  if out.returncode != 0:
+    raise SystemExit(f"training the model to predict with failed:\n{out.stderr[-3000:]}")
+  data.save_xc_file(data.make_synthetic(PREDICT_ROWS, 500, 60, seed=1), inputs)
+
+  def time_predict(_, env: dict, cache: str) -> tuple[float, str]:
+    start = time.perf_counter()
+    out = subprocess.run([PREDICT, f"--workdir={workdir}", f"--input={inputs}", f"--compilation_cache={cache}"],
+                         env=env, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - start
+    if out.returncode != 0:
+      raise SystemExit(f"sparsejax-predict failed:\n{out.stderr[-3000:]}")
+    return seconds, f"{len(out.stdout.splitlines())} lines of predictions"
+
+  return time_predict
 
 
 INIT = """
@@ -66,7 +98,7 @@ def time_init(which: str, num_labels: int) -> dict:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--runs", default="tiny,quick_start", help=f"comma-separated, of {sorted(RUNS)}")
+  parser.add_argument("--runs", default="tiny,predict,quick_start", help=f"comma-separated, of {sorted(RUNS)}")
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--json", default=None, help="write the results here")
   parser.add_argument("--init_labels", type=int, default=0,
@@ -74,17 +106,18 @@ def main() -> None:
   args = parser.parse_args()
   base = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
   results = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.node(), "cpus": os.cpu_count(),
-             "runs": {}}
+             "load_average": os.getloadavg(), "runs": {}}
   for name in filter(None, args.runs.split(",")):  # --runs= : none (the init figures alone)
-    with tempfile.TemporaryDirectory() as cache:
-      cached = dict(base, JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as scratch:
+      timer = predict_timer(base, scratch) if name == "predict" else time_run
       entry = {}
-      for label, env in (("no_cache", base), ("cache", cached)):
-        timings = [time_run(RUNS[name], env) for _ in range(args.repeats)]
+      for label, setting in (("no_cache", "none"), ("cache", cache)):
+        timings = [timer(RUNS[name], base, setting) for _ in range(args.repeats)]
         entry[label] = [round(s, 2) for s, _ in timings]
         entry["final_line"] = timings[-1][1]
         print(f"{name:12s} {label:9s} " + " ".join(f"{s:.2f}" for s, _ in timings) + " s", flush=True)
       results["runs"][name] = entry
+  results["load_average_after"] = os.getloadavg()
   if args.init_labels:
     results["init"] = {which: time_init(which, args.init_labels) for which in ("slide", "dense")}
     results["init"]["num_labels"] = args.init_labels
