@@ -84,6 +84,6 @@ def dataset_of_command(command: list[str], default: str = "icd10") -> str:
     try:
       with open(config) as f:
         return str(json.load(f)["data"]["dataset"])
-    except (OSError, ValueError, KeyError, TypeError):  # the command itself names what is wrong with it
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # the command names what is wrong with it
       pass
   return default

@@ -182,3 +182,12 @@ def test_the_launcher_tells_its_ranks_which_signal_stopped_it(tmp_path):
   out, _ = proc.communicate(timeout=60)
   assert "stopped by SIGINT" in out.splitlines(), out  # the rank got SIGTERM, and knows it was a Ctrl-C
   assert proc.returncode == 130
+
+
+def test_the_launcher_names_runs_of_any_config_file(tmp_path):
+  """Issue 35: sparsejax-launch read --config's dataset for the run's name and a deeply nested JSON file ended it in
+  a RecursionError traceback; now it names the run by the default and the command names the file's problem."""
+  (tmp_path / "nested.json").write_text("[" * 100_000 + "]" * 100_000)
+  (tmp_path / "files.json").write_text('{"data": {"dataset": "files"}}')
+  for name, dataset in (("nested.json", "icd10"), ("files.json", "files"), ("missing.json", "icd10")):
+    assert rundirs.dataset_of_command(["sparsejax-train", f"--config={tmp_path / name}"]) == dataset
