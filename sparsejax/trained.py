@@ -269,6 +269,49 @@ class TrainedModel:
     """The work directory the model was loaded from."""
     return self._workdir
 
+  def save(self, directory: str) -> str:
+    """Copies what serving this model needs into a new directory, which :func:`load` opens as it opens a run's.
+
+    The copy holds the run's newest checkpoint (its settings and data sizes), the state loaded (the selected
+    best state, or the checkpoint of the step asked for), the assets (vectorizer, label names and frequencies,
+    serving index) and ``config.json``, with their seals: no training records, no other checkpoints. Loaded by
+    its step, the model is opened again with ``load(directory, step=model.step)``. Written whole or not at all.
+
+    Args:
+      directory: a path that does not exist yet, or an empty directory.
+
+    Returns:
+      The directory's absolute path.
+    """
+    import shutil
+
+    from sparsejax import checkpoint
+
+    target = os.path.abspath(os.path.expanduser(directory))
+    if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
+      raise FileExistsError(f"save: {target} exists and is not an empty directory (save makes a new one)")
+    checkpoints = checkpoint.Checkpoints(self._workdir, writable=False)
+    steps = {str(checkpoints.latest_step())}
+    if self.selected_by == "step" and self.step in checkpoints.all_steps():
+      steps.add(str(self.step))
+    partial = target + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(os.path.join(partial, "checkpoints"))
+    for name in os.listdir(checkpoints.directory):  # the steps kept, and orbax's own files beside them
+      if name in steps or not (name.isdigit() or name.endswith(".corrupt")):
+        source = os.path.join(checkpoints.directory, name)
+        (shutil.copytree if os.path.isdir(source) else shutil.copy2)(source, os.path.join(partial, "checkpoints",
+                                                                                           name))
+    for name in ("best_checkpoint", ASSETS):
+      if os.path.isdir(os.path.join(self._workdir, name)):
+        shutil.copytree(os.path.join(self._workdir, name), os.path.join(partial, name))
+    if os.path.exists(os.path.join(self._workdir, "config.json")):
+      shutil.copy2(os.path.join(self._workdir, "config.json"), os.path.join(partial, "config.json"))
+    if os.path.isdir(target):
+      os.rmdir(target)
+    os.replace(partial, target)
+    return target
+
   def features(self, inputs) -> XCDataset:
     """``inputs`` as feature rows: an XCDataset (as is), a scipy sparse ``[n, F]`` matrix, or texts (one string:
     one text, one row)."""

@@ -234,3 +234,23 @@ def test_a_removed_seal_is_refused(ours):
   os.remove(_best_dir(ours) / "checksums.p0.json")
   with pytest.raises(IntegrityError, match="has no checksums"):
     sparsejax.load(str(ours))
+
+
+def test_save_writes_a_directory_that_loads_alone_and_predicts_the_same(ours, tmp_path):
+  """model.save(dir) then sparsejax.load(dir), with the run's directory gone: the same state, sealed (no warning),
+  the same predictions; a non-empty target is refused."""
+  model = sparsejax.load(str(ours))
+  features = _features(model)
+  want = model.predict(features, top=5)
+  saved = model.save(str(tmp_path / "saved"))
+  assert sorted(os.listdir(saved)) == ["assets", "best_checkpoint", "checkpoints", "config.json"]
+  shutil.rmtree(ours)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", seals.UnverifiedWarning)
+    again = sparsejax.load(saved)
+  assert (again.step, again.selected_by) == (model.step, model.selected_by)
+  got = again.predict(features, top=5)
+  for a, b in zip(got, want):  # (scores, ids)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(FileExistsError, match="exists and is not an empty directory"):
+    again.save(saved)
