@@ -239,7 +239,9 @@ class DataConfig(Section):
         if not path:
           raise ConfigError(name, path, "--dataset=files needs --train_file and --test_file")
         if not os.path.isfile(path):
-          raise ConfigError(name, path, "no such file")
+          raise ConfigError(name, path, "is a directory" if os.path.isdir(path) else "no such file")
+        if not os.access(path, os.R_OK):  # else a PermissionError traceback once the data loads
+          raise ConfigError(name, path, "cannot be read (no read permission)")
     else:
       for name in ("train_file", "test_file"):
         if getattr(self, name):

@@ -222,3 +222,15 @@ def test_a_metrics_file_line_that_is_no_text_is_named(tmp_path):
     read_records(str(tmp_path))
   (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 1}\n{"step": 2, "note": "caf\xc3')  # cut inside a character
   assert read_records(str(tmp_path)) == [{"step": 1}]
+
+
+def test_a_data_file_that_is_a_directory_is_named_as_one(tmp_path, capsys, monkeypatch):
+  """Issue 35: --train_file=DIR said "no such file" (the path exists); an unreadable file is named as such too."""
+  (tmp_path / "test.txt").write_text("1 5 2\n0 1:1\n")
+  monkeypatch.setattr("sys.argv", ["sparsejax-train"])
+  flag_values = flags.FlagValues()
+  cli.define_flags(cli.TRAIN, flag_values)
+  err = _one_line_exit_2(capsys, lambda: cli.parse_flags(
+      ["sparsejax-train", "--dataset=files", f"--train_file={tmp_path}", f"--test_file={tmp_path / 'test.txt'}"],
+      flag_values))
+  assert err == f"sparsejax-train: error: --train_file={tmp_path}: is a directory (--help lists the flags)\n"
