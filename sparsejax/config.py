@@ -333,8 +333,8 @@ class TablesConfig(Section):
   bucket_size: int | None = option(
       None, "Row ids a bucket holds; none: twice the mean load (64).", bounds=AT_LEAST_ONE)
   table_policy: str = option(
-      "fifo", "What a full bucket keeps: fifo (the newest ids) or reservoir (a uniform sample).",
-      choices=("fifo", "reservoir"))
+      "reservoir", "What a full bucket keeps: reservoir (a uniform sample of the rows offered) or fifo (the newest "
+      "ids: a full bucket of a rebuild keeps only its highest row ids).", choices=("fifo", "reservoir"))
   reinsert: str = option(
       "none", "Rows re-inserted into the tables after each step: none, labels (the batch's label rows, cheap) or "
       "all (every row the step updated).", choices=("none", "labels", "all"))

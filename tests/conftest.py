@@ -94,7 +94,7 @@ def small_config():
       progress=False, learning_rate=3e-3, candidates="lsh", validation_fraction=0.0, softmax="sampled",
       # Raw SimHash rows (the LSH defaults before issue 32): these runs re-insert rows into their tables, which
       # centred, MIPS-reduced tables do not allow.
-      lsh_family="simhash", lsh_mips=False)
+      lsh_family="simhash", lsh_mips=False, table_policy="fifo")
 
 
 TESTS = Path(__file__).parent

@@ -1,0 +1,193 @@
+"""LSH tables against the clustered index as retrievers of a trained layer's largest logits (issue 32, item 2).
+
+Offline: no training. A finished ``accuracy.py`` run (by default the clustered-index run of
+``/tmp/sparsejax_accuracy/DATASET/sparsejax-300s``) gives the trained output rows ``W, b`` and the test queries'
+hidden vectors ``h``. For each index configuration (a set of ``--candidates`` / LSH settings) the script builds
+the index over those rows with the project's own functions (``model.init_index`` for hash tables,
+``model.serving_index`` for the clustered index: what sampled inference builds), queries it without labels at
+the run's training k, and measures, on the same queries:
+
+* ``label_recall``: the share of a query's labels among the index's candidates;
+* ``topk_recall@10``: the share of the exact top 10 of ``h W^T + b`` among them;
+* ``mean_candidates``: how many of the k active ids came from the index (the rest are random fill);
+* ``sampled_p@1`` and its ratio to exact P@1: the argmax over the k active ids (sampled inference);
+* build seconds (median of ``--repeats``), query milliseconds per 1,024 queries, and the index's bytes.
+
+The variants are the LSH settings of ``TablesConfig`` (``lsh_family``, ``lsh_mips``, ``num_tables``,
+``num_bits``, ``bucket_size``, ``table_policy``), each from today's defaults; ``num_bits_offset`` sets K relative
+to the default for the layer's size; ``uncentred`` hashes MIPS-reduced rows without centring them first (the
+``--lsh_mips`` of before issue 32, kept here only to measure what the centring does).
+
+    python benchmarks/lsh_retrieval.py --dataset synthetic     # -> benchmarks/results/lsh/synthetic.json
+    python benchmarks/lsh_retrieval.py --dataset gcide_cloze
+    python benchmarks/lsh_retrieval.py --dataset synthetic --variant 'mine:lsh_family=dwta,num_tables=96'
+
+The retrieval figures do not depend on the machine's load; the times do (run on a quiet machine to compare
+them).
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import accuracy  # noqa: E402
+
+# name -> settings (TablesConfig fields). "before" is --candidates=lsh as it was before issue 32.
+VARIANTS = {
+    "clusters": dict(candidates="clusters"),
+    "before: simhash raw L=32": dict(candidates="lsh", lsh_family="simhash", lsh_mips=False, num_tables=32),
+    "simhash mips uncentred L=32": dict(candidates="lsh", lsh_family="simhash", lsh_mips=True, num_tables=32,
+                                        uncentred=True),
+    "simhash mips L=32": dict(candidates="lsh", lsh_family="simhash", lsh_mips=True, num_tables=32),
+    "simhash mips L=128": dict(candidates="lsh", lsh_family="simhash", lsh_mips=True, num_tables=128),
+    "dwta raw L=32": dict(candidates="lsh", lsh_family="dwta", lsh_mips=False, num_tables=32),
+    "dwta mips uncentred L=64": dict(candidates="lsh", lsh_family="dwta", lsh_mips=True, num_tables=64,
+                                     uncentred=True),
+    "dwta mips L=32": dict(candidates="lsh", lsh_family="dwta", lsh_mips=True, num_tables=32),
+    "dwta mips L=64 (default)": dict(candidates="lsh"),
+    "dwta mips L=64 S=128": dict(candidates="lsh", bucket_size=128),
+    "dwta mips L=64 reservoir": dict(candidates="lsh", table_policy="reservoir"),
+    "dwta mips L=64 K-3 S=512": dict(candidates="lsh", num_bits_offset=-3, bucket_size=512),
+    "dwta mips L=128": dict(candidates="lsh", num_tables=128),
+}
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+  """``NAME:key=value,key=value`` -> ``(NAME, settings)`` (values as JSON where they parse)."""
+  name, _, settings = text.partition(":")
+  return name, accuracy.parse_settings([s for s in settings.split(",") if s])
+
+
+@contextmanager
+def uncentred_rows():
+  """MIPS-reduced rows built without centring (what ``--lsh_mips`` did before issue 32)."""
+  from sparsejax import mips
+
+  centre = mips.centre_rows
+  mips.centre_rows = lambda weight, bias, num_valid=None: (weight, bias)
+  try:
+    yield
+  finally:
+    mips.centre_rows = centre
+
+
+def measure(config, state, h, labels, top_ids, exact_hits, settings: dict, repeats: int, seed: int) -> dict:
+  """Builds the index of ``settings`` over ``state``'s rows and measures its retrieval of ``h``'s top logits."""
+  import jax
+  import jax.numpy as jnp
+
+  from sparsejax import model, ops, retrieval
+  from sparsejax.config import TablesConfig, override
+
+  settings = dict(settings)
+  uncentred = settings.pop("uncentred", False)
+  if "num_bits_offset" in settings:  # K relative to the default for this layer's size
+    settings["num_bits"] = model.ModelConfig(1, config.num_labels, tables=TablesConfig()).lsh_config.num_bits + \
+        settings.pop("num_bits_offset")
+  n = config.num_labels
+  # The run's config.json holds the LSH settings of its day: start each variant from today's defaults.
+  cfg = override(dataclasses.replace(config, tables=TablesConfig()), **settings)
+  k = cfg.k
+  if cfg.tables.candidates == "clusters":
+    build = jax.jit(lambda s: model.serving_index(s, cfg).tables)
+  else:
+    k_lsh, k_tables = jax.random.split(jax.random.key(seed))
+    build = jax.jit(lambda s: model.init_index(k_lsh, k_tables, cfg, s.out))
+  with uncentred_rows() if uncentred else _nothing():
+    times = []
+    for _ in range(repeats):
+      t = time.perf_counter()
+      built = jax.block_until_ready(build(state))
+      times.append(time.perf_counter() - t)
+  if cfg.tables.candidates == "clusters":
+    index_state = state._replace(tables=built)
+  else:
+    index_state = state._replace(lsh=built[0], tables=built[1])
+
+  @jax.jit
+  def query(s, hh):
+    active, from_index = model.query_active(s, hh, config=cfg, k=k, num_rows=n, seed=seed)
+    return active, from_index, ops.sparse_logits(hh, s.out.w, s.out.b, active)
+
+  per_query, picks, query_ms = [], [], []
+  for start in range(0, len(h), 1024):
+    hh = jnp.asarray(h[start:start + 1024])
+    jax.block_until_ready(query(index_state, hh))  # compiled once per shape
+    t = time.perf_counter()
+    active, from_index, logits = jax.block_until_ready(query(index_state, hh))
+    query_ms.append(1e3 * (time.perf_counter() - t) * 1024 / len(hh))
+    per_query.append(jax.device_get(retrieval.per_query(active, from_index, jnp.asarray(labels[start:start + 1024]),
+                                                        jnp.asarray(top_ids[start:start + 1024]), hh,
+                                                        index_state.out.w)))
+    picks.append(np.take_along_axis(np.asarray(active), np.argmax(np.asarray(logits), axis=1)[:, None], 1)[:, 0])
+  pick = np.concatenate(picks)
+  sampled_hits = np.any(pick[:, None] == labels, axis=1) & (pick >= 0)
+  result = retrieval.summarize(per_query, retrieval.TOP)
+  return result | {
+      "k": k, "sampled_p@1": float(sampled_hits.mean()), "exact_p@1": float(exact_hits.mean()),
+      "sampled_over_exact_p@1": float(sampled_hits.mean() / max(exact_hits.mean(), 1e-12)),
+      "build_seconds": statistics.median(times), "query_ms_per_1024": statistics.median(query_ms),
+      "index_bytes": int(built.nbytes if cfg.tables.candidates == "clusters" else built[1].nbytes),
+      "settings": settings | ({"uncentred": True} if uncentred else {})}
+
+
+@contextmanager
+def _nothing():
+  yield
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  accuracy.add_finished_run_flags(parser, "synthetic")
+  parser.add_argument("--queries", type=int, default=4096, help="test queries measured (the first ones)")
+  parser.add_argument("--repeats", type=int, default=1, help="timed builds per variant (median)")
+  parser.add_argument("--seed", type=int, default=0, help="seed of the hash functions and the random fill")
+  parser.add_argument("--variant", action="append", metavar="NAME:key=value,...",
+                      help="measure these instead of the built-in list (repeatable)")
+  parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "lsh"))
+  args = parser.parse_args()
+
+  import jax
+
+  from sparsejax import inference, model
+  from sparsejax.evaluation import padded_width
+
+  run_config, test, run, state, _ = accuracy.finished_run(args)
+  config = run.config
+  rows = np.arange(min(args.queries, len(test)))
+  fi, fv, labels = test.to_padded(rows, padded_width(test, run_config.data.max_features), 8)
+  h = np.asarray(jax.jit(model.hidden)(state, fi, fv))
+  _, top_ids = inference.exact_topk(h, state.out.w, state.out.b, 10)
+  top_ids = np.asarray(top_ids)
+  exact_hits = np.any(top_ids[:, :1] == labels, axis=1)
+  variants = dict(parse_variant(v) for v in args.variant) if args.variant else VARIANTS
+  results = {}
+  for name, settings in variants.items():
+    r = measure(config, state, h, labels, top_ids, exact_hits, settings, args.repeats, args.seed)
+    results[name] = r
+    print(f"{name:28s} k={r['k']} candidates {r['mean_candidates']:7.1f} label_recall {r['label_recall']:.3f} "
+          f"topk_recall@10 {r['topk_recall@10']:.3f} sampled P@1 {r['sampled_p@1']:.4f} "
+          f"({r['sampled_over_exact_p@1']:.3f} x exact {r['exact_p@1']:.4f}) build {r['build_seconds']:.2f} s "
+          f"query {r['query_ms_per_1024']:.0f} ms/1024 index {r['index_bytes'] / 2**20:.1f} MiB", flush=True)
+  os.makedirs(args.out, exist_ok=True)
+  path = os.path.join(args.out, f"{args.dataset}.json")
+  out = {"dataset": args.dataset, "run": accuracy.finished_run_dir(args), "queries": len(rows),
+         "num_labels": config.num_labels, "hidden": config.hidden_dims[-1], "machine": platform.node(),
+         "cpus": os.cpu_count(), "load_average": os.getloadavg(),
+         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "variants": results}
+  with open(path, "w") as f:
+    json.dump(out, f, indent=1)
+  print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  main()
