@@ -11,7 +11,9 @@ the run's training k, and measures, on the same queries:
 * ``topk_recall@10``: the share of the exact top 10 of ``h W^T + b`` among them;
 * ``mean_candidates``: how many of the k active ids came from the index (the rest are random fill);
 * ``sampled_p@1`` and its ratio to exact P@1: the argmax over the k active ids (sampled inference);
-* build seconds (median of ``--repeats``), query milliseconds per 1,024 queries, and the index's bytes.
+* build seconds (median of ``--repeats``), query milliseconds per 1,024 queries, and the index's bytes;
+
+and, once per run, the cosines that a hash family sees (:func:`cosine_geometry`).
 
 The variants are the LSH settings of ``TablesConfig`` (``lsh_family``, ``lsh_mips``, ``num_tables``,
 ``num_bits``, ``bucket_size``, ``table_policy``), each from today's defaults; ``num_bits_offset`` sets K relative
@@ -44,7 +46,8 @@ import accuracy  # noqa: E402
 # name -> settings (TablesConfig fields). "before" is --candidates=lsh as it was before issue 32.
 VARIANTS = {
     "clusters": dict(candidates="clusters"),
-    "before: simhash raw L=32": dict(candidates="lsh", lsh_family="simhash", lsh_mips=False, num_tables=32),
+    "before: simhash raw L=32": dict(candidates="lsh", lsh_family="simhash", lsh_mips=False, num_tables=32,
+                                     table_policy="fifo"),
     "simhash mips uncentred L=32": dict(candidates="lsh", lsh_family="simhash", lsh_mips=True, num_tables=32,
                                         uncentred=True),
     "simhash mips L=32": dict(candidates="lsh", lsh_family="simhash", lsh_mips=True, num_tables=32),
@@ -53,9 +56,9 @@ VARIANTS = {
     "dwta mips uncentred L=64": dict(candidates="lsh", lsh_family="dwta", lsh_mips=True, num_tables=64,
                                      uncentred=True),
     "dwta mips L=32": dict(candidates="lsh", lsh_family="dwta", lsh_mips=True, num_tables=32),
+    "dwta mips L=64 fifo": dict(candidates="lsh", table_policy="fifo"),
     "dwta mips L=64 (default)": dict(candidates="lsh"),
     "dwta mips L=64 S=128": dict(candidates="lsh", bucket_size=128),
-    "dwta mips L=64 reservoir": dict(candidates="lsh", table_policy="reservoir"),
     "dwta mips L=64 K-3 S=512": dict(candidates="lsh", num_bits_offset=-3, bucket_size=512),
     "dwta mips L=128": dict(candidates="lsh", num_tables=128),
 }
@@ -140,6 +143,27 @@ def measure(config, state, h, labels, top_ids, exact_hits, settings: dict, repea
       "settings": settings | ({"uncentred": True} if uncentred else {})}
 
 
+def cosine_geometry(state, h, top_ids, num_queries: int = 256) -> dict:
+  """What a hash family is up against: the cosines of MIPS-reduced queries with the reduced rows (centred and
+  not), for each query's exact top row and for all rows (per-query mean and standard deviation, median over
+  queries). A SimHash bit agrees with probability ``1 - arccos(cos) / pi``."""
+  import jax.numpy as jnp
+
+  from sparsejax import mips
+
+  q = np.asarray(mips.augment_queries(jnp.asarray(h[:num_queries])), np.float64)
+  top = top_ids[:num_queries, 0]
+  out = {}
+  for name, (w, b) in {"uncentred": (state.out.w, state.out.b),
+                       "centred": mips.centre_rows(jnp.asarray(state.out.w), jnp.asarray(state.out.b))}.items():
+    x = np.asarray(mips.augment_rows(jnp.asarray(w, jnp.float32), jnp.asarray(b, jnp.float32)), np.float64)
+    cosine = q @ x.T
+    out[name] = {"cos_top_row_median": float(np.median(cosine[np.arange(len(q)), top])),
+                 "cos_rows_mean_median": float(np.median(cosine.mean(axis=1))),
+                 "cos_rows_sd_median": float(np.median(cosine.std(axis=1)))}
+  return out
+
+
 @contextmanager
 def _nothing():
   yield
@@ -169,6 +193,8 @@ def main():
   _, top_ids = inference.exact_topk(h, state.out.w, state.out.b, 10)
   top_ids = np.asarray(top_ids)
   exact_hits = np.any(top_ids[:, :1] == labels, axis=1)
+  geometry = cosine_geometry(state, h, top_ids)
+  print("cosines of the reduced queries:", json.dumps(geometry), flush=True)
   variants = dict(parse_variant(v) for v in args.variant) if args.variant else VARIANTS
   results = {}
   for name, settings in variants.items():
@@ -183,7 +209,7 @@ def main():
   out = {"dataset": args.dataset, "run": accuracy.finished_run_dir(args), "queries": len(rows),
          "num_labels": config.num_labels, "hidden": config.hidden_dims[-1], "machine": platform.node(),
          "cpus": os.cpu_count(), "load_average": os.getloadavg(),
-         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "variants": results}
+         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cosines": geometry, "variants": results}
   with open(path, "w") as f:
     json.dump(out, f, indent=1)
   print(f"wrote {path}")
