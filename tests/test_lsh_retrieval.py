@@ -34,6 +34,21 @@ def test_centred_mips_rows_rank_like_the_logits():
                                 np.argsort(-logits, axis=1, kind="stable")[:, :50])
 
 
+def test_a_row_that_is_not_finite_is_left_out_of_the_centring():
+  """One diverged row must not turn the mean row, so every centred row, into NaN (it is zeroed, as padding is)."""
+  rng = np.random.default_rng(1)
+  w = rng.normal(size=(50, 6)).astype(np.float32)
+  b = rng.normal(size=50).astype(np.float32)
+  w[7, 2], b[11] = np.nan, np.inf
+  cw, cb = (np.asarray(x) for x in mips.centre_rows(jnp.asarray(w), jnp.asarray(b)))
+  finite = np.ones(50, bool)
+  finite[[7, 11]] = False
+  np.testing.assert_allclose(cw[finite], w[finite] - w[finite].mean(0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(cb[finite], b[finite] - b[finite].mean(), rtol=1e-5, atol=1e-6)
+  assert not cw[~finite].any() and not cb[~finite].any()
+  assert np.isfinite(np.asarray(mips.augment_rows(jnp.asarray(cw), jnp.asarray(cb)))).all()
+
+
 def _planted_layer(num_rows: int, dim: int, num_queries: int, seed: int = 0):
   """Rows sharing one direction that the queries point away from (what training does to an output layer: the
   raw cos(h, label row) goes negative), and for each query one planted row with the largest logit, whose cosine
