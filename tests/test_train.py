@@ -317,8 +317,10 @@ def _signal_while_busy(tmp_path, module: str, name: str, signum: int) -> tuple[i
       sys.argv = ["sparsejax-train", "--workdir=" + sys.argv[1]]
       cli.main()
   """)
+  # SIGINT as a terminal gives it: a job started in the background (CI under nohup, '&') inherits it ignored.
   proc = subprocess.Popen([sys.executable, "-P", "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+                          stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   assert proc.stdout.readline() == "ready\n"
   proc.send_signal(signum)
   _, err = proc.communicate(timeout=60)
