@@ -624,9 +624,9 @@ class Config:
     else:
       for name in ("num_clusters", "cluster_probes", "kmeans_iterations", "kmeans_sample"):
         unused[name] = "only read with --candidates=clusters"
-    now, defaults = flat_items(self), flat_items(Config())
-    return [f"--{name}={format_value(now[name])} has no effect: {why}" for name, why in unused.items()
-            if now[name] != defaults[name]]
+    changed = non_default_settings(self)
+    return [f"--{name}={format_value(changed[name])} has no effect: {why}" for name, why in unused.items()
+            if name in changed]
 
   def model_config(self, num_features: int, num_labels: int, num_shards: int = 1):
     """The model's static config for data of ``num_features`` features and ``num_labels`` labels."""
@@ -712,6 +712,12 @@ def did_you_mean(name: str, names: list[str]) -> str:
 def flat_items(config: Any) -> dict[str, Any]:
   """``{setting name: value}`` over all sections."""
   return {f.name: getattr(getattr(config, s), f.name) for s, f in iter_fields(config)}
+
+
+def non_default_settings(config: "Config") -> dict[str, Any]:
+  """``{setting name: value}`` of the settings of ``config`` that differ from :class:`Config`'s defaults."""
+  defaults = flat_items(Config())
+  return {name: value for name, value in flat_items(config).items() if value != defaults[name]}
 
 
 def identity_fields() -> set[str]:

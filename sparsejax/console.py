@@ -71,10 +71,9 @@ def log_to_console() -> Iterator[None]:
 
 def log_settings(config) -> None:
   """Logs the settings of ``config`` that are not at their defaults (a :class:`sparsejax.config.Config`)."""
-  from sparsejax.config import Config, flat_items, format_value
+  from sparsejax.config import format_value, non_default_settings
 
-  defaults = flat_items(Config())
-  changed = [f"--{k}={format_value(v)}" for k, v in flat_items(config).items() if v != defaults[k]]
+  changed = [f"--{k}={format_value(v)}" for k, v in non_default_settings(config).items()]
   logging.info("settings not at their defaults: %s (all of them: WORKDIR/config.json)", " ".join(changed) or "none")
 
 

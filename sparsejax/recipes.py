@@ -12,7 +12,7 @@ A recipe's settings apply only where the config still has the default: a setting
 
 from typing import Any, NamedTuple
 
-from sparsejax.config import Config, ConfigError, flat_items, override
+from sparsejax.config import Config, ConfigError, flat_items, non_default_settings, override
 
 
 class Recipe(NamedTuple):
@@ -71,10 +71,10 @@ def with_given_settings(config: Config, given: set[str]) -> Config:
     return override(config, recipe=NONE)
   if config.search.recipe == NONE:
     return config
-  now, defaults = flat_items(config), flat_items(Config())
+  now, changed = flat_items(config), non_default_settings(config)
   recipe = dict(get(config.search.recipe).settings)
   for name in named:
-    if name in recipe and now[name] == defaults[name] and recipe[name] != now[name]:
+    if name in recipe and name not in changed and recipe[name] != now[name]:
       raise ConfigError(name, now[name], f"is the default, which --recipe={config.search.recipe} replaces by "
                         f"{recipe[name]}: give --recipe=none to take every setting as given")
   return config
@@ -90,12 +90,12 @@ def recipe_settings() -> tuple[str, ...]:
 
 def explicit_settings(config: Config) -> list[str]:
   """The recipe settings that ``config`` sets away from their defaults (``--name=value`` strings' names)."""
-  now, defaults = flat_items(config), flat_items(Config())
-  return [name for name in recipe_settings() if now[name] != defaults[name]]
+  changed = non_default_settings(config)
+  return [name for name in recipe_settings() if name in changed]
 
 
 def apply(config: Config, recipe: Recipe) -> Config:
   """``config`` with ``recipe`` named and its settings where ``config`` has the default."""
-  now, defaults = flat_items(config), flat_items(Config())
-  changes = {name: value for name, value in recipe.settings if now[name] == defaults[name]}
+  changed = non_default_settings(config)
+  changes = {name: value for name, value in recipe.settings if name not in changed}
   return override(config, recipe=recipe.name, **changes)
