@@ -32,7 +32,7 @@ from typing import Any
 from absl import logging
 
 from sparsejax.config import Config, ConfigError, flat_items, format_value, identity_fields
-from sparsejax.seals import check_sealed_directory, seal_directory, sha256_file
+from sparsejax.seals import check_sealed_directory, file_checksums, seal_directory, sha256_file, write_json_atomically
 
 # Every live orbax CheckpointManager of this process. A save first waits for the others' background saves: orbax
 # synchronizes each save across processes with a barrier of the same name, and two managers saving at once
@@ -233,18 +233,9 @@ class Checkpoints:
       directory = self._step_dir(step)
       if not os.path.isdir(directory):  # already deleted (keep_checkpoints)
         continue
-      sums = {}
-      for parent, _, files in os.walk(directory):
-        for name in files:
-          file = os.path.join(parent, name)
-          relative = os.path.relpath(file, directory)
-          if not relative.startswith("checksums."):
-            sums[relative] = (os.path.getsize(file), sha256_file(file))
       path = os.path.join(directory, _checksums_name())
       try:
-        with open(path + ".tmp", "w") as f:
-          json.dump(sums, f)
-        os.replace(path + ".tmp", path)
+        write_json_atomically(path, file_checksums(directory))
       except OSError as e:
         raise CheckpointError(f"cannot write {path}: {e.strerror or e}") from None
     self._unsealed = []

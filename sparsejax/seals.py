@@ -66,17 +66,23 @@ def write_json_atomically(path: str, value: Any) -> None:
   os.replace(partial, path)
 
 
-def seal_directory(directory: str, seal_name: str, run_id: str, step: int | None = None) -> None:
-  """Writes ``directory/seal_name``: the checksums of every file below ``directory`` (but seals) and the identity.
-  """
+def file_checksums(directory: str) -> dict[str, list]:
+  """``{path relative to directory: [size, sha256]}`` of every file below ``directory`` but the checksum files
+  (``checksums.*``)."""
   files = {}
   for parent, _, names in os.walk(directory):
     for name in names:
-      path = os.path.join(parent, name)
-      relative = os.path.relpath(path, directory)
-      if not os.path.basename(relative).startswith("checksums."):
-        files[relative] = file_entry(path)
-  write_json_atomically(os.path.join(directory, seal_name), {"run_id": run_id, "step": step, "files": files})
+      if not name.startswith("checksums."):
+        path = os.path.join(parent, name)
+        files[os.path.relpath(path, directory)] = file_entry(path)
+  return files
+
+
+def seal_directory(directory: str, seal_name: str, run_id: str, step: int | None = None) -> None:
+  """Writes ``directory/seal_name``: the checksums of every file below ``directory`` (but seals) and the identity.
+  """
+  write_json_atomically(os.path.join(directory, seal_name),
+                        {"run_id": run_id, "step": step, "files": file_checksums(directory)})
 
 
 def read_seal(path: str) -> dict:

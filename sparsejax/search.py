@@ -24,7 +24,7 @@ from typing import Any
 
 from absl import logging
 
-from sparsejax import recipes
+from sparsejax import recipes, seals
 from sparsejax.config import Config, override
 from sparsejax.metric_writer import METRICS_FILE
 
@@ -222,7 +222,8 @@ def finish_adoption(workdir: str) -> dict | None:
 
   Returns:
     The search's summary (``recipe``, ``search_seconds``, ``search_scores``) where ``workdir``'s run came from a
-    finished recipe search, else None: a continued run reports it, and is charged its seconds.
+    finished recipe search, else None: a continued run reports it (its seconds were charged to the invocation that
+    searched).
   """
   path = os.path.join(workdir, SEARCH_DIR, _ROUNDS_FILE)
   if not os.path.exists(path):
@@ -256,9 +257,7 @@ def _read_rounds(path: str) -> list[dict]:
 def _write_rounds(path: str, rounds: list[dict], adoption: dict | None = None) -> None:
   """Records the finished rounds (and the winner's adoption), whole or not at all (a rename)."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + ".partial", "w") as f:
-    json.dump({"rounds": rounds} | ({"adoption": adoption} if adoption is not None else {}), f)
-  os.replace(path + ".partial", path)
+  seals.write_json_atomically(path, {"rounds": rounds} | ({"adoption": adoption} if adoption is not None else {}))
 
 
 def _remove_states(candidate_dir: str) -> None:
