@@ -615,7 +615,9 @@ class _ArgumentParser(argparse.ArgumentParser):
     self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
 
 
-def main(argv: list[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
+  """The launcher's command line: its own flags, then the command to run (``command``: the script and its
+  arguments)."""
   parser = _ArgumentParser(prog="sparsejax-launch", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("-n", "--num_processes", type=int, required=True, help="Number of ranks to start.")
@@ -629,6 +631,11 @@ def main(argv: list[str] | None = None) -> int:
                       help="After Ctrl-C or SIGTERM, seconds the ranks get to save a checkpoint and exit before "
                       "they are killed (default: %(default)s).")
   parser.add_argument("command", nargs=argparse.REMAINDER, help="The script and its arguments.")
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argument_parser()
   args = parser.parse_args(argv)
   if args.command[:1] == ["--"]:
     args.command = args.command[1:]
