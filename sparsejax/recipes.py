@@ -94,6 +94,13 @@ def explicit_settings(config: Config) -> list[str]:
   return [name for name in recipe_settings() if name in changed]
 
 
+def trained(config: Config) -> str:
+  """The recipe that a run of ``config`` trains, as its records name it: a recipe's name, or ``none`` (the settings
+  as given) where no recipe applies: ``--recipe=none``, or ``auto`` where no search chose one (a dense model, a
+  budget too small to compare recipes, recipe settings given, no validation split, several processes)."""
+  return NONE if config.search.recipe == AUTO else config.search.recipe
+
+
 def apply(config: Config, recipe: Recipe) -> Config:
   """``config`` with ``recipe`` named and its settings where ``config`` has the default."""
   changed = non_default_settings(config)

@@ -118,7 +118,7 @@ def plan(config: Config, shape: DataShape, candidates: tuple[recipes.Recipe, ...
 def reason_not_to_search(config: Config, num_processes: int) -> str | None:
   """Why ``config`` trains without a search (None: it searches)."""
   if config.search.recipe != recipes.AUTO:
-    return None if False else f"--recipe={config.search.recipe}"
+    return f"--recipe={config.search.recipe}"
   explicit = recipes.explicit_settings(config)
   if explicit:
     return "recipe settings given: " + ", ".join(f"--{n}" for n in explicit)

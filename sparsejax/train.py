@@ -535,7 +535,8 @@ class _Loop:
         "samples_per_sec": (self.step - start_step) * self.config.optim.batch_size / max(self.train_seconds, 1e-9),
         "seconds": self.seconds_before + self.train_seconds, "train_seconds": self.train_seconds,
         "num_params": model.num_params(state), "final": True, "num_processes": self.run.num_shards,
-        "recipe": self.config.search.recipe, **(search_summary or {}),
+        # Where no search ran, config says auto: the record names what trained.
+        "recipe": recipes.trained(self.config), **(search_summary or {}),
     })
     if self.writer is not None:
       self.writer.write(final, curves=[k for k in final if k not in _SUMMARY_FIELDS])

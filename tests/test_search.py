@@ -124,7 +124,10 @@ def test_a_run_stopped_while_adopting_the_winner_finishes_the_adoption(tmp_path,
 def test_explicit_settings_and_named_recipes_skip_the_search(tmp_path, search_config, caplog):
   caplog.set_level("INFO")
   final = train_and_evaluate(override(search_config, hidden_dims=(64,)), str(tmp_path / "explicit"))
-  assert final["recipe"] == "auto" and not any("search_round" in r for r in read_records(str(tmp_path / "explicit")))
+  records = read_records(str(tmp_path / "explicit"))
+  assert not any("search_round" in r for r in records)
+  # What trained: no recipe, the settings as given (not the "auto" that was asked for), in the record as returned.
+  assert final["recipe"] == records[-1]["recipe"] == "none" and records[-1]["final"]
   assert "no search (recipe settings given: --hidden_dims)" in caplog.text
   final = train_and_evaluate(override(search_config, recipe="wider", dropout=0.1), str(tmp_path / "named"))
   saved = Config.from_dict(json.load(open(tmp_path / "named" / "config.json")))
@@ -137,8 +140,22 @@ def test_explicit_settings_and_named_recipes_skip_the_search(tmp_path, search_co
 def test_a_budget_too_small_trains_the_defaults(tmp_path, search_config, caplog):
   caplog.set_level("INFO")
   final = train_and_evaluate(override(search_config, max_steps=30), str(tmp_path))
-  assert final["recipe"] == "auto" and "too small to compare recipes" in caplog.text
+  assert final["recipe"] == read_records(str(tmp_path))[-1]["recipe"] == "none"
+  assert "too small to compare recipes" in caplog.text
   assert not (tmp_path / "search").exists()
+
+
+def test_a_dense_model_records_that_it_trained_no_recipe(tmp_path, search_config, caplog):
+  caplog.set_level("INFO")
+  final = train_and_evaluate(override(search_config, model="dense", max_steps=20), str(tmp_path))
+  assert final["recipe"] == read_records(str(tmp_path))[-1]["recipe"] == "none"
+  assert "no search (--model=dense)" in caplog.text
+
+
+def test_the_recipe_trained_is_the_named_one_or_none():
+  assert recipes.trained(Config()) == "none"  # auto, at the point of training: no search chose one
+  assert recipes.trained(override(Config(), recipe="none")) == "none"
+  assert recipes.trained(recipes.apply(Config(), recipes.get("wide"))) == "wide"
 
 
 def test_plan_gives_each_candidate_steps_for_an_equal_share_of_seconds():
