@@ -52,14 +52,15 @@ def _version(source_root: str | None = None) -> str:
 __version__ = _version()
 
 
-def load(workdir: str, step: int | None = None):
-  """The model trained in ``workdir``: ``predict(inputs, top=k)`` and ``evaluate(dataset)``.
+def load(workdir: str, step: int | None = None, platform: str = "cpu"):
+  """The model trained in ``workdir``: ``predict(inputs, top=k)`` and ``evaluate(dataset)``, its network on
+  ``platform`` (``"cpu"``; ``"cuda"`` or ``"rocm"`` for a dense model; JAX is pinned to it, as ``fit`` pins it).
 
   See :mod:`sparsejax.trained`.
   """
   from sparsejax.trained import load as _load
 
-  return _load(workdir, step)
+  return _load(workdir, step, platform)
 
 
 def __getattr__(name: str):

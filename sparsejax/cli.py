@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from absl import app, flags, logging
 
-from sparsejax import compilation_cache, console, flagfiles, recipes, rundirs
+from sparsejax import compilation_cache, console, flagfiles, platforms, recipes, rundirs
 from sparsejax.config import Config, ConfigError, field_type, format_value, iter_fields, override
 
 FLAGS = flags.FLAGS
@@ -109,6 +109,8 @@ none of whose words the model knows is named in a warning on stderr.
          "line is an XC header, else svmlight), xc (Extreme Classification Repository file with its header line), "
          "svmlight (lines of 'labels id:value ...', no header) or text (one sample per line)."),
     Flag("top", 5, "Labels written per sample.", int),
+    Flag("platform", "cpu", "Where the network runs (sets JAX_PLATFORMS): cpu, or an accelerator (cuda, rocm) for a "
+         "model trained with --model=dense. SLIDE's kernels are CPU code."),
     Flag("k", 0, "0: exact, every label scored. K > 0: sampled (SLIDE models): each sample's K best candidates "
          "from the serving index (kept by the run, else built from the model's rows) are scored, as the run's "
          "sampled_p@k; faster where K is a small share of the labels.", int),
@@ -400,29 +402,31 @@ def _use_compilation_cache() -> None:
     warn(problem)
 
 
-PLATFORMS = ("cpu", "cuda", "rocm")
+PLATFORMS = platforms.PLATFORMS
 
 
-def _check_platform(platform: str, config: Config) -> str:
-  """Ends the command (status 2) unless ``config`` can run on ``platform`` and JAX has a device of it there; returns
-  the device's kind."""
+def _check_platform(platform: str, model: str | None = None) -> None:
+  """Ends the command (status 2) unless ``platform`` is one and can run a ``model`` network (None: any)."""
+  problem = platforms.problem(platform, model)
+  if problem is not None:
+    usage_error(f"--platform={platform}: {problem}")
+
+
+def _first_device_kind(platform: str) -> str:
+  """The kind of JAX's first device, ``JAX_PLATFORMS`` being ``platform``; ends the command (status 2) where JAX has
+  none of it."""
   from sparsejax import distributed
 
-  if platform != "cpu" and config.network.model != "dense":
-    usage_error(f"--platform={platform} trains --model=dense only (the full-softmax baseline): SLIDE's kernels "
-                "(its index, the sampled softmax, row-sparse Adam) are CPU code; use --platform=cpu")
   try:
-    device = distributed.first_device(platform)
+    return distributed.first_device(platform).device_kind
   except RuntimeError as e:
     usage_error(f"--platform={platform}: {e}")
-  return device.device_kind
 
 
 def train(argv: list[str]) -> None:
   """absl main of ``sparsejax-train``: joins the process group, trains, prints the final line."""
   del argv
-  if FLAGS.platform not in PLATFORMS:
-    usage_error(f"--platform={FLAGS.platform}: must be one of {', '.join(PLATFORMS)}")
+  _check_platform(FLAGS.platform)
   if FLAGS.platform != "cpu" and (FLAGS.coordinator_address or (FLAGS.num_processes or 1) > 1):
     usage_error(f"--platform={FLAGS.platform} runs in one process (the baseline on one device); several processes "
                 "train on CPUs")
@@ -451,7 +455,8 @@ def train(argv: list[str]) -> None:
     config = recipes.with_given_settings(config, given)
   except ConfigError as e:
     usage_error(str(e))
-  device = _check_platform(FLAGS.platform, config)
+  _check_platform(FLAGS.platform, config.network.model)
+  device = _first_device_kind(FLAGS.platform)
   workdir, new_run = _workdir(config, jax.process_count())
   continuing = (f"add --workdir={workdir} to the command to continue" if new_run
                 else "run the same command again to continue")
@@ -654,8 +659,11 @@ def _sniff(path: str) -> str:
 def predict(argv: list[str]) -> None:
   """absl main of ``sparsejax-predict``."""
   del argv
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  _check_platform(FLAGS.platform)  # the model's kind is checked as it loads
+  # Set, not defaulted, as sparsejax-train sets it: SLIDE's kernels are CPU code, whatever JAX_PLATFORMS says.
+  os.environ["JAX_PLATFORMS"] = FLAGS.platform
   from sparsejax.checkpoint import quiet_orbax_logs
+  from sparsejax.platforms import PlatformError, PlatformUnavailable
   from sparsejax.trained import UnknownWordsWarning, load
 
   quiet_orbax_logs()  # stdout is the predictions; stderr only says what went wrong
@@ -680,7 +688,7 @@ def predict(argv: list[str]) -> None:
                                                   f"cannot write a file in {parent}"))
   _use_compilation_cache()  # before anything compiles
   try:
-    model = load(FLAGS.workdir, FLAGS.step)
+    model = load(FLAGS.workdir, FLAGS.step, FLAGS.platform)
     if not 1 <= FLAGS.top <= model.num_labels:
       usage_error(f"--top={FLAGS.top}: must be in [1, {model.num_labels}] (the model's labels)")
     if FLAGS.k > model.num_labels:
@@ -691,6 +699,8 @@ def predict(argv: list[str]) -> None:
       warnings.simplefilter("always", UnknownWordsWarning)
       scores, ids = model.predict(read_inputs(FLAGS.input, FLAGS.input_format, model), top=FLAGS.top,
                                   k=FLAGS.k or None)
+  except (PlatformError, PlatformUnavailable) as e:  # a dense model only off the CPU; a device of it
+    usage_error(f"--platform={e.platform}: {e.problem}")
   except (OSError, ValueError) as e:
     fail(str(e))
   for warning in caught:  # one line per input line whose words the model does not know

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sparsejax import recipes, rundirs
+from sparsejax import platforms, recipes, rundirs
 from sparsejax.config import Config, ConfigError, did_you_mean, field_type, iter_fields, override
 from sparsejax.trained import TrainedModel
 
@@ -99,7 +99,7 @@ def fit(X: Any, Y: Any, *, X_val: Any = None, Y_val: Any = None, workdir: str | 
     scores, ids = model.predict(X[1800:], top=5)     # [200, 5] each, best first
   """
   config = _config(settings)
-  _use_platform(platform, config)
+  platforms.pin(platform, config.network.model, "fit")
   data = _data(X, Y, X_val, Y_val, num_labels, label_names, config)
   cache_problem = _use_compilation_cache(compilation_cache)
   from absl import logging
@@ -126,38 +126,7 @@ def fit(X: Any, Y: Any, *, X_val: Any = None, Y_val: Any = None, workdir: str | 
       with contextlib.suppress(OSError):
         os.rmdir(workdir)
     raise
-  return TrainedModel(workdir)
-
-
-# The platform name of JAX's devices for each of sparsejax-train's --platform values.
-_DEVICE_PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu"}
-
-
-def _use_platform(platform: str, config: Config) -> None:
-  """Runs JAX on ``platform`` as ``sparsejax-train --platform`` does, or raises an error naming the problem."""
-  from sparsejax.cli import PLATFORMS
-
-  if platform not in PLATFORMS:
-    raise ValueError(f"platform={platform!r}: must be one of {', '.join(map(repr, PLATFORMS))}")
-  if platform != "cpu" and config.network.model != "dense":
-    raise ValueError(f"platform={platform!r} trains model='dense' only (the full-softmax baseline): SLIDE's kernels "
-                     "(its index, the sampled softmax, row-sparse Adam) are CPU code; use platform='cpu'")
-  import jax
-  from jax._src import xla_bridge
-
-  from sparsejax import distributed
-
-  if not xla_bridge.backends_are_initialized():  # JAX reads jax_platforms when it starts its backends
-    jax.config.update("jax_platforms", platform)
-  running = distributed.first_device(platform).platform  # a RuntimeError naming the platform where it has none
-  if running != _DEVICE_PLATFORMS[platform]:
-    # The process already uses another platform (e.g. a notebook's earlier GPU work): its devices are the ones the
-    # training would place its arrays on, and SLIDE's CPU kernels cannot run there.
-    other = next((name for name, device in _DEVICE_PLATFORMS.items() if device == running), running)
-    raise RuntimeError(f"platform={platform!r}: JAX already runs on {running} in this process, and it cannot "
-                       f"change once started: call fit before anything else uses JAX (or start Python with "
-                       f"JAX_PLATFORMS={platform})" + (f", or give platform={other!r} with model='dense'"
-                                                       if running == "gpu" else ""))
+  return TrainedModel(workdir, platform=platform)
 
 
 def _use_compilation_cache(setting: str | os.PathLike | None) -> str | None:

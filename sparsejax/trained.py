@@ -20,6 +20,7 @@ the same computations as the run's evaluations.
 """
 
 import functools
+import json
 import os
 import warnings
 from collections.abc import Sequence
@@ -149,12 +150,22 @@ class TrainedModel:
       ``--max_features``.
     label_names: ``[N]`` names of the labels, or None.
     vectorizer: the fitted text vectorizer, or None.
+
+  Args:
+    workdir: the run's work directory (or a :meth:`save`'d model's).
+    step: a checkpoint's step, or None: the run's selected state.
+    platform: where the network runs, as ``sparsejax-train --platform``: ``"cpu"`` (SLIDE's kernels are CPU code),
+      or ``"cuda"``/``"rocm"`` for a dense model. JAX is pinned to it (:func:`sparsejax.platforms.pin`): a machine
+      whose JAX defaults to a GPU serves on its CPUs; where JAX already runs elsewhere, loading is refused, saying so.
   """
 
-  def __init__(self, workdir: str, step: int | None = None):
-    from sparsejax import checkpoint, model
+  def __init__(self, workdir: str, step: int | None = None, platform: str = "cpu"):
+    from sparsejax import checkpoint, model, platforms
 
     self._workdir = workdir
+    # JAX is pinned before anything starts it (orbax does, listing the checkpoints), by the network that config.json
+    # names; the checkpoint's own settings are checked once read.
+    platforms.pin(platform, _recorded_model(workdir), "load")
     checkpoints = checkpoint.Checkpoints(workdir, writable=False)
     newest = checkpoints.latest_step()
     if newest is None:
@@ -163,6 +174,7 @@ class TrainedModel:
     if meta is None:
       raise ValueError(f"{checkpoints.directory}/{newest} records no settings (written by an older sparsejax)")
     self.config = Config.from_dict(meta["config"])
+    platforms.check(platform, self.config.network.model)
     # The run's identity: what the seals of its best state and assets must name (None: an older sparsejax's run,
     # whose files have no seals).
     run_id = meta.get("run_id")
@@ -557,7 +569,17 @@ def _warn_of_unknown_words(texts: list[str], rows: np.ndarray) -> None:
     warnings.warn(UnknownWordsWarning(rest, texts[rest], more=len(rows) - _UNKNOWN_WORDS_NAMED - 1), stacklevel=4)
 
 
-def load(workdir: str, step: int | None = None) -> TrainedModel:
+def _recorded_model(workdir: str) -> str | None:
+  """The ``--model`` that ``WORKDIR/config.json`` records (None: no readable one)."""
+  try:
+    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+      return json.load(f)["network"]["model"]
+  except (OSError, ValueError, KeyError, TypeError, RecursionError):
+    return None
+
+
+def load(workdir: str, step: int | None = None, platform: str = "cpu") -> TrainedModel:
   """The model trained in ``workdir``: the state its run selected on the validation split (the one its final
-  evaluation reports), else its newest checkpoint; or checkpoint ``step``."""
-  return TrainedModel(workdir, step)
+  evaluation reports), else its newest checkpoint; or checkpoint ``step``. Its network runs on ``platform``
+  (JAX pinned to it, as :func:`sparsejax.fit` pins it: see :class:`TrainedModel`)."""
+  return TrainedModel(workdir, step, platform)

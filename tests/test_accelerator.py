@@ -4,10 +4,12 @@ input layer, exact top-k) take their ``jnp`` twins instead of the CPU kernels.
 There is no accelerator here, so: the twins are compared with the kernels on CPU; the dense programs are lowered
 for CUDA (``jax.export`` needs no GPU) and must hold no sparsejax kernel, while their CPU lowering must; the dense
 model trained on the twins must match the one trained on the kernels; and the command line refuses what cannot
-run, in one line, before anything is written.
+run, in one line, before anything is written. Training, ``sparsejax.fit``, ``sparsejax.load`` and
+``sparsejax-predict`` decide by one check (``sparsejax.platforms``) and pin JAX to the platform asked for.
 """
 
 import functools
+import os
 import subprocess
 
 import jax
@@ -16,7 +18,8 @@ import numpy as np
 import pytest
 from jax import export
 
-from sparsejax import _ffi, dense, inference, ops, selection
+import sparsejax
+from sparsejax import _ffi, data, dense, inference, ops, platforms, selection
 from sparsejax.config import Config, override
 
 
@@ -140,7 +143,8 @@ def test_the_dense_baseline_trains_the_same_on_the_jnp_twins(monkeypatch):
 
 @pytest.mark.parametrize("args,message", [
     ("--platform=tpu", "--platform=tpu: must be one of cpu, cuda, rocm"),
-    ("--platform=cuda", "--platform=cuda trains --model=dense only (the full-softmax baseline): SLIDE's kernels"),
+    ("--platform=cuda", "--platform=cuda: an accelerator runs model=dense only (the full-softmax baseline), not "
+     "model=slide: SLIDE's kernels"),
     ("--platform=cuda --model=dense --num_processes=2", "--platform=cuda runs in one process"),
     ("--platform=cuda --model=dense", "--platform=cuda: JAX has no cuda device here"),
 ])
@@ -161,3 +165,82 @@ def _has_cuda() -> bool:
     return bool(jax.devices("cuda"))
   except RuntimeError:
     return False
+
+
+# --- One platform check for training and serving (issue 35) ------------------------------------------------------
+
+
+def test_the_platform_check_allows_slide_on_cpus_only_and_the_dense_model_anywhere():
+  assert [platforms.problem(p, m) for p in ("cpu", "cuda", "rocm") for m in ("slide", "dense")] == \
+      [None, None, platforms.problem("cuda", "slide"), None, platforms.problem("rocm", "slide"), None]
+  assert platforms.problem("cuda", "slide") == (
+      "an accelerator runs model=dense only (the full-softmax baseline), not model=slide: SLIDE's kernels (its index, "
+      "the sampled softmax, row-sparse Adam) are CPU code; use cpu")
+  assert platforms.problem("tpu", "dense") == platforms.problem("tpu") == "must be one of cpu, cuda, rocm"
+  assert platforms.problem("cuda") is None  # the model not known yet: the name only
+
+
+@pytest.fixture(scope="module")
+def trained_runs(tmp_path_factory, small_config):
+  """A SLIDE run and a dense run, 20 steps each: ``{model: workdir}``, and the test set as an XC file."""
+  from sparsejax.train import train_and_evaluate
+
+  root = tmp_path_factory.mktemp("platforms")
+  runs = {}
+  for name in ("slide", "dense"):
+    config = override(small_config, model=name, max_steps=20, eval_every=20)
+    train_and_evaluate(config, str(root / name))
+    runs[name] = str(root / name)
+  test_file = root / "test.txt"
+  data.save_xc_file(data.load_dataset(config.data, seed=config.run.seed).test, str(test_file))
+  return runs, str(test_file)
+
+
+def test_load_refuses_a_platform_that_cannot_run_the_model(trained_runs):
+  runs, _ = trained_runs
+  with pytest.raises(platforms.PlatformError, match=r"^platform='cuda': an accelerator runs model=dense only .*, "
+                     r"not model=slide: SLIDE's kernels"):
+    sparsejax.load(runs["slide"], platform="cuda")
+  with pytest.raises(ValueError, match=r"^platform='tpu': must be one of cpu, cuda, rocm$"):
+    sparsejax.load(runs["dense"], platform="tpu")
+  if _has_cuda():
+    pytest.skip("this machine has a CUDA device: this process's JAX may run there")
+  # A dense model may go to a GPU, but this process's JAX runs on its CPUs already, as fit says.
+  with pytest.raises(RuntimeError, match=r"^platform='cuda': JAX already runs on cpu in this process, and it cannot "
+                     r"change once started: call load before"):
+    sparsejax.load(runs["dense"], platform="cuda")
+  assert sparsejax.load(runs["slide"]).step == 20  # platform="cpu", the default
+
+
+@pytest.mark.parametrize("args,message", [
+    ("--platform=cuda", "--platform=cuda: an accelerator runs model=dense only (the full-softmax baseline), not "
+     "model=slide: SLIDE's kernels"),
+    ("--platform=tpu", "--platform=tpu: must be one of cpu, cuda, rocm"),
+])
+def test_predict_refuses_a_platform_that_cannot_run_the_model_in_one_line(trained_runs, installed_command, args,
+                                                                         message):
+  runs, test_file = trained_runs
+  out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={runs['slide']}", f"--input={test_file}",
+                        *args.split()], capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2 and not out.stdout, out.stderr[-2000:]
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f"sparsejax-predict: error: {message}"), out.stderr[-2000:]
+
+
+def test_load_and_predict_run_on_the_cpus_whatever_jax_platforms_says(trained_runs, installed_command, run_python):
+  """JAX_PLATFORMS=cuda (a GPU machine's setting, or none here: JAX then fails to start) does not move serving off
+  the CPUs, where SLIDE's kernels run: both pin the platform, as training does."""
+  runs, test_file = trained_runs
+  env = dict(os.environ, JAX_PLATFORMS="cuda")
+  out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={runs['slide']}", f"--input={test_file}",
+                        "--top=3"], capture_output=True, text=True, timeout=120, env=env)
+  assert out.returncode == 0, out.stderr[-2000:]
+  expected = sparsejax.load(runs["slide"]).predict(data.load_xc_file(test_file), top=3)[1]
+  written = [[int(pair.split(":")[0]) for pair in line.split("\t")] for line in out.stdout.splitlines()]
+  np.testing.assert_array_equal(written, expected)
+  out = run_python(code=f"""
+      import jax, sparsejax
+      model = sparsejax.load({runs['slide']!r})
+      print(jax.devices()[0].platform, model.params.out.w.devices().pop().platform)
+  """, env={"JAX_PLATFORMS": "cuda"})
+  assert out.stdout.split() == ["cpu", "cpu"]

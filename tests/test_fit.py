@@ -279,8 +279,8 @@ def _bad_inputs():
       (dict(X=x, Y=y, X_val=x, Y_val=empty_row), ValueError, "Y_val: row 3 has no label"),
       (dict(X=x, Y=y, label_names=["a", "b"]), ValueError, "label_names: has 2 names for 8 labels"),
       (dict(X=x, Y=y, platfrom="cpu"), TypeError, "unknown setting 'platfrom'. Did you mean: platform ?"),
-      (dict(X=x, Y=y, platform="tpu"), ValueError, "platform='tpu': must be one of 'cpu', 'cuda', 'rocm'"),
-      (dict(X=x, Y=y, platform="cuda"), ValueError, "platform='cuda' trains model='dense' only"),
+      (dict(X=x, Y=y, platform="tpu"), ValueError, "platform='tpu': must be one of cpu, cuda, rocm"),
+      (dict(X=x, Y=y, platform="cuda"), ValueError, "platform='cuda': an accelerator runs model=dense only"),
       # This process's JAX runs on CPUs already (the suite's), as a notebook's may run on a GPU when fit is called.
       (dict(X=x, Y=y, model="dense", platform="cuda"), RuntimeError,
        "platform='cuda': JAX already runs on cpu in this process, and it cannot change once started"),
