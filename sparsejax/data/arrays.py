@@ -131,9 +131,15 @@ def _one_per_sample(Y: np.ndarray, name: str) -> LabelRows:
 
 
 def _id_lists(Y: Any, name: str) -> LabelRows:
-  """Label-id lists (an int alone is a list of one): all at once where every row is a list of distinct ids >= 0
-  (16 us a row one by one: a minute for millions), else row by row, which names the row at fault."""
+  """Label-id lists (an int alone is a list of one): all at once where every row is a list of distinct ids >= 0, or
+  every row an int (16 us a row one by one: a minute for millions), else row by row, which names the row at fault."""
   rows = list(Y)
+  # One id per sample as a list of ints: the ints of a 1-D integer array (bools are not ids: row by row refuses them).
+  types = set(map(type, rows))
+  if rows and all(issubclass(t, numbers.Integral) and not issubclass(t, (bool, np.bool_)) for t in types):
+    ids = np.array(rows)
+    if ids.dtype.kind in "iu":  # not ints beyond int64's range (dtype object, or float64 beside negative ones)
+      return _one_per_sample(ids, name)
   if rows and all(type(item) in (list, tuple) or isinstance(item, np.ndarray) for item in rows):
     lengths = np.fromiter(map(len, rows), np.int64, len(rows))
     try:
