@@ -219,7 +219,7 @@ def merge_shards(shards: Sequence[ClusterIndex], rows_per_shard: int, num_rows: 
   members are its real, finite rows (padding rows are outside every cluster). The result has every shard's
   clusters, in shard order, with their members as global ids (``rows`` ends in -1 where rows were left out, as a
   one-process index does). Probing it ranks all of those clusters together and takes members from the best one
-  on, which is how a sharded run probes its shards' indexes (:func:`sparsejax.distributed.make_predict`): one
+  on, which is how a sharded run probes its shards' indexes (:func:`sparsejax.inference.index_candidates`): one
   process serves the candidates that the shards served.
   """
   offsets, rows, base = [], [], 0

@@ -13,7 +13,11 @@ baseline (Horovod-style): every process holds the whole model, takes a slice
 of each batch and all-reduces every gradient, ``O(params)`` bytes per step.
 
 :func:`make_run` packs one kind of run (one process or several, SLIDE or
-dense) into a :class:`Run`: the few functions a training loop calls.
+dense) into a :class:`Run`: the few functions a training loop calls. This module
+holds the mesh, the partition specs and the ``shard_map`` wiring only: a sharded
+run steps with :func:`sparsejax.model.train_step` and predicts with
+:mod:`sparsejax.inference`, the functions a one-process run calls, given
+:data:`SHARD` (their collectives do nothing in one process).
 
 Everything here also runs in one process over several (virtual) CPU devices
 (``--xla_force_host_platform_device_count``), which is how the sharded math is
@@ -32,9 +36,10 @@ from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sparsejax import clusters, dense, inference, model, ops, process_group, retrieval, selection, tables
+from sparsejax import clusters, dense, inference, loss, model, process_group, retrieval, tables
 
 AXIS = "shard"
+SHARD = loss.Shard(AXIS)  # inside shard_map: the output layer's split, for the functions that merge over it
 
 
 # --- Process group ---------------------------------------------------------------
@@ -100,8 +105,7 @@ def _stacked_tables(state):
 
 
 def _num_valid(config: model.ModelConfig, rows: int):
-  offset = jax.lax.axis_index(AXIS) * rows
-  return jnp.clip(config.num_labels - offset, 0, rows).astype(jnp.int32)
+  return SHARD.row_range(rows, config.num_labels)[1]
 
 
 def _shard_map(fn, mesh, in_specs, out_specs):
@@ -156,10 +160,9 @@ def _broadcast_specs(specs, tree):
 def make_train_step(config: model.ModelConfig, mesh: jax.sharding.Mesh):
   """``step(state, batch) -> (state, metrics)``: jitted, state donated, batch replicated."""
   specs = _abstract_specs(config, mesh)
-  shard = model.Shard(AXIS)
 
   def local_step(state, batch):
-    state, m = model.train_step(_local_tables(state), batch, config=config, shard=shard)
+    state, m = model.train_step(_local_tables(state), batch, config=config, shard=SHARD)
     return _stacked_tables(state), m
 
   return jax.jit(_shard_map(local_step, mesh, (specs, P()), (specs, P())), donate_argnums=0)
@@ -183,145 +186,13 @@ def make_rebuild(config: model.ModelConfig, mesh: jax.sharding.Mesh, new_hash_fu
   return jax.jit(_shard_map(local, mesh, (specs,), specs), donate_argnums=0)
 
 
-def _merge(scores, ids, top: int):
-  """Each shard's ``[n, t]`` best (global ids) -> the global top ``top`` over all shards (an all-gather of
-  ``O(n t P)`` numbers); ties to the lower shard, NaN last."""
-  scores = jax.lax.all_gather(scores, AXIS, axis=1, tiled=True)
-  ids = jax.lax.all_gather(ids, AXIS, axis=1, tiled=True)
-  best, pos = selection.row_topk(scores, top)
-  return best, jnp.take_along_axis(ids, pos, axis=1)
+def _per_shard(fn, config: model.ModelConfig, mesh: jax.sharding.Mesh, num_inputs: int):
+  """``fn(state, *inputs, shard=...)`` on every shard (:mod:`sparsejax.inference`'s functions): jitted, the state
+  sharded, the ``num_inputs`` inputs and the results replicated."""
+  def local(state, *inputs):
+    return fn(_local_tables(state), *inputs, shard=SHARD)
 
-
-def _local_k(config: model.ModelConfig, k: int) -> int:
-  """Each shard's share of an active set of ``k`` (as :func:`model.local_active_k` shares ``active_k``)."""
-  return model.local_active_k(dataclasses.replace(config, network=dataclasses.replace(config.network, active_k=k)),
-                              config.num_shards)
-
-
-class _ShardView(NamedTuple):
-  """One shard's rows inside ``shard_map``: its state (local tables), first global id and real rows."""
-  state: Any
-  offset: jax.Array
-  num_valid: jax.Array
-
-
-def _shard_view(config: model.ModelConfig, state) -> _ShardView:
-  rows = model.shard_rows(config.num_labels, config.num_shards)
-  return _ShardView(_local_tables(state), jax.lax.axis_index(AXIS) * rows, _num_valid(config, rows))
-
-
-def _exact(view: _ShardView, h, top: int):
-  """The global exact top ``top``: each shard's over its real rows, merged."""
-  state = view.state
-  rows = state.out.w.shape[0]
-  bias = jnp.where(jnp.arange(rows) < view.num_valid, state.out.b, jnp.nan)  # padding rows rank last (NaN)
-  scores, ids = inference.exact_topk(h, state.out.w, bias, min(top, rows))
-  return _merge(scores, ids + view.offset, top)
-
-
-def _candidates(view: _ShardView, h, config: model.ModelConfig, k: int):
-  """This shard's share of each query's ``k`` index candidates: ``(active [n, w] local ids, -1 past the
-  shard's share, num_from_index [n])``.
-
-  A clustered index is probed as one process probes its single index: the clusters of every shard are ranked
-  together (each shard all-gathers the scores and sizes of its best ``min(probes, C)`` clusters: ``O(n k)``)
-  and members are taken from the best clusters on, wherever they live, until there are ``k`` of them. Each
-  shard then takes its share from its own probe list (ranked the same way). The candidates of a query add up
-  to ``k`` over the shards as in one process (unless the probed clusters hold fewer rows: one process fills
-  such an active set with random rows, the shards do not), and no shard is held to a fixed quota of ``k / P``,
-  which cuts off a shard that holds the best clusters. LSH tables (buckets have no scores to rank across
-  shards): each shard's own ``k / P`` candidates, as in training.
-  """
-  state = view.state
-  index = state.tables
-  if not isinstance(index, clusters.ClusterIndex):
-    return model.query_active(state, h, config=config, k=_local_k(config, k), num_rows=view.num_valid)
-  probes = min(config.tables.cluster_probes or k, k)  # one process: min(cluster_probes or C, k) clusters
-  m = min(probes, index.centroids.shape[0])
-  sizes = index.sizes
-  scores = clusters.probe_scores(index, h, config.tables.cluster_spread_weight)
-  # This shard's best m clusters in the probe's order (empty ones never take a probe: NaN, last).
-  best, which = selection.row_topk(jnp.where(sizes[None, :] > 0, scores, jnp.nan), m)
-  counts = jnp.where(jnp.isnan(best), 0, sizes[which])
-  best = jax.lax.all_gather(best, AXIS, axis=1, tiled=True)  # [n, P m], shard by shard
-  counts = jax.lax.all_gather(counts, AXIS, axis=1, tiled=True)
-  _, order = selection.row_topk(best, best.shape[1])  # every shard's clusters ranked together
-  counts = jnp.where(jnp.arange(best.shape[1]) < probes, jnp.take_along_axis(counts, order, axis=1), 0)
-  taken = jnp.clip(k - (jnp.cumsum(counts, axis=1) - counts), 0, counts)  # members taken from each cluster
-  mine = (order // m) == jax.lax.axis_index(AXIS)
-  share = jnp.sum(jnp.where(mine, taken, 0), axis=1).astype(jnp.int32)
-  width = min(k, state.out.w.shape[0])
-  active = clusters.probe_ranked(index, scores, m, width)
-  return jnp.where(jnp.arange(width)[None, :] < share[:, None], active, -1), share
-
-
-def _sampled(view: _ShardView, h, config: model.ModelConfig, top: int, k: int):
-  """Sampled inference over ``k`` candidates per query (:func:`_candidates`): each shard scores its own and
-  keeps its best ``top``; the global top ``top`` of those. Returns ``(ids [n, top] global (-1 where there were
-  fewer candidates), active [n, w] local ids or -1, num_from_index [n])``."""
-  state = view.state
-  active, from_index = _candidates(view, h, config, k)
-  logits = ops.sparse_logits(h, state.out.w, state.out.b, jnp.maximum(active, 0))
-  logits = jnp.where(active >= 0, logits, jnp.nan)  # ranks last
-  s, pos = selection.row_topk(logits, min(top, active.shape[1]))
-  ids = jnp.take_along_axis(active, pos, axis=1)
-  _, ids = _merge(s, jnp.where(ids >= 0, ids + view.offset, -1), top)
-  return ids, active, from_index
-
-
-def make_predict(config: model.ModelConfig, mesh: jax.sharding.Mesh, top: int = 5):
-  """``predict(state, feat_ids, feat_vals) -> (scores, ids, sampled_ids)``, each ``[n, top]``, global ids.
-
-  Exact: each shard's exact top-``top`` over its rows, all-gathered and
-  merged. Sampled: the same over each query's ``active_k`` candidates from
-  the shards' indexes (:func:`_candidates`): the index the state holds,
-  for evaluation the serving index of :func:`make_serving_index`.
-  """
-  specs = _abstract_specs(config, mesh)
-
-  def local(state, fids, fvals):
-    view = _shard_view(config, state)
-    h = model.hidden(view.state, fids, fvals)
-    scores, ids = _exact(view, h, top)
-    return scores, ids, _sampled(view, h, config, top, config.k)[0]
-
-  return jax.jit(_shard_map(local, mesh, (specs, P(), P()), (P(), P(), P())))
-
-
-def make_diagnose(config: model.ModelConfig, mesh: jax.sharding.Mesh, top: int = 5, sampled_ks: tuple[int, ...] = ()):
-  """``diagnose(state, feat_ids, feat_vals, labels) -> (scores, ids, sampled_ids, extra)``: :attr:`Run.diagnose`
-  of a sharded run.
-
-  As a one-process run's: ``predict`` plus ``extra = {"sampled": {f"sampled_k{K}": ids} for K in sampled_ks,
-  "retrieval": per-query diagnostics}`` (sampled inference over ``K`` candidates in all, see :func:`_candidates`),
-  the diagnostics of the union of the shards' candidates: ``label_recall`` and ``topk_recall`` find ids among
-  every shard's index candidates (the candidate sets are all-gathered, ``O(n k)``), ``num_candidates`` adds up
-  the shards' counts and ``label_cosine`` averages over the labels' rows wherever they live (each shard's
-  cosine sum of its labels, added up).
-  """
-  specs = _abstract_specs(config, mesh)
-  wide = min(max(top, retrieval.TOP), config.num_labels)
-
-  def local(state, fids, fvals, labels):
-    view = _shard_view(config, state)
-    h = model.hidden(view.state, fids, fvals)
-    scores, ids = _exact(view, h, wide)
-    sampled, active, from_index = _sampled(view, h, config, top, config.k)
-    others = {f"sampled_k{K}": _sampled(view, h, config, top, min(K, config.num_labels))[0] for K in sampled_ks}
-    # The union of the shards' candidates, in global ids, and which of them came from an index.
-    candidates = jax.lax.all_gather(jnp.where(active >= 0, active + view.offset, -1), AXIS, axis=1, tiled=True)
-    mask = jax.lax.all_gather(retrieval.candidate_mask(active, from_index), AXIS, axis=1, tiled=True)
-    recall, has_labels = retrieval.label_recall(candidates, mask, labels)
-    mine = (labels >= view.offset) & (labels < view.offset + view.num_valid)
-    cos_sum, count = retrieval.label_cosine_sum(h, view.state.out.w, jnp.where(mine, labels - view.offset, -1))
-    cos_sum, count = jax.lax.psum((cos_sum, count), AXIS)
-    diagnostics = {"label_recall": recall,
-                   "topk_recall": retrieval.topk_recall(candidates, mask, ids[:, :retrieval.TOP]),
-                   "label_cosine": (cos_sum / jnp.maximum(count, 1)).astype(jnp.float32),
-                   "num_candidates": jax.lax.psum(from_index, AXIS).astype(jnp.float32), "has_labels": has_labels}
-    return scores[:, :top], ids[:, :top], sampled, {"sampled": others, "retrieval": diagnostics}
-
-  return jax.jit(_shard_map(local, mesh, (specs, P(), P(), P()), P()))
+  return jax.jit(_shard_map(local, mesh, (_abstract_specs(config, mesh), *[P()] * num_inputs), P()))
 
 
 def make_serving_index(config: model.ModelConfig, mesh: jax.sharding.Mesh):
@@ -329,29 +200,21 @@ def make_serving_index(config: model.ModelConfig, mesh: jax.sharding.Mesh):
   one process builds its own (:func:`model.serving_index`, ``config.eval_index_sizes`` per shard). Not donated:
   the training state keeps its own index; only the index is new (no copy of the rows)."""
   specs = _abstract_specs(config, mesh)
+  rows = model.shard_rows(config.num_labels, config.num_shards)
 
   def local(state):
-    view = _shard_view(config, state)
-    return _stacked_tables(model.serving_index(view.state, config, view.num_valid)).tables
+    return _stacked_tables(model.serving_index(_local_tables(state), config, _num_valid(config, rows))).tables
 
   build = jax.jit(_shard_map(local, mesh, (specs,), specs.tables))
   return lambda state: state._replace(tables=build(state))
 
 
 def make_merged_index(config: model.ModelConfig, mesh: jax.sharding.Mesh):
-  """``merged_index(state) -> ClusterIndex`` (host arrays): every shard's clustered index all-gathered
-  (``O(N + P C d)`` numbers, once per run) and merged into one over the N global rows
-  (:func:`clusters.merge_shards`), which one process probes as the shards probed theirs."""
-  rows = model.shard_rows(config.num_labels, config.num_shards)
-  gather = jax.jit(_shard_map(lambda t: jax.tree.map(lambda x: jax.lax.all_gather(x, AXIS), t), mesh,
+  """``merged_index(state) -> ClusterIndex`` (host arrays): every shard's clustered index gathered and merged into
+  one over the N global rows (:func:`inference.gather_index`, :func:`inference.merge_index`)."""
+  gather = jax.jit(_shard_map(lambda t: inference.gather_index(t, SHARD), mesh,
                               (_abstract_specs(config, mesh).tables,), P()))
-
-  def merged(state):
-    stacked = jax.tree.map(local_value, gather(state.tables))  # [P, ...] each
-    shards = [jax.tree.map(lambda x, p=p: x[p], stacked) for p in range(config.num_shards)]
-    return clusters.merge_shards(shards, rows, config.num_labels)
-
-  return merged
+  return lambda state: inference.merge_index(jax.tree.map(local_value, gather(state.tables)), config.num_labels)
 
 
 def make_index_fill(config: model.ModelConfig, mesh: jax.sharding.Mesh):
@@ -435,10 +298,11 @@ class Run(NamedTuple):
       on every process).
     maintain: ``(state, steps) -> state``: the table refreshes due after ``steps`` steps.
     predict: ``(state, feat_ids, feat_vals) -> (scores, ids, sampled_ids or None)``: numpy ``[n, top]``,
-      exact over all outputs and, for SLIDE, over the LSH-sampled active set.
+      exact over all outputs and, for SLIDE, over the index-sampled active set (:func:`inference.predict`, one
+      process or on every shard).
     check_replicas: ``(state, steps) -> None``; raises if replicated parameters differ between processes.
     diagnose: ``(state, feat_ids, feat_vals, labels) -> (scores, ids, sampled_ids, extra)`` for SLIDE (one
-      process or sharded, :func:`make_diagnose`): ``predict`` plus ``extra = {"sampled": {name: ids [n, top]} of
+      process or sharded, :func:`inference.diagnose`): ``predict`` plus ``extra = {"sampled": {name: ids [n, top]} of
       sampled inference at other active set sizes, "retrieval": per-query retrieval diagnostics}``
       (:func:`sparsejax.retrieval.per_query`), numpy; else None.
     refresh_index: ``state -> state`` with a freshly rebuilt index (not donated: the training state is left
@@ -452,7 +316,8 @@ class Run(NamedTuple):
     schedule: when ``maintain`` refreshes the index (periods lengthened by ``--refresh_budget``).
     serving_index: ``state -> ClusterIndex`` of host arrays: the clustered index of a ``refresh_index``-ed state
       as one process queries it, to keep with the model (sharded: the shards' indexes merged over the global
-      rows, :func:`make_merged_index`; a collective, so every process calls it); None without a clustered index.
+      rows, :func:`inference.merge_index`; a collective, so every process calls it); None without a clustered
+      index.
   """
   config: model.ModelConfig
   num_shards: int
@@ -558,32 +423,21 @@ def _committed(init, key):
 
 
 def _single_slide(config, key, schedule, top, sampled_ks) -> Run:
-  def predict(state, fi, fv):
-    scores, ids = inference.predict_exact(state, fi, fv, top=top)
-    return scores, ids, inference.predict_sampled(state, fi, fv, config=config, top=top)[1]
-
-  def diagnose(state, fi, fv, labels):
-    h = model.hidden(state, fi, fv)
-    scores, ids = inference.exact_topk(h, state.out.w, state.out.b, min(max(top, retrieval.TOP), config.num_labels))
-    _, sampled, active, from_index = inference.sampled_topk(state, h, config=config, top=top)
-    extra = {"sampled": {f"sampled_k{k}": inference.sampled_topk(state, h, config=config, top=top, k=k)[1]
-                         for k in sampled_ks},
-             "retrieval": retrieval.per_query(active, from_index, labels, ids[:, :retrieval.TOP], h, state.out.w)}
-    return scores[:, :top], ids[:, :top], sampled, extra
-
+  predict = jax.jit(functools.partial(inference.predict, config=config, top=top))
+  diagnose = jax.jit(functools.partial(inference.diagnose, config=config, top=top, sampled_ks=sampled_ks))
   fresh = _committed(functools.partial(model.init, config=config), key)
   rebuild = jax.jit(functools.partial(model.rebuild_tables, kmeans_iterations=config.tables.kmeans_iterations,
                                       kmeans_sample=config.kmeans_sample, mips_reduced=config.tables.lsh_mips),
                   donate_argnums=0)
   rehash = jax.jit(functools.partial(model.new_hash_functions, config=config), donate_argnums=0)
-  jit_diagnose = jax.jit(diagnose)
   refresh = functools.partial(model.serving_index, config=config)
   step = jax.jit(functools.partial(model.train_step, config=config), donate_argnums=0)
   return Run(config, 1, fresh, lambda: jax.eval_shape(fresh), step,
-             _maintainer(schedule, rebuild, rehash), _host(jax.jit(predict)), _no_check,
-             lambda state, fi, fv, labels: jax.tree.map(np.asarray, jit_diagnose(state, fi, fv, labels)),
+             _maintainer(schedule, rebuild, rehash), _host(predict), _no_check,
+             lambda state, fi, fv, labels: jax.tree.map(np.asarray, diagnose(state, fi, fv, labels)),
              jax.jit(refresh), lambda state: retrieval.index_fill(state.tables), _describer(step, model.STEP_SCOPES),
-             serving_index=(lambda state: jax.tree.map(np.asarray, state.tables))
+             serving_index=(lambda state: inference.merge_index(inference.gather_index(state.tables),
+                                                                config.num_labels))
              if config.tables.candidates == "clusters" else None)
 
 
@@ -609,8 +463,9 @@ def _sharded_slide(config, key, schedule, top, mesh, sampled_ks=()) -> Run:
   config = dataclasses.replace(config, num_shards=mesh.size)
   fresh = functools.partial(init, key, config, mesh)
   step = make_train_step(config, mesh)
-  predict = make_predict(config, mesh, top)
-  diagnose = make_diagnose(config, mesh, top, sampled_ks)
+  predict = _per_shard(functools.partial(inference.predict, config=config, top=top), config, mesh, 2)
+  diagnose = _per_shard(functools.partial(inference.diagnose, config=config, top=top, sampled_ks=sampled_ks),
+                        config, mesh, 3)
   checksum = make_checksum(mesh)
 
   def host_diagnose(state, fi, fv, labels):

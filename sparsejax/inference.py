@@ -1,14 +1,25 @@
-"""Inference with a trained network: exact top-k over all N outputs, or over the LSH-sampled active set.
+"""Inference with a trained network, in one process or on each shard of a sharded output layer.
 
+Every function that predicts takes a :class:`sparsejax.loss.Shard`: with ``shard.axis`` set it runs inside
+``shard_map`` on one shard's rows (:mod:`sparsejax.distributed` does the wiring) and merges the shards' results
+with the shard's collectives; in one process (the default) those collectives do nothing. Ids in results are
+global.
+
+* :func:`predict` / :func:`diagnose` -- a run's evaluation: exact and sampled top labels, and (``diagnose``)
+  sampled inference at other active set sizes and the retrieval diagnostics.
+* :func:`predict_exact` / :func:`predict_sampled` -- the top labels of a
+  batch for a model state (SLIDE's or, exact, the dense baseline's).
+* :func:`sampled_topk` -- the top labels among the index candidates of
+  given hidden vectors, with the active set (for retrieval diagnostics).
+* :func:`index_candidates` -- each query's candidates from the index (the one place inference queries it).
+* :func:`gather_index` / :func:`merge_index` -- the clustered serving index of every shard, as one index over
+  the global rows that one process probes as the shards probed theirs.
 * :func:`exact_topk` / :func:`exact_topk_batches` -- exact top-k of a linear
   layer, computed in chunks of output rows so that the ``[n, N]`` logit
   matrix is never materialised.
-* :func:`predict_exact` / :func:`predict_sampled` -- the top labels of a
-  batch for a model state (SLIDE's or the dense baseline's).
-* :func:`sampled_topk` -- the top labels among the index candidates of
-  given hidden vectors, with the active set (for retrieval diagnostics).
 """
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 from functools import partial
 
@@ -16,49 +27,195 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsejax import model, ops, selection
+from sparsejax import clusters, model, ops, retrieval, selection
 from sparsejax._checks import check_int
+from sparsejax.loss import Shard, shard_rows
 
 
-def predict_exact(state, feat_ids: jax.Array, feat_vals: jax.Array, *, top: int = 5) -> tuple[jax.Array, jax.Array]:
+def predict(state: model.SlideState, feat_ids: jax.Array, feat_vals: jax.Array, *, config: model.ModelConfig,
+            top: int = 5, shard: Shard = Shard()) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """A SLIDE run's predictions: exact over all N outputs and sampled over the index candidates.
+
+  Args:
+    state: the state (this shard's rows of the output layer and its index).
+    feat_ids, feat_vals: ``[B, F]`` inputs (the same on every shard).
+    config: the model.
+    top: outputs kept per sample (``<= N``).
+    shard: the split of the output layer.
+
+  Returns:
+    ``(scores [B, top], ids [B, top], sampled_ids [B, top])``, global ids, the same on every shard.
+  """
+  h = model.hidden(state, feat_ids, feat_vals)
+  scores, ids = _exact_top(state.out, h, top, shard, config.num_labels)
+  return scores, ids, sampled_topk(state, h, config=config, top=top, shard=shard)[1]
+
+
+def diagnose(state: model.SlideState, feat_ids: jax.Array, feat_vals: jax.Array, labels: jax.Array, *,
+             config: model.ModelConfig, top: int = 5, sampled_ks: tuple[int, ...] = (),
+             shard: Shard = Shard()) -> tuple[jax.Array, jax.Array, jax.Array, dict]:
+  """:func:`predict` and what an evaluation records besides (:attr:`sparsejax.distributed.Run.diagnose`).
+
+  Args:
+    labels: ``[B, M]`` true labels (global ids), -1 padded.
+    sampled_ks: further active set sizes at which sampled inference is run.
+    (the others as :func:`predict`)
+
+  Returns:
+    ``(scores, ids, sampled_ids, extra)``: :func:`predict`'s and ``extra = {"sampled": {f"sampled_k{K}": ids
+    [B, top]} for K in sampled_ks, "retrieval": per-query diagnostics}`` (:func:`sparsejax.retrieval.per_query`:
+    sharded, of the union of the shards' candidates).
+  """
+  wide = min(max(top, retrieval.TOP), config.num_labels)
+  h = model.hidden(state, feat_ids, feat_vals)
+  scores, ids = _exact_top(state.out, h, wide, shard, config.num_labels)
+  _, sampled, active, from_index = sampled_topk(state, h, config=config, top=top, shard=shard)
+  others = {f"sampled_k{K}": sampled_topk(state, h, config=config, top=top, k=K, shard=shard)[1] for K in sampled_ks}
+  diagnostics = retrieval.per_query(active, from_index, labels, ids[:, :retrieval.TOP], h, state.out.w, shard)
+  return scores[:, :top], ids[:, :top], sampled, {"sampled": others, "retrieval": diagnostics}
+
+
+def predict_exact(state, feat_ids: jax.Array, feat_vals: jax.Array, *, top: int = 5, shard: Shard = Shard(),
+                  num_labels: int | None = None) -> tuple[jax.Array, jax.Array]:
   """Top ``top`` outputs over all N (chunked, never ``[B, N]``).
 
   Works for any state with ``embed``, ``hidden`` and ``out`` (the dense
   baseline's too).
 
+  Args:
+    shard: the split of the output layer.
+    num_labels: N, where ``state.out`` is one shard's rows (default: its rows, one process).
+
   Returns:
     ``(scores [B, top] float32, ids [B, top] int32)``, scores descending.
   """
-  return exact_topk(model.hidden(state, feat_ids, feat_vals), state.out.w, state.out.b, top)
+  out = state.out
+  return _exact_top(out, model.hidden(state, feat_ids, feat_vals), top, shard,
+                    out.w.shape[0] if num_labels is None else num_labels)
 
 
 def predict_sampled(state: model.SlideState, feat_ids, feat_vals, *, config: model.ModelConfig, top: int = 5,
-                    seed: int = 0, k: int | None = None) -> tuple[jax.Array, jax.Array]:
+                    seed: int = 0, k: int | None = None, shard: Shard = Shard()) -> tuple[jax.Array, jax.Array]:
   """Fast inference: top ``top`` outputs among the index-sampled active set.
 
   Args:
     k: active neurons per sample (default: the training ``config.k``).
+    shard: the split of the output layer.
 
   Returns:
     ``(scores [B, top], ids [B, top])``, scores descending.
   """
   scores, ids, _, _ = sampled_topk(state, model.hidden(state, feat_ids, feat_vals), config=config, top=top,
-                                   seed=seed, k=k)
+                                   seed=seed, k=k, shard=shard)
   return scores, ids
 
 
 def sampled_topk(state: model.SlideState, h: jax.Array, *, config: model.ModelConfig, top: int = 5, seed: int = 0,
-                 k: int | None = None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """Top ``top`` outputs among the index candidates of ``h [B, d]`` (queried without labels).
+                 k: int | None = None, shard: Shard = Shard()) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """Top ``top`` outputs among the ``k`` index candidates of ``h [B, d]`` (queried without labels,
+  :func:`index_candidates`): each shard scores its own candidates and keeps its best ``top``; the best of those.
 
   Returns:
-    ``(scores [B, top], ids [B, top], active [B, k], num_from_index [B])``.
+    ``(scores [B, top], ids [B, top], active [B, w], num_from_index [B])``: global ids (-1, score NaN, where
+    there were fewer candidates), and this shard's active set (its own row ids, -1 past its candidates) and how
+    many of them came from the index.
   """
   k = min(k or config.k, config.num_labels)
-  active, from_index = model.query_active(state, h, config=config, k=k, num_rows=config.num_labels, seed=seed)
-  logits = ops.sparse_logits(h, state.out.w, state.out.b, active)
-  scores, pos = selection.row_topk(logits, top)
-  return scores, jnp.take_along_axis(active, pos, axis=1), active, from_index
+  out = state.out
+  offset, num_valid = shard.row_range(out.w.shape[0], config.num_labels)
+  active, from_index = index_candidates(state, h, config=config, k=k, num_valid=num_valid, shard=shard, seed=seed)
+  logits = jnp.where(active >= 0, ops.sparse_logits(h, out.w, out.b, jnp.maximum(active, 0)), jnp.nan)  # ranks last
+  scores, pos = selection.row_topk(logits, min(top, active.shape[1]))
+  ids = jnp.take_along_axis(active, pos, axis=1)
+  return (*_merge(shard, scores, jnp.where(ids >= 0, ids + offset, -1), top), active, from_index)
+
+
+def index_candidates(state: model.SlideState, h: jax.Array, *, config: model.ModelConfig, k: int,
+                     num_valid: int | jax.Array, shard: Shard = Shard(),
+                     seed: jax.Array | int = 0) -> tuple[jax.Array, jax.Array]:
+  """This shard's share of each query's ``k`` candidates from the state's index, queried without labels.
+
+  One process, and each shard of LSH tables (buckets have no scores to rank across shards): the index's own
+  query, :func:`sparsejax.model.query_active` (its candidates, then random rows; each shard ``k / P``, as in
+  training). A sharded clustered index is probed as one process probes its single index: the clusters of every
+  shard are ranked together (each shard all-gathers the scores and sizes of its best ``min(probes, C)``
+  clusters: ``O(n k)``) and members are taken from the best clusters on, wherever they live, until there are
+  ``k`` of them. Each shard then takes its share from its own probe list (ranked the same way). The candidates
+  of a query add up to ``k`` over the shards as in one process (unless the probed clusters hold fewer rows: one
+  process fills such an active set with random rows, the shards do not), and no shard is held to a fixed quota
+  of ``k / P``, which cuts off a shard that holds the best clusters.
+
+  Args:
+    state: the state (this shard's rows and index).
+    h: ``[n, d]`` queries.
+    config: the model.
+    k: candidates per query over all shards (``<= N``).
+    num_valid: this shard's real rows.
+    shard: the split of the output layer.
+    seed: seed of the index's random choices.
+
+  Returns:
+    ``(active [n, w] this shard's row ids, -1 past its share, num_from_index [n])``.
+  """
+  index = state.tables
+  if shard.axis is None or not isinstance(index, clusters.ClusterIndex):
+    return model.query_active(state, h, config=config, k=_local_k(config, k), num_rows=num_valid, seed=seed)
+  probes = min(config.tables.cluster_probes or k, k)  # one process: min(cluster_probes or C, k) clusters
+  m = min(probes, index.centroids.shape[0])
+  sizes = index.sizes
+  scores = clusters.probe_scores(index, h, config.tables.cluster_spread_weight)
+  # This shard's best m clusters in the probe's order (empty ones never take a probe: NaN, last).
+  best, which = selection.row_topk(jnp.where(sizes[None, :] > 0, scores, jnp.nan), m)
+  counts = jnp.where(jnp.isnan(best), 0, sizes[which])
+  best, counts = shard.concatenate(best), shard.concatenate(counts)  # [n, P m], shard by shard
+  _, order = selection.row_topk(best, best.shape[1])  # every shard's clusters ranked together
+  counts = jnp.where(jnp.arange(best.shape[1]) < probes, jnp.take_along_axis(counts, order, axis=1), 0)
+  taken = jnp.clip(k - (jnp.cumsum(counts, axis=1) - counts), 0, counts)  # members taken from each cluster
+  mine = (order // m) == shard.index()
+  share = jnp.sum(jnp.where(mine, taken, 0), axis=1).astype(jnp.int32)
+  width = min(k, state.out.w.shape[0])
+  active = clusters.probe_ranked(index, scores, m, width)
+  return jnp.where(jnp.arange(width)[None, :] < share[:, None], active, -1), share
+
+
+def _local_k(config: model.ModelConfig, k: int) -> int:
+  """Each shard's share of an active set of ``k`` (as :func:`model.local_active_k` shares ``active_k``)."""
+  network = dataclasses.replace(config.network, active_k=k)
+  return model.local_active_k(dataclasses.replace(config, network=network), config.num_shards)
+
+
+def _exact_top(out: model.SparseLayer, h: jax.Array, top: int, shard: Shard, num_labels: int):
+  """The exact top ``top`` of ``h`` over the layer's real rows: each shard's over its own, merged."""
+  rows = out.w.shape[0]
+  offset, num_valid = shard.row_range(rows, num_labels)
+  bias = jnp.where(jnp.arange(rows) < num_valid, out.b, jnp.nan)  # padding rows rank last (NaN)
+  scores, ids = exact_topk(h, out.w, bias, min(top, rows))
+  return _merge(shard, scores, ids + offset, top)
+
+
+def _merge(shard: Shard, scores: jax.Array, ids: jax.Array, top: int) -> tuple[jax.Array, jax.Array]:
+  """Each shard's ``[n, t]`` best (global ids, scores descending) -> the top ``top`` over all shards (an
+  all-gather of ``O(n t P)`` numbers); ties to the lower shard, NaN last. One process: its own (re-ranking a
+  ranked row changes nothing)."""
+  scores, ids = shard.concatenate(scores), shard.concatenate(ids)
+  best, pos = selection.row_topk(scores, top)
+  return best, jnp.take_along_axis(ids, pos, axis=1)
+
+
+def gather_index(index, shard: Shard = Shard()):
+  """Every shard's index stacked leaf by leaf, ``[P, ...]`` (``[1, ...]`` in one process), for
+  :func:`merge_index`: ``O(N + P C d)`` numbers, once per run."""
+  return jax.tree.map(shard.all_gather, index)
+
+
+def merge_index(stacked, num_labels: int) -> clusters.ClusterIndex:
+  """One clustered index (host arrays) over the ``num_labels`` global rows from every shard's
+  (:func:`gather_index`, :func:`sparsejax.clusters.merge_shards`), which one process probes as the shards probed
+  theirs. One process: its own index."""
+  stacked = jax.tree.map(np.asarray, stacked)
+  count = stacked.offsets.shape[0]
+  shards = [jax.tree.map(lambda x, p=p: x[p], stacked) for p in range(count)]
+  return clusters.merge_shards(shards, shard_rows(num_labels, count), num_labels)
 
 
 # Output rows scored per step by default. Smaller chunks keep more of the [n, chunk] logits in cache for the

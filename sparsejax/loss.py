@@ -94,6 +94,18 @@ class Shard(NamedTuple):
     """``[P, ...]``: every shard's ``x``, in shard order (``[1, ...]`` for one process)."""
     return x[None] if self.axis is None else jax.lax.all_gather(x, self.axis)
 
+  def concatenate(self, x, axis: int = 1):
+    """Every shard's ``x`` joined along ``axis``, in shard order (``x`` itself for one process)."""
+    return x if self.axis is None else jax.lax.all_gather(x, self.axis, axis=axis, tiled=True)
+
+  def row_range(self, rows: int, num_labels: int):
+    """``(offset, num_valid)``: the global id of this shard's first row and how many of its ``rows`` rows are real
+    (the last shards' rest is padding) in a layer of ``num_labels`` rows; Python ints for one process."""
+    if self.axis is None:
+      return 0, min(rows, num_labels)
+    offset = self.index() * rows
+    return offset, jnp.clip(num_labels - offset, 0, rows).astype(jnp.int32)
+
 
 def shard_rows(num_labels: int, count: int) -> int:
   """Rows per shard when ``num_labels`` rows are split ``count`` ways (ceil)."""

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparsejax import clusters, tables
+from sparsejax.loss import Shard
 
 TOP = 10  # topk_recall@TOP: how many of the exact top outputs the evaluation looks for among the candidates
 
@@ -93,26 +94,37 @@ def label_cosine(h: jax.Array, weight: jax.Array, labels: jax.Array) -> tuple[ja
 
 
 def per_query(active: jax.Array, num_from_index: jax.Array, labels: jax.Array, top_ids: jax.Array, h: jax.Array,
-              weight: jax.Array) -> dict[str, jax.Array]:
+              weight: jax.Array, shard: Shard = Shard()) -> dict[str, jax.Array]:
   """All per-query diagnostics of one batch, as ``[B]`` arrays (jittable).
 
+  Sharded (inside ``shard_map``), of the union of the shards' candidates: ``label_recall`` and ``topk_recall``
+  find ids among every shard's candidates (the candidate sets are all-gathered, ``O(B k)``), ``num_candidates``
+  adds up the shards' counts and ``label_cosine`` averages over the labels' rows wherever they live (each
+  shard's cosine sum of its labels, added up). One process: its own.
+
   Args:
-    active: ``[B, k]`` active sets from the index queried without labels.
+    active: ``[B, k]`` active sets from the index queried without labels (this shard's row ids, -1 none).
     num_from_index: ``[B]`` how many of them came from the index.
-    labels: ``[B, M]`` true labels, -1 padded.
-    top_ids: ``[B, t]`` exact top-t output ids.
+    labels: ``[B, M]`` true labels (global ids in ``[0, N)``), -1 padded.
+    top_ids: ``[B, t]`` exact top-t output ids (global).
     h: ``[B, d]`` queries.
-    weight: ``[N, d]`` output rows.
+    weight: ``[N, d]`` output rows (this shard's ``[R, d]``: global rows ``[p R, (p + 1) R)``).
+    shard: the split of the output layer.
 
   Returns:
     ``label_recall``, ``topk_recall``, ``label_cosine``, ``num_candidates``
-    (float32) and ``has_labels`` (bool).
+    (float32) and ``has_labels`` (bool), the same on every shard.
   """
-  mask = candidate_mask(active, num_from_index)
-  recall, has_labels = label_recall(active, mask, labels)
-  cosine, _ = label_cosine(h, weight, labels)
-  return {"label_recall": recall, "topk_recall": topk_recall(active, mask, top_ids), "label_cosine": cosine,
-          "num_candidates": num_from_index.astype(jnp.float32), "has_labels": has_labels}
+  rows = weight.shape[0]
+  offset = shard.index() * rows
+  candidates = shard.concatenate(jnp.where(active >= 0, active + offset, -1))  # global ids
+  mask = shard.concatenate(candidate_mask(active, num_from_index))
+  recall, has_labels = label_recall(candidates, mask, labels)
+  mine = (labels >= offset) & (labels < offset + rows)
+  cos_sum, count = shard.psum(label_cosine_sum(h, weight, jnp.where(mine, labels - offset, -1)))
+  return {"label_recall": recall, "topk_recall": topk_recall(candidates, mask, top_ids),
+          "label_cosine": (cos_sum / jnp.maximum(count, 1)).astype(jnp.float32),
+          "num_candidates": shard.psum(num_from_index).astype(jnp.float32), "has_labels": has_labels}
 
 
 def summarize(batches: list[dict], top: int) -> dict[str, float]:
