@@ -1,5 +1,7 @@
 """Tests for sparsejax.inference: exact chunked top-k against brute force."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -131,3 +133,49 @@ def test_end_to_end_topk_then_evaluate():
   for key in ("p@1", "p@3", "ndcg@1", "ndcg@3", "ndcg@5", "psp@1", "psp@3", "psp@5"):
     assert out[key] == pytest.approx(1.0), key
   assert out["p@5"] == pytest.approx(3 / 5)
+
+
+SHARDED_INFERENCE = """
+    import json, jax, numpy as np
+    from sparsejax import data, distributed, model
+    from sparsejax.config import override
+    N, P = 91, 3  # 31 rows per shard: the last holds 29 real rows and 2 of padding (random weights, bias 0)
+    ds = data.make_synthetic(64, 200, N, labels_per_sample=3, seed=1)
+    batch = next(data.BatchIterator(ds, 64, seed=0, max_labels=4, prefetch=0))
+    config = override(model.ModelConfig(200, N), hidden_dims=(16,), active_k=12, softmax="sampled")
+    out = {}
+    for shards in (1, P):
+      run = distributed.make_run(config, seed=0, num_shards=shards, top=5, sampled_ks=(20,))
+      state = run.init()
+      scores, ids, sampled, extra = run.diagnose(state, batch["feat_ids"], batch["feat_vals"], batch["labels"])
+      out[shards] = dict(scores=scores.tolist(), ids=ids.tolist(), sampled=sampled.tolist(),
+                         predict_ids=run.predict(state, batch["feat_ids"], batch["feat_vals"])[1].tolist(),
+                         k20=extra["sampled"]["sampled_k20"].tolist(),
+                         **{k: v.tolist() for k, v in extra["retrieval"].items()})
+    one = model.init(jax.random.key(0), config)  # the parameters of both runs (a sharded init draws the same)
+    out["h"] = np.asarray(model.hidden(one, batch["feat_ids"], batch["feat_vals"])).tolist()
+    out["w"], out["b"] = np.asarray(one.out.w).tolist(), np.asarray(one.out.b).tolist()
+    out["labels"] = np.asarray(batch["labels"]).tolist()
+    print(json.dumps(out))
+"""
+
+
+def test_sharded_run_predicts_and_diagnoses_with_the_one_process_functions(run_python):
+  """A run over 3 shards (padding rows on the last) and a one-process run of the same parameters call the same
+  inference functions: both give the exact top 5 of a float64 reference over the N real rows, the labels' mean
+  cosine, and active sets of k candidates in all (sampled ids are real rows)."""
+  got = json.loads(run_python(code=SHARDED_INFERENCE, devices=3).stdout.splitlines()[-1])
+  h, w, b, labels = (np.asarray(got[key]) for key in ("h", "w", "b", "labels"))
+  want_scores, want_ids = _brute_topk(h, w, b, 5)
+  rows = w / np.linalg.norm(w, axis=1, keepdims=True)
+  cosines = (h / np.linalg.norm(h, axis=1, keepdims=True)) @ rows.T
+  want_cosine = [np.mean([cosines[i, y] for y in set(row) if y >= 0]) for i, row in enumerate(labels)]
+  for shards in ("1", "3"):
+    run = got[shards]
+    np.testing.assert_array_equal(run["ids"], want_ids)
+    np.testing.assert_array_equal(run["predict_ids"], want_ids)
+    np.testing.assert_allclose(run["scores"], want_scores, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(run["label_cosine"], want_cosine, rtol=1e-4, atol=1e-6)
+    assert run["num_candidates"] == [12.0] * len(h)  # the shards' candidates add up to k
+    for key in ("sampled", "k20"):
+      assert np.all((np.asarray(run[key]) >= 0) & (np.asarray(run[key]) < 91)), key
