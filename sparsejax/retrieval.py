@@ -83,13 +83,24 @@ def label_cosine_sum(h: jax.Array, weight: jax.Array, labels: jax.Array) -> tupl
   return jnp.sum(cos, axis=1).astype(jnp.float32), jnp.sum(distinct, axis=1).astype(jnp.int32)
 
 
-def label_cosine(h: jax.Array, weight: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+def label_cosine(h: jax.Array, weight: jax.Array, labels: jax.Array,
+                 shard: Shard = Shard()) -> tuple[jax.Array, jax.Array]:
   """Per query, the mean cosine between ``h [B, d]`` and the rows of its labels.
+
+  Args:
+    h: ``[B, d]`` queries.
+    weight: ``[N, d]`` output rows (this shard's ``[R, d]``: global rows ``[p R, (p + 1) R)``).
+    labels: ``[B, M]`` true labels (global ids in ``[0, N)``), -1 padded.
+    shard: the split of the output layer: each shard sums the cosines of the labels it holds, and the sums
+      are added up.
 
   Returns:
     ``(cosine [B] float32, has_labels [B] bool)``; 0 where a query has no labels.
   """
-  total, count = label_cosine_sum(h, weight, labels)
+  rows = weight.shape[0]
+  offset = shard.index() * rows
+  mine = (labels >= offset) & (labels < offset + rows)
+  total, count = shard.psum(label_cosine_sum(h, weight, jnp.where(mine, labels - offset, -1)))
   return (total / jnp.maximum(count, 1)).astype(jnp.float32), count > 0
 
 
@@ -99,8 +110,8 @@ def per_query(active: jax.Array, num_from_index: jax.Array, labels: jax.Array, t
 
   Sharded (inside ``shard_map``), of the union of the shards' candidates: ``label_recall`` and ``topk_recall``
   find ids among every shard's candidates (the candidate sets are all-gathered, ``O(B k)``), ``num_candidates``
-  adds up the shards' counts and ``label_cosine`` averages over the labels' rows wherever they live (each
-  shard's cosine sum of its labels, added up). One process: its own.
+  adds up the shards' counts and ``label_cosine`` averages over the labels' rows wherever they live
+  (:func:`label_cosine`). One process: its own.
 
   Args:
     active: ``[B, k]`` active sets from the index queried without labels (this shard's row ids, -1 none).
@@ -120,10 +131,8 @@ def per_query(active: jax.Array, num_from_index: jax.Array, labels: jax.Array, t
   candidates = shard.concatenate(jnp.where(active >= 0, active + offset, -1))  # global ids
   mask = shard.concatenate(candidate_mask(active, num_from_index))
   recall, has_labels = label_recall(candidates, mask, labels)
-  mine = (labels >= offset) & (labels < offset + rows)
-  cos_sum, count = shard.psum(label_cosine_sum(h, weight, jnp.where(mine, labels - offset, -1)))
   return {"label_recall": recall, "topk_recall": topk_recall(candidates, mask, top_ids),
-          "label_cosine": (cos_sum / jnp.maximum(count, 1)).astype(jnp.float32),
+          "label_cosine": label_cosine(h, weight, labels, shard)[0],
           "num_candidates": shard.psum(num_from_index).astype(jnp.float32), "has_labels": has_labels}
 
 
