@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsejax import clusters
+from sparsejax.index import clusters
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from adam_pass import checksum, time_calls, timing_summary  # noqa: E402  (this directory's benchmark)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsejax import clusters
+from sparsejax.index import clusters
 
 # (what, N rows, C clusters, B queries, count candidates): training's index at 2e5 and 1e6 rows with the default
 # sqrt(N) clusters and k = 1024, evaluation's serving index as it was (2048 clusters) and as it is (4096 clusters,

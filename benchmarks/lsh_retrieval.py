@@ -3,8 +3,8 @@
 Offline: no training. A finished ``accuracy.py`` run (by default the clustered-index run of
 ``/tmp/sparsejax_accuracy/DATASET/sparsejax-300s``) gives the trained output rows ``W, b`` and the test queries'
 hidden vectors ``h``. For each index configuration (a set of ``--candidates`` / LSH settings) the script builds
-the index over those rows with the project's own functions (``model.init_index`` for hash tables,
-``model.serving_index`` for the clustered index: what sampled inference builds), queries it without labels at
+the index over those rows with the project's own functions (``Index.serving`` of :mod:`sparsejax.index`: what
+sampled inference builds), queries it without labels at
 the run's training k, and measures, on the same queries:
 
 * ``label_recall``: the share of a query's labels among the index's candidates;
@@ -73,7 +73,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
 @contextmanager
 def uncentred_rows():
   """MIPS-reduced rows built without centring (what ``--lsh_mips`` did before issue 32)."""
-  from sparsejax import mips
+  from sparsejax.index import mips
 
   centre = mips.centre_rows
   mips.centre_rows = lambda weight, bias, num_valid=None: (weight, bias)
@@ -88,7 +88,7 @@ def measure(config, state, h, labels, top_ids, exact_hits, settings: dict, repea
   import jax
   import jax.numpy as jnp
 
-  from sparsejax import model, ops, retrieval
+  from sparsejax import index, model, ops, retrieval
   from sparsejax.config import TablesConfig, override
 
   settings = dict(settings)
@@ -100,21 +100,16 @@ def measure(config, state, h, labels, top_ids, exact_hits, settings: dict, repea
   # The run's config.json holds the LSH settings of its day: start each variant from today's defaults.
   cfg = override(dataclasses.replace(config, tables=TablesConfig()), **settings)
   k = cfg.k
-  if cfg.tables.candidates == "clusters":
-    build = jax.jit(lambda s: model.serving_index(s, cfg).tables)
-  else:
-    k_lsh, k_tables = jax.random.split(jax.random.key(seed))
-    build = jax.jit(lambda s: model.init_index(k_lsh, k_tables, cfg, s.out))
+  # The serving index of these rows (clusters: the evaluation's sizes; LSH: fresh hash functions, as sampled
+  # inference without the run's own builds them).
+  build = jax.jit(lambda s: index.from_config(cfg).serving(None, s.out.w, s.out.b))
   with uncentred_rows() if uncentred else _nothing():
     times = []
     for _ in range(repeats):
       t = time.perf_counter()
       built = jax.block_until_ready(build(state))
       times.append(time.perf_counter() - t)
-  if cfg.tables.candidates == "clusters":
-    index_state = state._replace(tables=built)
-  else:
-    index_state = state._replace(lsh=built[0], tables=built[1])
+  index_state = state._replace(index=built)
 
   @jax.jit
   def query(s, hh):
@@ -139,7 +134,7 @@ def measure(config, state, h, labels, top_ids, exact_hits, settings: dict, repea
       "k": k, "sampled_p@1": float(sampled_hits.mean()), "exact_p@1": float(exact_hits.mean()),
       "sampled_over_exact_p@1": float(sampled_hits.mean() / max(exact_hits.mean(), 1e-12)),
       "build_seconds": statistics.median(times), "query_ms_per_1024": statistics.median(query_ms),
-      "index_bytes": int(built.nbytes if cfg.tables.candidates == "clusters" else built[1].nbytes),
+      "index_bytes": sum(int(x.nbytes) for x in jax.tree.leaves(built)),
       "settings": settings | ({"uncentred": True} if uncentred else {})}
 
 
@@ -149,7 +144,7 @@ def cosine_geometry(state, h, top_ids, num_queries: int = 256) -> dict:
   queries). A SimHash bit agrees with probability ``1 - arccos(cos) / pi``."""
   import jax.numpy as jnp
 
-  from sparsejax import mips
+  from sparsejax.index import mips
 
   q = np.asarray(mips.augment_queries(jnp.asarray(h[:num_queries])), np.float64)
   top = top_ids[:num_queries, 0]

@@ -34,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sparsejax import lsh, memory, ops, optim, tables
+from sparsejax import memory, ops, optim
+from sparsejax.index import lsh, tables
 
 HUGE_PAGES = True
 

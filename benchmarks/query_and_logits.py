@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsejax import clusters, ops
+from sparsejax import ops
+from sparsejax.index import clusters
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from adam_pass import checksum, draw_ids, time_calls, timing_summary  # noqa: E402  (this directory's benchmark: the same ids, timing)

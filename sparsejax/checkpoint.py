@@ -278,9 +278,10 @@ class Checkpoints:
     if step is None:
       return None
     ocp = self._ocp
-    restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+    target, as_state = _in_saved_layout(abstract_state, _saved_fields(ocp, self._step_dir(step)))
+    restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                                    data=ocp.args.JsonRestore()))
-    return restored["state"], restored["data"]
+    return as_state(restored["state"]), restored["data"]
 
   def restore_arrays(self, step: int | None = None):
     """The newest (or ``step``'s) state as a plain tree of host arrays, whatever the run's layout.
@@ -301,7 +302,7 @@ class Checkpoints:
       saved = self._ocp.StandardCheckpointer().metadata(
           os.path.join(self.directory, str(step), "state")).item_metadata.tree
     shapes = lambda tree: {_path_name(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
-    before, now = shapes(saved), shapes(abstract_state)
+    before, now = shapes(saved), shapes(_in_saved_layout(abstract_state, saved.keys())[0])
     return [f"{name}: saved {before.get(name, 'none')}, now {now.get(name, 'none')}"
             for name in sorted(before.keys() | now.keys(), key=_parameters_first) if before.get(name) != now.get(name)]
 
@@ -319,6 +320,24 @@ class Checkpoints:
       raise CheckpointError(f"saving checkpoint {steps} failed ({_reason(e)}). The checkpoints saved before it "
                             "are intact") from None
     self._seal()
+
+
+def _saved_fields(ocp, step_directory: str) -> set[str]:
+  """The top-level fields of the state saved in a checkpoint's step directory."""
+  with _quiet():
+    return set(ocp.StandardCheckpointer().metadata(os.path.join(step_directory, "state")).item_metadata.tree)
+
+
+def _in_saved_layout(abstract_state, saved_fields):
+  """``(target, as_state)``: ``abstract_state`` in the layout of a checkpoint whose state has ``saved_fields``, and
+  the function that turns what was restored into it back into a state: the state itself, but for a checkpoint
+  that holds the index in its earlier layout (two fields, ``lsh`` and ``tables``: :mod:`sparsejax.index.saved`)."""
+  if "index" in getattr(abstract_state, "_fields", ()):
+    from sparsejax.index import saved
+
+    if saved.written_before(saved_fields):
+      return saved.as_written_before(abstract_state), lambda tree: saved.from_written_before(tree, type(abstract_state))
+  return abstract_state, lambda state: state
 
 
 def _restore_arrays(ocp, path: str):
@@ -491,9 +510,9 @@ class BestCheckpoint:
     step = self.best_step()
     if step is None:
       return None
-    restored = self._manager.restore(step, args=self._ocp.args.Composite(
-        state=self._ocp.args.StandardRestore(abstract_state)))
-    return restored["state"]
+    target, as_state = _in_saved_layout(abstract_state, _saved_fields(self._ocp, self.step_directory(step)))
+    restored = self._manager.restore(step, args=self._ocp.args.Composite(state=self._ocp.args.StandardRestore(target)))
+    return as_state(restored["state"])
 
   def restore_arrays(self):
     """The best state as a plain tree of host arrays (as :meth:`Checkpoints.restore_arrays`)."""

@@ -29,6 +29,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from sparsejax.index import kinds as index_kinds  # (no JAX)
+
 
 class ConfigError(ValueError):
   """An invalid setting; ``str()`` names it as its flag: ``--name=value: reason``.
@@ -354,7 +356,7 @@ class TablesConfig(Section):
       "better sampled inference, rarer ones more steps per second.", bounds=Range(0, 1, hi_open=True))
 
   def check_combinations(self) -> None:
-    if self.reinsert != "none" and (self.candidates == "clusters" or self.lsh_mips):
+    if self.reinsert != "none" and not index_kinds.KINDS[self.candidates].reinserts(self):
       raise ConfigError("reinsert", self.reinsert, "needs --candidates=lsh and --lsh_mips=false (a clustered or "
                         "MIPS-reduced index is refreshed as a whole: its rows are centred and scaled together)")
     if self.rebuild_period and self.rebuild_max_period < self.rebuild_period:
@@ -584,11 +586,10 @@ class Config:
     from sparsejax.memory import machine_memory_bytes
 
     t = self.tables
-    if self.network.model != "slide" or t.candidates != "lsh":
+    sizes = index_kinds.KINDS[t.candidates].table_bytes(t, num_bits, bucket_size)  # None: an index without hash tables
+    if self.network.model != "slide" or sizes is None:
       return
-    bits = num_bits or t.num_bits or (3 if t.lsh_family == "dwta" else 1)
-    slots = bucket_size or t.bucket_size or 64  # tables.default_bucket_size()
-    need = t.num_tables * 2**bits * (slots + 1) * 4  # the ids and each bucket's count
+    bits, slots, need = sizes
     have = machine_memory_bytes()
     if have is None or need <= have:
       return
@@ -618,12 +619,8 @@ class Config:
     if self.network.model == "dense":
       for name in ("candidates", "num_clusters", "lsh_family", "num_tables", "num_bits", "lsh_mips"):
         unused[name] = "not read by --model=dense (every output is computed)"
-    elif t.candidates == "clusters":
-      for name in ("lsh_family", "num_tables", "num_bits", "lsh_mips"):
-        unused[name] = "only read with --candidates=lsh"
     else:
-      for name in ("num_clusters", "cluster_probes", "kmeans_iterations", "kmeans_sample"):
-        unused[name] = "only read with --candidates=clusters"
+      unused.update(index_kinds.unused_settings(t.candidates))
     changed = non_default_settings(self)
     return [f"--{name}={format_value(changed[name])} has no effect: {why}" for name, why in unused.items()
             if name in changed]

@@ -36,7 +36,7 @@ from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sparsejax import clusters, dense, inference, loss, model, process_group, retrieval, tables
+from sparsejax import dense, index, inference, loss, model, process_group
 
 AXIS = "shard"
 SHARD = loss.Shard(AXIS)  # inside shard_map: the output layer's split, for the functions that merge over it
@@ -81,7 +81,7 @@ def to_global(tree, mesh: jax.sharding.Mesh, spec: P = P()):
 
 # --- Sharded SLIDE -------------------------------------------------------------
 
-def state_specs(state: model.SlideState):
+def state_specs(state: model.SlideState, config: model.ModelConfig):
   """PartitionSpecs of a sharded :class:`model.SlideState` (output layer split)."""
   specs = jax.tree.map(lambda _: P(), state)
   split = P(AXIS)
@@ -89,19 +89,15 @@ def state_specs(state: model.SlideState):
       out=model.SparseLayer(split, split),
       out_w_opt=specs.out_w_opt._replace(mu=split, nu=split),
       out_b_opt=specs.out_b_opt._replace(mu=split, nu=split),
-      tables=jax.tree.map(lambda _: split, specs.tables))  # each shard indexes its own rows
+      index=index.from_config(config).partition(state.index, split, P()))  # each shard indexes its own rows
 
 
-def _local_tables(state):  # hash tables' seed is stacked [P] globally, [] per shard
-  if not isinstance(state.tables, tables.HashTables):
-    return state
-  return state._replace(tables=dataclasses.replace(state.tables, seed=state.tables.seed.reshape(())))
+def _local_index(config, state):  # a sharded run's stacked index as one shard's
+  return state._replace(index=index.from_config(config).to_shard(state.index))
 
 
-def _stacked_tables(state):
-  if not isinstance(state.tables, tables.HashTables):
-    return state
-  return state._replace(tables=dataclasses.replace(state.tables, seed=state.tables.seed.reshape((1,))))
+def _stacked_index(config, state):
+  return state._replace(index=index.from_config(config).from_shard(state.index))
 
 
 def _num_valid(config: model.ModelConfig, rows: int):
@@ -118,7 +114,7 @@ def _abstract_specs(config: model.ModelConfig, mesh) -> Any:
   rows = model.shard_rows(config.num_labels, config.num_shards)
   local = jax.eval_shape(lambda: model.init_from_params(
       jax.random.key(0), config, model.init_params(jax.random.key(0), dataclasses.replace(config, num_labels=rows))))
-  return state_specs(local)
+  return state_specs(local, config)
 
 
 def init(rng: jax.Array, config: model.ModelConfig, mesh: jax.sharding.Mesh) -> model.SlideState:
@@ -145,7 +141,7 @@ def init(rng: jax.Array, config: model.ModelConfig, mesh: jax.sharding.Mesh) -> 
     params = jax.jit(lambda: model.init_params(rng, padded), out_shardings=shardings)()
 
   def local_init(params):
-    return _stacked_tables(model.init_from_params(rng, config, params, _num_valid(config, rows)))
+    return _stacked_index(config, model.init_from_params(rng, config, params, _num_valid(config, rows)))
 
   fn = _shard_map(local_init, mesh, (param_specs,), _abstract_specs(config, mesh))
   return jax.jit(fn, donate_argnums=0)(params)  # donated: no second copy of the weights at the peak
@@ -162,8 +158,8 @@ def make_train_step(config: model.ModelConfig, mesh: jax.sharding.Mesh):
   specs = _abstract_specs(config, mesh)
 
   def local_step(state, batch):
-    state, m = model.train_step(_local_tables(state), batch, config=config, shard=SHARD)
-    return _stacked_tables(state), m
+    state, m = model.train_step(_local_index(config, state), batch, config=config, shard=SHARD)
+    return _stacked_index(config, state), m
 
   return jax.jit(_shard_map(local_step, mesh, (specs, P()), (specs, P())), donate_argnums=0)
 
@@ -174,14 +170,13 @@ def make_rebuild(config: model.ModelConfig, mesh: jax.sharding.Mesh, new_hash_fu
   rows = model.shard_rows(config.num_labels, config.num_shards)
 
   def local(state):
-    state = _local_tables(state)
+    state = _local_index(config, state)
     n = _num_valid(config, rows)
     if new_hash_functions:
       state = model.new_hash_functions(state, config, n)
     else:
-      state = model.rebuild_tables(state, n, kmeans_iterations=config.tables.kmeans_iterations,
-                                   kmeans_sample=config.kmeans_sample, mips_reduced=config.tables.lsh_mips)
-    return _stacked_tables(state)
+      state = model.rebuild_tables(state, config, n)
+    return _stacked_index(config, state)
 
   return jax.jit(_shard_map(local, mesh, (specs,), specs), donate_argnums=0)
 
@@ -190,7 +185,7 @@ def _per_shard(fn, config: model.ModelConfig, mesh: jax.sharding.Mesh, num_input
   """``fn(state, *inputs, shard=...)`` on every shard (:mod:`sparsejax.inference`'s functions): jitted, the state
   sharded, the ``num_inputs`` inputs and the results replicated."""
   def local(state, *inputs):
-    return fn(_local_tables(state), *inputs, shard=SHARD)
+    return fn(_local_index(config, state), *inputs, shard=SHARD)
 
   return jax.jit(_shard_map(local, mesh, (_abstract_specs(config, mesh), *[P()] * num_inputs), P()))
 
@@ -203,37 +198,28 @@ def make_serving_index(config: model.ModelConfig, mesh: jax.sharding.Mesh):
   rows = model.shard_rows(config.num_labels, config.num_shards)
 
   def local(state):
-    return _stacked_tables(model.serving_index(_local_tables(state), config, _num_valid(config, rows))).tables
+    served = model.serving_index(_local_index(config, state), config, _num_valid(config, rows))
+    return _stacked_index(config, served).index
 
-  build = jax.jit(_shard_map(local, mesh, (specs,), specs.tables))
-  return lambda state: state._replace(tables=build(state))
+  build = jax.jit(_shard_map(local, mesh, (specs,), specs.index))
+  return lambda state: state._replace(index=build(state))
 
 
 def make_merged_index(config: model.ModelConfig, mesh: jax.sharding.Mesh):
-  """``merged_index(state) -> ClusterIndex`` (host arrays): every shard's clustered index gathered and merged into
-  one over the N global rows (:func:`inference.gather_index`, :func:`inference.merge_index`)."""
+  """``merged_index(state) -> index`` (host arrays): every shard's (clustered) index gathered and merged into one
+  over the N global rows (:func:`inference.gather_index`, :func:`inference.merge_index`)."""
   gather = jax.jit(_shard_map(lambda t: inference.gather_index(t, SHARD), mesh,
-                              (_abstract_specs(config, mesh).tables,), P()))
-  return lambda state: inference.merge_index(jax.tree.map(local_value, gather(state.tables)), config.num_labels)
+                              (_abstract_specs(config, mesh).index,), P()))
+  return lambda state: inference.merge_index(jax.tree.map(local_value, gather(state.index)), config)
 
 
 def make_index_fill(config: model.ModelConfig, mesh: jax.sharding.Mesh):
   """``index_fill(state) -> dict``: :func:`retrieval.index_fill` over every shard's index together (their
   cluster sizes or bucket counts all-gathered: ``O(P C)``)."""
-  hashing = config.tables.candidates != "clusters"
-
-  def local(t):
-    return jax.lax.all_gather(t.counts if hashing else t.sizes, AXIS)
-
-  gather = jax.jit(_shard_map(local, mesh, (_abstract_specs(config, mesh).tables,), P()))
-
-  def fill(state):
-    gathered = local_value(gather(state.tables))
-    if hashing:
-      return retrieval.table_fill(gathered, state.tables.buckets.shape[2])
-    return retrieval.cluster_fill(gathered)
-
-  return fill
+  the_index = index.from_config(config)
+  gather = jax.jit(_shard_map(lambda t: jax.lax.all_gather(the_index.occupancy(t), AXIS), mesh,
+                              (_abstract_specs(config, mesh).index,), P()))
+  return lambda state: the_index.fill(local_value(gather(state.index)))
 
 
 def make_checksum(mesh: jax.sharding.Mesh):
@@ -314,10 +300,10 @@ class Run(NamedTuple):
       collectives and named scopes, :func:`sparsejax.netanalysis.collectives.compile_step`); compiles, does not
       run (the step reuses that compilation).
     schedule: when ``maintain`` refreshes the index (periods lengthened by ``--refresh_budget``).
-    serving_index: ``state -> ClusterIndex`` of host arrays: the clustered index of a ``refresh_index``-ed state
-      as one process queries it, to keep with the model (sharded: the shards' indexes merged over the global
-      rows, :func:`inference.merge_index`; a collective, so every process calls it); None without a clustered
-      index.
+    serving_index: ``state -> index`` of host arrays: the (clustered) index of a ``refresh_index``-ed state as one
+      process queries it, to keep with the model (sharded: the shards' indexes merged over the global rows,
+      :func:`inference.merge_index`; a collective, so every process calls it); None for an index that is not kept
+      (:attr:`sparsejax.index.Index.merge_shards` None: LSH tables, rebuilt from the rows).
   """
   config: model.ModelConfig
   num_shards: int
@@ -332,7 +318,7 @@ class Run(NamedTuple):
   index_fill: Callable[[Any], dict] | None = None
   describe_step: Callable[[Any, dict], Any] | None = None
   schedule: model.TableSchedule | None = None
-  serving_index: Callable[[Any], clusters.ClusterIndex] | None = None
+  serving_index: Callable[[Any], Any] | None = None
 
 
 def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: int = 5,
@@ -425,20 +411,19 @@ def _committed(init, key):
 def _single_slide(config, key, schedule, top, sampled_ks) -> Run:
   predict = jax.jit(functools.partial(inference.predict, config=config, top=top))
   diagnose = jax.jit(functools.partial(inference.diagnose, config=config, top=top, sampled_ks=sampled_ks))
+  the_index = index.from_config(config)
   fresh = _committed(functools.partial(model.init, config=config), key)
-  rebuild = jax.jit(functools.partial(model.rebuild_tables, kmeans_iterations=config.tables.kmeans_iterations,
-                                      kmeans_sample=config.kmeans_sample, mips_reduced=config.tables.lsh_mips),
-                  donate_argnums=0)
+  rebuild = jax.jit(functools.partial(model.rebuild_tables, config=config), donate_argnums=0)
   rehash = jax.jit(functools.partial(model.new_hash_functions, config=config), donate_argnums=0)
   refresh = functools.partial(model.serving_index, config=config)
   step = jax.jit(functools.partial(model.train_step, config=config), donate_argnums=0)
   return Run(config, 1, fresh, lambda: jax.eval_shape(fresh), step,
              _maintainer(schedule, rebuild, rehash), _host(predict), _no_check,
              lambda state, fi, fv, labels: jax.tree.map(np.asarray, diagnose(state, fi, fv, labels)),
-             jax.jit(refresh), lambda state: retrieval.index_fill(state.tables), _describer(step, model.STEP_SCOPES),
-             serving_index=(lambda state: inference.merge_index(inference.gather_index(state.tables),
-                                                                config.num_labels))
-             if config.tables.candidates == "clusters" else None)
+             jax.jit(refresh), lambda state: the_index.fill(the_index.occupancy(state.index)),
+             _describer(step, model.STEP_SCOPES),
+             serving_index=(lambda state: inference.merge_index(inference.gather_index(state.index), config))
+             if the_index.merge_shards is not None else None)  # (a kept serving index)
 
 
 def _exact_only(top):
@@ -484,7 +469,7 @@ def _sharded_slide(config, key, schedule, top, mesh, sampled_ks=()) -> Run:
              diagnose=host_diagnose, refresh_index=make_serving_index(config, mesh),
              index_fill=make_index_fill(config, mesh),
              describe_step=_describer(step, model.STEP_SCOPES, lambda batch: to_global(batch, mesh)),
-             serving_index=make_merged_index(config, mesh) if config.tables.candidates == "clusters" else None)
+             serving_index=make_merged_index(config, mesh) if index.from_config(config).merge_shards else None)
 
 
 def _data_parallel_dense(config, key, schedule, top, mesh) -> Run:

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsejax import clusters, model, ops, retrieval, selection
+from sparsejax import index, model, ops, retrieval, selection
 from sparsejax._checks import check_int
 from sparsejax.loss import Shard, shard_rows
 
@@ -135,15 +135,10 @@ def index_candidates(state: model.SlideState, h: jax.Array, *, config: model.Mod
                      seed: jax.Array | int = 0) -> tuple[jax.Array, jax.Array]:
   """This shard's share of each query's ``k`` candidates from the state's index, queried without labels.
 
-  One process, and each shard of LSH tables (buckets have no scores to rank across shards): the index's own
-  query, :func:`sparsejax.model.query_active` (its candidates, then random rows; each shard ``k / P``, as in
-  training). A sharded clustered index is probed as one process probes its single index: the clusters of every
-  shard are ranked together (each shard all-gathers the scores and sizes of its best ``min(probes, C)``
-  clusters: ``O(n k)``) and members are taken from the best clusters on, wherever they live, until there are
-  ``k`` of them. Each shard then takes its share from its own probe list (ranked the same way). The candidates
-  of a query add up to ``k`` over the shards as in one process (unless the probed clusters hold fewer rows: one
-  process fills such an active set with random rows, the shards do not), and no shard is held to a fixed quota
-  of ``k / P``, which cuts off a shard that holds the best clusters.
+  :attr:`sparsejax.index.Index.query_shards`: one process, and each shard of LSH tables, the index's own query
+  (its candidates, then random rows; each shard ``k / P``, as in training); a sharded clustered index ranks
+  every shard's clusters together, as one process ranks its single index's (the candidates add up to ``k``
+  over the shards).
 
   Args:
     state: the state (this shard's rows and index).
@@ -157,25 +152,8 @@ def index_candidates(state: model.SlideState, h: jax.Array, *, config: model.Mod
   Returns:
     ``(active [n, w] this shard's row ids, -1 past its share, num_from_index [n])``.
   """
-  index = state.tables
-  if shard.axis is None or not isinstance(index, clusters.ClusterIndex):
-    return model.query_active(state, h, config=config, k=_local_k(config, k), num_rows=num_valid, seed=seed)
-  probes = min(config.tables.cluster_probes or k, k)  # one process: min(cluster_probes or C, k) clusters
-  m = min(probes, index.centroids.shape[0])
-  sizes = index.sizes
-  scores = clusters.probe_scores(index, h, config.tables.cluster_spread_weight)
-  # This shard's best m clusters in the probe's order (empty ones never take a probe: NaN, last).
-  best, which = selection.row_topk(jnp.where(sizes[None, :] > 0, scores, jnp.nan), m)
-  counts = jnp.where(jnp.isnan(best), 0, sizes[which])
-  best, counts = shard.concatenate(best), shard.concatenate(counts)  # [n, P m], shard by shard
-  _, order = selection.row_topk(best, best.shape[1])  # every shard's clusters ranked together
-  counts = jnp.where(jnp.arange(best.shape[1]) < probes, jnp.take_along_axis(counts, order, axis=1), 0)
-  taken = jnp.clip(k - (jnp.cumsum(counts, axis=1) - counts), 0, counts)  # members taken from each cluster
-  mine = (order // m) == shard.index()
-  share = jnp.sum(jnp.where(mine, taken, 0), axis=1).astype(jnp.int32)
-  width = min(k, state.out.w.shape[0])
-  active = clusters.probe_ranked(index, scores, m, width)
-  return jnp.where(jnp.arange(width)[None, :] < share[:, None], active, -1), share
+  return index.from_config(config).query_shards(state.index, h, k=k, local_k=_local_k(config, k), num_rows=num_valid,
+                                                shard=shard, seed=seed)
 
 
 def _local_k(config: model.ModelConfig, k: int) -> int:
@@ -208,14 +186,14 @@ def gather_index(index, shard: Shard = Shard()):
   return jax.tree.map(shard.all_gather, index)
 
 
-def merge_index(stacked, num_labels: int) -> clusters.ClusterIndex:
-  """One clustered index (host arrays) over the ``num_labels`` global rows from every shard's
-  (:func:`gather_index`, :func:`sparsejax.clusters.merge_shards`), which one process probes as the shards probed
-  theirs. One process: its own index."""
+def merge_index(stacked, config: model.ModelConfig):
+  """One (clustered) index (host arrays) over the ``config.num_labels`` global rows from every shard's
+  (:func:`gather_index`, :attr:`sparsejax.index.Index.merge_shards`), which one process probes as the shards
+  probed theirs. One process: its own index."""
   stacked = jax.tree.map(np.asarray, stacked)
-  count = stacked.offsets.shape[0]
+  count = jax.tree.leaves(stacked)[0].shape[0]
   shards = [jax.tree.map(lambda x, p=p: x[p], stacked) for p in range(count)]
-  return clusters.merge_shards(shards, shard_rows(num_labels, count), num_labels)
+  return index.from_config(config).merge_shards(shards, shard_rows(config.num_labels, count), config.num_labels)
 
 
 # Output rows scored per step by default. Smaller chunks keep more of the [n, chunk] logits in cache for the

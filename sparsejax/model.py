@@ -23,8 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sparsejax import clusters, lsh, mips, ops, optim, tables
+from sparsejax import index, ops, optim
 from sparsejax.config import ConfigError, NetworkConfig, OptimizerConfig, TablesConfig
+from sparsejax.index import clusters, lsh, tables
 from sparsejax.loss import (  # noqa: F401 (re-exported: the loss's home was this module)
   Shard,
   all_rows_label_targets,
@@ -186,9 +187,8 @@ class SlideState(NamedTuple):
     embed_opt: row-sparse Adam state of ``embed.w``.
     out_w_opt, out_b_opt: row-sparse Adam states of ``out.w`` and ``out.b``.
     dense_opt: optax state of ``(embed.b, hidden)``.
-    lsh: hash functions of the output layer's tables (None for a clustered index).
-    tables: the output layer's candidate index: LSH tables or a
-      :class:`sparsejax.clusters.ClusterIndex`.
+    index: the state of the output layer's candidate index (:func:`sparsejax.index.from_config`: hash functions
+      and tables, or a clustered index).
   """
   step: jax.Array
   rng: jax.Array
@@ -199,8 +199,7 @@ class SlideState(NamedTuple):
   out_w_opt: optim.RowSparseAdamState
   out_b_opt: optim.RowSparseAdamState
   dense_opt: Any
-  lsh: Any
-  tables: tables.HashTables | clusters.ClusterIndex
+  index: Any
 
 
 def dense_optimizer(config: ModelConfig) -> optax.GradientTransformation:
@@ -273,7 +272,7 @@ def init_from_params(rng: jax.Array, config: ModelConfig, params: NetworkParams,
                                      second_moment=config.optim.second_moment)
   # The output layer's weights in their training dtype (the index is built from their float32 values).
   params = params._replace(out=params.out._replace(w=params.out.w.astype(config.optim.weight_dtype)))
-  lsh_params, t = _init_index_jit(k_lsh, k_tables, config, params.out, num_valid)
+  index_state = _init_index(k_lsh, k_tables, config, params.out, num_valid)
   return SlideState(
       step=jnp.zeros((), jnp.int32),
       rng=jax.random.key_data(k_state),
@@ -281,46 +280,12 @@ def init_from_params(rng: jax.Array, config: ModelConfig, params: NetworkParams,
       embed_opt=sparse_opt.init(params.embed.w), out_w_opt=sparse_opt.init(params.out.w),
       out_b_opt=sparse_opt.init(params.out.b),
       dense_opt=dense_optimizer(config).init((params.embed.b, params.hidden)),
-      lsh=lsh_params, tables=t)
+      index=index_state)
 
 
-def init_index(k_lsh: jax.Array, k_tables: jax.Array, config: ModelConfig, out: SparseLayer,
-               num_valid: int | jax.Array | None = None):
-  """``(hash functions or None, built index)`` of the output layer, as ``config.tables.candidates`` says."""
-  d = config.hidden_dims[-1]
-  out = _float32_rows(out)
-  if config.tables.candidates == "clusters":
-    c, rows, _ = config.index_sizes
-    index = clusters.build_index(clusters.init_index(c, rows, d), out.w, out.b,
-                                 iterations=config.tables.kmeans_iterations, num_valid=num_valid, key=k_tables,
-                                 sample_per_cluster=config.kmeans_sample)
-    return None, index
-  lsh_params = lsh.init_lsh(k_lsh, config.lsh_config, d + 2 if config.tables.lsh_mips else d)
-  t = tables.init_tables(config.lsh_config, config.table_bucket_size, policy=config.tables.table_policy,
-                         seed=jax.random.bits(k_tables, (), jnp.uint32))
-  return lsh_params, _build_tables(t, lsh_params, out, num_valid, config.tables.lsh_mips)
-
-
-_init_index_jit = jax.jit(init_index, static_argnums=2)  # see jitted_init_params
-
-
-def _float32_rows(out: SparseLayer) -> SparseLayer:
-  """The layer with float32 weights (bfloat16 ones widened: an O(N d) copy, for index builds only)."""
-  return out._replace(w=out.w.astype(jnp.float32))
-
-
-def _hashes_mips(params, width: int, mips_reduced: bool | None) -> bool:
-  """Whether the hash functions take MIPS-reduced vectors (``d + 2`` wide): as configured, or where the caller
-  does not say, as SimHash's drawn width says (DWTA's bins do not record their width)."""
-  return lsh.input_dim(params) == width + 2 if mips_reduced is None else mips_reduced
-
-
-def _build_tables(t: tables.HashTables, params, out: SparseLayer, num_valid,
-                  mips_reduced: bool | None = None) -> tables.HashTables:
-  out = _float32_rows(out)
-  if _hashes_mips(params, out.w.shape[1], mips_reduced):  # centred as the clustered index's rows are (mips.py)
-    return tables.build_tables(t, params, mips.augment_rows(*mips.centre_rows(out.w, out.b, num_valid)), num_valid)
-  return tables.build_tables(t, params, out.w, num_valid)
+# Built by one jitted program of its own, as the parameters are (see jitted_init_params).
+_init_index = jax.jit(lambda k_functions, k_build, config, out, num_valid: index.from_config(config).init(
+    k_functions, k_build, out.w, out.b, num_valid), static_argnums=2)
 
 
 def query_active(state: SlideState, h: jax.Array, *, config: ModelConfig, k: int, num_rows: int | jax.Array,
@@ -332,14 +297,8 @@ def query_active(state: SlideState, h: jax.Array, *, config: ModelConfig, k: int
   ``max_from_index``, default ``k``; LSH tables take as many as they have),
   then distinct random ids.
   """
-  if isinstance(state.tables, clusters.ClusterIndex):
-    # Default: all of this index's clusters, ranked; at most k of them can contribute (none is empty).
-    probes = min(config.tables.cluster_probes or state.tables.centroids.shape[0], k)
-    return clusters.index_query(state.tables, h, k=k, num_rows=num_rows, probes=probes, labels=labels, seed=seed,
-                                max_from_index=max_from_index, spread_weight=config.tables.cluster_spread_weight)
-  if _hashes_mips(state.lsh, h.shape[1], config.tables.lsh_mips):
-    h = mips.augment_queries(h)
-  return tables.lsh_query(state.tables, state.lsh, h, k=k, num_rows=num_rows, labels=labels, seed=seed)
+  return index.from_config(config).query(state.index, h, k=k, num_rows=num_rows, labels=labels, seed=seed,
+                                         max_from_index=max_from_index)
 
 
 def hidden_forward(embed_w: jax.Array, dense_params, feat_ids: jax.Array, feat_vals: jax.Array,
@@ -459,14 +418,7 @@ def refresh_cost_in_steps(config: ModelConfig) -> float:
   """
   if uses_exact_path(config):
     return 0.0
-  if config.tables.candidates == "clusters":
-    c, rows, _ = config.index_sizes
-    sample = config.kmeans_sample
-    lloyd_rows = rows if sample is None else min(rows, sample * c)
-    products = c * (rows + config.tables.kmeans_iterations * lloyd_rows)
-  else:
-    params = config.lsh_config
-    products = shard_rows(config.num_labels, config.num_shards) * params.num_bits * params.num_tables
+  products = index.from_config(config).refresh_products
   touched = config.optim.batch_size * local_active_k(config, config.num_shards)
   return products / (touched * REFRESH_PRODUCTS_PER_TOUCHED_ROW)
 
@@ -600,103 +552,61 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
     embed_b, hidden = keep_if(finite, optax.apply_updates(dense_params, updates), dense_params)
     dense_opt = keep_if(finite, dense_opt, state.dense_opt)
 
-  with jax.named_scope("out_adam"):  # re-inserting updated rows is part of updating this shard's rows
-    t = state.tables
-    reinsert = "none" if exact else config.tables.reinsert  # the exact step does not query the index
-    if reinsert == "labels":
-      ids = jnp.where(finite, local_labels, PAD_ID).reshape(-1)
-      t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(ids, 0), axis=0).astype(jnp.float32), ids,
-                             rows)
-    elif reinsert == "all":
-      t = tables.insert_rows(t, state.lsh, jnp.take(out_w, jnp.maximum(touched, 0), axis=0).astype(jnp.float32),
-                             touched, rows)
+  index_state = state.index
+  if not exact:  # the exact step does not query the index
+    with jax.named_scope("out_adam"):  # re-inserting updated rows is part of updating this shard's rows
+      index_state = index.from_config(config).update(index_state, out_w, labels=jnp.where(finite, local_labels, PAD_ID),
+                                                     touched=touched, num_rows=rows)
 
   new_state = state._replace(
       step=state.step + 1, embed=SparseLayer(embed_w, embed_b), hidden=hidden, out=SparseLayer(out_w, out_b),
-      embed_opt=embed_opt, out_w_opt=out_w_opt, out_b_opt=out_b_opt, dense_opt=dense_opt, tables=t)
+      embed_opt=embed_opt, out_w_opt=out_w_opt, out_b_opt=out_b_opt, dense_opt=dense_opt, index=index_state)
   metrics = {"loss": loss, "learning_rate": lr, "finite": finite,
              "active_from_tables": tables_fraction / config.num_shards}
   return new_state, metrics
 
 
-def rebuild_tables(state: SlideState, num_valid: int | jax.Array | None = None, *,
-                   kmeans_iterations: int = 2, kmeans_sample: int | None = None,
-                   mips_reduced: bool | None = None) -> SlideState:
-  """Refreshes the index from the current rows (amortized work, off the step).
-
-  Hash tables: every row is re-hashed into fresh tables (O(N d)). A clustered
-  index: ``kmeans_iterations`` Lloyd iterations from fresh seeds (on
-  ``kmeans_sample`` rows per cluster), then every row is assigned (O(N C d)).
+def rebuild_tables(state: SlideState, config: ModelConfig, num_valid: int | jax.Array | None = None) -> SlideState:
+  """Refreshes the index from the current rows (amortized work, off the step): :attr:`sparsejax.index.Index.refresh`.
 
   Args:
-    state: the state whose ``tables`` are refreshed.
+    state: the state whose ``index`` is refreshed.
+    config: the model.
     num_valid: only rows below it are real (a padded shard); default all.
-    kmeans_iterations: Lloyd iterations of a clustered index.
-    kmeans_sample: rows per cluster those iterations see (None: all).
-    mips_reduced: whether the hash functions take MIPS-reduced rows (``--lsh_mips``); None: SimHash's width
-      says (a DWTA state needs it said).
   """
-  if isinstance(state.tables, clusters.ClusterIndex):
-    out = _float32_rows(state.out)
-    return state._replace(tables=clusters.build_index(state.tables, out.w, out.b, iterations=kmeans_iterations,
-                                                      num_valid=num_valid, sample_per_cluster=kmeans_sample))
-  return state._replace(tables=_build_tables(state.tables, state.lsh, state.out, num_valid, mips_reduced))
+  return state._replace(index=index.from_config(config).refresh(state.index, state.out.w, state.out.b, num_valid))
 
 
 def serving_index(state: SlideState, config: ModelConfig, num_valid: int | jax.Array | None = None) -> SlideState:
-  """The state with the index that evaluation and sampled inference use, built afresh from its rows.
-
-  A clustered index gets ``config.eval_index_sizes`` (finer clusters, more Lloyd iterations than the
-  training index: built once per evaluation, not per step); LSH tables are rebuilt as in training. The
-  state's own index is left alone (the result holds a new one, possibly of another size). In a sharded run
-  ``state`` is one shard's (its rows below ``num_valid`` real, the rest padding).
+  """The state with the index that evaluation and sampled inference use, built afresh from its rows
+  (:attr:`sparsejax.index.Index.serving`: a clustered index of ``config.eval_index_sizes``, finer than the training
+  index; LSH tables rebuilt as in training). The state's own index is left alone (the result holds a new one,
+  possibly of another size). In a sharded run ``state`` is one shard's (its rows below ``num_valid`` real, the rest
+  padding).
   """
-  if isinstance(state.tables, clusters.ClusterIndex):
-    c, iterations = config.eval_index_sizes
-    rows, d = state.out.w.shape
-    out = _float32_rows(state.out)
-    return state._replace(tables=clusters.build_index(clusters.init_index(c, rows, d), out.w, out.b,
-                                                      iterations=iterations, num_valid=num_valid,
-                                                      sample_per_cluster=config.kmeans_sample))
-  return rebuild_tables(state, num_valid, kmeans_iterations=config.tables.kmeans_iterations,
-                        mips_reduced=config.tables.lsh_mips)
+  return state._replace(index=index.from_config(config).serving(state.index, state.out.w, state.out.b, num_valid))
 
 
-def inference_state(params: NetworkParams, config: ModelConfig, index: clusters.ClusterIndex | None = None,
-                    hash_functions=None, hash_tables: tables.HashTables | None = None) -> SlideState:
+def inference_state(params: NetworkParams, config: ModelConfig, kept_index=None, saved_index=None) -> SlideState:
   """A state for sampled inference around trained ``params``, with no optimizer state.
 
   Its index is the one the run's evaluations queried (:func:`serving_index`, deterministic: for one process the
-  same as the run's final evaluation built): a clustered index built from the rows, or ``index`` where the run
-  kept it; LSH tables rebuilt from the rows with the run's ``hash_functions`` and its ``hash_tables``' sizes and
-  seed, or without them with fresh hash functions of the run's sizes. ``params.out`` holds the N real rows (a
-  sharded run's padding taken off).
+  same as the run's final evaluation built): ``kept_index`` where the run kept it, else built from the rows and
+  the run's training index ``saved_index`` (its hash functions and table sizes; None: fresh ones of the run's
+  sizes). ``params.out`` holds the N real rows (a sharded run's padding taken off).
   """
-  def around(lsh_params, candidates) -> SlideState:
-    return SlideState(step=None, rng=None, embed=params.embed, hidden=params.hidden, out=params.out, embed_opt=None,
-                      out_w_opt=None, out_b_opt=None, dense_opt=None, lsh=lsh_params, tables=candidates)
-
-  if index is not None:  # kept by the run
-    return around(None, index)
-  if config.tables.candidates == "clusters":  # the index is a placeholder: serving_index builds its own
-    return serving_index(around(None, clusters.init_index(1, 1, config.hidden_dims[-1])), config)
-  if hash_functions is not None:  # the run's own, its tables rebuilt from these rows
-    return serving_index(around(hash_functions, hash_tables), config)
-  return around(*init_index(*jax.random.split(jax.random.key(0)), config, params.out))
+  state = SlideState(step=None, rng=None, embed=params.embed, hidden=params.hidden, out=params.out, embed_opt=None,
+                     out_w_opt=None, out_b_opt=None, dense_opt=None, index=kept_index)
+  if kept_index is not None:
+    return state
+  return state._replace(index=index.from_config(config).serving(saved_index, params.out.w, params.out.b))
 
 
 def new_hash_functions(state: SlideState, config: ModelConfig,
                        num_valid: int | jax.Array | None = None) -> SlideState:
   """Draws new hash functions (a clustered index: new seeds) and rebuilds."""
   key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), -state.step - 1)
-  if isinstance(state.tables, clusters.ClusterIndex):
-    out = _float32_rows(state.out)
-    return state._replace(tables=clusters.build_index(state.tables, out.w, out.b, num_valid=num_valid,
-                                                      iterations=config.tables.kmeans_iterations, key=key,
-                                                      sample_per_cluster=config.kmeans_sample))
-  d = config.hidden_dims[-1]
-  params = lsh.init_lsh(key, config.lsh_config, d + 2 if config.tables.lsh_mips else d)
-  return rebuild_tables(state._replace(lsh=params), num_valid, mips_reduced=config.tables.lsh_mips)
+  return state._replace(index=index.from_config(config).renew(state.index, key, state.out.w, state.out.b, num_valid))
 
 
 def min_rebuild_period(config: TablesConfig, refresh_steps: float) -> int:

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsejax import clusters, tables
+from sparsejax.index.base import index_fill  # noqa: F401 (re-exported: the diagnostics' home)
 from sparsejax.loss import Shard
 
 TOP = 10  # topk_recall@TOP: how many of the exact top outputs the evaluation looks for among the candidates
@@ -150,31 +150,3 @@ def summarize(batches: list[dict], top: int) -> dict[str, float]:
           f"topk_recall@{top}": float(cat["topk_recall"].mean()),
           "mean_candidates": float(cat["num_candidates"].mean()),
           "label_cosine": float(cat["label_cosine"][labelled].sum() / denom)}
-
-
-def index_fill(index) -> dict[str, float]:
-  """Fill statistics of hash tables or a clustered index (host-side, cheap).
-
-  Hash tables: mean and max ids per bucket, the fraction of empty buckets and
-  of buckets that overflowed (more rows offered than slots). Clustered index:
-  mean and max cluster size and the fraction of empty clusters.
-  """
-  if isinstance(index, tables.HashTables):
-    return table_fill(np.asarray(index.counts), index.buckets.shape[2])
-  if isinstance(index, clusters.ClusterIndex):
-    return cluster_fill(np.asarray(index.sizes))
-  raise TypeError(f"index_fill: expected HashTables or ClusterIndex, got {type(index).__name__}")
-
-
-def table_fill(counts: np.ndarray, slots: int) -> dict[str, float]:
-  """:func:`index_fill` of hash tables from their bucket ``counts`` (any shape: every shard's tables together)
-  and their ``slots`` per bucket."""
-  held = np.minimum(counts, slots)
-  return {"bucket_mean": float(held.mean()), "bucket_max": float(held.max()),
-          "buckets_empty": float(np.mean(counts == 0)), "buckets_overflowed": float(np.mean(counts > slots))}
-
-
-def cluster_fill(sizes: np.ndarray) -> dict[str, float]:
-  """:func:`index_fill` of a clustered index from its cluster ``sizes`` (any shape: every shard's together)."""
-  return {"cluster_mean": float(sizes.mean()), "cluster_max": float(sizes.max()),
-          "clusters_empty": float(np.mean(sizes == 0))}

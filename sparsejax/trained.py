@@ -219,9 +219,11 @@ class TrainedModel:
     sizes = meta["data"]
     self.num_features, self.num_labels = sizes["num_features"], sizes["num_labels"]
     self.max_features, self._num_train = sizes["max_features"], sizes["num_train"]
-    # A single-process LSH run's hash functions and tables (a sharded run's are per process: not used).
-    single = meta.get("num_shards", 1) == 1 and tree.get("lsh") is not None and tree.get("tables") is not None
-    self._hashing = (tree["lsh"], tree["tables"]) if single and self.config.tables.candidates == "lsh" else None
+    # A single-process run's training index: an LSH run's hash functions and table sizes serve sampled prediction
+    # (a sharded run's are per process: not used). Checkpoints of both layouts (sparsejax.index.saved).
+    from sparsejax.index import saved
+
+    self._training_index = saved.index_tree(tree) if meta.get("num_shards", 1) == 1 else None
     n = self.num_labels  # a sharded run's layer has padding rows after the N real ones
     self.params = model.NetworkParams(
         embed=model.SparseLayer(tree["embed"]["w"], tree["embed"]["b"]),
@@ -364,17 +366,13 @@ class TrainedModel:
     if self.config.network.model != "slide":
       raise ValueError("sampled prediction (k) needs a SLIDE model; this one was trained with --model=dense (full "
                        "softmax): predict over all labels (k=None)")
-    hash_functions = hash_tables = None
-    if self._hashing is not None:  # an LSH run's own hash functions, for the index its evaluations queried
-      from sparsejax import lsh, tables
+    from sparsejax import index
 
-      params, t = self._hashing
-      family = lsh.SimHashParams if self.config.tables.lsh_family == "simhash" else lsh.DWTAParams
-      hash_functions = family(**params)
-      hash_tables = tables.HashTables(t["buckets"], t["counts"], t["seed"], policy=self.config.tables.table_policy)
+    saved_index = None
+    if self._training_index is not None:  # the run's own (LSH: hash functions), for the index its evaluations queried
+      saved_index = index.from_config(self._model_config).from_arrays(self._training_index)
     return jax.jit(model.inference_state, static_argnames="config")(
-        self.params, config=self._model_config, index=self._kept_serving_index, hash_functions=hash_functions,
-        hash_tables=hash_tables)
+        self.params, config=self._model_config, kept_index=self._kept_serving_index, saved_index=saved_index)
 
   @property
   def serving_index_kept(self) -> bool:
@@ -384,10 +382,10 @@ class TrainedModel:
   @functools.cached_property
   def _kept_serving_index(self):
     """The serving index the run kept for this model's step (see :func:`save_serving_index`), or None."""
-    from sparsejax import clusters
+    from sparsejax.index import clusters
 
     path = os.path.join(self._workdir, ASSETS, _SERVING_INDEX)
-    if self.config.tables.candidates != "clusters" or not os.path.exists(path):
+    if not os.path.exists(path):  # (only a run with a clustered index keeps one)
       return None
     d = self.params.out.w.shape[1]
     try:

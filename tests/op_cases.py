@@ -39,7 +39,8 @@ from references import (
   topk_ref,
 )
 
-from sparsejax import _ffi, inference, lsh, ops, optim, tables
+from sparsejax import _ffi, inference, ops, optim
+from sparsejax.index import lsh, tables
 
 VALUES = np.array([-2.0, -1.0, -0.5, 0.0, 0.0, 0.5, 1.0, 2.0], np.float32)
 NONFINITE = np.array([np.nan, np.inf, -np.inf], np.float32)

@@ -1,4 +1,4 @@
-"""Kernel outputs are bit-identical whatever the number of threads."""
+"""Kernel outputs, and each candidate index built and queried, are bit-identical whatever the number of threads."""
 
 import textwrap
 
@@ -6,7 +6,8 @@ import pytest
 
 SCRIPT = textwrap.dedent("""
     import hashlib, jax, jax.numpy as jnp, numpy as np
-    from sparsejax import lsh, ops, optim, tables
+    from sparsejax import ops, optim
+    from sparsejax.index import lsh, tables
     rng = np.random.default_rng(0)
     N, d, B, k = 20000, 32, 64, 256
     W = jnp.asarray(rng.normal(size=(N, d)), jnp.float32)
@@ -37,22 +38,34 @@ SCRIPT = textwrap.dedent("""
           (W2, b2), (s, sb), dh = opt.update(gr, opt.init((weight, b)), (weight, b), combine=True)  # dh: over slabs
           for a in (W2, s.mu, s.nu, b2, sb.mu, sb.nu, dh):
             digest.update(np.asarray(a).tobytes())
+    # The index of the run (KIND): built, queried, refreshed from moved rows and given new hash functions (seeds).
+    from sparsejax import index, model
+    from sparsejax.config import override
+    cfg = override(model.ModelConfig(10, N), hidden_dims=(d,), active_k=k, candidates="KIND", num_tables=8,
+                   num_clusters=64, kmeans_sample=16)
+    idx = index.from_config(cfg)
+    state = idx.init(*jax.random.split(jax.random.key(1)), W, b)
+    active, n = idx.query(state, h, k=k, num_rows=N, seed=5)
+    state = idx.renew(idx.refresh(state, W + 0.1 * W[::-1], b), jax.random.key(2), W, b)
+    for a in (*jax.tree.leaves(state), active, n, *jax.tree.leaves(idx.serving(state, W, b))):
+      digest.update(np.asarray(a).tobytes())
     print(digest.hexdigest())
 """)
 
 
-def _digest(run_python, threads):
+def _digest(run_python, threads, kind="clusters"):
   env = {"SPARSEJAX_NUM_THREADS": str(threads)} if threads else {}
-  out = run_python(code=SCRIPT, env=env)
+  out = run_python(code=SCRIPT.replace("KIND", kind), env=env)
   return out.stdout.strip().splitlines()[-1]
 
 
-def test_results_do_not_depend_on_thread_count(run_python, monkeypatch):
+@pytest.mark.parametrize("kind", ["clusters", "lsh"])
+def test_results_do_not_depend_on_thread_count(run_python, monkeypatch, kind):
   monkeypatch.delenv("SPARSEJAX_NUM_THREADS", raising=False)
-  one = _digest(run_python, 1)
+  one = _digest(run_python, 1, kind)
   assert len(one) == 64
-  assert _digest(run_python, None) == one
-  assert _digest(run_python, 3) == one
+  assert _digest(run_python, None, kind) == one
+  assert _digest(run_python, 3, kind) == one
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-1", "2.5"])

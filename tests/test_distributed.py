@@ -48,7 +48,7 @@ SHARDED_VS_SINGLE = """
              ("embed.w", sharded.embed.w, single.embed.w), ("embed.b", sharded.embed.b, single.embed.b)]
     diffs = {{name: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for name, a, b in pairs}}
     print(json.dumps(dict(same_init=same_init, losses=losses, diffs=diffs, checksums=checksums,
-                          exact=model.uses_exact_path(sharded_cfg), lsh=sharded_cfg.tables.candidates == "lsh",
+                          exact=model.uses_exact_path(sharded_cfg), candidates=sharded_cfg.tables.candidates,
                           num_pad=len(pad_before),
                           pad_unchanged=bool(np.array_equal(np.asarray(sharded.out.w)[{N}:], pad_before)))))
 """
@@ -70,15 +70,16 @@ def test_sharded_exact_softmax_equals_single_process(P, N, run_python):
   assert out["pad_unchanged"]  # ...never touched
 
 
-def test_sharded_lsh_sampling_runs_and_learns(run_python):
-  """Sampled softmax over LSH candidates, 2 shards: it learns and the replicas stay identical.
+@pytest.mark.parametrize("candidates", ["lsh", "clusters"])
+def test_sharded_lsh_sampling_runs_and_learns(run_python, candidates):
+  """Sampled softmax over LSH (or clustered-index) candidates, 2 shards: it learns and the replicas stay identical.
 
   `softmax="sampled"`: by default (auto) this size took the exact softmax (32 active of 150 rows per shard), and
   the test trained no LSH-sampled step.
   """
-  code = SHARDED_VS_SINGLE.format(P=2, N=300, K=64, STEPS=60, EXTRA='softmax="sampled", candidates="lsh"')
+  code = SHARDED_VS_SINGLE.format(P=2, N=300, K=64, STEPS=60, EXTRA=f'softmax="sampled", candidates="{candidates}"')
   out = json.loads(run_python(code=code, devices=2).stdout.splitlines()[-1])
-  assert not out["exact"] and out["lsh"]
+  assert not out["exact"] and out["candidates"] == candidates
   losses = np.array(out["losses"])
   assert np.all(np.isfinite(losses))
   assert losses[-10:, 1].mean() < 0.8 * losses[:5, 1].mean()
@@ -160,15 +161,17 @@ def test_multiprocess_exact_matches_single_process(tmp_path, P):
     np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-5)
 
 
-def test_multiprocess_lsh_sampling_matches_single_process_p_at_1(tmp_path):
-  """Sampled softmax over LSH candidates, sharded over 2 processes, learns what one process learns.
+@pytest.mark.parametrize("candidates", ["lsh", "clusters"])
+def test_multiprocess_lsh_sampling_matches_single_process_p_at_1(tmp_path, candidates):
+  """Sampled softmax over LSH (or clustered-index) candidates, sharded over 2 processes, learns what one process
+  learns.
 
   `--softmax=sampled`: with the default (auto) both runs took the exact softmax at this size (64 active of 400
   rows), and the test compared two exact runs.
   """
   kw = dict(synthetic_samples=4000, synthetic_labels=400, active_k=64, max_steps=250, eval_every=250,
             eval_samples=None, log_every=50, hidden_dims="32", learning_rate=0.003, softmax="sampled",
-            candidates="lsh")
+            candidates=candidates)
   single, multi = str(tmp_path / "single"), str(tmp_path / "multi")
   out = subprocess.run([sys.executable, TRAIN, *_train_args(single, **kw)], capture_output=True, text=True,
                        cwd=ROOT, timeout=300)
@@ -292,11 +295,12 @@ def test_a_signal_to_the_launcher_stops_every_rank_after_a_checkpoint(tmp_path, 
                                                                                    str(step)))
 
 
-def test_multiprocess_resume_continues_the_same_run(tmp_path):
+@pytest.mark.parametrize("index", [  # table maintenance: LSH re-inserting rows (raw, not MIPS-reduced, tables)
+    dict(reinsert="labels", candidates="lsh", lsh_mips=False), dict(candidates="clusters")])
+def test_multiprocess_resume_continues_the_same_run(tmp_path, index):
   """2 processes: 12 steps, stop, resume to 24 == 24 straight steps (every shard checkpointed)."""
-  kw = dict(  # LSH table maintenance (re-inserting rows: raw, not MIPS-reduced, tables)
-      synthetic_labels=300, active_k=32, max_steps=24, checkpoint_every=8, eval_every=1000,
-      rebuild_period=5, rehash_period=9, reinsert="labels", candidates="lsh", lsh_mips=False)
+  kw = dict(synthetic_labels=300, active_k=32, max_steps=24, checkpoint_every=8, eval_every=1000,
+            rebuild_period=5, rehash_period=9, softmax="sampled", **index)
   straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
   for workdir, steps in ((straight, 24), (split, 12), (split, 24)):
     proc = _launch(2, _train_args(workdir, **dict(kw, max_steps=steps)), timeout=300)

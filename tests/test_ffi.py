@@ -163,7 +163,7 @@ def test_issue_reproduction_out_of_memory_is_an_exception():
   either fits or raises an error naming the op; it never dies of a signal."""
   out = subprocess.run(
       ["bash", "-c", f"ulimit -v 2700000; exec {sys.executable} -P -c \"import jax.numpy as j;"
-       "from sparsejax import lsh,tables as T;t=T.init_tables(lsh.LSHConfig(num_tables=1,num_bits=1),1);"
+       "from sparsejax.index import lsh,tables as T;t=T.init_tables(lsh.LSHConfig(num_tables=1,num_bits=1),1);"
        "T.query_codes(t,j.zeros((64,1),j.int32),k=2**22,num_rows=2**23-1)[0].block_until_ready()\""],
       capture_output=True, text=True, timeout=300)
   assert out.returncode in (0, 1), (out.returncode, out.stderr[-2000:])
@@ -176,7 +176,7 @@ def test_issue_reproduction_out_of_memory_is_an_exception():
 _OOM_SCRIPT = """
     import resource, sys
     import jax, jax.numpy as jnp, numpy as np
-    from sparsejax import lsh, tables
+    from sparsejax.index import lsh, tables
     t = tables.init_tables(lsh.LSHConfig(num_tables=1, num_bits=1), 1)
     B, k, N = 8, 2**21, 2**22 - 1  # scratch per worker: a set of 2k ids (16 MB) and N + 4N bytes (20 MB)
     codes = jnp.zeros((B, 1), jnp.int32)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from references import dwta_ref, simhash_ref
 
-from sparsejax import lsh, tables
+from sparsejax.index import lsh, tables
 
 
 def _simhash_ref(params, x):

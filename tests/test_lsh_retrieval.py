@@ -4,8 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsejax import mips, model
+from sparsejax import index, model
 from sparsejax.config import override
+from sparsejax.index import mips
 
 
 def test_centred_mips_rows_rank_like_the_logits():
@@ -75,9 +76,8 @@ def _recall_of_planted(settings: dict, w, b, h, planted, k: int) -> float:
   n, d = w.shape
   cfg = override(model.ModelConfig(10, n), hidden_dims=(d,), active_k=k, candidates="lsh", **settings)
   out = model.SparseLayer(jnp.asarray(w), jnp.asarray(b))
-  hash_functions, index = model.init_index(*jax.random.split(jax.random.key(0)), cfg, out)
-  state = model.SlideState(*([None] * len(model.SlideState._fields)))._replace(out=out, lsh=hash_functions,
-                                                                                tables=index)
+  built = index.from_config(cfg).init(*jax.random.split(jax.random.key(0)), out.w, out.b)
+  state = model.SlideState(*([None] * len(model.SlideState._fields)))._replace(out=out, index=built)
   active, from_index = model.query_active(state, jnp.asarray(h), config=cfg, k=k, num_rows=n, seed=1)
   active, from_index = np.asarray(active), np.asarray(from_index)
   found = [planted[i] in active[i, :from_index[i]] for i in range(len(h))]

@@ -226,7 +226,7 @@ def test_training_lifts_p_at_1_far_above_chance(moment_dtype, weight_dtype):
     state, m = step(state, next(it))
     losses.append(float(m["loss"]))
     if schedule.rebuild_due(i + 1):
-      state = model.rebuild_tables(state)
+      state = model.rebuild_tables(state, cfg)
   it.close()
   fi, fv, lab = test.to_padded(None, ds.max_features_per_sample(), 1)
   h = model.hidden(state, jnp.asarray(fi), jnp.asarray(fv))
@@ -315,10 +315,10 @@ def test_new_hash_functions_rebuild_tables(family):
                  lsh_family=family)
   state = model.init(jax.random.key(0), cfg)
   new = model.new_hash_functions(state._replace(step=jnp.int32(5)), cfg)
-  old_leaves, new_leaves = jax.tree.leaves(state.lsh), jax.tree.leaves(new.lsh)
+  old_leaves, new_leaves = jax.tree.leaves(state.index.hash_functions), jax.tree.leaves(new.index.hash_functions)
   assert [x.shape for x in new_leaves] == [x.shape for x in old_leaves]  # drawn for the same (MIPS-reduced) width
   assert any(not np.array_equal(a, b) for a, b in zip(new_leaves, old_leaves))
-  assert int(jnp.sum(new.tables.counts)) == 4 * 200  # every row in every table
+  assert int(jnp.sum(new.index.tables.counts)) == 4 * 200  # every row in every table
 
 
 def test_tail_log_weights_by_hand():

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sparsejax import inference, lsh, ops, optim, tables
+from sparsejax import inference, ops, optim
+from sparsejax.index import lsh, tables
 
 
 def _grad(rng, B=4, k=5, N=30, d=3):
@@ -66,7 +67,7 @@ def test_dwta_needs_an_input_dim():
 
 def test_cluster_index_sizes_are_named():
   """A user audit: negative or float sizes gave raw JAX shape errors."""
-  from sparsejax import clusters
+  from sparsejax.index import clusters
 
   with pytest.raises(ValueError, match=r"init_index: argument 'dim' must be in \[0, inf\], got -5"):
     clusters.init_index(2, 10, -5)

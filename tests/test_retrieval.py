@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sparsejax import _ffi, clusters, lsh, mips, model, retrieval, tables
+from sparsejax import _ffi, model, retrieval
+from sparsejax.index import clusters, lsh, mips, tables
 
 
 def test_mips_reduction_ranks_like_inner_products():
@@ -415,9 +416,9 @@ def test_serving_index_is_built_finer_on_the_final_rows():
                           jnp.asarray(0.1 * rng.normal(size=400), jnp.float32))
   state = state._replace(out=out)
   served = model.serving_index(state, config)
-  assert served.tables.centroids.shape == (40, 10) and state.tables.centroids.shape == (5, 10)
+  assert served.index.centroids.shape == (40, 10) and state.index.centroids.shape == (5, 10)
   want = clusters.build_index(clusters.init_index(40, 400, 8), out.w, out.b, iterations=3)
-  for got, expected in zip(jax.tree.leaves(served.tables), jax.tree.leaves(want)):
+  for got, expected in zip(jax.tree.leaves(served.index), jax.tree.leaves(want)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
   h = np.maximum(rng.normal(size=(16, 8)), 0).astype(np.float32)
   active, n = model.query_active(served, jnp.asarray(h), config=config, k=64, num_rows=400)
@@ -439,4 +440,4 @@ def test_serving_index_of_bfloat16_rows():
   served = model.serving_index(state, config)
   want = clusters.build_index(clusters.init_index(12, 200, 8), state.out.w.astype(jnp.float32), state.out.b,
                               iterations=config.eval_index_sizes[1])
-  np.testing.assert_array_equal(np.asarray(served.tables.rows), np.asarray(want.rows))
+  np.testing.assert_array_equal(np.asarray(served.index.rows), np.asarray(want.rows))

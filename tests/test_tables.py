@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sparsejax import lsh, tables
+from sparsejax.index import lsh, tables
 
 
 def _setup(N=300, d=16, L=6, bits=4, S=8, policy="fifo", seed=0):

@@ -20,7 +20,7 @@ import numpy as np
 
 from sparsejax import _ffi
 from sparsejax._checks import INT32_MAX, Dims, check_array, check_index, check_int
-from sparsejax.lsh import LSHConfig, LSHParams, input_dim, lsh_hash, num_bits, num_tables
+from sparsejax.index.lsh import LSHConfig, LSHParams, input_dim, lsh_hash, num_bits, num_tables
 from sparsejax.padding import PAD_ID
 
 POLICIES = {"fifo": 0, "reservoir": 1}
@@ -231,3 +231,11 @@ def lsh_query(tables: HashTables, params: LSHParams, queries: jax.Array, *, k: i
   check_array(dims, "queries", queries, jnp.float32, ("B", _width(params)))
   _check_tables(dims, tables, params)
   return query_codes(tables, lsh_hash(params, queries), k=k, num_rows=num_rows, labels=labels, seed=seed)
+
+
+def table_fill(counts: np.ndarray, slots: int) -> dict[str, float]:
+  """:func:`sparsejax.index.index_fill` of hash tables from their bucket ``counts`` (any shape: every shard's
+  tables together) and their ``slots`` per bucket."""
+  held = np.minimum(counts, slots)
+  return {"bucket_mean": float(held.mean()), "bucket_max": float(held.max()),
+          "buckets_empty": float(np.mean(counts == 0)), "buckets_overflowed": float(np.mean(counts > slots))}

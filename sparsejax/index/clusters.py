@@ -3,7 +3,7 @@
 The rows, centred on their mean row (which shifts each query's logits by
 one constant, so leaves their ranking alone, but removes the direction that
 all rows share after training), are grouped by spherical k-means in the
-MIPS-augmented space of :mod:`sparsejax.mips` (so that a cluster holds rows
+MIPS-augmented space of :mod:`sparsejax.index.mips` (so that a cluster holds rows
 whose logits rise and fall together). A query scores the ``C`` clusters by
 their members' mean logit (one ``[B, C]`` matmul with the clusters' mean
 rows), probes its best clusters and takes their members, best cluster first,
@@ -15,7 +15,7 @@ is ``O(N C d)`` scheduled work, like rebuilding hash tables; a query is
 * :func:`build_index` - (re)clusters the rows and refills the member lists.
 * :func:`probe` - the first ``T`` members of each query's best clusters.
 * :func:`index_query` - active sets (labels, candidates, random fill), like
-  :func:`sparsejax.tables.lsh_query`.
+  :func:`sparsejax.index.tables.lsh_query`.
 * :func:`merge_candidates` - the kernel that turns ranked candidates into
   duplicate-free active sets.
 * :func:`merge_shards` - one index over a sharded layer's rows from its
@@ -30,8 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsejax import _ffi, mips, selection
+from sparsejax import _ffi, selection
 from sparsejax._checks import Dims, check_array, check_index, check_int
+from sparsejax.index import mips
 
 _ASSIGN_CHUNK_BYTES = 4 << 20  # scores of a chunk of rows against all centroids, while clustering
 _ASSIGN_MIN_CHUNK = 64
@@ -350,3 +351,10 @@ def index_query(index: ClusterIndex, queries: jax.Array, *, k: int, num_rows: in
   count = k if max_from_index is None else max_from_index
   return merge_candidates(probe(index, queries, probes, count, spread_weight), k=k, num_rows=num_rows,
                           labels=labels, seed=seed, max_from_candidates=count)
+
+
+def cluster_fill(sizes: np.ndarray) -> dict[str, float]:
+  """:func:`sparsejax.index.index_fill` of a clustered index from its cluster ``sizes`` (any shape: every shard's
+  together)."""
+  return {"cluster_mean": float(sizes.mean()), "cluster_max": float(sizes.max()),
+          "clusters_empty": float(np.mean(sizes == 0))}

@@ -1,0 +1,28 @@
+"""Candidate indexes: which output rows each sample computes.
+
+One protocol, :class:`Index` (a NamedTuple of pure functions over the index's pytree state, optax-style), and its
+two implementations:
+
+* :func:`cluster_index` (``--candidates=clusters``, :mod:`.clustered` over :mod:`.clusters`): spherical k-means
+  of the centred rows, probed by the clusters' mean logit.
+* :func:`lsh_index` (``--candidates=lsh``, :mod:`.hashed` over :mod:`.lsh`, :mod:`.tables` and :mod:`.mips`):
+  SLIDE's hash tables, SimHash or DWTA, of raw or centred MIPS-reduced rows.
+
+:func:`from_config` is the one place that picks an implementation; :mod:`.kinds` says what each reads of the
+settings (without JAX, for the settings' validation); :mod:`.saved` restores checkpoints of the earlier layout.
+Importing this package does not import JAX; the implementations load on first use.
+"""
+
+from sparsejax.index.base import Index, from_config, index_fill
+
+__all__ = ["Index", "from_config", "index_fill", "cluster_index", "lsh_index"]
+
+
+def __getattr__(name: str):
+  if name == "cluster_index":
+    from sparsejax.index.clustered import cluster_index
+    return cluster_index
+  if name == "lsh_index":
+    from sparsejax.index.hashed import lsh_index
+    return lsh_index
+  raise AttributeError(f"module 'sparsejax.index' has no attribute {name!r}")

@@ -1,0 +1,56 @@
+"""The kinds of candidate index, by their ``--candidates`` name: what each reads of the settings and how it is made.
+
+Free of JAX (the settings are validated before JAX is imported): :attr:`Kind.make` imports the implementation.
+"""
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+
+class Kind(NamedTuple):
+  """One kind of index, as the settings see it.
+
+  Attributes:
+    make: ``model_config -> Index`` (imports its module on first use).
+    settings: the ``tables`` settings that only this kind reads.
+    reinserts: ``tables_config -> bool``: whether the index can take rows re-inserted after each step
+      (``--reinsert``).
+    table_bytes: ``(tables_config, num_bits, bucket_size) -> (bits, slots, bytes)`` of hash tables allocated
+      whole when a run starts (``num_bits``/``bucket_size`` None: the settings', at least), or None without them.
+  """
+  make: Callable[[Any], Any]
+  settings: tuple[str, ...]
+  reinserts: Callable[[Any], bool]
+  table_bytes: Callable[[Any, int | None, int | None], tuple[int, int, int] | None]
+
+
+def _clusters(config):
+  from sparsejax.index.clustered import cluster_index
+  return cluster_index(config)
+
+
+def _lsh(config):
+  from sparsejax.index.hashed import lsh_index
+  return lsh_index(config)
+
+
+def _lsh_table_bytes(t, num_bits: int | None, bucket_size: int | None) -> tuple[int, int, int]:
+  bits = num_bits or t.num_bits or (3 if t.lsh_family == "dwta" else 1)
+  slots = bucket_size or t.bucket_size or 64  # tables.default_bucket_size()
+  return bits, slots, t.num_tables * 2**bits * (slots + 1) * 4  # the ids and each bucket's count
+
+
+KINDS = {
+    "clusters": Kind(_clusters, ("num_clusters", "cluster_probes", "kmeans_iterations", "kmeans_sample"),
+                     # its rows are centred and clustered together: refreshed as a whole
+                     reinserts=lambda t: False, table_bytes=lambda t, bits, slots: None),
+    "lsh": Kind(_lsh, ("lsh_family", "num_tables", "num_bits", "lsh_mips"),
+                # MIPS-reduced rows are centred and scaled together: refreshed as a whole
+                reinserts=lambda t: not t.lsh_mips, table_bytes=_lsh_table_bytes),
+}
+
+
+def unused_settings(candidates: str) -> dict[str, str]:
+  """The settings of the other kinds of index than ``candidates``: name -> why this run does not read it."""
+  return {name: f"only read with --candidates={other}" for other, kind in KINDS.items() if other != candidates
+          for name in kind.settings}

@@ -1,0 +1,54 @@
+"""Checkpoints written before the candidate index became one protocol (one ``index`` field of the state, issue 32)
+still restore: ``sparsejax.load`` predicts from them, and a run resumes from them, as the code that wrote them
+did (``tests/data/checkpoints_before_index``, written at main 32051d6 by its ``make.py``)."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import sparsejax
+from sparsejax import train
+from sparsejax.checkpoint import Checkpoints
+from sparsejax.config import Config, override
+
+FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "checkpoints_before_index")
+INPUTS = sp.random(5, 40, density=0.2, format="csr", random_state=1, dtype=np.float32)  # as make.py drew them
+
+
+def _expected(kind: str) -> dict:
+  with open(os.path.join(FIXTURE, f"expected_{kind}.json")) as f:
+    return json.load(f)
+
+
+def _assert_predicts(workdir: str, want: dict) -> None:
+  model = sparsejax.load(workdir)
+  assert model.step == want["step"]
+  for name, k in (("exact", None), ("sampled", 8)):
+    scores, ids = model.predict(INPUTS, top=3, k=k)
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(want[f"{name}_ids"]), err_msg=name)
+    np.testing.assert_array_equal(np.asarray(scores, np.float32), np.asarray(want[f"{name}_scores"], np.float32),
+                                  err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ["clusters", "lsh"])
+def test_old_checkpoint_loads_and_predicts_as_before(kind, tmp_path):
+  workdir = shutil.copytree(os.path.join(FIXTURE, kind), tmp_path / "run")
+  saved = Checkpoints(str(workdir), writable=False).restore_arrays(6)
+  assert "index" not in saved and "tables" in saved  # the earlier layout
+  _assert_predicts(str(workdir), _expected(kind)["at_step_6"])
+
+
+@pytest.mark.parametrize("kind", ["clusters", "lsh"])
+def test_run_resumes_from_old_checkpoint_as_before(kind, tmp_path):
+  workdir = shutil.copytree(os.path.join(FIXTURE, kind), tmp_path / "run")
+  with open(workdir / "config.json") as f:
+    config = override(Config.from_dict(json.load(f)), max_steps=10)
+  assert config.tables.candidates == kind
+  train.train_and_evaluate(config, str(workdir))
+  assert Checkpoints(str(workdir), writable=False).latest_step() == 10
+  assert "index" in Checkpoints(str(workdir), writable=False).restore_arrays(10)  # saved anew
+  _assert_predicts(str(workdir), _expected(kind)["resumed_to_10"])
