@@ -217,9 +217,10 @@ def curve_and_selection(run_dir: str, final: dict) -> dict:
 def restored_state(config, run_dir: str, test):
   """``(run, state)``: the run's selected (else latest) state as saved, for data shaped like ``test``."""
   from sparsejax import checkpoint, distributed
+  from sparsejax.model_config import ModelConfig
   from sparsejax.train import without_optimizer
 
-  run = distributed.make_run(config.model_config(test.num_features, test.num_labels), seed=config.run.seed)
+  run = distributed.make_run(ModelConfig.from_config(config, test.num_features, test.num_labels), seed=config.run.seed)
   # The selected state is kept without its optimizer states (evaluated and served, not trained on).
   state = checkpoint.BestCheckpoint(run_dir, config.run.selection_metric).restore(
       without_optimizer(run.abstract_state()))
@@ -324,6 +325,7 @@ def sweep_inference_k(config, state, train_path: str, test_path: str, args) -> d
   from sparsejax import distributed
   from sparsejax.config import override
   from sparsejax.evaluation import Evaluator, padded_width
+  from sparsejax.model_config import ModelConfig
 
   train, test = xcdata.load_xc_file(train_path), xcdata.load_xc_file(test_path)
   if config.data.validation_fraction > 0:  # the labels the run trained on (sparsejax.train's split: seed + 1)
@@ -340,8 +342,8 @@ def sweep_inference_k(config, state, train_path: str, test_path: str, args) -> d
   label_ranks = exact_label_ranks(state, test, padded_width(test, config.data.max_features))
   labelled = label_ranks >= 0
   for k in ks:
-    run = distributed.make_run(override(config, active_k=k).model_config(test.num_features, test.num_labels),
-                               seed=config.run.seed)
+    sized = ModelConfig.from_config(override(config, active_k=k), test.num_features, test.num_labels)
+    run = distributed.make_run(sized, seed=config.run.seed)
     row = {}
     for name, rows in splits.items():  # disjoint: the whole test set's figures are their weighted means
       if len(rows):

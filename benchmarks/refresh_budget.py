@@ -38,7 +38,7 @@ def main():
                       eval_every=10**9, checkpoint_every=10**9, progress=False, log_every=25, refresh_budget=budget)
     with tempfile.TemporaryDirectory() as workdir:
       final = train_and_evaluate(config, workdir)
-    schedule = model.TableSchedule.for_model(config.model_config(args.features, args.labels))
+    schedule = model.TableSchedule.for_model(model.ModelConfig.from_config(config, args.features, args.labels))
     run = {"refresh_budget": budget, "first_refresh_period": schedule.period,
            **{k: final.get(k) for k in ("step", "samples_per_sec", "train_seconds", "p@1", "p@5", "sampled_p@1")}}
     print(json.dumps(run), flush=True)

@@ -61,7 +61,7 @@ def main() -> None:
   results = []
   for name, overrides in map(parse_variant, args.variant):
     cfg = override(config, **overrides) if overrides else config
-    model_config = cfg.model_config(test.num_features, test.num_labels)
+    model_config = model.ModelConfig.from_config(cfg, test.num_features, test.num_labels)
     run = distributed.make_run(model_config, seed=cfg.run.seed)
     build = jax.jit(lambda s, c=model_config: model.serving_index(s, c))
     jax.block_until_ready(build(state))

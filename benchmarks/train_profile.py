@@ -195,7 +195,7 @@ def bench_size(args, N: int) -> dict:
   train = data.train
   res = {"dataset": args.dataset, "N": train.num_labels, "batch_size": args.batch_size, "steps": args.steps}
   mf, ml = max(train.max_features_per_sample(), 1), max(train.max_labels_per_sample(), 1)
-  mcfg = config.model_config(train.num_features, train.num_labels)
+  mcfg = model.ModelConfig.from_config(config, train.num_features, train.num_labels)
   res["exact_path"] = model.uses_exact_path(mcfg)
 
   it = BatchIterator(train, args.batch_size, seed=0, max_features=mf, max_labels=ml, prefetch=0)

@@ -9,13 +9,13 @@ with that text as its ``--help``, so field names are unique across sections.
 choices, combinations) before anything is loaded and raises a
 :class:`ConfigError` naming the field.
 
-The model's static jit argument, :class:`sparsejax.model.ModelConfig`, is built
+The model's static jit argument, :class:`sparsejax.model_config.ModelConfig`, is built
 from the ``network``, ``tables`` and ``optim`` sections (it holds them, it does
-not copy their fields)::
+not copy their fields; this module knows nothing of the model)::
 
   config = override(Config(), dataset="synthetic", learning_rate=1e-2)
   config.validate()
-  model_config = config.model_config(num_features, num_labels)
+  model_config = ModelConfig.from_config(config, num_features, num_labels)
 
 To add settings, add a field (with :func:`option`) to the section it belongs
 to, or a new section dataclass and a field of that type in :class:`Config`.
@@ -624,12 +624,6 @@ class Config:
     changed = non_default_settings(self)
     return [f"--{name}={format_value(changed[name])} has no effect: {why}" for name, why in unused.items()
             if name in changed]
-
-  def model_config(self, num_features: int, num_labels: int, num_shards: int = 1):
-    """The model's static config for data of ``num_features`` features and ``num_labels`` labels."""
-    from sparsejax.model import ModelConfig  # the model imports this module
-    return ModelConfig(num_features=num_features, num_labels=num_labels, network=self.network, tables=self.tables,
-                       optim=self.optim, num_shards=num_shards)
 
   def to_dict(self) -> dict[str, dict[str, Any]]:
     """JSON-ready nested dict (tuples as lists)."""

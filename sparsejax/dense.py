@@ -2,7 +2,7 @@
 
 Same layers, initialization, targets, loss and optimizer as
 :mod:`sparsejax.model`, but every step computes all N logits and AdamW
-(:func:`sparsejax.model.dense_optimizer`) updates every parameter: the cost
+(:func:`sparsejax.network.dense_optimizer`) updates every parameter: the cost
 sparsejax is measured against.
 """
 
@@ -12,32 +12,32 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sparsejax import model
+from sparsejax import model, network
 
 
 class DenseState(NamedTuple):
   """Parameters and optax state of the dense baseline (see :class:`model.SlideState`)."""
   step: jax.Array
   rng: jax.Array
-  embed: model.SparseLayer
+  embed: network.SparseLayer
   hidden: tuple
-  out: model.SparseLayer
+  out: network.SparseLayer
   opt: Any
 
 
 def init(rng: jax.Array, config: model.ModelConfig) -> DenseState:
   """The same initial parameters as :func:`sparsejax.model.init` with the same key."""
-  p = model.jitted_init_params(rng, config)  # one program, not ~20 compiled op by op
+  p = network.jitted_init_params(rng, config)  # one program, not ~20 compiled op by op
   # The sparse model's run key (model.init_from_params): the same dropout masks at the same step.
   rng_data = jax.random.key_data(jax.random.split(jax.random.fold_in(rng, 1), 3)[2])
   return DenseState(jnp.zeros((), jnp.int32), rng_data, p.embed, p.hidden, p.out,
-                    model.dense_optimizer(config).init((p.embed, p.hidden, p.out)))
+                    network.dense_optimizer(config).init((p.embed, p.hidden, p.out)))
 
 
 def full_logits(params, feat_ids, feat_vals, keep: jax.Array | None = None) -> jax.Array:
-  """``[B, N]`` logits; ``keep``: the training step's hidden dropout factor (:func:`sparsejax.model.dropout`)."""
+  """``[B, N]`` logits; ``keep``: the training step's hidden dropout factor (:func:`sparsejax.network.dropout`)."""
   embed, hidden, out = params
-  h = model.hidden_forward(embed.w, (embed.b, hidden), feat_ids, feat_vals)
+  h = network.hidden_forward(embed.w, (embed.b, hidden), feat_ids, feat_vals)
   if keep is not None:
     h = h * keep
   return h @ out.w.T + out.b
@@ -45,14 +45,14 @@ def full_logits(params, feat_ids, feat_vals, keep: jax.Array | None = None) -> j
 
 def _dropout(config: model.ModelConfig, state: DenseState, feat_ids: jax.Array, feat_vals: jax.Array,
              axis: str | None):
-  """:func:`sparsejax.model.dropout` of this process's samples: with ``axis`` (data parallelism) its rows of the
+  """:func:`sparsejax.network.dropout` of this process's samples: with ``axis`` (data parallelism) its rows of the
   masks drawn for the whole batch, as one process drawing them would (and the sparse model does), not the first
   slice's masks again on every slice (each process drawing its own ``[B / P, ...]`` masks from the same key)."""
   if axis is None or (config.network.dropout == 0 and config.network.input_dropout == 0):
-    return model.dropout(config, state.rng, state.step, feat_ids, feat_vals)
+    return network.dropout(config, state.rng, state.step, feat_ids, feat_vals)
   rows, start = feat_ids.shape[0], jax.lax.axis_index(axis) * feat_ids.shape[0]
   whole = (jax.lax.axis_size(axis) * rows, feat_ids.shape[1])  # the masks depend on the shape, not the contents
-  ids, vals, keep = model.dropout(
+  ids, vals, keep = network.dropout(
       config, state.rng, state.step,
       jax.lax.dynamic_update_slice(jnp.zeros(whole, feat_ids.dtype), feat_ids, (start, 0)),
       jax.lax.dynamic_update_slice(jnp.zeros(whole, feat_vals.dtype), feat_vals, (start, 0)))
@@ -95,7 +95,7 @@ def train_step(state: DenseState, batch: dict, *, config: model.ModelConfig,
   with jax.named_scope("grad_reduce"):
     loss, grads = psum((loss, grads))
   with jax.named_scope("adam"):
-    updates, opt = model.dense_optimizer(config).update(grads, state.opt, params)
+    updates, opt = network.dense_optimizer(config).update(grads, state.opt, params)
     # A non-finite step is not applied (see model.train_step); loss and gradients are psums: every replica agrees.
     finite = model.all_finite((loss, grads))
     (embed, hidden, out), opt = model.keep_if(finite, (optax.apply_updates(params, updates), opt),

@@ -62,7 +62,9 @@ def modelled_step_seconds(config: Config, shape: DataShape) -> float:
   dense matmuls on the exact path. Row updates: the input rows a batch touches and the output rows
   (``min(B k, N)``; ``N`` exact), times ``d``.
   """
-  model = config.model_config(shape.num_features, shape.num_labels)
+  from sparsejax.model_config import ModelConfig
+
+  model = ModelConfig.from_config(config, shape.num_features, shape.num_labels)
   dims = model.hidden_dims
   b = config.optim.batch_size
   exact = model.exact_softmax

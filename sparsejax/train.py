@@ -35,6 +35,7 @@ from sparsejax.console import Progress, final_line, log_settings, log_to_console
 from sparsejax.data import BatchIterator, LoadedData, load_dataset, train_test_split
 from sparsejax.evaluation import Evaluator
 from sparsejax.metric_writer import METRICS_FILE, MetricWriter, read_records
+from sparsejax.model_config import ModelConfig
 from sparsejax.netanalysis.collect import StepProfiler
 from sparsejax.nonfinite import NonFiniteError, NonFiniteWatch
 from sparsejax.stopping import Interrupted, StopRequests
@@ -174,11 +175,12 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
       raise checkpoint.ResumeError(f"{checkpoints.directory}/{latest} was trained on other data: {meta['data']}, "
                                    f"now {sizes}. Use another --workdir for a new run")
 
-    sized = config.model_config(train.num_features, train.num_labels, num_shards)  # --num_bits=none: by the labels
+    sized = ModelConfig.from_config(config, train.num_features, train.num_labels, num_shards)  # --num_bits=none
     config.check_table_memory(sized.lsh_config.num_bits, sized.table_bucket_size)
     _check_state_memory(config, train.num_features, train.num_labels, num_shards)
-    run = distributed.make_run(config.model_config(train.num_features, train.num_labels), seed=config.run.seed,
-                               num_shards=num_shards, sampled_ks=tuple(k for k in [config.run.eval_sampled_k] if k))
+    run = distributed.make_run(ModelConfig.from_config(config, train.num_features, train.num_labels),
+                               seed=config.run.seed, num_shards=num_shards,
+                               sampled_ks=tuple(k for k in [config.run.eval_sampled_k] if k))
     abstract = None if latest is None else run.abstract_state()
     differences = [] if latest is None else checkpoints.shape_differences(latest, abstract)
     if differences:  # --resume=force past a setting that changes the model's shapes

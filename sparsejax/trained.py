@@ -353,7 +353,9 @@ class TrainedModel:
 
   @functools.cached_property
   def _model_config(self):
-    return self.config.model_config(self.num_features, self.num_labels)
+    from sparsejax.model_config import ModelConfig
+
+    return ModelConfig.from_config(self.config, self.num_features, self.num_labels)
 
   @functools.cached_property
   def _inference_state(self):

@@ -21,6 +21,7 @@ from jax import export
 import sparsejax
 from sparsejax import _ffi, data, dense, inference, ops, platforms, selection
 from sparsejax.config import Config, override
+from sparsejax.model_config import ModelConfig
 
 
 def _gather_data(weight_dtype=jnp.float32, seed=0, B=6, k=9, N=40, d=12):
@@ -85,7 +86,7 @@ def test_the_jnp_row_topk_ranks_as_the_kernel_does(k):
 
 @functools.cache
 def _dense_programs():
-  config = Config().model_config(100, 30)
+  config = ModelConfig.from_config(Config(), 100, 30)
   state = jax.eval_shape(functools.partial(dense.init, config=config), jax.random.key(0))
   B, F, M = 4, 6, 2
   batch = {"feat_ids": jax.ShapeDtypeStruct((B, F), jnp.int32), "feat_vals": jax.ShapeDtypeStruct((B, F), jnp.float32),
@@ -109,7 +110,7 @@ def _train_dense(steps=25):
   from sparsejax.data import make_synthetic
 
   data = make_synthetic(512, 200, 60, seed=1)
-  config = override(Config(), hidden_dims=(32,), batch_size=64, learning_rate=3e-3).model_config(200, 60)
+  config = ModelConfig.from_config(override(Config(), hidden_dims=(32,), batch_size=64, learning_rate=3e-3), 200, 60)
   state = dense.init(jax.random.key(0), config)
   step = jax.jit(functools.partial(dense.train_step, config=config))
   losses = []

@@ -11,6 +11,7 @@ from absl import flags
 
 from sparsejax import cli, model
 from sparsejax.config import BudgetConfig, Config, ConfigError, iter_fields, override
+from sparsejax.model_config import ModelConfig
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train.py")
 
@@ -211,7 +212,7 @@ def test_config_and_flag_files(tmp_path):
   # A list is kept as the tuple from_dict gives (a fresh-user review: a list made the model config unhashable,
   # which failed inside jit at the first step).
   listed = override(Config(), hidden_dims=[16, 8])
-  assert listed == override(Config(), hidden_dims=(16, 8)) and hash(listed.model_config(10, 5))
+  assert listed == override(Config(), hidden_dims=(16, 8)) and hash(ModelConfig.from_config(listed, 10, 5))
   with pytest.raises(ConfigError, match="--learning_rat=0.1: unknown setting"):
     Config.from_dict({"optim": {"learning_rat": 0.1}})
 
@@ -268,7 +269,7 @@ def test_budgets_never_cap_each_other_by_default():
 def test_model_config_is_derived_not_repeated():
   """Issue 11: TrainConfig repeated 14 ModelConfig fields with drifted defaults."""
   config = override(Config(), learning_rate=0.5, num_tables=3, active_k=9)
-  mcfg = config.model_config(100, 200)
+  mcfg = ModelConfig.from_config(config, 100, 200)
   assert mcfg.optim is config.optim and mcfg.tables is config.tables and mcfg.network is config.network
   assert {f.name for f in dataclasses.fields(model.ModelConfig)} == {
       "num_features", "num_labels", "network", "tables", "optim", "num_shards"}

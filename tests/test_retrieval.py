@@ -7,6 +7,7 @@ import pytest
 
 from sparsejax import _ffi, model, retrieval
 from sparsejax.index import clusters, lsh, mips, tables
+from sparsejax.model_config import ModelConfig
 
 
 def test_mips_reduction_ranks_like_inner_products():
@@ -407,8 +408,8 @@ def test_probe_skips_empty_clusters():
 def test_serving_index_is_built_finer_on_the_final_rows():
   from sparsejax.config import Config, override
 
-  config = override(Config(), hidden_dims=(8,), num_clusters=5, eval_num_clusters=40, eval_kmeans_iterations=3,
-                    active_k=64).model_config(50, 400)
+  config = ModelConfig.from_config(override(Config(), hidden_dims=(8,), num_clusters=5, eval_num_clusters=40,
+                                            eval_kmeans_iterations=3, active_k=64), 50, 400)
   assert config.index_sizes[0] == 5 and config.eval_index_sizes == (40, 3)
   state = model.init(jax.random.key(0), config)
   rng = np.random.default_rng(0)
@@ -434,7 +435,8 @@ def test_serving_index_of_bfloat16_rows():
   from sparsejax.config import Config, override
 
   config = override(Config(), hidden_dims=(8,), num_clusters=4, eval_num_clusters=12, active_k=32,
-                    weight_dtype="bfloat16").model_config(50, 200)
+                    weight_dtype="bfloat16")
+  config = ModelConfig.from_config(config, 50, 200)
   state = model.init(jax.random.key(1), config)
   assert state.out.w.dtype == jnp.bfloat16
   served = model.serving_index(state, config)

@@ -8,12 +8,14 @@ two implementations:
 * :func:`lsh_index` (``--candidates=lsh``, :mod:`.hashed` over :mod:`.lsh`, :mod:`.tables` and :mod:`.mips`):
   SLIDE's hash tables, SimHash or DWTA, of raw or centred MIPS-reduced rows.
 
-:func:`from_config` is the one place that picks an implementation; :mod:`.kinds` says what each reads of the
-settings (without JAX, for the settings' validation); :mod:`.saved` restores checkpoints of the earlier layout.
+:func:`from_config` (:mod:`.kinds`) is the one place that picks an implementation; :mod:`.kinds` also says
+what each reads of the settings (without JAX, for the settings' validation); :mod:`.saved` restores
+checkpoints of the earlier layout.
 Importing this package does not import JAX; the implementations load on first use.
 """
 
-from sparsejax.index.base import Index, from_config, index_fill
+from sparsejax.index.base import Index
+from sparsejax.index.kinds import from_config, index_fill
 
 __all__ = ["Index", "from_config", "index_fill", "cluster_index", "lsh_index"]
 

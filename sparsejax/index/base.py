@@ -2,7 +2,7 @@
 
 An index answers, for each hidden vector ``h``, which output rows are worth computing. The step, the table
 schedule, evaluation and the sharded runtime see only :class:`Index`; which index it is (hash tables or clusters)
-is decided once, by :func:`from_config`, and is known only inside this package.
+is decided once, by :func:`sparsejax.index.from_config`, and is known only inside this package.
 
 Every function is pure (jit it; donate the state to update its arrays in place). ``w [N, d]`` and ``b [N]`` are
 the output layer's rows (any float dtype: an index is built from their float32 values), ``num_valid`` the rows
@@ -14,7 +14,8 @@ from typing import Any, NamedTuple
 
 
 class Index(NamedTuple):
-  """How one kind of candidate index is built, queried, refreshed and served (see :func:`from_config`).
+  """How one kind of candidate index is built, queried, refreshed and served (see
+  :func:`sparsejax.index.from_config`).
 
   Attributes:
     init: ``(function_key, build_key, w, b, num_valid=None) -> state``: new hash functions (cluster seeds) drawn
@@ -65,31 +66,3 @@ class Index(NamedTuple):
   merge_shards: Callable[[Sequence[Any], int, int], Any] | None
   from_arrays: Callable[[Any], Any]
   refresh_products: float
-
-
-def from_config(config) -> Index:
-  """The index that ``config`` (a :class:`sparsejax.model.ModelConfig`: ``tables`` section and one shard's sizes)
-  describes: the one place that maps ``--candidates`` to an implementation."""
-  from sparsejax.index import kinds
-  return kinds.KINDS[config.tables.candidates].make(config)
-
-
-def index_fill(index) -> dict[str, float]:
-  """Fill statistics of hash tables, a :class:`~sparsejax.index.hashed.HashedIndex` or a clustered index
-  (host-side, cheap).
-
-  Hash tables: mean and max ids per bucket, the fraction of empty buckets and
-  of buckets that overflowed (more rows offered than slots). Clustered index:
-  mean and max cluster size and the fraction of empty clusters.
-  """
-  import numpy as np
-
-  from sparsejax.index import clusters, hashed, tables
-
-  if isinstance(index, hashed.HashedIndex):
-    index = index.tables
-  if isinstance(index, tables.HashTables):
-    return tables.table_fill(np.asarray(index.counts), index.buckets.shape[2])
-  if isinstance(index, clusters.ClusterIndex):
-    return clusters.cluster_fill(np.asarray(index.sizes))
-  raise TypeError(f"index_fill: expected HashTables or ClusterIndex, got {type(index).__name__}")

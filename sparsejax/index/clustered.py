@@ -10,7 +10,7 @@ from sparsejax.index.base import Index
 
 
 def cluster_index(config) -> Index:
-  """Spherical k-means clusters of the output rows, as ``config`` (a :class:`sparsejax.model.ModelConfig`) sizes
+  """Spherical k-means clusters of the output rows, as ``config`` (a :class:`sparsejax.model_config.ModelConfig`) sizes
   them.
 
   Training: ``config.index_sizes`` clusters, ``tables.kmeans_iterations`` Lloyd iterations on ``kmeans_sample``

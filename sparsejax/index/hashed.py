@@ -26,7 +26,7 @@ class HashedIndex(NamedTuple):
 
 
 def lsh_index(config) -> Index:
-  """Hash tables over the output rows, as ``config`` (a :class:`sparsejax.model.ModelConfig`) sizes them.
+  """Hash tables over the output rows, as ``config`` (a :class:`sparsejax.model_config.ModelConfig`) sizes them.
 
   ``config.lsh_config`` (family, L, K), ``config.table_bucket_size`` and ``tables.table_policy`` size the tables;
   with ``tables.lsh_mips`` the rows are centred and norm-augmented before hashing and the queries augmented to

@@ -1,6 +1,7 @@
-"""The kinds of candidate index, by their ``--candidates`` name: what each reads of the settings and how it is made.
+"""The kinds of candidate index, by their ``--candidates`` name: what each reads of the settings, and how it is made
+(:func:`from_config`, the one place that picks an implementation).
 
-Free of JAX (the settings are validated before JAX is imported): :attr:`Kind.make` imports the implementation.
+Free of JAX (the settings are validated before JAX is imported): the implementations are imported on first use.
 """
 
 from collections.abc import Callable
@@ -54,3 +55,31 @@ def unused_settings(candidates: str) -> dict[str, str]:
   """The settings of the other kinds of index than ``candidates``: name -> why this run does not read it."""
   return {name: f"only read with --candidates={other}" for other, kind in KINDS.items() if other != candidates
           for name in kind.settings}
+
+
+def from_config(config):
+  """The :class:`~sparsejax.index.base.Index` that ``config`` describes (a
+  :class:`sparsejax.model_config.ModelConfig`: its ``tables`` section and one shard's sizes): the one place
+  that maps ``--candidates`` to an implementation."""
+  return KINDS[config.tables.candidates].make(config)
+
+
+def index_fill(index) -> dict[str, float]:
+  """Fill statistics of hash tables, a :class:`~sparsejax.index.hashed.HashedIndex` or a clustered index
+  (host-side, cheap).
+
+  Hash tables: mean and max ids per bucket, the fraction of empty buckets and
+  of buckets that overflowed (more rows offered than slots). Clustered index:
+  mean and max cluster size and the fraction of empty clusters.
+  """
+  import numpy as np
+
+  from sparsejax.index import clusters, hashed, tables
+
+  if isinstance(index, hashed.HashedIndex):
+    index = index.tables
+  if isinstance(index, tables.HashTables):
+    return tables.table_fill(np.asarray(index.counts), index.buckets.shape[2])
+  if isinstance(index, clusters.ClusterIndex):
+    return clusters.cluster_fill(np.asarray(index.sizes))
+  raise TypeError(f"index_fill: expected HashTables or ClusterIndex, got {type(index).__name__}")

@@ -1,0 +1,177 @@
+"""The static config of a SLIDE network (:class:`ModelConfig`) and the sizes derived from it.
+
+The run's settings (:mod:`sparsejax.config`) map to it in one direction, :meth:`ModelConfig.from_config`: the
+settings know nothing of the model.
+"""
+
+import dataclasses
+import math
+
+import optax
+
+from sparsejax.config import ConfigError, NetworkConfig, OptimizerConfig, TablesConfig
+from sparsejax.index import clusters, lsh, tables
+from sparsejax.loss import shard_rows
+
+# Default clusters of the evaluation index: at least this many (and 4 x the training index's). Measured on a
+# synthetic 20K-label network after 2 epochs (5 Lloyd iterations), sampled over exact P@1 at k = 1024 and at
+# k = 400 (2% of N): 141 clusters (2 iterations, the training index) 0.84 / 0.78, 2048: 0.96 / 0.85, 3003:
+# 0.96 / 0.88. On the 200K-label set after 12 epochs (the 300 s run of benchmarks/accuracy.py; 10,000 test
+# queries, k = 1024, clusters ranked by mean logit + spread): 512 clusters 0.61, 2048 (3 iterations) 0.926, 4096
+# (1 iteration) 0.954, (2) 0.970, (3) 0.971. Finer clusters cost more to rank (B x C x d) and to build
+# (N x C x d per Lloyd iteration, once per evaluation): at N = 2*10^5 and d = 128, 2048 clusters and 3 iterations
+# take 4.9 s, 4096 and 2 iterations 9.6 s on 2 cores (benchmarks/serving_index.py).
+EVAL_MIN_CLUSTERS = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Sizes and hyper-parameters of a SLIDE network (hashable: a static jit argument).
+
+  The settings are those of the run's ``network``, ``tables`` and ``optim``
+  sections (documented in :mod:`sparsejax.config`); a training run builds this
+  with :meth:`from_config`. For scripts::
+
+    config = ModelConfig(num_features=F, num_labels=N, network=NetworkConfig(hidden_dims=(64,)))
+    config = override(ModelConfig(F, N), hidden_dims=(64,), learning_rate=1e-2)   # the same, by name
+
+  Attributes:
+    num_features: F, input feature space.
+    num_labels: N, output layer width.
+    network: layer widths, active neurons per sample, output init scale.
+    tables: the candidate index (clustered or LSH) and its sizes (the
+      refresh schedule is read by the training loop, see :class:`TableSchedule`).
+    optim: Adam and learning-rate schedule.
+    num_shards: processes the output layer is split across (each holds
+      ``ceil(N / num_shards)`` rows, its own tables and optimizer state).
+  """
+  num_features: int
+  num_labels: int
+  network: NetworkConfig = dataclasses.field(default_factory=NetworkConfig)
+  tables: TablesConfig = dataclasses.field(default_factory=TablesConfig)
+  optim: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+  num_shards: int = 1
+
+  @classmethod
+  def from_config(cls, config, num_features: int, num_labels: int, num_shards: int = 1) -> "ModelConfig":
+    """The model of a run's settings (a :class:`sparsejax.config.Config`) for data of ``num_features``
+    features and ``num_labels`` labels."""
+    return cls(num_features=num_features, num_labels=num_labels, network=config.network, tables=config.tables,
+               optim=config.optim, num_shards=num_shards)
+
+  @property
+  def hidden_dims(self) -> tuple[int, ...]:
+    return tuple(self.network.hidden_dims)
+
+  @property
+  def k(self) -> int:
+    """Active output neurons per sample."""
+    return min(self.network.active_k, self.num_labels)
+
+  @property
+  def lsh_config(self) -> lsh.LSHConfig:
+    # Each shard's tables index its own rows: size them for those.
+    rows = shard_rows(self.num_labels, self.num_shards)
+    default = tables.default_lsh_config(rows, self.tables.lsh_family, self.tables.num_tables)
+    if self.tables.num_bits is None:
+      return default
+    return default._replace(num_bits=self.tables.num_bits)
+
+  @property
+  def table_bucket_size(self) -> int:
+    return self.tables.bucket_size or tables.default_bucket_size()
+
+  @property
+  def index_sizes(self) -> tuple[int, int, int]:
+    """``(clusters, rows, probes)`` of each shard's clustered index."""
+    rows = shard_rows(self.num_labels, self.num_shards)
+    c = min(self.tables.num_clusters or clusters.default_num_clusters(rows), rows)
+    return c, rows, min(self.tables.cluster_probes or c, c)
+
+  @property
+  def kmeans_sample(self) -> int | None:
+    """Rows per cluster of the Lloyd iterations of every clustered-index build (None: all rows)."""
+    return self.tables.kmeans_sample or None
+
+  @property
+  def eval_index_sizes(self) -> tuple[int, int]:
+    """``(clusters, Lloyd iterations)`` of each shard's clustered index built for evaluation and sampled inference.
+
+    Per shard, as :attr:`index_sizes` (``num_clusters``) is: ``eval_num_clusters``, default the larger of 4 x
+    the shard's training clusters and ``EVAL_MIN_CLUSTERS``, at most the shard's rows. A shard's index costs no
+    more to build or rank than one process's (fewer rows, as many clusters at most). Splitting one process's
+    clusters over the shards by their rows instead ranked candidates more coarsely where the rows that matter
+    sit in one shard: synthetic 3,000 labels, 1,500 steps, k = 128, sampled P@1 (exact 0.945): one process,
+    300 clusters 0.889; two shards of 300 each 0.848, of 150 each 0.743.
+    """
+    c, rows, _ = self.index_sizes
+    default = max(4 * c, EVAL_MIN_CLUSTERS)
+    return min(self.tables.eval_num_clusters or default, rows), self.tables.eval_kmeans_iterations
+
+  @property
+  def max_from_index(self) -> int:
+    """Active ids per shard that may come from the index (the rest of the non-label ones are random)."""
+    k = local_active_k(self, self.num_shards)
+    return k - int(round(self.network.random_negatives * k))
+
+  @property
+  def peak_learning_rate(self) -> float:
+    """``learning_rate`` scaled from ``reference_batch_size`` to ``batch_size`` by ``lr_scaling``."""
+    o = self.optim
+    ratio = o.batch_size / o.reference_batch_size
+    return o.learning_rate * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[o.lr_scaling]
+
+  def schedule(self) -> optax.Schedule:
+    """Learning rate as a function of the step."""
+    o, peak = self.optim, self.peak_learning_rate
+    if o.decay_steps > 0:
+      return optax.warmup_cosine_decay_schedule(0.0 if o.warmup_steps else peak, peak, o.warmup_steps,
+                                                o.warmup_steps + o.decay_steps, end_value=0.1 * peak)
+    if o.warmup_steps > 0:
+      return optax.linear_schedule(0.0, peak, o.warmup_steps)
+    return optax.constant_schedule(peak)
+
+  @property
+  def exact_softmax(self) -> bool:
+    """Whether the SLIDE step computes every output neuron (see :func:`uses_exact_path`)."""
+    return uses_exact_path(self)
+
+  def adam_args(self) -> dict[str, float]:
+    """Adam's constants as keyword arguments (shared by every optimizer of the model)."""
+    return dict(b1=self.optim.b1, b2=self.optim.b2, eps=self.optim.eps, weight_decay=self.optim.weight_decay)
+
+  def validate(self) -> None:
+    """Raises :class:`sparsejax.config.ConfigError` (a ``ValueError``) naming a bad setting."""
+    for name in ("num_features", "num_labels", "num_shards"):
+      if getattr(self, name) < 1:
+        raise ConfigError(name, getattr(self, name), "must be >= 1")
+    for section in (self.network, self.tables, self.optim):
+      section.validate()
+    self.lsh_config.validate()
+
+
+def local_active_k(config: ModelConfig, count: int) -> int:
+  """Active ids per shard: ``k / count``, within the smallest shard's real rows."""
+  rows = shard_rows(config.num_labels, count)
+  smallest = config.num_labels - (count - 1) * rows
+  return max(1, min(-(-config.k // count), smallest))
+
+
+# A gathered dot product (sampled step: B x k of them, plus sorting the ids and the query) costs about as much
+# as about ten dense ones (exact step: B x N in BLAS matmuls) on CPU: with k >= N / EXACT_PATH_RATIO the exact
+# step is the faster one.
+EXACT_PATH_RATIO = 8
+
+
+def uses_exact_path(config: ModelConfig) -> bool:
+  """Whether the SLIDE step computes the exact softmax over all of a shard's rows.
+
+  ``network.softmax`` forces it (``exact``) or the sampled one (``sampled``; still exact when ``active_k`` covers
+  every label); ``auto`` takes the exact step where the active set is a large fraction of the rows
+  (``active_k * EXACT_PATH_RATIO >= rows``), where it is cheaper than sampling.
+  """
+  rows = shard_rows(config.num_labels, config.num_shards)
+  k = local_active_k(config, config.num_shards)
+  if k >= rows or config.network.softmax == "exact":
+    return True
+  return config.network.softmax == "auto" and k * EXACT_PATH_RATIO >= rows
