@@ -40,7 +40,7 @@ class ModelConfig:
     num_labels: N, output layer width.
     network: layer widths, active neurons per sample, output init scale.
     tables: the candidate index (clustered or LSH) and its sizes (the
-      refresh schedule is read by the training loop, see :class:`TableSchedule`).
+      refresh schedule is read by the training loop, see :class:`sparsejax.schedule.TableSchedule`).
     optim: Adam and learning-rate schedule.
     num_shards: processes the output layer is split across (each holds
       ``ceil(N / num_shards)`` rows, its own tables and optimizer state).
