@@ -331,13 +331,26 @@ def _saved_fields(ocp, step_directory: str) -> set[str]:
 def _in_saved_layout(abstract_state, saved_fields):
   """``(target, as_state)``: ``abstract_state`` in the layout of a checkpoint whose state has ``saved_fields``, and
   the function that turns what was restored into it back into a state: the state itself, but for a checkpoint
-  that holds the index in its earlier layout (two fields, ``lsh`` and ``tables``: :mod:`sparsejax.index.saved`)."""
-  if "index" in getattr(abstract_state, "_fields", ()):
+  that holds the index in its earlier layout (two fields, ``lsh`` and ``tables``: :mod:`sparsejax.index.saved`) or
+  no parameter average (saved by an earlier sparsejax, or with ``--average_steps=0``: the average then starts anew
+  from the restored parameters, with no snapshot)."""
+  fields = getattr(abstract_state, "_fields", ())
+  state_type = type(abstract_state)
+  target, as_state = abstract_state, lambda state: state
+  if "index" in fields:
     from sparsejax.index import saved
 
     if saved.written_before(saved_fields):
-      return saved.as_written_before(abstract_state), lambda tree: saved.from_written_before(tree, type(abstract_state))
-  return abstract_state, lambda state: state
+      target, as_state = saved.as_written_before(abstract_state), lambda tree: saved.from_written_before(tree,
+                                                                                                          state_type)
+  if "average" in fields and abstract_state.average is not None and "average" not in saved_fields:
+    from sparsejax import averaging
+
+    # A dict without the field (orbax refuses a target with a field the checkpoint lacks, even a None one).
+    as_tree = as_state if isinstance(target, dict) else (lambda tree: state_type(**tree))
+    target = {k: v for k, v in (target if isinstance(target, dict) else target._asdict()).items() if k != "average"}
+    as_state = lambda tree: (lambda state: state._replace(average=averaging.started(state)))(as_tree(tree))
+  return target, as_state
 
 
 def _restore_arrays(ocp, path: str):

@@ -387,6 +387,11 @@ class OptimizerConfig(Section):
   eps: float = option(1e-8, "Adam's epsilon (added to the root of the second moment).",
                       bounds=Range(0, 1, lo_open=True))
   weight_decay: float = option(0.0, "Decoupled weight decay (AdamW).", bounds=NON_NEGATIVE)
+  average_steps: int = option(
+      1000, "The model evaluated, selected and served is an exponential moving average of the trained parameters "
+      "over about this many steps (Polyak averaging: flatter and higher validation curves where a network "
+      "memorises; updated every quarter of it, at O(parameters) each time, and one more copy of the parameters in "
+      "memory); 0: the parameters themselves. SLIDE model.", bounds=NON_NEGATIVE)
   moment_dtype: str = option(
       "float32", "Adam moments of the sparse layers: float32 or bfloat16 (half the memory, rounded "
       "stochastically).", choices=("float32", "bfloat16"))

@@ -89,7 +89,9 @@ def state_specs(state: model.SlideState, config: model.ModelConfig):
       out=model.SparseLayer(split, split),
       out_w_opt=specs.out_w_opt._replace(mu=split, nu=split),
       out_b_opt=specs.out_b_opt._replace(mu=split, nu=split),
-      index=index.from_config(config).partition(state.index, split, P()))  # each shard indexes its own rows
+      index=index.from_config(config).partition(state.index, split, P()),  # each shard indexes its own rows
+      average=None if state.average is None else specs.average._replace(
+          params=specs.average.params._replace(out=model.SparseLayer(split, split))))
 
 
 def _local_index(config, state):  # a sharded run's stacked index as one shard's

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sparsejax import index, network, ops, optim
+from sparsejax import averaging, index, network, ops, optim
 from sparsejax.loss import (  # noqa: F401 (re-exported: the loss's home was this module)
   Shard,
   all_rows_label_targets,
@@ -55,6 +55,8 @@ class SlideState(NamedTuple):
     dense_opt: optax state of ``(embed.b, hidden)``.
     index: the state of the output layer's candidate index (:func:`sparsejax.index.from_config`: hash functions
       and tables, or a clustered index).
+    average: the moving average of ``(embed, hidden, out)`` that is evaluated and served
+      (:class:`sparsejax.averaging.ParamAverage`), or None (``--average_steps=0``).
   """
   step: jax.Array
   rng: jax.Array
@@ -66,6 +68,7 @@ class SlideState(NamedTuple):
   out_b_opt: optim.RowSparseAdamState
   dense_opt: Any
   index: Any
+  average: Any = None
 
 
 def init(rng: jax.Array, config: ModelConfig) -> SlideState:
@@ -105,7 +108,8 @@ def init_from_params(rng: jax.Array, config: ModelConfig, params: NetworkParams,
       embed_opt=sparse_opt.init(params.embed.w), out_w_opt=sparse_opt.init(params.out.w),
       out_b_opt=sparse_opt.init(params.out.b),
       dense_opt=dense_optimizer(config).init((params.embed.b, params.hidden)),
-      index=index_state)
+      index=index_state,
+      average=averaging.init(params) if config.optim.average_steps else None)
 
 
 # Built by one jitted program of its own, as the parameters are (see jitted_init_params).

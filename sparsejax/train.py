@@ -29,7 +29,19 @@ import jax
 import numpy as np
 from absl import logging
 
-from sparsejax import checkpoint, dense, distributed, memory, model, recipes, retrieval, seals, search, trained
+from sparsejax import (
+  averaging,
+  checkpoint,
+  dense,
+  distributed,
+  memory,
+  model,
+  recipes,
+  retrieval,
+  seals,
+  search,
+  trained,
+)
 from sparsejax.config import Config, ConfigError, DataConfig, override
 from sparsejax.console import Progress, final_line, log_settings, log_to_console
 from sparsejax.data import BatchIterator, LoadedData, load_dataset, train_test_split
@@ -356,7 +368,8 @@ def _check_state_memory(config: Config, num_features: int, num_labels: int, num_
   widths = [num_features, *config.network.hidden_dims]
   rows = model.shard_rows(num_labels, num_shards)
   weights = sum(a * b + b for a, b in zip(widths, widths[1:])) + rows * (widths[-1] + 1)
-  need = 3 * 4 * weights  # float32 weights, Adam's two moments
+  averaged = config.network.model == "slide" and config.optim.average_steps > 0
+  need = (3 + averaged) * 4 * weights  # float32 weights, Adam's two moments, the weights' moving average
   if need <= have:
     return
   d = config.data
@@ -370,9 +383,10 @@ def _check_state_memory(config: Config, num_features: int, num_labels: int, num_
   size = lambda n: f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
   raise ConfigError(name, value, f"a network of {num_features} features, hidden layers "
                     f"{'x'.join(map(str, config.network.hidden_dims))} and {num_labels} labels needs at least "
-                    f"{size(need)} of memory per process for its weights and Adam moments; this machine has "
-                    f"{size(have)}. Lower --hidden_dims, or split the output layer over more processes "
-                    "(sparsejax-launch -n P)")
+                    f"{size(need)} of memory per process for its weights and Adam moments"
+                    f"{' and their moving average' if averaged else ''}; this machine has {size(have)}. Lower "
+                    "--hidden_dims, or split the output layer over more processes (sparsejax-launch -n P)"
+                    f"{', or --average_steps=0' if averaged else ''}")
 
 
 def _step_profiler(config: Config, run: distributed.Run, workdir: str) -> StepProfiler:
@@ -408,6 +422,8 @@ class _Loop:
     self.batches = batches
     batch_size, max_seconds, log_every = config.optim.batch_size, config.budget.max_seconds, config.run.log_every
     progress = Progress(config.run.progress and show_progress, self.max_steps, self.step)
+    average_steps = config.optim.average_steps
+    average_every = averaging.period(average_steps) if average_steps else 0
     t_loop, eval_seconds = time.time(), 0.0
     window_start, window_steps, metrics = time.time(), 0, None
     try:
@@ -421,6 +437,8 @@ class _Loop:
           self.nonfinite.add(self.step, metrics.get("finite"))  # read at the sync points below
           window_steps += 1
           state = prof.maintenance("tables", run.maintain, state, self.step)
+          if average_every and self.step % average_every == 0:
+            state = prof.maintenance("average", averaging.update_state, state, average_steps)
           self.train_seconds = time.time() - t_loop - eval_seconds
           last = self.step == self.max_steps
           # Every process must take the same steps: the wall-clock budget is checked every
@@ -446,10 +464,11 @@ class _Loop:
             t_eval = time.time()
             self.nonfinite.check()
             if self.selection is not None:  # periodic evaluations select the model: on the validation split
-              record.update(prof.maintenance("eval", self.selection.evaluate, run, state, self.step,
-                                             config.run.eval_samples))
+              record.update(prof.maintenance("eval", self.selection.evaluate, run, self._evaluated(state),
+                                             self.step, config.run.eval_samples))
             else:
-              evaluation, _ = prof.maintenance("eval", _evaluate, self.evaluator, run, state, config.run.eval_samples)
+              evaluation, _ = prof.maintenance("eval", _evaluate, self.evaluator, run, self._evaluated(state),
+                                               config.run.eval_samples)
               record.update(evaluation)
             logging.info("step %d: %sP@1 %.4f  P@5 %.4f%s", self.step,
                          "validation " if self.selection is not None else "", record["p@1"], record["p@5"],
@@ -485,6 +504,10 @@ class _Loop:
     self.nonfinite.check()
     return state
 
+  def _evaluated(self, state):
+    """The state that an evaluation scores (and model selection keeps): its parameters' moving average, if any."""
+    return averaging.evaluated(state, self.config.optim.average_steps)
+
   def _write(self, record: dict) -> None:
     if self.writer is not None:
       self.writer.write({"step": self.step, "epoch": self.step / self.steps_per_epoch,
@@ -504,7 +527,8 @@ class _Loop:
   def finish_candidate(self, state) -> dict[str, Any]:
     """A recipe search's candidate's result: its best validation score (the test set is left alone)."""
     if self.selection.last_step != self.step:  # a candidate resumed at its budget: its state was evaluated
-      self._write(self.selection.evaluate(self.run, state, self.step, self.config.run.eval_samples))
+      self._write(self.selection.evaluate(self.run, self._evaluated(state), self.step,
+                                          self.config.run.eval_samples))
     self.selection.best.wait()  # sealed: the winner's best state is adopted and checked as the run's
     if self.writer is not None:
       self.writer.close()
@@ -515,10 +539,13 @@ class _Loop:
     step = self.step
     if self.selection is not None:
       if self.selection.last_step != step:  # the last state competes too (the loop evaluated it, if it trained)
-        self._write(self.selection.evaluate(self.run, state, step, self.config.run.eval_samples))
-      state, step = self.selection.restore_best(self.run, state)
+        self._write(self.selection.evaluate(self.run, self._evaluated(state), step,
+                                            self.config.run.eval_samples))
+      state, step = self.selection.restore_best(self.run, state)  # saved as evaluated: averaged
       logging.info("selected the state of step %d (validation %s %.4f) of %d steps", step,
                    self.selection.metric, self.selection.best_value, self.step)
+    else:
+      state = self._evaluated(state)
     final, served = _evaluate(self.evaluator, self.run, state, None)
     if self.run.serving_index is not None:  # a clustered index: served holds the one evaluation queried
       index = self.run.serving_index(served)  # every process: sharded, the shards' indexes are gathered
@@ -635,10 +662,10 @@ def _kept_selection(best: checkpoint.BestCheckpoint, restored: dict | None, run_
 
 
 def without_optimizer(state):
-  """``state`` (a SLIDE or dense model's) without its optimizer states, which a selected state does not need: it is
-  evaluated and served, not trained on (``checkpoints/`` keeps them for resuming). Two thirds of an Adam-trained
-  state's bytes."""
-  return state._replace(**{f: None for f in state._fields if checkpoint.is_optimizer_state(f)})
+  """``state`` (a SLIDE or dense model's) without its optimizer states and parameter average, which a selected state
+  does not need: it is evaluated and served, not trained on (``checkpoints/`` keeps them for resuming; a selected
+  state's parameters are already the average it was evaluated with). Two thirds of an Adam-trained state's bytes."""
+  return state._replace(**{f: None for f in state._fields if checkpoint.is_optimizer_state(f) or f == "average"})
 
 
 def _evaluate(evaluator: Evaluator, run: distributed.Run, state, num_samples: int | None):

@@ -160,7 +160,7 @@ class TrainedModel:
   """
 
   def __init__(self, workdir: str, step: int | None = None, platform: str = "cpu"):
-    from sparsejax import checkpoint, model, platforms
+    from sparsejax import averaging, checkpoint, model, platforms
 
     self._workdir = workdir
     # JAX is pinned before anything starts it (orbax does, listing the checkpoints), by the network that config.json
@@ -225,6 +225,8 @@ class TrainedModel:
 
     self._training_index = saved.index_tree(tree) if meta.get("num_shards", 1) == 1 else None
     n = self.num_labels  # a sharded run's layer has padding rows after the N real ones
+    if tree.get("average") is not None:  # a checkpoint, not the selected state: served as the run evaluated it
+      tree = {**tree, **averaging.evaluated_tree(tree, self.config.optim.average_steps)}
     self.params = model.NetworkParams(
         embed=model.SparseLayer(tree["embed"]["w"], tree["embed"]["b"]),
         hidden=tuple((w, b) for w, b in tree["hidden"]),

@@ -59,9 +59,10 @@ def test_a_header_of_more_labels_than_memory_holds_ends_with_a_named_error(tmp_p
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 2, out.stderr[-3000:]
   assert re.fullmatch(rf"sparsejax-train: error: --train_file={re.escape(str(tmp_path / 'train.txt'))}: a network of "
-                      r"50 features, hidden layers 128 and 1000000000 labels needs at least 144\d\.\d GiB of memory "
-                      r"per process for its weights and Adam moments; this machine has [\d,.]+ GiB\. Lower "
-                      r"--hidden_dims, or split the output layer over more processes \(sparsejax-launch -n P\) .*",
+                      r"50 features, hidden layers 128 and 1000000000 labels needs at least 192\d\.\d GiB of memory "
+                      r"per process for its weights and Adam moments and their moving average; this machine has "
+                      r"[\d,.]+ GiB\. Lower --hidden_dims, or split the output layer over more processes "
+                      r"\(sparsejax-launch -n P\), or --average_steps=0 .*",
                       out.stderr.strip().splitlines()[-1]), out.stderr[-3000:]
   assert "Traceback" not in out.stderr and not (tmp_path / "run").exists()
 
@@ -70,7 +71,8 @@ def test_the_network_s_memory_is_checked_against_the_machine_s(small_config, tmp
   """The synthetic set's labels are named (and a sharded run's share would count: the output layer's rows / P)."""
   monkeypatch.setattr(memory, "machine_memory_bytes", lambda: 16 << 10)  # 16 KiB: not the network's 68 KiB
   expected = (r"^--synthetic_labels=200: a network of 150 features, hidden layers 16 and 200 labels needs at least "
-              r"0\.07 MiB of memory per process for its weights and Adam moments; this machine has 0\.02 MiB")
+              r"0\.09 MiB of memory per process for its weights and Adam moments and their moving average; this "
+              r"machine has 0\.02 MiB")
   with pytest.raises(ConfigError, match=expected):
     train_and_evaluate(override(small_config, hidden_dims=(16,), synthetic_labels=200, synthetic_features=150,
                                 candidates="clusters", reinsert="none"), str(tmp_path / "run"))

@@ -47,7 +47,8 @@ def test_metrics_jsonl_and_final_result(tmp_path, small_config):
 
 
 @pytest.mark.parametrize("changes", [{}, dict(softmax="exact", lr_scaling="sqrt", warmup_steps=30),
-                                     dict(candidates="clusters", reinsert="none")])  # LSH, exact, clustered
+                                     dict(candidates="clusters", reinsert="none"),  # LSH, exact, clustered
+                                     dict(candidates="clusters", reinsert="none", average_steps=12)])  # averaged
 def test_resume_is_bit_identical(tmp_path, small_config, changes):
   small_config = override(small_config, **changes)
   straight, split = tmp_path / "straight", tmp_path / "split"
