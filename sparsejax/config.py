@@ -391,7 +391,7 @@ class OptimizerConfig(Section):
       1000, "The model evaluated, selected and served is an exponential moving average of the trained parameters "
       "over about this many steps (Polyak averaging: flatter and higher validation curves where a network "
       "memorises; updated every quarter of it, at O(parameters) each time, and one more copy of the parameters in "
-      "memory); 0: the parameters themselves. SLIDE model.", bounds=NON_NEGATIVE)
+      "memory); 0: the parameters themselves.", bounds=NON_NEGATIVE)
   moment_dtype: str = option(
       "float32", "Adam moments of the sparse layers: float32 or bfloat16 (half the memory, rounded "
       "stochastically).", choices=("float32", "bfloat16"))

@@ -12,17 +12,19 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sparsejax import model, network
+from sparsejax import averaging, model, network
 
 
 class DenseState(NamedTuple):
-  """Parameters and optax state of the dense baseline (see :class:`model.SlideState`)."""
+  """Parameters and optax state of the dense baseline (see :class:`model.SlideState`; ``average``: the same
+  parameter averaging, so that the baseline is evaluated as the sparse model is)."""
   step: jax.Array
   rng: jax.Array
   embed: network.SparseLayer
   hidden: tuple
   out: network.SparseLayer
   opt: Any
+  average: Any = None
 
 
 def init(rng: jax.Array, config: model.ModelConfig) -> DenseState:
@@ -31,7 +33,8 @@ def init(rng: jax.Array, config: model.ModelConfig) -> DenseState:
   # The sparse model's run key (model.init_from_params): the same dropout masks at the same step.
   rng_data = jax.random.key_data(jax.random.split(jax.random.fold_in(rng, 1), 3)[2])
   return DenseState(jnp.zeros((), jnp.int32), rng_data, p.embed, p.hidden, p.out,
-                    network.dense_optimizer(config).init((p.embed, p.hidden, p.out)))
+                    network.dense_optimizer(config).init((p.embed, p.hidden, p.out)),
+                    averaging.init(p) if config.optim.average_steps else None)
 
 
 def full_logits(params, feat_ids, feat_vals, keep: jax.Array | None = None) -> jax.Array:

@@ -368,7 +368,7 @@ def _check_state_memory(config: Config, num_features: int, num_labels: int, num_
   widths = [num_features, *config.network.hidden_dims]
   rows = model.shard_rows(num_labels, num_shards)
   weights = sum(a * b + b for a, b in zip(widths, widths[1:])) + rows * (widths[-1] + 1)
-  averaged = config.network.model == "slide" and config.optim.average_steps > 0
+  averaged = config.optim.average_steps > 0
   need = (3 + averaged) * 4 * weights  # float32 weights, Adam's two moments, the weights' moving average
   if need <= have:
     return

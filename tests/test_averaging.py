@@ -82,8 +82,10 @@ def test_a_run_evaluates_and_serves_the_average_of_its_snapshots(tmp_path, small
   assert final["step"] == 40
 
 
-def test_the_selected_state_is_the_average_and_is_what_load_serves(tmp_path, small_config):
-  final = train_and_evaluate(_run_config(small_config, validation_fraction=0.2, eval_every=10), str(tmp_path))
+@pytest.mark.parametrize("network", ["slide", "dense"])  # the dense baseline is evaluated as the sparse model is
+def test_the_selected_state_is_the_average_and_is_what_load_serves(tmp_path, small_config, network):
+  final = train_and_evaluate(_run_config(small_config, validation_fraction=0.2, eval_every=10, model=network),
+                             str(tmp_path))
   validation = {r["step"]: r["p@1"] for r in read_records(str(tmp_path)) if r.get("split") == "validation"}
   model = sparsejax.load(str(tmp_path))
   assert model.step == final["selected_step"] and final["validation_p@1"] == max(validation.values())
