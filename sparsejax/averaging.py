@@ -25,7 +25,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from sparsejax.network import NetworkParams, SparseLayer
+from sparsejax.network import NetworkParams
 
 
 class ParamAverage(NamedTuple):
@@ -96,18 +96,18 @@ def started(state) -> ParamAverage:
   return jax.jit(init)(_params(state), state.step)
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _evaluated(state, average_steps):
-  average = update(state.average, _params(state), state.step, average_steps)
-  use = average.weight > 0
-  pick = lambda a, p: jnp.where(use, a.astype(p.dtype), p)
-  params = jax.tree.map(pick, average.params, _params(state))
-  return state._replace(embed=params.embed, hidden=params.hidden, out=params.out)
+@functools.partial(jax.jit, static_argnums=3)
+def averaged_params(params: NetworkParams, average: ParamAverage, step: jax.Array,
+                    average_steps: int) -> NetworkParams:
+  """The parameters to evaluate and serve: ``average`` with ``params`` (those of training step ``step``) as its
+  newest snapshot, in the parameters' dtypes; ``params`` themselves while the average holds no snapshot."""
+  average = update(average, params, step, average_steps)
+  return jax.tree.map(lambda a, p: jnp.where(average.weight > 0, a.astype(p.dtype), p), average.params, params)
 
 
 def evaluated(state, average_steps: int):
-  """The state to evaluate, select and serve: its parameters replaced by their average, with the parameters
-  themselves as its newest snapshot. A state without an average is returned as is.
+  """The state to evaluate, select and serve: its parameters replaced by :func:`averaged_params`. A state without
+  an average is returned as is.
 
   The training state is not changed (its average takes snapshots on its own schedule only, so that evaluations,
   stops and resumes leave the training trajectory alone). The result keeps the ``average`` field (the same pytree
@@ -115,25 +115,5 @@ def evaluated(state, average_steps: int):
   """
   if getattr(state, "average", None) is None:
     return state
-  return _evaluated(state, average_steps)
-
-
-def evaluated_tree(tree: dict, average_steps: int) -> dict:
-  """``{"embed", "hidden", "out"}`` as :func:`evaluated` makes them, from a checkpoint's state read back as plain
-  dicts (``Checkpoints.restore_arrays``)."""
-  average = tree["average"]
-  as_params = lambda t: NetworkParams(SparseLayer(t["embed"]["w"], t["embed"]["b"]),
-                                      tuple((w, b) for w, b in t["hidden"]), SparseLayer(t["out"]["w"], t["out"]["b"]))
-  state = _TreeState(tree["step"], *as_params(tree),
-                     ParamAverage(as_params(average["params"]), average["weight"], average["step"]))
-  out = evaluated(state, average_steps)
-  return {"embed": {"w": out.embed.w, "b": out.embed.b}, "hidden": [list(layer) for layer in out.hidden],
-          "out": {"w": out.out.w, "b": out.out.b}}
-
-
-class _TreeState(NamedTuple):  # what evaluated() reads of a state
-  step: jax.Array
-  embed: SparseLayer
-  hidden: tuple
-  out: SparseLayer
-  average: ParamAverage
+  params = averaged_params(_params(state), state.average, state.step, average_steps)
+  return state._replace(embed=params.embed, hidden=params.hidden, out=params.out)

@@ -349,7 +349,10 @@ def _in_saved_layout(abstract_state, saved_fields):
     # A dict without the field (orbax refuses a target with a field the checkpoint lacks, even a None one).
     as_tree = as_state if isinstance(target, dict) else (lambda tree: state_type(**tree))
     target = {k: v for k, v in (target if isinstance(target, dict) else target._asdict()).items() if k != "average"}
-    as_state = lambda tree: (lambda state: state._replace(average=averaging.started(state)))(as_tree(tree))
+
+    def as_state(tree):
+      state = as_tree(tree)
+      return state._replace(average=averaging.started(state))
   return target, as_state
 
 

@@ -135,6 +135,15 @@ class UnknownWordsWarning(UserWarning):
     super().__init__(message)
 
 
+def _network_params(tree: dict):
+  """The ``embed``, ``hidden`` and ``out`` of a state read back as plain dicts (``restore_arrays``)."""
+  from sparsejax import network
+
+  return network.NetworkParams(network.SparseLayer(tree["embed"]["w"], tree["embed"]["b"]),
+                               tuple((w, b) for w, b in tree["hidden"]),
+                               network.SparseLayer(tree["out"]["w"], tree["out"]["b"]))
+
+
 class TrainedModel:
   """A trained network (SLIDE's or the dense baseline's) with what its work directory knows about its data.
 
@@ -225,12 +234,13 @@ class TrainedModel:
 
     self._training_index = saved.index_tree(tree) if meta.get("num_shards", 1) == 1 else None
     n = self.num_labels  # a sharded run's layer has padding rows after the N real ones
+    params = _network_params(tree)
     if tree.get("average") is not None:  # a checkpoint, not the selected state: served as the run evaluated it
-      tree = {**tree, **averaging.evaluated_tree(tree, self.config.optim.average_steps)}
-    self.params = model.NetworkParams(
-        embed=model.SparseLayer(tree["embed"]["w"], tree["embed"]["b"]),
-        hidden=tuple((w, b) for w, b in tree["hidden"]),
-        out=model.SparseLayer(tree["out"]["w"][:n], tree["out"]["b"][:n]))
+      average = tree["average"]
+      params = averaging.averaged_params(
+          params, averaging.ParamAverage(_network_params(average["params"]), average["weight"], average["step"]),
+          tree["step"], self.config.optim.average_steps)
+    self.params = params._replace(out=model.SparseLayer(params.out.w[:n], params.out.b[:n]))
     assets = os.path.join(workdir, ASSETS)
     self.label_names = None
     if os.path.exists(os.path.join(assets, _LABELS)):

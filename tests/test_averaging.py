@@ -57,6 +57,12 @@ def test_the_first_snapshot_is_taken_whole_and_a_second_at_the_same_step_changes
   assert float(again.weight) == float(average.weight)
 
 
+def _as_params(t):
+  """A checkpoint's parameters read back as dicts (``restore_arrays``), as NetworkParams."""
+  return NetworkParams(SparseLayer(t["embed"]["w"], t["embed"]["b"]), tuple((w, b) for w, b in t["hidden"]),
+                       SparseLayer(t["out"]["w"], t["out"]["b"]))
+
+
 def _run_config(small_config, **changes):
   return override(small_config, **{**dict(candidates="clusters", reinsert="none", average_steps=12,
                                           checkpoint_every=3, keep_checkpoints=None), **changes})
@@ -68,10 +74,7 @@ def test_a_run_evaluates_and_serves_the_average_of_its_snapshots(tmp_path, small
   final = train_and_evaluate(_run_config(small_config), str(tmp_path))
   checkpoints = Checkpoints(str(tmp_path), writable=False)
 
-  def raw(step):
-    t = checkpoints.restore_arrays(step)
-    return NetworkParams(SparseLayer(t["embed"]["w"], t["embed"]["b"]), tuple((w, b) for w, b in t["hidden"]),
-                         SparseLayer(t["out"]["w"], t["out"]["b"]))
+  raw = lambda step: _as_params(checkpoints.restore_arrays(step))
 
   snapshots = [(s, raw(s)) for s in range(3, 40, 3)] + [(40, raw(40))]
   served = sparsejax.load(str(tmp_path)).params
@@ -93,8 +96,9 @@ def test_the_selected_state_is_the_average_and_is_what_load_serves(tmp_path, sma
   checkpoints = Checkpoints(str(tmp_path), writable=False)
   t = checkpoints.restore_arrays(step)
   # The best state holds the parameters that evaluation scored: the average with that step's as the newest snapshot.
-  expected = averaging.evaluated_tree(t, 12)
-  np.testing.assert_array_equal(np.asarray(model.params.out.w), np.asarray(expected["out"]["w"]))
+  expected = averaging.averaged_params(_as_params(t), averaging.ParamAverage(
+      _as_params(t["average"]["params"]), t["average"]["weight"], t["average"]["step"]), t["step"], 12)
+  np.testing.assert_array_equal(np.asarray(model.params.out.w), np.asarray(expected.out.w))
   assert not np.array_equal(np.asarray(model.params.out.w), np.asarray(t["out"]["w"]))
 
 
