@@ -343,16 +343,18 @@ def _in_saved_layout(abstract_state, saved_fields):
     if saved.written_before(saved_fields):
       target, as_state = saved.as_written_before(abstract_state), lambda tree: saved.from_written_before(tree,
                                                                                                           state_type)
-  if "average" in fields and abstract_state.average is not None and "average" not in saved_fields:
+  if "average" in fields and "average" not in saved_fields:
     from sparsejax import averaging
 
-    # A dict without the field (orbax refuses a target with a field the checkpoint lacks, even a None one).
+    # A dict without the field (orbax refuses a target with a field the checkpoint lacks, even a None one: a
+    # selected state is restored without its average).
     as_tree = as_state if isinstance(target, dict) else (lambda tree: state_type(**tree))
     target = {k: v for k, v in (target if isinstance(target, dict) else target._asdict()).items() if k != "average"}
+    wanted = abstract_state.average is not None
 
     def as_state(tree):
       state = as_tree(tree)
-      return state._replace(average=averaging.started(state))
+      return state._replace(average=averaging.started(state) if wanted else None)
   return target, as_state
 
 

@@ -52,3 +52,20 @@ def test_run_resumes_from_old_checkpoint_as_before(kind, tmp_path):
   assert Checkpoints(str(workdir), writable=False).latest_step() == 10
   assert "index" in Checkpoints(str(workdir), writable=False).restore_arrays(10)  # saved anew
   _assert_predicts(str(workdir), _expected(kind)["resumed_to_10"])
+
+
+def test_a_state_restored_without_its_average_leaves_the_field_out_of_the_target():
+  """A selected state (restored without optimizer states or average, ``train.without_optimizer``) from a checkpoint
+  written before parameter averaging: orbax refuses a target with a field that the checkpoint lacks, even a None
+  one, so the target leaves ``average`` out and the state gets it back as None (restoring the 10^6-label run's
+  selected state failed with "tree structures do not match: average")."""
+  from sparsejax import checkpoint
+  from sparsejax.model import SlideState
+
+  state = SlideState(step=1, rng=None, embed=2, hidden=(), out=3, embed_opt=None, out_w_opt=None, out_b_opt=None,
+                     dense_opt=None, index=None, average=None)
+  saved = set(SlideState._fields) - {"average"}
+  target, as_state = checkpoint._in_saved_layout(state, saved)
+  assert isinstance(target, dict) and "average" not in target and target["out"] == 3
+  restored = as_state(target)
+  assert isinstance(restored, SlideState) and restored.average is None and restored.out == 3
