@@ -164,7 +164,7 @@ def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, ar
   if evals_per_epoch is not None:
     config = override(config, eval_every=max(1, steps_per_epoch // evals_per_epoch))
   if args.collect:  # the run in run_dir finished (its final record written): collect its results only
-    from sparsejax.metric_writer import read_records
+    from sparsejax.train.metric_writer import read_records
 
     final, wall = [r for r in read_records(run_dir) if r.get("final")][-1], None
   else:
@@ -189,7 +189,7 @@ def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, ar
 
 def curve_and_selection(run_dir: str, final: dict) -> dict:
   """The run's evaluation curve (metrics.jsonl) and, with a validation split, its selected and last step."""
-  from sparsejax.metric_writer import read_records
+  from sparsejax.train.metric_writer import read_records
 
   records = read_records(run_dir)
   # A recipe search trained the other candidates first: their seconds come before the winner's on the clock.
@@ -216,11 +216,12 @@ def curve_and_selection(run_dir: str, final: dict) -> dict:
 
 def restored_state(config, run_dir: str, test):
   """``(run, state)``: the run's selected (else latest) state as saved, for data shaped like ``test``."""
-  from sparsejax import checkpoint, distributed
+  from sparsejax.distributed import sharding
   from sparsejax.model_config import ModelConfig
-  from sparsejax.train import without_optimizer
+  from sparsejax.train import checkpoint
+  from sparsejax.train.loop import without_optimizer
 
-  run = distributed.make_run(ModelConfig.from_config(config, test.num_features, test.num_labels), seed=config.run.seed)
+  run = sharding.make_run(ModelConfig.from_config(config, test.num_features, test.num_labels), seed=config.run.seed)
   # The selected state is kept without its optimizer states (evaluated and served, not trained on).
   state = checkpoint.BestCheckpoint(run_dir, config.run.selection_metric).restore(
       without_optimizer(run.abstract_state()))
@@ -256,7 +257,7 @@ def finished_run(args):
     of the test set as the run's own evaluations are made.
   """
   from sparsejax.config import Config
-  from sparsejax.evaluation import Evaluator
+  from sparsejax.train.evaluation import Evaluator
 
   workdir = os.path.join(args.workdir, args.dataset)
   run_dir = finished_run_dir(args)
@@ -322,10 +323,10 @@ def sweep_inference_k(config, state, train_path: str, test_path: str, args) -> d
   trained on cannot be retrieved by any index: its row is still the random initialisation), and on the whole
   test set (their weighted means: every query of the benchmark's datasets has a label).
   """
-  from sparsejax import distributed
   from sparsejax.config import override
-  from sparsejax.evaluation import Evaluator, padded_width
+  from sparsejax.distributed import sharding
   from sparsejax.model_config import ModelConfig
+  from sparsejax.train.evaluation import Evaluator, padded_width
 
   train, test = xcdata.load_xc_file(train_path), xcdata.load_xc_file(test_path)
   if config.data.validation_fraction > 0:  # the labels the run trained on (sparsejax.train's split: seed + 1)
@@ -343,7 +344,7 @@ def sweep_inference_k(config, state, train_path: str, test_path: str, args) -> d
   labelled = label_ranks >= 0
   for k in ks:
     sized = ModelConfig.from_config(override(config, active_k=k), test.num_features, test.num_labels)
-    run = distributed.make_run(sized, seed=config.run.seed)
+    run = sharding.make_run(sized, seed=config.run.seed)
     row = {}
     for name, rows in splits.items():  # disjoint: the whole test set's figures are their weighted means
       if len(rows):
@@ -374,7 +375,7 @@ def time_inference(config, run, state, test_path: str, args) -> dict:
 
   from sparsejax import inference
   from sparsejax.data import PAD_ID
-  from sparsejax.evaluation import padded_width
+  from sparsejax.train.evaluation import padded_width
 
   test = xcdata.load_xc_file(test_path)
   rows = np.arange(min(args.inference_batch, len(test)))
@@ -698,7 +699,7 @@ def main():
   # Before anything creates JAX's backend: sparsejax's kernels are CPU code, the GPU baseline needs the GPU.
   os.environ["JAX_PLATFORMS"] = "cuda" if args.system == "dense_gpu" else "cpu"
   if args.system == "dense_gpu" and not args.report:
-    from sparsejax.distributed import first_device
+    from sparsejax.distributed.sharding import first_device
 
     try:
       first_device("cuda")

@@ -20,8 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsejax import checkpoint, network
 from sparsejax import data as xcdata
+from sparsejax import network
+from sparsejax.train import checkpoint
 
 
 def main() -> None:

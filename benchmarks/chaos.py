@@ -81,8 +81,8 @@ class Job:
     if processes == 1:
       command = [sys.executable, "-u"] + command
     else:
-      command = [sys.executable, "-m", "sparsejax.launch", "-n", str(processes), f"--log_dir={workdir}/logs",
-                 "--stop_timeout=5"] + command
+      command = [sys.executable, "-m", "sparsejax.distributed.launch", "-n", str(processes),
+                 f"--log_dir={workdir}/logs", "--stop_timeout=5"] + command
     self.log_path = log
     self.log = open(log, "w")
     self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)

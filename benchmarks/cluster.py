@@ -6,7 +6,7 @@ is not available on these kernels), and runs in them, as P jax.distributed
 processes over gloo:
 
 * the sparse job: the N-wide output layer split over the P processes
-  (sparsejax.distributed), LSH-sampled active sets;
+  (sparsejax.distributed.sharding), LSH-sampled active sets;
 * the dense data-parallel baseline: every process holds the whole model and
   all-reduces all gradients every step (what Horovod does).
 
@@ -78,9 +78,9 @@ def _peak_rss_bytes() -> int:
 
 def worker(args) -> None:
   """One rank: build the job's model, time `steps` steps (then a profiled window), write a JSON line."""
-  from sparsejax import distributed
-  distributed.initialize(args.coordinator, args.processes, args.rank, heartbeat_timeout_seconds=120,
-                         initialization_timeout=300)
+  from sparsejax.distributed import sharding
+  sharding.initialize(args.coordinator, args.processes, args.rank, heartbeat_timeout_seconds=120,
+                      initialization_timeout=300)
   import jax
   import numpy as np
 
@@ -89,7 +89,7 @@ def worker(args) -> None:
   from sparsejax.netanalysis import collect, collectives
 
   P = jax.process_count()
-  mesh = distributed.make_mesh()
+  mesh = sharding.make_mesh()
   sparse = args.job == "sparse"
   cfg = override(model.ModelConfig(args.features, args.labels), hidden_dims=(args.hidden,),
                  active_k=args.active_k, num_shards=P if sparse else 1)
@@ -99,14 +99,14 @@ def worker(args) -> None:
               "labels": rng.integers(0, args.labels, (args.batch, 1)).astype(np.int32)} for _ in range(4)]
   t0 = time.time()
   if sparse:
-    state = distributed.init(jax.random.key(0), cfg, mesh)
-    step = distributed.make_train_step(cfg, mesh)
-    put = lambda b: distributed.to_global(b, mesh)
+    state = sharding.init(jax.random.key(0), cfg, mesh)
+    step = sharding.make_train_step(cfg, mesh)
+    put = lambda b: sharding.to_global(b, mesh)
   else:
-    replicated = jax.sharding.NamedSharding(mesh, distributed.P())
+    replicated = jax.sharding.NamedSharding(mesh, sharding.P())
     state = jax.jit(lambda: dense.init(jax.random.key(0), cfg), out_shardings=replicated)()
-    step = distributed.make_dp_train_step(cfg, mesh)
-    put = lambda b: distributed.to_global(b, mesh, distributed.P(distributed.AXIS))
+    step = sharding.make_dp_train_step(cfg, mesh)
+    put = lambda b: sharding.to_global(b, mesh, sharding.P(sharding.AXIS))
   jax.block_until_ready(state)
   init_s = time.time() - t0
   global_batches = [put(b) for b in batches]

@@ -178,7 +178,7 @@ def main():
   import jax
 
   from sparsejax import inference, model
-  from sparsejax.evaluation import padded_width
+  from sparsejax.train.evaluation import padded_width
 
   run_config, test, run, state, _ = accuracy.finished_run(args)
   config = run.config

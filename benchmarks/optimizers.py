@@ -25,8 +25,8 @@ import tempfile
 
 import jax
 
-from sparsejax import train
 from sparsejax.config import Config, override
+from sparsejax.train import loop
 
 VARIANTS = {
     "lazy_adam": {},
@@ -52,7 +52,7 @@ def main():
       config = override(Config(), dataset="synthetic", synthetic_samples=args.samples, synthetic_labels=args.labels,
                         num_epochs=args.epochs, seed=seed, progress=False, eval_every=10**9, **VARIANTS[name])
       with tempfile.TemporaryDirectory() as workdir:
-        final = train.train_and_evaluate(config, workdir)
+        final = loop.train_and_evaluate(config, workdir)
       run = {"variant": name, "seed": seed, **{k: final[k] for k in ("p@1", "p@3", "p@5", "samples_per_sec", "step")}}
       runs.append(run)
       print(f"{name:>14} seed {seed}: P@1 {run['p@1']:.4f}  P@5 {run['p@5']:.4f}  "

@@ -1,4 +1,4 @@
-"""Network recipes compared at the same wall-clock budget: the sweeps behind ``sparsejax.recipes``.
+"""Network recipes compared at the same wall-clock budget: the sweeps behind ``sparsejax.train.recipes``.
 
 Each variant trains ``sparsejax-train --dataset=NAME --max_seconds=BUDGET`` with its settings (no recipe search:
 the settings are explicit), one after another in this process (the dataset is loaded once), and prints one JSON
@@ -18,9 +18,9 @@ import sys
 import tempfile
 import time
 
-from sparsejax import train as train_module
 from sparsejax.config import Config, override
-from sparsejax.metric_writer import read_records
+from sparsejax.train import loop as train_module
+from sparsejax.train.metric_writer import read_records
 
 
 def main():

@@ -23,8 +23,8 @@ import jax
 
 from sparsejax.config import Config, override
 from sparsejax.data import load_dataset
-from sparsejax.metric_writer import read_records
 from sparsejax.train import train_and_evaluate
+from sparsejax.train.metric_writer import read_records
 
 DEFAULT_VARIANTS = ("default:;dropout 0.25:dropout=0.25;dropout 0.5:dropout=0.5;weight decay 1e-4:weight_decay=1e-4;"
                     "weight decay 1e-3:weight_decay=1e-3;cosine decay:decay_steps=EPOCHS")

@@ -54,15 +54,16 @@ def main() -> None:
 
   import jax
 
-  from sparsejax import distributed, model
+  from sparsejax import model
   from sparsejax.config import override
+  from sparsejax.distributed import sharding
 
   config, test, _, state, evaluator = accuracy.finished_run(args)
   results = []
   for name, overrides in map(parse_variant, args.variant):
     cfg = override(config, **overrides) if overrides else config
     model_config = model.ModelConfig.from_config(cfg, test.num_features, test.num_labels)
-    run = distributed.make_run(model_config, seed=cfg.run.seed)
+    run = sharding.make_run(model_config, seed=cfg.run.seed)
     build = jax.jit(lambda s, c=model_config: model.serving_index(s, c))
     jax.block_until_ready(build(state))
     start = time.perf_counter()

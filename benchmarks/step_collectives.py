@@ -12,7 +12,7 @@ shapes (``B`` samples, hidden width ``d``):
 
 Run under the launcher, P local processes (loopback)::
 
-  python -m sparsejax.launch -n 4 benchmarks/step_collectives.py --json=/tmp/coll_p4.json
+  python -m sparsejax.distributed.launch -n 4 benchmarks/step_collectives.py --json=/tmp/coll_p4.json
 
 Each variant: ``--calls`` timed calls after a warm-up, alternating the variants ``--rounds`` times; reported per
 variant: the median over rounds of each round's median call, and the p10.
@@ -36,17 +36,18 @@ FLAGS = flags.FLAGS
 
 
 def main(_):
-  from sparsejax import process_group
+  from sparsejax.distributed import process_group
   process_group.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   import jax
   import jax.numpy as jnp
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from sparsejax import distributed, model
-  from sparsejax.distributed import AXIS
+  from sparsejax import model
+  from sparsejax.distributed import sharding
+  from sparsejax.distributed.sharding import AXIS
 
-  mesh = distributed.make_mesh()
+  mesh = sharding.make_mesh()
   B, d = FLAGS.batch, FLAGS.hidden
   shard = model.Shard(AXIS)
 

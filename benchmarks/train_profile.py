@@ -44,12 +44,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsejax import distributed, model, ops, optim
+from sparsejax import model, ops, optim
 from sparsejax.config import Config, override
 from sparsejax.data import BatchIterator, load_dataset
-from sparsejax.evaluation import Evaluator
-from sparsejax.metric_writer import read_records
+from sparsejax.distributed import sharding
 from sparsejax.train import train_and_evaluate
+from sparsejax.train.evaluation import Evaluator
+from sparsejax.train.metric_writer import read_records
 
 
 def timeit(fn, *args, repeats=10, warmup=2):
@@ -205,7 +206,7 @@ def bench_size(args, N: int) -> dict:
     next(it)
   res["batch_prep_s"] = (time.perf_counter() - t0) / args.repeats
 
-  run = distributed.make_run(mcfg, seed=0)
+  run = sharding.make_run(mcfg, seed=0)
   state = run.init()
   res["isolated_step_s"], state = time_steps(run.step, state, batch, args.repeats)
   if not res["exact_path"]:

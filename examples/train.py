@@ -4,13 +4,13 @@ r"""Trains a SLIDE network (or its dense baseline) and reports P@k: ``sparsejax-
   python examples/train.py --dataset=synthetic --synthetic_labels=200000 --workdir=/tmp/synth
   python examples/train.py --help                       # every setting, by section
 
-The flags, their documentation and their validation live in sparsejax/cli.py
+The flags, their documentation and their validation live in sparsejax/train/cli.py
 and sparsejax/config.py; the training loop is sparsejax.train.train_and_evaluate.
 """
 
 from absl import app
 
-from sparsejax import cli
+from sparsejax.train import cli
 
 if __name__ == "__main__":
   cli.define_flags()

@@ -56,9 +56,9 @@ def load(workdir: str, step: int | None = None, platform: str = "cpu"):
   """The model trained in ``workdir``: ``predict(inputs, top=k)`` and ``evaluate(dataset)``, its network on
   ``platform`` (``"cpu"``; ``"cuda"`` or ``"rocm"`` for a dense model; JAX is pinned to it, as ``fit`` pins it).
 
-  See :mod:`sparsejax.trained`.
+  See :mod:`sparsejax.train.trained`.
   """
-  from sparsejax.trained import load as _load
+  from sparsejax.train.trained import load as _load
 
   return _load(workdir, step, platform)
 
@@ -66,7 +66,7 @@ def load(workdir: str, step: int | None = None, platform: str = "cpu"):
 def __getattr__(name: str):
   """``sparsejax.fit``, imported on first use: ``import sparsejax`` stays free of JAX."""
   if name == "fit":
-    from sparsejax.fitting import fit
+    from sparsejax.train.fitting import fit
 
     return fit
   raise AttributeError(f"module 'sparsejax' has no attribute {name!r}")

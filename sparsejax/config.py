@@ -3,7 +3,7 @@
 :class:`Config` groups the settings in sections (``data``, ``network``,
 ``tables``, ``optim``, ``budget``, ``run``, ``checkpoint``, ``dist``, ``netanalysis``, ``search``). Each
 field is documented once, by the ``help`` of its :func:`option`; the command
-line (:mod:`sparsejax.cli`) turns every field into a flag of the same name
+line (:mod:`sparsejax.train.cli`) turns every field into a flag of the same name
 with that text as its ``--help``, so field names are unique across sections.
 :meth:`Config.validate` checks every value (types, ranges, finiteness,
 choices, combinations) before anything is loaded and raises a
@@ -538,8 +538,8 @@ class NetanalysisConfig(Section):
 class RecipeConfig(Section):
   """The network recipe (width, depth, regularisers, learning rate), given or chosen by a search on validation."""
   recipe: str = option(
-      "auto", "The network recipe (sparsejax.recipes): its settings apply where you set none of them. auto: with a "
-      "validation split, a fresh run compares the recipes that fit the data on it by successive halving within "
+      "auto", "The network recipe (sparsejax.train.recipes): its settings apply where you set none of them. auto: "
+      "with a validation split, a fresh run compares the recipes that fit the data on it by successive halving within "
       "--search_fraction of the budget, then trains the winner on (logged, and in metrics.jsonl); any recipe "
       "setting given explicitly (e.g. --hidden_dims) skips the search. none: no recipe, no search, the settings "
       "as given. Or a recipe's name (no search): "

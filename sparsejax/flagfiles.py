@@ -2,7 +2,7 @@
 
 absl reads a flagfile's lines (one flag each; ``#`` and ``//`` start comments) where its ``--flagfile`` stands,
 nested flagfiles included. Its errors name a flag but not the file it came from, and tools that look for a flag
-in a command line (``sparsejax-launch``'s ``--workdir``) must see the flags inside flagfiles too.
+in a command line (``sparsejax-launch``'s ``--workdir``) must see the flags inside flagfiles too (:func:`flag_value`).
 """
 
 import os
@@ -63,3 +63,17 @@ def undecodable(args: list[str], depth: int = 0) -> tuple[str, UnicodeDecodeErro
         if found:
           return found
   return None
+
+
+def flag_value(command: list[str], name: str) -> str | None:
+  """The value of ``--name=V`` or ``--name V`` in ``command`` or its flagfiles (the last one wins, as in absl), else
+  None."""
+  value = None
+  command = [arg for _, arg in expand(command)]
+  for i, arg in enumerate(command):
+    for prefix in (f"--{name}", f"-{name}"):
+      if arg.startswith(prefix + "="):
+        value = arg[len(prefix) + 1:]
+      elif arg == prefix and i + 1 < len(command):
+        value = command[i + 1]
+  return value

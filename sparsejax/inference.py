@@ -1,7 +1,7 @@
 """Inference with a trained network, in one process or on each shard of a sharded output layer.
 
 Every function that predicts takes a :class:`sparsejax.loss.Shard`: with ``shard.axis`` set it runs inside
-``shard_map`` on one shard's rows (:mod:`sparsejax.distributed` does the wiring) and merges the shards' results
+``shard_map`` on one shard's rows (:mod:`sparsejax.distributed.sharding` does the wiring) and merges the shards' results
 with the shard's collectives; in one process (the default) those collectives do nothing. Ids in results are
 global.
 
@@ -54,7 +54,7 @@ def predict(state: model.SlideState, feat_ids: jax.Array, feat_vals: jax.Array, 
 def diagnose(state: model.SlideState, feat_ids: jax.Array, feat_vals: jax.Array, labels: jax.Array, *,
              config: model.ModelConfig, top: int = 5, sampled_ks: tuple[int, ...] = (),
              shard: Shard = Shard()) -> tuple[jax.Array, jax.Array, jax.Array, dict]:
-  """:func:`predict` and what an evaluation records besides (:attr:`sparsejax.distributed.Run.diagnose`).
+  """:func:`predict` and what an evaluation records besides (:attr:`sparsejax.distributed.sharding.Run.diagnose`).
 
   Args:
     labels: ``[B, M]`` true labels (global ids), -1 padded.

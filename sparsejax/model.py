@@ -273,7 +273,7 @@ def train_step(state: SlideState, batch: dict, *, config: ModelConfig,
   """One SGD step on a batch. Jit with ``config`` static and the state donated.
 
   With ``shard.axis`` set this runs inside ``shard_map`` on one slice of the
-  output layer (see :mod:`sparsejax.distributed`): the batch, the hidden
+  output layer (see :mod:`sparsejax.distributed.sharding`): the batch, the hidden
   layers and their updates are replicated, and per step the shards exchange
   only ``O(B d)`` numbers (softmax normalizers and the hidden gradient).
 

@@ -11,6 +11,8 @@ import os
 import re
 import time
 
+from sparsejax import flagfiles
+
 RUNS_ENV = "SPARSEJAX_RUNS"
 # Set by sparsejax-launch for its ranks when the command gives no --workdir: every rank must write to the same one.
 LAUNCH_WORKDIR_ENV = "SPARSEJAX_LAUNCH_WORKDIR"
@@ -74,12 +76,10 @@ def newest_run_hint() -> str:
 
 def dataset_of_command(command: list[str], default: str = "icd10") -> str:
   """The ``--dataset`` of a training command line (its flagfiles and ``--config`` file included), for a name."""
-  from sparsejax.launch import flag_value
-
-  dataset = flag_value(command, "dataset")
+  dataset = flagfiles.flag_value(command, "dataset")
   if dataset:
     return dataset
-  config = flag_value(command, "config")
+  config = flagfiles.flag_value(command, "config")
   if config:
     try:
       with open(config) as f:

@@ -5,7 +5,7 @@ There is no accelerator here, so: the twins are compared with the kernels on CPU
 for CUDA (``jax.export`` needs no GPU) and must hold no sparsejax kernel, while their CPU lowering must; the dense
 model trained on the twins must match the one trained on the kernels; and the command line refuses what cannot
 run, in one line, before anything is written. Training, ``sparsejax.fit``, ``sparsejax.load`` and
-``sparsejax-predict`` decide by one check (``sparsejax.platforms``) and pin JAX to the platform asked for.
+``sparsejax-predict`` decide by one check (``sparsejax.train.platforms``) and pin JAX to the platform asked for.
 """
 
 import functools
@@ -19,9 +19,10 @@ import pytest
 from jax import export
 
 import sparsejax
-from sparsejax import _ffi, data, dense, inference, ops, platforms, selection
+from sparsejax import _ffi, data, dense, inference, ops, selection
 from sparsejax.config import Config, override
 from sparsejax.model_config import ModelConfig
+from sparsejax.train import platforms
 
 
 def _gather_data(weight_dtype=jnp.float32, seed=0, B=6, k=9, N=40, d=12):

@@ -6,11 +6,11 @@ import pytest
 
 import sparsejax
 from sparsejax import averaging
-from sparsejax.checkpoint import Checkpoints
 from sparsejax.config import override
-from sparsejax.metric_writer import read_records
 from sparsejax.network import NetworkParams, SparseLayer
 from sparsejax.train import train_and_evaluate
+from sparsejax.train.checkpoint import Checkpoints
+from sparsejax.train.metric_writer import read_records
 
 
 def _params(rng, scale=1.0):

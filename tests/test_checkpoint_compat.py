@@ -11,9 +11,9 @@ import pytest
 import scipy.sparse as sp
 
 import sparsejax
-from sparsejax import train
-from sparsejax.checkpoint import Checkpoints
 from sparsejax.config import Config, override
+from sparsejax.train import loop
+from sparsejax.train.checkpoint import Checkpoints
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "checkpoints_before_index")
 INPUTS = sp.random(5, 40, density=0.2, format="csr", random_state=1, dtype=np.float32)  # as make.py drew them
@@ -48,19 +48,19 @@ def test_run_resumes_from_old_checkpoint_as_before(kind, tmp_path):
   with open(workdir / "config.json") as f:
     config = override(Config.from_dict(json.load(f)), max_steps=10)
   assert config.tables.candidates == kind
-  train.train_and_evaluate(config, str(workdir))
+  loop.train_and_evaluate(config, str(workdir))
   assert Checkpoints(str(workdir), writable=False).latest_step() == 10
   assert "index" in Checkpoints(str(workdir), writable=False).restore_arrays(10)  # saved anew
   _assert_predicts(str(workdir), _expected(kind)["resumed_to_10"])
 
 
 def test_a_state_restored_without_its_average_leaves_the_field_out_of_the_target():
-  """A selected state (restored without optimizer states or average, ``train.without_optimizer``) from a checkpoint
+  """A selected state (restored without optimizer states or average, ``loop.without_optimizer``) from a checkpoint
   written before parameter averaging: orbax refuses a target with a field that the checkpoint lacks, even a None
   one, so the target leaves ``average`` out and the state gets it back as None (restoring the 10^6-label run's
   selected state failed with "tree structures do not match: average")."""
-  from sparsejax import checkpoint
   from sparsejax.model import SlideState
+  from sparsejax.train import checkpoint
 
   state = SlideState(step=1, rng=None, embed=2, hidden=(), out=3, embed_opt=None, out_w_opt=None, out_b_opt=None,
                      dense_opt=None, index=None, average=None)

@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sparsejax.checkpoint import CheckpointError, Checkpoints
 from sparsejax.config import override
 from sparsejax.train import train_and_evaluate
+from sparsejax.train.checkpoint import CheckpointError, Checkpoints
 
 
 def _save_steps(workdir, steps):

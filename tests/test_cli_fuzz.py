@@ -10,8 +10,9 @@ from absl import flags
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparsejax import cli, launch
 from sparsejax.config import Config, field_type, iter_fields
+from sparsejax.distributed import launch
+from sparsejax.train import cli
 
 SETTINGS = [field for _, field in iter_fields(Config)]
 # Text that is no number (nor an integer), none of the spellings absl or the parsers accept.
@@ -120,9 +121,9 @@ PREDICT_BAD = st.one_of(
 
 def test_invalid_predict_flags_exit_2_with_one_line_naming_the_flag(tmp_path, capsys, fuzz_settings, record_cases,
                                                                     monkeypatch):
-  import sparsejax.trained
+  import sparsejax.train.trained
 
-  monkeypatch.setattr(sparsejax.trained, "load", lambda *a: pytest.fail("the model was loaded"))
+  monkeypatch.setattr(sparsejax.train.trained, "load", lambda *a: pytest.fail("the model was loaded"))
   tally = collections.Counter()
 
   @fuzz_settings(100)
@@ -211,7 +212,7 @@ def test_flagfiles_and_configs_that_are_no_text_end_with_one_line(case, tmp_path
 def test_a_metrics_file_line_that_is_no_text_is_named(tmp_path):
   """Issue 35: a metrics.jsonl line that is not UTF-8 ended resume and sparsejax-plot in a UnicodeDecodeError (a
   traceback, or a line naming no file); a cut-short last line is still left out with a warning."""
-  from sparsejax.metric_writer import MetricsFileError, read_records
+  from sparsejax.train.metric_writer import MetricsFileError, read_records
 
   (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 1}\n{"step": 2, "note": "\xff"}\n{"step": 3}\n')
   with pytest.raises(MetricsFileError, match=rf"^{tmp_path / 'metrics.jsonl'}:2: not UTF-8 text \(byte 0xff at "

@@ -9,9 +9,10 @@ import sys
 import pytest
 from absl import flags
 
-from sparsejax import cli, model
+from sparsejax import model
 from sparsejax.config import BudgetConfig, Config, ConfigError, iter_fields, override
 from sparsejax.model_config import ModelConfig
+from sparsejax.train import cli
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train.py")
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import sparsejax
-from sparsejax.checkpoint import Checkpoints
 from sparsejax.data import load_dataset
+from sparsejax.train.checkpoint import Checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "train.py")
@@ -22,27 +22,28 @@ TRAIN = os.path.join(ROOT, "examples", "train.py")
 
 SHARDED_VS_SINGLE = """
     import dataclasses, functools, json, jax, jax.numpy as jnp, numpy as np
-    from sparsejax import data, distributed, model
+    from sparsejax.distributed import sharding
+    from sparsejax import data, model
     from sparsejax.config import override
     ds = data.make_synthetic(400, 200, {N}, labels_per_sample=2, seed=3)
     base = override(model.ModelConfig(200, {N}), hidden_dims=(16,), active_k={K}, num_tables=4,
                              learning_rate=1e-2, {EXTRA})
-    mesh = distributed.make_mesh({P})
+    mesh = sharding.make_mesh({P})
     sharded_cfg = dataclasses.replace(base, num_shards={P})
     single = model.init(jax.random.key(0), base)
-    sharded = distributed.init(jax.random.key(0), sharded_cfg, mesh)
+    sharded = sharding.init(jax.random.key(0), sharded_cfg, mesh)
     same_init = bool(np.array_equal(np.asarray(sharded.out.w)[:{N}], np.asarray(single.out.w)))
     pad_before = np.asarray(sharded.out.w)[{N}:].copy()
     step1 = jax.jit(functools.partial(model.train_step, config=base), donate_argnums=0)
-    stepP = distributed.make_train_step(sharded_cfg, mesh)
+    stepP = sharding.make_train_step(sharded_cfg, mesh)
     it = data.BatchIterator(ds, 32, seed=0, max_labels=4, prefetch=0)
     losses = []
     for i in range({STEPS}):
       b = next(it)
       single, m1 = step1(single, b)
-      sharded, mP = stepP(sharded, distributed.to_global(b, mesh))
+      sharded, mP = stepP(sharded, sharding.to_global(b, mesh))
       losses.append((float(m1["loss"]), float(mP["loss"])))
-    checksums = np.asarray(distributed.make_checksum(mesh)(sharded)).tolist()
+    checksums = np.asarray(sharding.make_checksum(mesh)(sharded)).tolist()
     pairs = [("out.w", np.asarray(sharded.out.w)[:{N}], single.out.w),
              ("out.b", np.asarray(sharded.out.b)[:{N}], single.out.b),
              ("embed.w", sharded.embed.w, single.embed.w), ("embed.b", sharded.embed.b, single.embed.b)]
@@ -89,21 +90,22 @@ def test_sharded_lsh_sampling_runs_and_learns(run_python, candidates):
 def test_collective_bytes_are_o_batch_times_hidden(run_python):
   script = """
     import dataclasses, jax, jax.numpy as jnp, numpy as np
-    from sparsejax import data, distributed, model, dense
+    from sparsejax.distributed import sharding
+    from sparsejax import data, dense, model
     from sparsejax.config import override
     from jax.sharding import PartitionSpec as P
     out = []
     for N in (1000, 8000):
       cfg = override(model.ModelConfig(500, N), hidden_dims=(32,), active_k=64, num_tables=4,
                               num_shards=2)
-      mesh = distributed.make_mesh(2)
-      state = distributed.init(jax.random.key(0), cfg, mesh)
+      mesh = sharding.make_mesh(2)
+      state = sharding.init(jax.random.key(0), cfg, mesh)
       batch = {"feat_ids": jnp.zeros((16, 8), jnp.int32), "feat_vals": jnp.ones((16, 8)),
                "labels": jnp.zeros((16, 2), jnp.int32)}
-      step = distributed.make_train_step(cfg, mesh)
-      dp = distributed.make_dp_train_step(dataclasses.replace(cfg, num_shards=1), mesh)
+      step = sharding.make_train_step(cfg, mesh)
+      dp = sharding.make_dp_train_step(dataclasses.replace(cfg, num_shards=1), mesh)
       dstate = dense.init(jax.random.key(0), dataclasses.replace(cfg, num_shards=1))
-      out.append((distributed.collective_bytes(step, state, batch), distributed.collective_bytes(dp, dstate, batch)))
+      out.append((sharding.collective_bytes(step, state, batch), sharding.collective_bytes(dp, dstate, batch)))
     print(out)
   """
   (sparse_a, dense_a), (sparse_b, dense_b) = eval(run_python(code=script, devices=2).stdout.splitlines()[-1])
@@ -115,7 +117,7 @@ def test_collective_bytes_are_o_batch_times_hidden(run_python):
 
 
 def _launch(n, args, timeout):
-  cmd = [sys.executable, "-P", "-m", "sparsejax.launch", "-n", str(n), TRAIN, *args]
+  cmd = [sys.executable, "-P", "-m", "sparsejax.distributed.launch", "-n", str(n), TRAIN, *args]
   return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
 
 
@@ -316,12 +318,13 @@ def test_multiprocess_resume_continues_the_same_run(tmp_path, index):
 def test_checksum_detects_replica_drift(run_python):
   script = """
     import json, jax, numpy as np
-    from sparsejax import distributed, model
+    from sparsejax.distributed import sharding
+    from sparsejax import model
     from sparsejax.config import override
     cfg = override(model.ModelConfig(50, 30), hidden_dims=(8,), active_k=8, num_tables=2, num_shards=2)
-    mesh = distributed.make_mesh(2)
-    state = distributed.init(jax.random.key(0), cfg, mesh)
-    checksum = distributed.make_checksum(mesh)
+    mesh = sharding.make_mesh(2)
+    state = sharding.init(jax.random.key(0), cfg, mesh)
+    checksum = sharding.make_checksum(mesh)
     same = np.asarray(checksum(state)).tolist()
     # A "replicated" hidden bias whose copy on device 1 differs in one bit of one value.
     b = np.asarray(state.embed.b)

@@ -17,10 +17,10 @@ import scipy.sparse
 from absl import logging
 
 import sparsejax
-from sparsejax import compilation_cache, data
-from sparsejax.checkpoint import BestCheckpoint, Checkpoints
+from sparsejax import data
 from sparsejax.config import Config, ConfigError, override
-from sparsejax.train import train_and_evaluate
+from sparsejax.train import compilation_cache, train_and_evaluate
+from sparsejax.train.checkpoint import BestCheckpoint, Checkpoints
 
 # A few seconds a run: a small network, no recipe search (recipe="none": the same settings for the file path).
 SETTINGS = dict(hidden_dims=(16,), active_k=16, batch_size=32, max_steps=30, eval_every=15, log_every=10,
@@ -192,7 +192,7 @@ def test_a_notebook_shows_a_progress_bar_with_the_log_lines_above_it(tmp_path, m
 
 def test_fit_searches_the_recipes_on_its_matrices(tmp_path, monkeypatch):
   """recipe="auto" (the default): the candidates train on fit's matrices, the winner trains on, all logged."""
-  from sparsejax import search
+  from sparsejax.train import search
 
   monkeypatch.setattr(search, "MIN_ROUND_STEPS", 10)  # rounds of a few steps: the whole search in seconds
   full = data.make_synthetic(1000, 300, 60, seed=0)
@@ -243,7 +243,7 @@ def test_a_second_call_continues_the_run(runs):
 
 
 def _records(workdir):
-  from sparsejax.metric_writer import read_records
+  from sparsejax.train.metric_writer import read_records
 
   return read_records(str(workdir))
 
@@ -366,13 +366,13 @@ def test_a_run_refused_at_its_start_leaves_no_empty_directory(tmp_path, monkeypa
 def test_an_interrupted_fit_says_how_to_continue_it(tmp_path, monkeypatch):
   import signal
 
-  from sparsejax import train
-  from sparsejax.stopping import Interrupted
+  from sparsejax.train import loop
+  from sparsejax.train.stopping import Interrupted
 
   def stopped(config, workdir, **kwargs):
     raise Interrupted(signal.SIGINT, 7, os.path.join(workdir, "checkpoints"))
 
-  monkeypatch.setattr(train, "train_and_evaluate", stopped)
+  monkeypatch.setattr(loop, "train_and_evaluate", stopped)
   x, y, _ = _small()
   with pytest.raises(Interrupted) as stop:
     sparsejax.fit(x, y, workdir=tmp_path / "run", verbose=False)
@@ -382,7 +382,7 @@ def test_an_interrupted_fit_says_how_to_continue_it(tmp_path, monkeypatch):
 
 
 def test_a_setting_is_taken_as_the_command_line_takes_it():
-  from sparsejax.fitting import _config
+  from sparsejax.train.fitting import _config
 
   config = _config(dict(hidden_dims=512, max_steps=np.int64(7), dropout=np.float32(0.5).item()))
   assert config.network.hidden_dims == (512,) and config.budget.max_steps == 7 and type(config.budget.max_steps) is int
@@ -422,7 +422,7 @@ def test_log_to_console_leaves_absl_loggers_level_as_it_was():
   basicConfig's INFO no longer showed absl's INFO lines."""
   import logging as python_logging
 
-  from sparsejax.console import log_to_console
+  from sparsejax.train.console import log_to_console
 
   absl_logger, verbosity = logging.get_absl_logger(), logging.get_verbosity()
   before = absl_logger.level

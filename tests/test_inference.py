@@ -137,7 +137,8 @@ def test_end_to_end_topk_then_evaluate():
 
 SHARDED_INFERENCE = """
     import json, jax, numpy as np
-    from sparsejax import data, distributed, model
+    from sparsejax.distributed import sharding
+    from sparsejax import data, model
     from sparsejax.config import override
     N, P = 91, 3  # 31 rows per shard: the last holds 29 real rows and 2 of padding (random weights, bias 0)
     ds = data.make_synthetic(64, 200, N, labels_per_sample=3, seed=1)
@@ -145,7 +146,7 @@ SHARDED_INFERENCE = """
     config = override(model.ModelConfig(200, N), hidden_dims=(16,), active_k=12, softmax="sampled")
     out = {}
     for shards in (1, P):
-      run = distributed.make_run(config, seed=0, num_shards=shards, top=5, sampled_ks=(20,))
+      run = sharding.make_run(config, seed=0, num_shards=shards, top=5, sampled_ks=(20,))
       state = run.init()
       scores, ids, sampled, extra = run.diagnose(state, batch["feat_ids"], batch["feat_vals"], batch["labels"])
       out[shards] = dict(scores=scores.tolist(), ids=ids.tolist(), sampled=sampled.tolist(),

@@ -1,4 +1,4 @@
-"""The launcher (sparsejax.launch): logs, failure reports, stopping, orphans. Dummy ranks, no JAX."""
+"""The launcher (sparsejax.distributed.launch): logs, failure reports, stopping, orphans. Dummy ranks, no JAX."""
 
 import os
 import re
@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from sparsejax import launch
+from sparsejax import flagfiles
+from sparsejax.distributed import launch
 
 # A stand-in for a training rank. Ranks hold an flock on their own file for
 # their lifetime; a peer's death is noticed when its lock can be taken, as a
@@ -88,8 +89,8 @@ def rank_script(tmp_path):
 
 
 def _start(script, workdir, mode, n=2, *launcher_args):
-  cmd = [sys.executable, "-P", "-m", "sparsejax.launch", "-n", str(n), *launcher_args, script, f"--mode={mode}",
-         f"--workdir={workdir}"]
+  cmd = [sys.executable, "-P", "-m", "sparsejax.distributed.launch", "-n", str(n), *launcher_args, script,
+         f"--mode={mode}", f"--workdir={workdir}"]
   return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -132,7 +133,8 @@ def test_rank0_on_console_every_rank_in_its_log(tmp_path, rank_script):
 
 def test_a_closed_console_leaves_the_job_running(tmp_path, rank_script):
   """`sparsejax-launch ... | head`: the launcher died of a BrokenPipeError at its next line, taking the ranks."""
-  cmd = [sys.executable, "-P", "-m", "sparsejax.launch", "-n", "2", rank_script, "--mode=ok", f"--workdir={tmp_path}"]
+  cmd = [sys.executable, "-P", "-m", "sparsejax.distributed.launch", "-n", "2", rank_script, "--mode=ok",
+         f"--workdir={tmp_path}"]
   proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   proc.stdout.close()  # the reader is gone before the first line
   err = proc.stderr.read()
@@ -254,8 +256,8 @@ def test_kill_9_on_the_launcher_leaves_no_orphans(tmp_path, rank_script):
 
 def test_helpers():
   cmd = ["x.py", "--workdir=/a", "--other", "--workdir", "/b", "-n=3"]
-  assert launch.flag_value(cmd, "workdir") == "/b" and launch.flag_value(cmd, "n") == "3"
-  assert launch.flag_value(cmd, "missing") is None
+  assert flagfiles.flag_value(cmd, "workdir") == "/b" and flagfiles.flag_value(cmd, "n") == "3"
+  assert flagfiles.flag_value(cmd, "missing") is None
   assert launch.log_directory(["x.py", "--workdir=/w"], None) == "/w/logs"
   assert launch.log_directory(["x.py", "--workdir=/w"], "/l") == "/l"
   assert launch.log_directory(["x.py"], None).startswith(os.path.join(os.path.realpath("/tmp"), "")) or True
@@ -286,7 +288,8 @@ def test_helpers_read_flagfiles(tmp_path):
   (tmp_path / "inner.flags").write_text("# where\n--workdir=/from/inner\n")
   (tmp_path / "run.flags").write_text(f"--dataset=synthetic\n--flagfile={tmp_path / 'inner.flags'}\n")
   assert launch.log_directory(["x.py", f"--flagfile={tmp_path / 'run.flags'}"], None) == "/from/inner/logs"
-  assert launch.flag_value(["x.py", f"--flagfile={tmp_path / 'run.flags'}", "--workdir=/later"], "workdir") == "/later"
+  command = ["x.py", f"--flagfile={tmp_path / 'run.flags'}", "--workdir=/later"]
+  assert flagfiles.flag_value(command, "workdir") == "/later"
 
 
 def test_cli_errors(tmp_path):
@@ -301,10 +304,11 @@ def test_cli_errors(tmp_path):
         (["-n", "2", "--port=99999", "x.py"], "--port must be in [1, 65535], got 99999"),
         (["-n", "2", f"--port={port}", "x.py"], f"--port={port}: cannot listen there"),
         (["-n", "2", "no_such_program_xyz"], "cannot run 'no_such_program_xyz': no such program")):
-      out = subprocess.run([sys.executable, "-P", "-m", "sparsejax.launch", *argv], capture_output=True, text=True)
+      out = subprocess.run([sys.executable, "-P", "-m", "sparsejax.distributed.launch", *argv], capture_output=True,
+                           text=True)
       assert out.returncode == 2 and fragment in out.stderr and "Traceback" not in out.stderr, out.stderr
   # A log directory that cannot be made: one line naming it (was a traceback from os.makedirs).
-  out = subprocess.run([sys.executable, "-P", "-m", "sparsejax.launch", "-n", "2", f"--log_dir={tmp_path}/file/logs",
-                        "x.py"], capture_output=True, text=True)
+  out = subprocess.run([sys.executable, "-P", "-m", "sparsejax.distributed.launch", "-n", "2",
+                        f"--log_dir={tmp_path}/file/logs", "x.py"], capture_output=True, text=True)
   assert out.returncode == 1 and out.stderr.strip().splitlines() == [
       f"sparsejax-launch: error: cannot create the log directory {tmp_path}/file/logs (Not a directory)"], out.stderr

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sparsejax import data, dense, distributed, inference, metrics, model
+from sparsejax import data, dense, inference, metrics, model
 from sparsejax.config import override
+from sparsejax.distributed import sharding
 
 
 def _batch(ds, n, rng_seed=0, max_features=None, max_labels=None):
@@ -302,10 +303,10 @@ def test_refresh_budget_lengthens_only_expensive_schedules():
 def test_run_uses_the_budgeted_schedule():
   """make_run's maintain follows the lengthened schedule: no refresh at 50 steps at N = 10^6, one at its period."""
   cfg = model.ModelConfig(10, 1_000_000)
-  run = distributed.make_run(cfg, seed=0)
+  run = sharding.make_run(cfg, seed=0)
   period = math.ceil(model.refresh_cost_in_steps(cfg) / cfg.tables.refresh_budget)
   assert run.schedule.period == period > 50
-  small = distributed.make_run(model.ModelConfig(10, 20_000), seed=0)
+  small = sharding.make_run(model.ModelConfig(10, 20_000), seed=0)
   assert small.schedule == model.TableSchedule(50, 1.05, 2000)
 
 

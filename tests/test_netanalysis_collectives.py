@@ -18,10 +18,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LISTS = """
 import dataclasses, json, re, sys
 import numpy as np
-from sparsejax import distributed
+from sparsejax.distributed import sharding
 args = dict(a.lstrip("-").split("=", 1) for a in sys.argv[1:])
-distributed.initialize(args.get("coordinator_address"), int(args.get("num_processes", 1)),
-                       int(args.get("process_id", 0)))
+sharding.initialize(args.get("coordinator_address"), int(args.get("num_processes", 1)),
+                    int(args.get("process_id", 0)))
 import jax, jax.extend, jax.numpy as jnp
 from sparsejax import dense, model
 from sparsejax.config import override
@@ -57,26 +57,26 @@ batch = {"feat_ids": jnp.zeros((24, 8), jnp.int32), "feat_vals": jnp.ones((24, 8
          "labels": jnp.zeros((24, 2), jnp.int32)}
 out = {}
 for P in ([jax.process_count()] if jax.process_count() > 1 else [2, 3]):
-  mesh = distributed.make_mesh(P)
+  mesh = sharding.make_mesh(P)
   for N in (600, 4800):
     cfg = override(model.ModelConfig(300, N, num_shards=P), hidden_dims=(16,), active_k=48, num_tables=4,
                    candidates="lsh")
     # Abstract states (shapes and shardings): compiling needs no initialised weights or tables.
-    jobs = {"sparse": (distributed.make_train_step(cfg, mesh),
-                       jax.eval_shape(lambda: distributed.init(jax.random.key(0), cfg, mesh)))}
+    jobs = {"sparse": (sharding.make_train_step(cfg, mesh),
+                       jax.eval_shape(lambda: sharding.init(jax.random.key(0), cfg, mesh)))}
     if N == 600:
       dcfg = dataclasses.replace(cfg, num_shards=1)
-      replicated = jax.sharding.NamedSharding(mesh, distributed.P())
-      jobs["dense"] = (distributed.make_dp_train_step(dcfg, mesh),
-                       jax.eval_shape(jax.jit(lambda: dense.init(jax.random.key(0), dcfg), out_shardings=replicated)))
+      replicated = jax.sharding.NamedSharding(mesh, sharding.P())
+      jobs["dense"] = (sharding.make_dp_train_step(dcfg, mesh),
+                    jax.eval_shape(jax.jit(lambda: dense.init(jax.random.key(0), dcfg), out_shardings=replicated)))
     for job, (step, state) in jobs.items():
-      spec = distributed.P() if job == "sparse" else distributed.P(distributed.AXIS)
+      spec = sharding.P() if job == "sparse" else sharding.P(sharding.AXIS)
       gbatch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                                            sharding=jax.sharding.NamedSharding(mesh, spec)), batch)
       listed = collectives.compiled_collectives(step, state, gbatch)
       out[f"{P}/{job}/{N}"] = {"list": [c.to_json() for c in listed], "jaxpr": jaxpr_bytes(step, state, gbatch),
                                "hlo": hlo_result_bytes(step, state, gbatch),
-                               "collective_bytes": distributed.collective_bytes(step, state, gbatch)}
+                               "collective_bytes": sharding.collective_bytes(step, state, gbatch)}
 if jax.process_index() == 0:
   print("RESULT " + json.dumps(out))
 """
@@ -98,7 +98,7 @@ def _virtual() -> dict:
 def _processes(P: int, tmp_path) -> dict:
   script = tmp_path / "lists.py"
   script.write_text(LISTS)
-  out = subprocess.run([sys.executable, "-P", "-m", "sparsejax.launch", "-n", str(P), sys.executable, "-P",
+  out = subprocess.run([sys.executable, "-P", "-m", "sparsejax.distributed.launch", "-n", str(P), sys.executable, "-P",
                         str(script)], capture_output=True, text=True, timeout=400, cwd=ROOT)
   assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
   return _result(out.stdout)

@@ -17,8 +17,8 @@ WINDOW = (6, 8)  # start, steps
 
 
 def _launch(n: int, args: list[str], timeout: int = 400) -> str:
-  out = subprocess.run([sys.executable, "-P", "-m", "sparsejax.launch", "-n", str(n), *args], capture_output=True,
-                       text=True, timeout=timeout, cwd=ROOT)
+  out = subprocess.run([sys.executable, "-P", "-m", "sparsejax.distributed.launch", "-n", str(n), *args],
+                       capture_output=True, text=True, timeout=timeout, cwd=ROOT)
   assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
   return out.stdout
 

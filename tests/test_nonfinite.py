@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from sparsejax import dense, model
-from sparsejax.checkpoint import Checkpoints
 from sparsejax.config import Config, override
-from sparsejax.metric_writer import read_records
-from sparsejax.nonfinite import NonFiniteError
 from sparsejax.train import train_and_evaluate
+from sparsejax.train.checkpoint import Checkpoints
+from sparsejax.train.metric_writer import read_records
+from sparsejax.train.nonfinite import NonFiniteError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -142,7 +142,7 @@ def test_two_processes_skip_the_same_poisoned_step(tmp_path):
           "--progress=false", "--candidates=lsh", "--validation_fraction=0", "--log_every=5",
           "--checkpoint_every=5", "--eval_every=100", "--checksum_every=1", "--on_nonfinite=skip_step",
           f"--workdir={workdir}"]
-  proc = subprocess.run([sys.executable, "-P", "-m", "sparsejax.launch", "-n", "2",
+  proc = subprocess.run([sys.executable, "-P", "-m", "sparsejax.distributed.launch", "-n", "2",
                          os.path.join(ROOT, "examples", "train.py"), *args],
                         capture_output=True, text=True, timeout=400, cwd=ROOT)
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

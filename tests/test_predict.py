@@ -16,8 +16,8 @@ import sparsejax
 from sparsejax import data
 from sparsejax.config import override
 from sparsejax.data import XCDataset
-from sparsejax.metric_writer import read_records
 from sparsejax.train import train_and_evaluate
+from sparsejax.train.metric_writer import read_records
 
 
 @pytest.fixture(scope="module")
@@ -257,7 +257,7 @@ def test_a_long_input_row_pads_a_few_rows_not_the_batch(synthetic_run, monkeypat
   long row's batch holds few rows, and the other rows' predictions do not change."""
   import tracemalloc
 
-  from sparsejax.evaluation import padded_width
+  from sparsejax.train.evaluation import padded_width
 
   workdir, _, test = synthetic_run
   model = sparsejax.load(str(workdir))
@@ -309,8 +309,8 @@ def test_evaluating_a_long_row_pads_a_few_rows_and_gives_the_same_metrics(synthe
   as predict does, and the metrics equal those of the old padding (one width for all rows, here in 48-row batches)."""
   import functools
 
-  from sparsejax import evaluation, trained
-  from sparsejax.evaluation import padded_width
+  from sparsejax.train import evaluation, trained
+  from sparsejax.train.evaluation import padded_width
 
   workdir, _, test = synthetic_run
   model = sparsejax.load(str(workdir))
@@ -397,7 +397,7 @@ def test_predict_refuses_svmlight_values_not_finite_in_float32(tmp_path, monkeyp
   import io
   import types
 
-  from sparsejax.cli import read_inputs
+  from sparsejax.train.cli import read_inputs
 
   model = types.SimpleNamespace(text_input=False, num_features=10)  # what read_inputs asks of a model
   content = f"1 0:0.5 2:3.4028235e+38\n2 qid:7 1:0.25 3:{value}\n"
@@ -421,7 +421,7 @@ def test_a_malformed_xc_header_is_named_as_one(tmp_path, header):
   svmlight file ... need more than 1 value to unpack"."""
   import types
 
-  from sparsejax.cli import read_inputs
+  from sparsejax.train.cli import read_inputs
 
   (tmp_path / "x.txt").write_text(f"{header}\n1 0:0.5 3:1\n2 5:1\n")
   with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'x.txt'}:1: {header!r} is neither an XC header (three "
@@ -442,7 +442,7 @@ def _vectorizer_of(num_features: int):
 def _as_the_run_wrote_it(path, write) -> None:
   """``write()`` an asset at ``path`` and record it in the assets' seal, as if the run had written it: what these
   tests check is the file's content (a file changed after the run is refused by its seal: test_workdir_integrity)."""
-  from sparsejax import seals
+  from sparsejax.train import seals
 
   write()
   seal_path = path.parent / "checksums.json"
@@ -507,7 +507,7 @@ def test_texts_without_a_known_word_are_named_in_a_warning(synthetic_run, tmp_pa
   """Issue 33: a text none of whose words the vectorizer knows got confident predictions (those of an empty feature
   row, the same for any such text) without a word."""
   from sparsejax.data.text import save_vectorizer
-  from sparsejax.trained import UnknownWordsWarning
+  from sparsejax.train.trained import UnknownWordsWarning
 
   workdir = tmp_path / "run"
   shutil.copytree(synthetic_run[0], workdir)
@@ -538,7 +538,7 @@ def test_texts_without_a_known_word_are_named_in_a_warning(synthetic_run, tmp_pa
 
 
 def test_a_trained_model_s_repr_says_what_and_where(synthetic_run):
-  """Issue 33: ``TrainedModel`` printed as ``<sparsejax.trained.TrainedModel object at 0x...>``."""
+  """Issue 33: ``TrainedModel`` printed as ``<sparsejax.train.trained.TrainedModel object at 0x...>``."""
   workdir = str(synthetic_run[0])
   model = sparsejax.load(workdir)
   assert repr(model) == (f"TrainedModel(workdir={workdir!r}, step=200, selected_by='newest', model='slide', "
@@ -621,7 +621,7 @@ def test_a_plot_is_titled_by_its_run_s_name_and_says_which_split_it_shows(synthe
   """Issue 33: the title was the work directory's absolute path, and --help said "test P@k" for curves drawn on the
   validation split."""
   figure = pytest.importorskip("matplotlib.figure")
-  from sparsejax import plot
+  from sparsejax.train import plot
 
   titles = []
   suptitle = figure.Figure.suptitle

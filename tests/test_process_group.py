@@ -8,15 +8,15 @@ import time
 
 import pytest
 
-from sparsejax import launch, process_group
+from sparsejax.distributed import launch, process_group
 
 TIMEOUT = 6  # initialization_timeout of these jobs, seconds
 
 JOIN = textwrap.dedent("""
     import sys
-    from sparsejax import distributed
+    from sparsejax.distributed import sharding
     address, n, rank, timeout = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    distributed.initialize(address, n, rank, initialization_timeout=timeout, heartbeat_timeout_seconds=5)
+    sharding.initialize(address, n, rank, initialization_timeout=timeout, heartbeat_timeout_seconds=5)
     import jax
     print(f"rank {rank} joined a job of {jax.process_count()}", flush=True)
 """)
@@ -113,7 +113,7 @@ def test_default_timeouts_end_a_broken_start_within_60_seconds():
   (library and sparsejax-train's --initialization_timeout) must keep the same guarantee."""
   import inspect
 
-  from sparsejax import cli
+  from sparsejax.train import cli
   default = inspect.signature(process_group.initialize).parameters["initialization_timeout"].default
   flag = next(f.default for f in cli.TRAIN.flags if f.name == "initialization_timeout")
   assert default <= 50 and flag <= 50, (default, flag)  # the watchdog ends the process at this many seconds

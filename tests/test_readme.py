@@ -22,9 +22,10 @@ import numpy as np
 import pytest
 from absl import flags
 
-from sparsejax import cli, launch
+from sparsejax.distributed import launch
 from sparsejax.netanalysis.__main__ import COMMANDS as NETANALYSIS_COMMANDS
 from sparsejax.netanalysis.__main__ import main as netanalysis_main
+from sparsejax.train import cli
 
 # The scripts the README runs, and the command each one is (its flags).
 SCRIPTS = {"examples/train.py": cli.TRAIN}
@@ -146,7 +147,7 @@ def _command_problem(root, args: list[str]) -> str | None:
     if args[1] == "-m":
       if args[2] == "sparsejax.netanalysis":
         return _netanalysis_problem(args[3:])
-      if args[2] == "sparsejax.launch":
+      if args[2] == "sparsejax.distributed.launch":
         return _launch_problem(root, args[3:])
       return None if args[2:4] == ["venv", ".venv"] else f"python -m {args[2]}: a module this test does not know"
     if not (root / args[1]).is_file():

@@ -1,5 +1,5 @@
-"""The recipe search (sparsejax.search): it chooses by validation score, logs and records, is deterministic, and the
-winner trains on from its search steps; recipes apply only where no setting was given."""
+"""The recipe search (sparsejax.train.search): it chooses by validation score, logs and records, is deterministic, and
+the winner trains on from its search steps; recipes apply only where no setting was given."""
 
 import json
 
@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 from absl import logging as absl_logging
 
-from sparsejax import recipes, search
-from sparsejax.checkpoint import Checkpoints, ResumeError
 from sparsejax.config import Config, ConfigError, override
-from sparsejax.metric_writer import read_records
-from sparsejax.train import train_and_evaluate
+from sparsejax.train import recipes, search, train_and_evaluate
+from sparsejax.train.checkpoint import Checkpoints, ResumeError
+from sparsejax.train.metric_writer import read_records
 
 
 @pytest.fixture

@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from sparsejax import compilation_cache, launch, rundirs
+from sparsejax import rundirs
+from sparsejax.distributed import launch
+from sparsejax.train import compilation_cache
 
 # A run whose time is nearly all start-up: a few seconds.
 TINY = ["--dataset=synthetic", "--synthetic_samples=600", "--synthetic_features=200", "--synthetic_labels=30",
@@ -146,7 +148,7 @@ def test_the_launcher_gives_its_ranks_one_new_work_directory(tmp_path, monkeypat
 def test_a_rank_reports_the_signal_the_launcher_was_stopped_by(tmp_path, monkeypatch, stopped_by):
   """Issue 33: Ctrl-C on sparsejax-launch was reported by its ranks as "stopped by SIGTERM" (the preemption notice
   it sends them)."""
-  from sparsejax import cli
+  from sparsejax.train import cli
 
   (tmp_path / "stop").write_text(stopped_by)
   monkeypatch.setenv(rundirs.LAUNCH_STOP_FILE_ENV, str(tmp_path / "stop"))
@@ -171,9 +173,9 @@ while True:
 
 def test_the_launcher_tells_its_ranks_which_signal_stopped_it(tmp_path):
   (tmp_path / "rank.py").write_text(STOP_REPORTER)
-  proc = subprocess.Popen([sys.executable, "-P", "-m", "sparsejax.launch", "-n", "1", f"--log_dir={tmp_path}",
-                           str(tmp_path / "rank.py"), str(tmp_path / "pid")], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+  proc = subprocess.Popen([sys.executable, "-P", "-m", "sparsejax.distributed.launch", "-n", "1",
+                           f"--log_dir={tmp_path}", str(tmp_path / "rank.py"), str(tmp_path / "pid")],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   deadline = time.time() + 60
   while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
     assert time.time() < deadline and proc.poll() is None, proc.communicate()[0]

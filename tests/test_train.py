@@ -15,10 +15,10 @@ import pytest
 
 import sparsejax
 from sparsejax import data
-from sparsejax.checkpoint import Checkpoints, ResumeError
 from sparsejax.config import Config, ConfigError, override
-from sparsejax.metric_writer import MetricWriter, read_records
 from sparsejax.train import train_and_evaluate
+from sparsejax.train.checkpoint import Checkpoints, ResumeError
+from sparsejax.train.metric_writer import MetricWriter, read_records
 
 
 def _latest(workdir):
@@ -308,7 +308,7 @@ def _signal_while_busy(tmp_path, module: str, name: str, signum: int) -> tuple[i
   code = textwrap.dedent(f"""
       import sys, time
       import {module}
-      from sparsejax import cli
+      from sparsejax.train import cli
 
       def busy(*args, **kwargs):
         print("ready", flush=True)
@@ -347,8 +347,8 @@ def test_a_signal_during_a_garbage_collection_callback_is_not_lost(tmp_path):
   callback and ends the run with the one line."""
   code = textwrap.dedent("""
       import gc, sys, time
-      import sparsejax.train
-      from sparsejax import cli
+      import sparsejax.train.loop
+      from sparsejax.train import cli
 
       def _xla_gc_callback(phase, info):  # JAX's name: a signal handled in it must not raise there
         if phase == "start":
@@ -382,7 +382,7 @@ def test_a_signal_during_a_garbage_collection_callback_is_not_lost(tmp_path):
 def test_ctrl_c_while_the_command_starts_ends_it_with_one_line(tmp_path):
   """A user audit: Ctrl-C in the first half second (imports, joining the process group) printed a traceback."""
   # The busy wait stands for importing JAX or joining the process group.
-  code, err = _signal_while_busy(tmp_path, "sparsejax.distributed", "initialize", signal.SIGINT)
+  code, err = _signal_while_busy(tmp_path, "sparsejax.distributed.sharding", "initialize", signal.SIGINT)
   assert code == 128 + signal.SIGINT, err[-3000:]
   assert err.strip().splitlines() == ["sparsejax-train: error: interrupted by SIGINT"]
 
@@ -421,7 +421,7 @@ def test_log_lines_go_above_the_progress_bar(tmp_path, root, columns):
   assert len(evaluations) == 3, text[-3000:]  # steps 20 and 40, and the last step's validation evaluation (60)
   for line in evaluations:
     visible = line.rstrip("\r").split("\r")[-1]  # on screen after carriage returns (the pty ends lines \r\n)
-    assert visible.startswith("I") and "train.py" in visible, repr(line)  # the absl line, not the bar's text
+    assert visible.startswith("I") and "loop.py" in visible, repr(line)  # the absl line, not the bar's text
   if columns:
     assert "step/s" in text or "s/step" in text  # the bar was there
   else:
@@ -595,7 +595,7 @@ def test_selection_keeps_the_first_best_and_stops_after_patience_evaluations_wit
   import collections
   import types
 
-  from sparsejax.train import _Selection
+  from sparsejax.train.loop import _Selection
 
   State = collections.namedtuple("State", "name out_opt")  # kept without its optimizer state
   state = lambda step: State(f"state{step}", "moments")

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 import sparsejax
-from sparsejax import data, seals
+from sparsejax import data
 from sparsejax.config import override
-from sparsejax.metric_writer import read_records
-from sparsejax.seals import IntegrityError
-from sparsejax.train import train_and_evaluate
+from sparsejax.train import seals, train_and_evaluate
+from sparsejax.train.metric_writer import read_records
+from sparsejax.train.seals import IntegrityError
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +188,7 @@ def test_a_resumed_run_sets_a_corrupted_best_state_aside(ours, validated_config,
 
 def test_the_final_evaluation_refuses_a_best_state_changed_during_the_run(tmp_path, validated_config,
                                                                          monkeypatch):
-  from sparsejax import checkpoint
+  from sparsejax.train import checkpoint
 
   check = checkpoint.BestCheckpoint.check
 

@@ -1,6 +1,6 @@
 """``probe``: measure collective latency and bandwidth between the processes of a job.
 
-  python -m sparsejax.launch -n 4 python -m sparsejax.netanalysis probe --out=runs/probe.json
+  python -m sparsejax.distributed.launch -n 4 python -m sparsejax.netanalysis probe --out=runs/probe.json
   # multi-host: on each host, with the usual flags
   python -m sparsejax.netanalysis probe --coordinator_address=host0:1234 --num_processes=4 --process_id=$RANK ...
 
@@ -135,7 +135,7 @@ def _programs(mesh, processes: int) -> dict:
   import jax
   from jax.sharding import PartitionSpec as P
 
-  from sparsejax.distributed import AXIS
+  from sparsejax.distributed.sharding import AXIS
   ring = [(i, (i + 1) % processes) for i in range(processes)]
   bodies = {"all-reduce": lambda x: jax.lax.psum(x, AXIS),
             "all-gather": lambda x: jax.lax.all_gather(x, AXIS, tiled=True),
@@ -150,7 +150,7 @@ def _input(mesh, elements: int):
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from sparsejax.distributed import AXIS
+  from sparsejax.distributed.sharding import AXIS
   sharding = NamedSharding(mesh, P(AXIS))
   return jax.make_array_from_callback((elements * mesh.size,), sharding,
                                       lambda index: np.ones(elements, np.float32))
@@ -174,9 +174,9 @@ def measure(kinds, max_bytes: int, max_call: float, iters: int, warmup: int, bud
   makes the same calls: a size is skipped, and the kind ends, when the first warm-up call takes
   longer than ``max_call`` or the budget is spent; ``4 * iters`` calls are timed while they are cheap.
   """
-  from sparsejax import distributed
+  from sparsejax.distributed import sharding
   from sparsejax.netanalysis.collect import broadcast_int
-  mesh = distributed.make_mesh()
+  mesh = sharding.make_mesh()
   P = mesh.size
   programs = _programs(mesh, P)
   t_start = time.time()
@@ -238,11 +238,11 @@ def main(command: str, argv) -> int:
   if FLAGS.warmup < 0:
     raise ValueError(f"--warmup must be >= 0, got {FLAGS.warmup}")
   capacity = parse_rate(FLAGS.link_capacity) if FLAGS.link_capacity else None
-  from sparsejax import distributed
-  distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  from sparsejax.distributed import sharding
+  sharding.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   import jax
   if jax.process_count() < 2:
-    raise ValueError("probe needs at least 2 processes: python -m sparsejax.launch -n P python -m "
+    raise ValueError("probe needs at least 2 processes: python -m sparsejax.distributed.launch -n P python -m "
                      "sparsejax.netanalysis probe ...")
   t0 = time.time()
   measured = measure(kinds, FLAGS.max_bytes, FLAGS.max_call_seconds, FLAGS.iters, FLAGS.warmup, FLAGS.budget_seconds)

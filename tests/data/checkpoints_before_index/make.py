@@ -12,8 +12,8 @@ import numpy as np
 import scipy.sparse as sp
 
 import sparsejax
-from sparsejax import train
 from sparsejax.config import Config, override
+from sparsejax.train import loop
 
 
 def settings(kind, max_steps):
@@ -34,13 +34,13 @@ def main(out):
   for kind in ("clusters", "lsh"):
     d = os.path.join(out, kind)
     shutil.rmtree(d, ignore_errors=True)
-    train.train_and_evaluate(settings(kind, 6), d)
+    loop.train_and_evaluate(settings(kind, 6), d)
     inputs = sp.random(5, 40, density=0.2, format="csr", random_state=1, dtype=np.float32)
     expected = {"at_step_6": predictions(d, inputs)}
     with tempfile.TemporaryDirectory() as t:
       resumed = os.path.join(t, "run")
       shutil.copytree(d, resumed)
-      train.train_and_evaluate(settings(kind, 10), resumed)
+      loop.train_and_evaluate(settings(kind, 10), resumed)
       expected["resumed_to_10"] = predictions(resumed, inputs)
     with open(os.path.join(out, f"expected_{kind}.json"), "w") as f:
       json.dump(expected, f, indent=0)

@@ -17,7 +17,8 @@ non-finite value reaches the disk.
 import jax
 from absl import logging
 
-from sparsejax import distributed, model
+from sparsejax import model
+from sparsejax.distributed import sharding
 
 # A run that skips this many steps in a row has diverged (its parameters make every step non-finite).
 MAX_SKIPPED_IN_A_ROW = 20
@@ -59,7 +60,7 @@ class NonFiniteWatch:
     pending, self._pending = self._pending, []
     bad = []
     for step, finite in pending:
-      if bool(distributed.local_value(finite)):
+      if bool(sharding.local_value(finite)):
         self._in_a_row = 0
         continue
       if self.policy == "stop":
@@ -85,6 +86,6 @@ class NonFiniteWatch:
     """
     if self._all_finite is None:
       self._all_finite = jax.jit(model.all_finite)
-    if not bool(distributed.local_value(self._all_finite(state))):
+    if not bool(sharding.local_value(self._all_finite(state))):
       raise NonFiniteError(step, "the state to be saved holds NaN or Inf values (an update overflowed); not saved. "
                            "Lower --learning_rate")

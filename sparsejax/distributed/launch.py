@@ -1,7 +1,7 @@
 """Starts P local processes of a script as one jax.distributed job.
 
   sparsejax-launch -n 4 examples/train.py --dataset=synthetic --workdir=/tmp/run ...
-  python -m sparsejax.launch -n 4 examples/train.py ...          # the same
+  python -m sparsejax.distributed.launch -n 4 examples/train.py ...          # the same
 
 Each process (rank) gets ``--coordinator_address``, ``--num_processes`` and
 ``--process_id`` appended to its arguments. On real hosts, run the script on
@@ -47,7 +47,7 @@ import tempfile
 import threading
 import time
 
-from sparsejax import flagfiles
+from sparsejax import flagfiles, rundirs
 
 _TAIL_LINES = 40  # lines of each rank's output kept in memory for failure reports
 _REPORT_LINES = 12  # of which at most this many are printed for the failing rank
@@ -74,20 +74,6 @@ def free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
-
-
-def flag_value(command: list[str], name: str) -> str | None:
-  """The value of ``--name=V`` or ``--name V`` in ``command`` or its flagfiles (the last one wins, as in absl), else
-  None."""
-  value = None
-  command = [arg for _, arg in flagfiles.expand(command)]
-  for i, arg in enumerate(command):
-    for prefix in (f"--{name}", f"-{name}"):
-      if arg.startswith(prefix + "="):
-        value = arg[len(prefix) + 1:]
-      elif arg == prefix and i + 1 < len(command):
-        value = command[i + 1]
-  return value
 
 
 def signal_name(signum: int) -> str:
@@ -490,7 +476,7 @@ def log_directory(command: list[str], log_dir: str | None, workdir: str | None =
   ``workdir``, the one the launcher made for the ranks), else a temp dir."""
   if log_dir:
     return log_dir
-  workdir = flag_value(command, "workdir") or workdir
+  workdir = flagfiles.flag_value(command, "workdir") or workdir
   if workdir:
     return os.path.join(workdir, "logs")
   return os.path.join(tempfile.mkdtemp(prefix="sparsejax-launch-"), "logs")
@@ -512,10 +498,8 @@ def new_workdir(command: list[str]) -> str | None:
   Raises:
     LaunchError: it cannot be made.
   """
-  if not trains(command) or flag_value(command, "workdir"):
+  if not trains(command) or flagfiles.flag_value(command, "workdir"):
     return None
-  from sparsejax import rundirs
-
   try:
     return rundirs.new_run_directory(rundirs.dataset_of_command(command))
   except OSError as e:
@@ -549,8 +533,6 @@ def launch(num_processes: int, command: list[str], *, port: int | None = None, l
   out, err = _Console(out or sys.stdout), _Console(err or sys.stderr)
   if command and command[0].endswith(".py"):
     command = [sys.executable, "-u"] + command
-  from sparsejax import rundirs
-
   workdir = new_workdir(command)
   log_dir = os.path.abspath(log_directory(command, log_dir, workdir))
   try:

@@ -41,10 +41,10 @@ class Evaluator:
     """Metrics of ``predict(state, feat_ids, feat_vals) -> (scores, ids, sampled_ids | None)``.
 
     Args:
-      predict: e.g. :attr:`sparsejax.distributed.Run.predict`.
+      predict: e.g. :attr:`sparsejax.distributed.sharding.Run.predict`.
       state: the model state.
       num_samples: the first this many test samples; None: all.
-      diagnose: optional :attr:`sparsejax.distributed.Run.diagnose`, used instead of ``predict``: it also
+      diagnose: optional :attr:`sparsejax.distributed.sharding.Run.diagnose`, used instead of ``predict``: it also
         gives sampled inference at other active set sizes and retrieval diagnostics.
 
     Returns:

@@ -19,8 +19,9 @@ from typing import NamedTuple
 
 from absl import app, flags, logging
 
-from sparsejax import compilation_cache, console, flagfiles, platforms, recipes, rundirs
+from sparsejax import flagfiles, rundirs
 from sparsejax.config import Config, ConfigError, field_type, format_value, iter_fields, override
+from sparsejax.train import compilation_cache, console, platforms, recipes
 
 FLAGS = flags.FLAGS
 USAGE_ERROR = 2
@@ -63,7 +64,7 @@ sparsejax-train: trains a SLIDE network (or its dense baseline) and reports P@k.
 
 Distributed (the output layer split over P processes):
 
-  python -m sparsejax.launch -n 4 sparsejax-train --dataset=synthetic ...   # one machine
+  python -m sparsejax.distributed.launch -n 4 sparsejax-train --dataset=synthetic ...   # one machine
   sparsejax-train --coordinator_address=host0:1234 --num_processes=4 --process_id=$RANK ...
 
 Without --workdir, each run gets a new work directory under $SPARSEJAX_RUNS
@@ -415,10 +416,10 @@ def _check_platform(platform: str, model: str | None = None) -> None:
 def _first_device_kind(platform: str) -> str:
   """The kind of JAX's first device, ``JAX_PLATFORMS`` being ``platform``; ends the command (status 2) where JAX has
   none of it."""
-  from sparsejax import distributed
+  from sparsejax.distributed import sharding
 
   try:
-    return distributed.first_device(platform).device_kind
+    return sharding.first_device(platform).device_kind
   except RuntimeError as e:
     usage_error(f"--platform={platform}: {e}")
 
@@ -435,18 +436,18 @@ def train(argv: list[str]) -> None:
   import jax
 
   _use_compilation_cache()
-  from sparsejax import checkpoint, distributed  # imported here: creating a JAX backend must wait for the flags
   from sparsejax.data import XCFormatError
-  from sparsejax.metric_writer import MetricsFileError
-  from sparsejax.nonfinite import NonFiniteError
-  from sparsejax.seals import IntegrityError
-  from sparsejax.stopping import Interrupted, raise_on_signals
-  from sparsejax.train import train_and_evaluate
+  from sparsejax.distributed import sharding  # imported here: creating a JAX backend must wait for the flags
+  from sparsejax.train import checkpoint, train_and_evaluate
+  from sparsejax.train.metric_writer import MetricsFileError
+  from sparsejax.train.nonfinite import NonFiniteError
+  from sparsejax.train.seals import IntegrityError
+  from sparsejax.train.stopping import Interrupted, raise_on_signals
 
   try:
-    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
-                           heartbeat_timeout_seconds=FLAGS.heartbeat_timeout_seconds,
-                           initialization_timeout=FLAGS.initialization_timeout)
+    sharding.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                        heartbeat_timeout_seconds=FLAGS.heartbeat_timeout_seconds,
+                        initialization_timeout=FLAGS.initialization_timeout)
   except ValueError as e:  # a bad process count, rank or address
     usage_error(str(e))
   config = config_from_flags()
@@ -662,9 +663,9 @@ def predict(argv: list[str]) -> None:
   _check_platform(FLAGS.platform)  # the model's kind is checked as it loads
   # Set, not defaulted, as sparsejax-train sets it: SLIDE's kernels are CPU code, whatever JAX_PLATFORMS says.
   os.environ["JAX_PLATFORMS"] = FLAGS.platform
-  from sparsejax.checkpoint import quiet_orbax_logs
-  from sparsejax.platforms import PlatformError, PlatformUnavailable
-  from sparsejax.trained import UnknownWordsWarning, load
+  from sparsejax.train.checkpoint import quiet_orbax_logs
+  from sparsejax.train.platforms import PlatformError, PlatformUnavailable
+  from sparsejax.train.trained import UnknownWordsWarning, load
 
   quiet_orbax_logs()  # stdout is the predictions; stderr only says what went wrong
 
@@ -733,7 +734,7 @@ def predict_main() -> None:
 
 def plot(argv: list[str]) -> None:
   """absl main of ``sparsejax-plot``."""
-  from sparsejax import plot as plotting
+  from sparsejax.train import plot as plotting
 
   workdir = argv[1]
   try:

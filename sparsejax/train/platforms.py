@@ -78,12 +78,12 @@ def pin(platform: str, model: str | None, caller: str) -> None:
   import jax
   from jax._src import xla_bridge
 
-  from sparsejax import distributed
+  from sparsejax.distributed import sharding
 
   if not xla_bridge.backends_are_initialized():  # JAX reads jax_platforms when it starts its backends
     jax.config.update("jax_platforms", platform)
   try:
-    running = distributed.first_device(platform).platform
+    running = sharding.first_device(platform).platform
   except RuntimeError as e:  # no device of it
     raise PlatformUnavailable(platform, str(e)) from None
   if running != DEVICE_PLATFORMS[platform]:

@@ -2,7 +2,7 @@
 
 import os
 
-from sparsejax.metric_writer import read_records
+from sparsejax.train.metric_writer import read_records
 
 
 class MissingMatplotlib(ImportError):

@@ -1,4 +1,4 @@
-"""The recipe search: successive halving over :mod:`sparsejax.recipes` on the validation split, within the budget.
+"""The recipe search: successive halving over :mod:`sparsejax.train.recipes` on the validation split, within the budget.
 
 A fresh run with ``--recipe=auto`` (the default) spends at most ``--search_fraction`` of its training budget
 comparing the recipes. Each candidate trains in ``WORKDIR/search/NAME`` (an ordinary run directory: an
@@ -24,9 +24,9 @@ from typing import Any
 
 from absl import logging
 
-from sparsejax import recipes, seals
 from sparsejax.config import Config, override
-from sparsejax.metric_writer import METRICS_FILE
+from sparsejax.train import recipes, seals
+from sparsejax.train.metric_writer import METRICS_FILE
 
 SEARCH_DIR = "search"
 # A round shorter than this tells recipes apart by noise (a few hundred steps of Adam at the default rate): a

@@ -2,7 +2,7 @@
 
 A sample's cost in a SLIDE network is ``nnz x d0`` in the input layer and ``k x d`` in the output layer, not
 ``N x d``: capacity is what sparsity makes cheap. The recipes span that trade, from the fastest step to the most
-capacity; :mod:`sparsejax.search` picks one per run by measurement on the validation split (``--recipe=auto``), or
+capacity; :mod:`sparsejax.train.search` picks one per run by measurement on the validation split (``--recipe=auto``), or
 the user names one (``--recipe=wide``)::
 
   config = recipes.apply(config, recipes.get("wide"))   # its settings where the config has the defaults

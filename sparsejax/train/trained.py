@@ -27,23 +27,23 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sparsejax import seals
 from sparsejax.config import Config
 from sparsejax.data import LoadedData, XCDataset
 from sparsejax.data.text import VectorizerFormatError, read_vectorizer, save_vectorizer, vectorizer_from_saved
-from sparsejax.evaluation import Evaluator, predict_in_batches
+from sparsejax.train import seals
+from sparsejax.train.evaluation import Evaluator, predict_in_batches
 
 ASSETS = "assets"
 # Texts without a known word named one by one, then the rest in one warning.
 _UNKNOWN_WORDS_NAMED = 10
 _LABELS, _VECTORIZER, _FREQUENCIES = "labels.txt", "vectorizer.json", "label_frequencies.npy"
 _SERVING_INDEX = "serving_index.npz"
-_SEAL = "checksums.json"  # the assets' seal (sparsejax.seals)
+_SEAL = "checksums.json"  # the assets' seal (sparsejax.train.seals)
 
 
 def save_assets(workdir: str, data: LoadedData, run_id: str | None = None) -> None:
   """Writes the label names, the vectorizer and the label frequencies of ``data`` to ``WORKDIR/assets``, and their
-  seal (``checksums.json``: each file's checksum and run ``run_id``, :mod:`sparsejax.seals`).
+  seal (``checksums.json``: each file's checksum and run ``run_id``, :mod:`sparsejax.train.seals`).
 
   ``data.train`` is what the run trains on (without its validation split): its label frequencies and its size
   (the run's ``meta``) give the propensities of PSP@k. Each file is written whole or not at all (a rename). A
@@ -164,12 +164,13 @@ class TrainedModel:
     workdir: the run's work directory (or a :meth:`save`'d model's).
     step: a checkpoint's step, or None: the run's selected state.
     platform: where the network runs, as ``sparsejax-train --platform``: ``"cpu"`` (SLIDE's kernels are CPU code),
-      or ``"cuda"``/``"rocm"`` for a dense model. JAX is pinned to it (:func:`sparsejax.platforms.pin`): a machine
+      or ``"cuda"``/``"rocm"`` for a dense model. JAX is pinned to it (:func:`sparsejax.train.platforms.pin`): a machine
       whose JAX defaults to a GPU serves on its CPUs; where JAX already runs elsewhere, loading is refused, saying so.
   """
 
   def __init__(self, workdir: str, step: int | None = None, platform: str = "cpu"):
-    from sparsejax import averaging, checkpoint, model, platforms
+    from sparsejax import averaging, model
+    from sparsejax.train import checkpoint, platforms
 
     self._workdir = workdir
     # JAX is pinned before anything starts it (orbax does, listing the checkpoints), by the network that config.json
@@ -311,7 +312,7 @@ class TrainedModel:
     """
     import shutil
 
-    from sparsejax import checkpoint
+    from sparsejax.train import checkpoint
 
     target = os.path.abspath(os.path.expanduser(directory))
     if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
@@ -440,7 +441,7 @@ class TrainedModel:
         string is one text).
       top: labels per input (at most N, and at most ``k``).
       batch_size: inputs per call (one compiled shape); an input too wide for ``batch_size`` of it to stay
-        within :data:`sparsejax.evaluation.PADDED_ELEMENTS` padded features goes in a smaller call of its own.
+        within :data:`sparsejax.train.evaluation.PADDED_ELEMENTS` padded features goes in a smaller call of its own.
       k: None: exact (every output scored). An int: sampled inference, as the run's ``sampled_p@k`` measured it:
         each input's ``k`` best candidates from the serving index (kept by the run, else built from the output
         rows on the first such call) are scored, and the top ``top`` of them returned. Faster than exact where

@@ -2,12 +2,12 @@
 
 It validates the config and the work directory, loads the data
 (:func:`sparsejax.data.load_dataset`), builds the run
-(:func:`sparsejax.distributed.make_run`: one process or several, SLIDE or
+(:func:`sparsejax.distributed.sharding.make_run`: one process or several, SLIDE or
 dense), resumes from the newest checkpoint when it continues the same run
-(:mod:`sparsejax.checkpoint`), trains until the budget is spent or a signal
-asks it to stop (:mod:`sparsejax.stopping`), evaluating
-(:mod:`sparsejax.evaluation`) and writing metrics
-(:mod:`sparsejax.metric_writer`) on the way, and returns the final
+(:mod:`sparsejax.train.checkpoint`), trains until the budget is spent or a signal
+asks it to stop (:mod:`sparsejax.train.stopping`), evaluating
+(:mod:`sparsejax.train.evaluation`) and writing metrics
+(:mod:`sparsejax.train.metric_writer`) on the way, and returns the final
 evaluation. A resumed run continues exactly as an uninterrupted one would.
 
 Files in ``workdir``: ``metrics.jsonl``, ``checkpoints/``, ``search/`` (a recipe search's candidates), ``config.json``
@@ -29,28 +29,18 @@ import jax
 import numpy as np
 from absl import logging
 
-from sparsejax import (
-  averaging,
-  checkpoint,
-  dense,
-  distributed,
-  memory,
-  model,
-  recipes,
-  retrieval,
-  seals,
-  search,
-  trained,
-)
+from sparsejax import averaging, dense, memory, model, retrieval
 from sparsejax.config import Config, ConfigError, DataConfig, override
-from sparsejax.console import Progress, final_line, log_settings, log_to_console
 from sparsejax.data import BatchIterator, LoadedData, load_dataset, train_test_split
-from sparsejax.evaluation import Evaluator
-from sparsejax.metric_writer import METRICS_FILE, MetricWriter, read_records
+from sparsejax.distributed import sharding
 from sparsejax.model_config import ModelConfig
 from sparsejax.netanalysis.collect import StepProfiler
-from sparsejax.nonfinite import NonFiniteError, NonFiniteWatch
-from sparsejax.stopping import Interrupted, StopRequests
+from sparsejax.train import checkpoint, recipes, seals, search, trained
+from sparsejax.train.console import Progress, final_line, log_settings, log_to_console
+from sparsejax.train.evaluation import Evaluator
+from sparsejax.train.metric_writer import METRICS_FILE, MetricWriter, read_records
+from sparsejax.train.nonfinite import NonFiniteError, NonFiniteWatch
+from sparsejax.train.stopping import Interrupted, StopRequests
 
 # Final-record fields that describe the run rather than a point of a curve.
 _SUMMARY_FIELDS = ("step", "epoch", "last_loss", "samples_per_sec", "seconds", "train_seconds", "num_params", "final",
@@ -63,8 +53,8 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
   """Trains and evaluates; continues the run in ``workdir`` if it holds one.
 
   A fresh run with ``--recipe=auto`` first compares the network recipes on the validation split within part of
-  the budget (:mod:`sparsejax.search`) and trains the winner on; a named recipe's settings apply where the config
-  has the defaults (:mod:`sparsejax.recipes`); a continued run keeps the recipe its checkpoints record.
+  the budget (:mod:`sparsejax.train.search`) and trains the winner on; a named recipe's settings apply where the config
+  has the defaults (:mod:`sparsejax.train.recipes`); a continued run keeps the recipe its checkpoints record.
 
   Args:
     config: the run (validated here, before any data is loaded).
@@ -72,7 +62,8 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
     data: the train and test sets (:func:`sparsejax.fit` gives its matrices so, with ``--dataset=arrays``); None:
       those that ``config.data`` names, loaded here.
     verbose: show the log lines ``sparsejax-train`` shows (the work directory, the settings, progress, evaluations,
-      the final evaluation) on stderr, for a caller outside ``absl.app`` (:func:`sparsejax.console.log_to_console`).
+      the final evaluation) on stderr, for a caller outside ``absl.app``
+      (:func:`sparsejax.train.console.log_to_console`).
       False: logging as the caller set it up (absl's logger, which shows only warnings unless set up).
 
   Returns:
@@ -190,9 +181,9 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
     sized = ModelConfig.from_config(config, train.num_features, train.num_labels, num_shards)  # --num_bits=none
     config.check_table_memory(sized.lsh_config.num_bits, sized.table_bucket_size)
     _check_state_memory(config, train.num_features, train.num_labels, num_shards)
-    run = distributed.make_run(ModelConfig.from_config(config, train.num_features, train.num_labels),
-                               seed=config.run.seed, num_shards=num_shards,
-                               sampled_ks=tuple(k for k in [config.run.eval_sampled_k] if k))
+    run = sharding.make_run(ModelConfig.from_config(config, train.num_features, train.num_labels),
+                            seed=config.run.seed, num_shards=num_shards,
+                            sampled_ks=tuple(k for k in [config.run.eval_sampled_k] if k))
     abstract = None if latest is None else run.abstract_state()
     differences = [] if latest is None else checkpoints.shape_differences(latest, abstract)
     if differences:  # --resume=force past a setting that changes the model's shapes
@@ -207,7 +198,7 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
     else:
       state, position = restored
       logging.info("resumed from step %d (epoch %d, index %d)", latest, position["epoch"], position["index"])
-  start_step = int(distributed.local_value(state.step))
+  start_step = int(sharding.local_value(state.step))
   # The run's identity, in its checkpoints' meta and the seals of its best state and assets: kept when it resumes.
   # A run of an older sparsejax has none: its files so far are taken as they are (unverified) and sealed from now.
   unsealed_run = meta is not None and meta.get("run_id") is None
@@ -389,7 +380,7 @@ def _check_state_memory(config: Config, num_features: int, num_labels: int, num_
                     f"{', or --average_steps=0' if averaged else ''}")
 
 
-def _step_profiler(config: Config, run: distributed.Run, workdir: str) -> StepProfiler:
+def _step_profiler(config: Config, run: sharding.Run, workdir: str) -> StepProfiler:
   """Step times for metrics.jsonl and the profiled window of ``config.netanalysis`` (sparsejax.netanalysis)."""
   slide = config.network.model == "slide"
   return StepProfiler.from_config(
@@ -401,7 +392,7 @@ def _step_profiler(config: Config, run: distributed.Run, workdir: str) -> StepPr
 class _Loop:
   """The training loop's state between steps: budget, measurements, evaluations, checkpoints."""
 
-  def __init__(self, config: Config, run: distributed.Run, checkpoints: checkpoint.Checkpoints, meta: dict,
+  def __init__(self, config: Config, run: sharding.Run, checkpoints: checkpoint.Checkpoints, meta: dict,
                evaluator: Evaluator, selection: "_Selection | None", writer: MetricWriter | None,
                steps_per_epoch: int, max_steps: int | None, profiler: StepProfiler,
                save_serving_index: Callable[[int, Any], None] | None = None):
@@ -417,7 +408,7 @@ class _Loop:
   def train(self, state, batches: BatchIterator, seconds_before: float, show_progress: bool):
     """Steps until the budget is spent or a signal asks to stop; returns the state."""
     config, run, prof = self.config, self.run, self.profiler
-    self.step = int(distributed.local_value(state.step))
+    self.step = int(sharding.local_value(state.step))
     self.seconds_before = seconds_before
     self.batches = batches
     batch_size, max_seconds, log_every = config.optim.batch_size, config.budget.max_seconds, config.run.log_every
@@ -444,13 +435,13 @@ class _Loop:
           # Every process must take the same steps: the wall-clock budget is checked every
           # log_every steps and process 0's verdict is followed by all.
           if (not last and max_seconds is not None and self.step % log_every == 0
-              and distributed.agree(time.time() - t_loop - eval_seconds >= max_seconds)):
+              and sharding.agree(time.time() - t_loop - eval_seconds >= max_seconds)):
             logging.info("wall-clock budget of %.0f s reached at step %d", max_seconds, self.step)
             self.stopped_by, last = "max_seconds", True
           record = {}
           if self.step % log_every == 0 or last:
-            self.last_loss = float(distributed.local_value(metrics["loss"]))  # syncs: only every log_every steps
-            record = {"loss": self.last_loss, "learning_rate": float(distributed.local_value(metrics["learning_rate"])),
+            self.last_loss = float(sharding.local_value(metrics["loss"]))  # syncs: only every log_every steps
+            record = {"loss": self.last_loss, "learning_rate": float(sharding.local_value(metrics["learning_rate"])),
                       "samples_per_sec": window_steps * batch_size / max(time.time() - window_start, 1e-9),
                       **prof.log_record()}
             window_start, window_steps = time.time(), 0
@@ -475,7 +466,7 @@ class _Loop:
                          _retrieval_line(record))
             eval_seconds += time.time() - t_eval
             window_start = time.time()
-            if self.selection is not None and not last and distributed.agree(self.selection.should_stop()):
+            if self.selection is not None and not last and sharding.agree(self.selection.should_stop()):
               self._write(record)
               logging.info("early stopping at step %d: no better validation %s in %d evaluations (best: step %d)",
                            self.step, self.selection.metric, self.selection.bad_evaluations,
@@ -496,7 +487,7 @@ class _Loop:
           if last:
             break
       if metrics is not None and self.step % log_every:  # the final record's loss: the last step's
-        self.last_loss = float(distributed.local_value(metrics["loss"]))
+        self.last_loss = float(sharding.local_value(metrics["loss"]))
       prof.finish()  # a window the loop cut short (every process gets here together)
     finally:
       prof.close()
@@ -599,7 +590,7 @@ class _Selection:
   def to_json(self) -> dict:
     return {"best_value": self.best_value, "best_step": self.best_step, "bad_evaluations": self.bad_evaluations}
 
-  def evaluate(self, run: distributed.Run, state, step: int, num_samples: int | None) -> dict[str, float]:
+  def evaluate(self, run: sharding.Run, state, step: int, num_samples: int | None) -> dict[str, float]:
     """Validation metrics of ``state``; keeps it if it is the best so far."""
     result, _ = _evaluate(self.evaluator, run, state, num_samples)
     self.last_step = step
@@ -614,7 +605,7 @@ class _Selection:
   def should_stop(self) -> bool:
     return self.patience is not None and self.bad_evaluations >= self.patience
 
-  def restore_best(self, run: distributed.Run, state):
+  def restore_best(self, run: sharding.Run, state):
     """``(best state, its step)``; the given state if none was saved. The best state is kept without optimizer
     states: ``state``'s stand in (evaluation and serving do not read them; the state's structure stays whole)."""
     self.best.wait()
@@ -622,9 +613,9 @@ class _Selection:
       self.best.check(self.best.best_step(), self.best.run_id)
     best = self.best.restore(without_optimizer(run.abstract_state()))
     if best is None:
-      return state, int(distributed.local_value(state.step))
+      return state, int(sharding.local_value(state.step))
     best = best._replace(**{f: getattr(state, f) for f in best._fields if getattr(best, f) is None})
-    return best, int(distributed.local_value(best.step))
+    return best, int(sharding.local_value(best.step))
 
 
 def _kept_selection(best: checkpoint.BestCheckpoint, restored: dict | None, run_id: str | None,
@@ -668,7 +659,7 @@ def without_optimizer(state):
   return state._replace(**{f: None for f in state._fields if checkpoint.is_optimizer_state(f) or f == "average"})
 
 
-def _evaluate(evaluator: Evaluator, run: distributed.Run, state, num_samples: int | None):
+def _evaluate(evaluator: Evaluator, run: sharding.Run, state, num_samples: int | None):
   """``(test-set metrics, the state evaluated)``: the metrics with retrieval diagnostics and the index's fill where
   the run has them; the state with the index that sampled inference queried.
 

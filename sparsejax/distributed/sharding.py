@@ -36,7 +36,8 @@ from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sparsejax import dense, index, inference, loss, model, process_group
+from sparsejax import dense, index, inference, loss, model
+from sparsejax.distributed import process_group
 
 AXIS = "shard"
 SHARD = loss.Shard(AXIS)  # inside shard_map: the output layer's split, for the functions that merge over it
@@ -68,7 +69,7 @@ def make_mesh(num_shards: int | None = None) -> jax.sharding.Mesh:
   n = num_shards or len(devices)
   if n > len(devices):
     raise ValueError(f"num_shards = {n} but only {len(devices)} devices: start more processes "
-                     "(python -m sparsejax.launch -n P ...) or set --xla_force_host_platform_device_count")
+                     "(python -m sparsejax.distributed.launch -n P ...) or set --xla_force_host_platform_device_count")
   return jax.sharding.Mesh(np.array(devices[:n]), (AXIS,))
 
 

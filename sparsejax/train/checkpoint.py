@@ -32,7 +32,13 @@ from typing import Any
 from absl import logging
 
 from sparsejax.config import Config, ConfigError, flat_items, format_value, identity_fields
-from sparsejax.seals import check_sealed_directory, file_checksums, seal_directory, sha256_file, write_json_atomically
+from sparsejax.train.seals import (
+  check_sealed_directory,
+  file_checksums,
+  seal_directory,
+  sha256_file,
+  write_json_atomically,
+)
 
 # Every live orbax CheckpointManager of this process. A save first waits for the others' background saves: orbax
 # synchronizes each save across processes with a barrier of the same name, and two managers saving at once
@@ -402,7 +408,8 @@ def _checksums_name() -> str:
 
 def make_meta(config: Config, num_shards: int, num_processes: int, data: dict[str, int],
               run_id: str | None = None) -> dict[str, Any]:
-  """What a checkpoint records about the run that wrote it (``run_id``: its identity, see :mod:`sparsejax.seals`)."""
+  """What a checkpoint records about the run that wrote it (``run_id``: its identity, see
+  :mod:`sparsejax.train.seals`)."""
   return {"config": config.to_dict(), "version": package_version(), "num_shards": num_shards,
           "num_processes": num_processes, "data": data, "run_id": run_id}
 
@@ -456,7 +463,7 @@ class BestCheckpoint:
 
   Each process seals the states it saved once they are on disk (:meth:`wait`, which training calls before each
   checkpoint save and before the final evaluation): ``checksums.p<process>.json`` in the step's directory records
-  every file's checksum, the run's id and the step (:mod:`sparsejax.seals`). :meth:`check` verifies them.
+  every file's checksum, the run's id and the step (:mod:`sparsejax.train.seals`). :meth:`check` verifies them.
 
   Args:
     workdir: the run's work directory.

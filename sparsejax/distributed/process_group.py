@@ -159,7 +159,7 @@ class _Watchdog:
   @staticmethod
   def _fire(message: Callable[[], str]) -> None:
     sys.stdout.flush()
-    sys.stderr.write(f"sparsejax.process_group: StartupError: {message()}\n")
+    sys.stderr.write(f"sparsejax.distributed.process_group: StartupError: {message()}\n")
     sys.stderr.flush()
     os._exit(1)
 

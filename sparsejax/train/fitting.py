@@ -26,9 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from sparsejax import platforms, recipes, rundirs
+from sparsejax import rundirs
 from sparsejax.config import Config, ConfigError, did_you_mean, field_type, iter_fields, override
-from sparsejax.trained import TrainedModel
+from sparsejax.train import platforms, recipes
+from sparsejax.train.trained import TrainedModel
 
 # fit's own arguments (named in the suggestions for a misspelt setting), and the settings it sets itself.
 _ARGUMENTS = ("X", "Y", "X_val", "Y_val", "workdir", "num_labels", "label_names", "verbose", "platform",
@@ -104,9 +105,9 @@ def fit(X: Any, Y: Any, *, X_val: Any = None, Y_val: Any = None, workdir: str | 
   cache_problem = _use_compilation_cache(compilation_cache)
   from absl import logging
 
-  from sparsejax import train
-  from sparsejax.console import log_to_console
-  from sparsejax.stopping import Interrupted
+  from sparsejax.train import loop
+  from sparsejax.train.console import log_to_console
+  from sparsejax.train.stopping import Interrupted
 
   new_run = workdir is None
   workdir = rundirs.new_run_directory(RUN_NAME) if new_run else os.path.expanduser(os.fspath(workdir))
@@ -116,7 +117,7 @@ def fit(X: Any, Y: Any, *, X_val: Any = None, Y_val: Any = None, workdir: str | 
         logging.warning("%s", cache_problem)
       if X_val is not None and "test_fraction" in settings:
         logging.warning("--test_fraction=%s has no effect: X_val is the test set", settings["test_fraction"])
-      train.train_and_evaluate(config, workdir, data=data, verbose=verbose)
+      loop.train_and_evaluate(config, workdir, data=data, verbose=verbose)
   except Interrupted as e:  # Ctrl-C (a notebook's interrupt): say how to continue in Python, not on a command line
     e.args = (e.describe(how_to_continue=f"fit(...) with workdir={workdir!r} and the same data and settings "
                          "continues the run"),)
@@ -134,7 +135,7 @@ def _use_compilation_cache(setting: str | os.PathLike | None) -> str | None:
   used, or None."""
   from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
-  from sparsejax import compilation_cache
+  from sparsejax.train import compilation_cache
 
   _, problem = compilation_cache.configure(compilation_cache.NONE if setting is None else os.fspath(setting))
   jax_cache.reset_cache()  # JAX decides on its cache once, at its first compilation: from now on, these settings
