@@ -329,6 +329,15 @@ class TablesConfig(Section):
       "sizes) or simhash (signed random projections).", choices=("simhash", "dwta"))
   num_tables: int = option(64, "Hash tables (L); more find more candidates at a higher query and rebuild cost.",
                            bounds=AT_LEAST_ONE)
+  lsh_probes: int = option(
+      1, "LSH: buckets read per table: the query's own and its nearest other codes (dwta: a bin's runner-up, "
+      "for the closest bins; simhash: one bit flipped, the least certain first). More find more of the largest "
+      "logits (synthetic 200K: 0.53x of exact P@1 at 1, 0.76x at 3) at a higher query cost (a sort in XLA: "
+      "several times the one-probe kernel's; benchmarks/lsh_retrieval.py).", bounds=AT_LEAST_ONE)
+  lsh_rerank: int = option(
+      0, "LSH: re-rank this many times k of the ids found most often by their exact logits and keep the best k "
+      "(a gather of rerank x k rows per query, O(rerank k d)); 0: none (the k found most often).",
+      bounds=NON_NEGATIVE)
   num_bits: int | None = option(
       None, "Bits per hash code (K; dwta: a multiple of 3); none: chosen from the number of labels "
       "(about 32 rows per bucket).", bounds=Range(1, 30))
@@ -622,7 +631,8 @@ class Config:
     if d.validation_fraction == 0:
       unused["early_stopping_patience"] = "needs a validation split (--validation_fraction > 0)"
     if self.network.model == "dense":
-      for name in ("candidates", "num_clusters", "lsh_family", "num_tables", "num_bits", "lsh_mips"):
+      for name in ("candidates", "num_clusters", "lsh_family", "num_tables", "num_bits", "lsh_mips", "lsh_probes",
+                   "lsh_rerank"):
         unused[name] = "not read by --model=dense (every output is computed)"
     else:
       unused.update(index_kinds.unused_settings(t.candidates))

@@ -153,7 +153,7 @@ def index_candidates(state: model.SlideState, h: jax.Array, *, config: model.Mod
     ``(active [n, w] this shard's row ids, -1 past its share, num_from_index [n])``.
   """
   return index.from_config(config).query_shards(state.index, h, k=k, local_k=_local_k(config, k), num_rows=num_valid,
-                                                shard=shard, seed=seed)
+                                                shard=shard, seed=seed, rows=(state.out.w, state.out.b))
 
 
 def _local_k(config: model.ModelConfig, k: int) -> int:

@@ -127,7 +127,7 @@ def query_active(state: SlideState, h: jax.Array, *, config: ModelConfig, k: int
   then distinct random ids.
   """
   return index.from_config(config).query(state.index, h, k=k, num_rows=num_rows, labels=labels, seed=seed,
-                                         max_from_index=max_from_index)
+                                         max_from_index=max_from_index, rows=(state.out.w, state.out.b))
 
 
 def all_finite(tree) -> jax.Array:

@@ -24,9 +24,11 @@ class Index(NamedTuple):
       work or more, off the step), with the same hash functions.
     renew: ``(state, key, w, b, num_valid=None) -> state``: new hash functions (clusters: new seeds) from
       ``key``, then rebuilt.
-    query: ``(state, h [B, d], *, k, num_rows, labels=None, seed=0, max_from_index=None) -> (active [B, k],
-      num_from_index [B])``: each sample's ``k`` active ids: its labels (if given), then index candidates (at
-      most ``max_from_index``), then distinct random ids below ``num_rows``.
+    query: ``(state, h [B, d], *, k, num_rows, labels=None, seed=0, max_from_index=None, rows=None) -> (active
+      [B, k], num_from_index [B])``: each sample's ``k`` active ids: its labels (if given), then index
+      candidates (at most ``max_from_index``), then distinct random ids below ``num_rows``. ``rows``: the layer's
+      ``(w, b)``, for an index that re-ranks its candidates by their exact logits (hash tables with
+      ``--lsh_rerank``); the others ignore it.
     update: ``(state, w, *, labels [B, M], touched [B, k] or None, num_rows) -> state``: what a training step
       changes in the index after updating the rows ``touched`` (padding ids -1 skipped; ``labels`` are the
       batch's label rows, -1 where the step was not applied): hash tables may re-insert them (``--reinsert``).
@@ -40,8 +42,8 @@ class Index(NamedTuple):
       sharded run (each shard indexes its own rows; hash functions are shared).
     to_shard: ``state -> state``: a sharded run's stacked state (inside ``shard_map``) as one shard's.
     from_shard: the inverse of :attr:`to_shard`.
-    query_shards: ``(state, h, *, k, local_k, num_rows, shard, seed=0) -> (active [B, w] local ids, -1 past the
-      shard's share, num_from_index [B])``: this shard's share of each query's ``k`` candidates, queried without
+    query_shards: ``(state, h, *, k, local_k, num_rows, shard, seed=0, rows=None) -> (active [B, w] local ids,
+      -1 past the shard's share, num_from_index [B])``: this shard's share of each query's ``k`` candidates, queried without
       labels (a :class:`sparsejax.loss.Shard`; one process: :attr:`query` with ``local_k``, random fill
       included): a sharded clustered index ranks the shards' clusters together, hash tables give their own
       ``local_k``.

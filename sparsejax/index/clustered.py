@@ -32,7 +32,8 @@ def cluster_index(config) -> Index:
     del function_key  # no hash functions: the seeds' offset is drawn from build_key
     return build(clusters.init_index(num_clusters, num_rows, dim), w, b, num_valid, build_key)
 
-  def query(state: clusters.ClusterIndex, h, *, k, num_rows, labels=None, seed=0, max_from_index=None):
+  def query(state: clusters.ClusterIndex, h, *, k, num_rows, labels=None, seed=0, max_from_index=None, rows=None):
+    del rows  # the clusters are ranked by their mean logit: no row is read at query time
     # Default: all of this index's clusters, ranked; at most k of them can contribute (none is empty).
     probes = min(t_config.cluster_probes or state.centroids.shape[0], k)
     return clusters.index_query(state, h, k=k, num_rows=num_rows, probes=probes, labels=labels, seed=seed,
@@ -43,7 +44,7 @@ def cluster_index(config) -> Index:
     c, iters = config.eval_index_sizes
     return build(clusters.init_index(c, w.shape[0], w.shape[1]), w, b, num_valid, iters=iters)
 
-  def query_shards(state: clusters.ClusterIndex, h, *, k, local_k, num_rows, shard, seed=0):
+  def query_shards(state: clusters.ClusterIndex, h, *, k, local_k, num_rows, shard, seed=0, rows=None):
     """One process: :func:`query`. Sharded, the clusters of every shard are ranked together, as one process ranks
     its single index's: each shard all-gathers the scores and sizes of its best ``min(probes, C)`` clusters
     (``O(n k)``) and members are taken from the best clusters on, wherever they live, until there are ``k`` of

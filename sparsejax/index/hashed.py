@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsejax.index import lsh, mips, tables
+from sparsejax.index import clusters, lsh, mips, probing, tables
 from sparsejax.index.base import Index
 from sparsejax.loss import shard_rows
 
@@ -31,11 +31,15 @@ def lsh_index(config) -> Index:
   ``config.lsh_config`` (family, L, K), ``config.table_bucket_size`` and ``tables.table_policy`` size the tables;
   with ``tables.lsh_mips`` the rows are centred and norm-augmented before hashing and the queries augmented to
   match; ``tables.reinsert`` says which rows a step re-inserts. The serving index is the training one rebuilt.
+  ``tables.lsh_probes`` buckets are read per table (more than one: :mod:`sparsejax.index.probing`, in ``jnp``) and,
+  where the query is given the rows, ``tables.lsh_rerank`` x k of the most often found ids are re-ranked by their
+  exact logits.
   """
   t_config = config.tables
   params = config.lsh_config
   bucket_size = config.table_bucket_size
   reduced = t_config.lsh_mips
+  probes, rerank = t_config.lsh_probes, t_config.lsh_rerank
   width = config.hidden_dims[-1] + 2 if reduced else config.hidden_dims[-1]
 
   def build(empty: tables.HashTables, functions, w, b, num_valid) -> tables.HashTables:
@@ -56,11 +60,18 @@ def lsh_index(config) -> Index:
   def renew(state: HashedIndex, key, w, b, num_valid=None) -> HashedIndex:
     return refresh(state._replace(hash_functions=lsh.init_lsh(key, params, width)), w, b, num_valid)
 
-  def query(state: HashedIndex, h, *, k, num_rows, labels=None, seed=0, max_from_index=None):
+  def query(state: HashedIndex, h, *, k, num_rows, labels=None, seed=0, max_from_index=None, rows=None):
     del max_from_index  # the tables give as many candidates as their buckets hold
-    if reduced:
-      h = mips.augment_queries(h)
-    return tables.lsh_query(state.tables, state.hash_functions, h, k=k, num_rows=num_rows, labels=labels, seed=seed)
+    x = mips.augment_queries(h) if reduced else h
+    if probes == 1 and not (rerank and rows is not None):  # one bucket per table: the kernel alone
+      return tables.lsh_query(state.tables, state.hash_functions, x, k=k, num_rows=num_rows, labels=labels,
+                              seed=seed)
+    codes = probing.probe_codes(state.hash_functions, x, lsh.lsh_hash(state.hash_functions, x), probes)
+    if rows is None or not rerank:
+      candidates = probing.probed_candidates(state.tables, codes, k)
+    else:  # the most often found rerank x k, then the best k of them by their exact logits
+      candidates = probing.rerank(probing.probed_candidates(state.tables, codes, rerank * k), h, *rows, k)
+    return clusters.merge_candidates(candidates, k=k, num_rows=num_rows, labels=labels, seed=seed)
 
   def update(state: HashedIndex, w, *, labels, touched, num_rows) -> HashedIndex:
     if t_config.reinsert == "labels":
@@ -84,9 +95,9 @@ def lsh_index(config) -> Index:
   def reshape_seed(state: HashedIndex, shape) -> HashedIndex:  # the tables' seed: [P] stacked, [] per shard
     return state._replace(tables=dataclasses.replace(state.tables, seed=state.tables.seed.reshape(shape)))
 
-  def query_shards(state: HashedIndex, h, *, k, local_k, num_rows, shard, seed=0):
+  def query_shards(state: HashedIndex, h, *, k, local_k, num_rows, shard, seed=0, rows=None):
     del k, shard  # buckets have no scores to rank across shards: each shard's own local_k, as in training
-    return query(state, h, k=local_k, num_rows=num_rows, seed=seed)
+    return query(state, h, k=local_k, num_rows=num_rows, seed=seed, rows=rows)
 
   def from_arrays(tree) -> HashedIndex:
     family = lsh.SimHashParams if params.family == "simhash" else lsh.DWTAParams
