@@ -61,6 +61,18 @@ VARIANTS = {
     "dwta mips L=64 S=128": dict(candidates="lsh", bucket_size=128),
     "dwta mips L=64 K-3 S=512": dict(candidates="lsh", num_bits_offset=-3, bucket_size=512),
     "dwta mips L=128": dict(candidates="lsh", num_tables=128),
+    # Multi-probe (sparsejax.index.probing): P buckets per table, ids counted over tables and probes, and
+    # optionally the rerank x k found most often re-ranked by their exact logits.
+    "dwta mips L=64 rerank 4": dict(candidates="lsh", lsh_rerank=4),
+    "dwta mips L=64 P=2": dict(candidates="lsh", lsh_probes=2),
+    "dwta mips L=64 P=3": dict(candidates="lsh", lsh_probes=3),
+    "dwta mips L=64 P=5": dict(candidates="lsh", lsh_probes=5),
+    "dwta mips L=64 P=3 rerank 2": dict(candidates="lsh", lsh_probes=3, lsh_rerank=2),
+    "dwta mips L=64 P=3 rerank 4": dict(candidates="lsh", lsh_probes=3, lsh_rerank=4),
+    "dwta mips L=64 P=5 rerank 4": dict(candidates="lsh", lsh_probes=5, lsh_rerank=4),
+    "dwta mips L=32 P=3 rerank 4": dict(candidates="lsh", num_tables=32, lsh_probes=3, lsh_rerank=4),
+    "simhash mips L=64 P=5 rerank 4": dict(candidates="lsh", lsh_family="simhash", num_tables=64, lsh_probes=5,
+                                           lsh_rerank=4),
 }
 
 
