@@ -23,6 +23,7 @@ to the default for the layer's size; ``uncentred`` hashes MIPS-reduced rows with
     python benchmarks/lsh_retrieval.py --dataset synthetic     # -> benchmarks/results/lsh/synthetic.json
     python benchmarks/lsh_retrieval.py --dataset gcide_cloze
     python benchmarks/lsh_retrieval.py --dataset synthetic --variant 'mine:lsh_family=dwta,num_tables=96'
+    python benchmarks/lsh_retrieval.py --dataset synthetic --select clusters --select P=   # some of the list
 
 The retrieval figures do not depend on the machine's load; the times do (run on a quiet machine to compare
 them).
@@ -184,6 +185,8 @@ def main():
   parser.add_argument("--seed", type=int, default=0, help="seed of the hash functions and the random fill")
   parser.add_argument("--variant", action="append", metavar="NAME:key=value,...",
                       help="measure these instead of the built-in list (repeatable)")
+  parser.add_argument("--select", action="append", metavar="TEXT",
+                      help="measure only the built-in variants whose names contain one of these (repeatable)")
   parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "lsh"))
   args = parser.parse_args()
 
@@ -203,6 +206,8 @@ def main():
   geometry = cosine_geometry(state, h, top_ids)
   print("cosines of the reduced queries:", json.dumps(geometry), flush=True)
   variants = dict(parse_variant(v) for v in args.variant) if args.variant else VARIANTS
+  if args.select:
+    variants = {name: v for name, v in variants.items() if any(text in name for text in args.select)}
   results = {}
   for name, settings in variants.items():
     r = measure(config, state, h, labels, top_ids, exact_hits, settings, args.repeats, args.seed)

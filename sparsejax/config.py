@@ -332,7 +332,7 @@ class TablesConfig(Section):
   lsh_probes: int = option(
       1, "LSH: buckets read per table: the query's own and its nearest other codes (dwta: a bin's runner-up, "
       "for the closest bins; simhash: one bit flipped, the least certain first). More find more of the largest "
-      "logits (synthetic 200K: 0.53x of exact P@1 at 1, 0.76x at 3) at a higher query cost (a sort in XLA: "
+      "logits (synthetic 200K: 0.54x of exact P@1 at 1, 0.77x at 3) at a higher query cost (a sort in XLA: "
       "several times the one-probe kernel's; benchmarks/lsh_retrieval.py).", bounds=AT_LEAST_ONE)
   lsh_rerank: int = option(
       0, "LSH: re-rank this many times k of the ids found most often by their exact logits and keep the best k "
