@@ -15,7 +15,9 @@ evaluates the test set exactly and sampled at the training k, with the retrieval
       --json benchmarks/results/serving_index_synthetic.json
 
 A run's ``config.json`` holds the values of its time, so each variant names every setting it compares.
-Each variant also times the index build alone (jitted, second call, on this machine's cores).
+Each variant also times the index build alone (jitted, second call, on this machine's cores) and the top 5 of the
+first 1,024 test queries, exact and sampled at the variant's ``serving_k`` (the candidates per query; default
+``ModelConfig.serving_k``), from their hidden vectors (best of two calls after a first).
 """
 
 import argparse
@@ -44,6 +46,32 @@ def parse_variant(text: str) -> tuple[str, dict]:
   return name.strip(), overrides
 
 
+def query_seconds(state, model_config, test, max_features, queries: int = 1024) -> tuple[float, float]:
+  """Seconds of the exact and the sampled top 5 of the first ``queries`` test queries' hidden vectors."""
+  import jax
+  import jax.numpy as jnp
+
+  from sparsejax import inference, model
+  from sparsejax.train.evaluation import padded_width
+
+  rows = min(queries, len(test))
+  fi, fv, _ = test.to_padded(range(rows), padded_width(test, max_features), 1)
+  h = jax.block_until_ready(jax.jit(model.hidden)(state, jnp.asarray(fi), jnp.asarray(fv)))
+  exact = jax.jit(lambda h: inference.exact_topk(h, state.out.w, state.out.b, 5))
+  sampled = jax.jit(lambda h: inference.sampled_topk(state, h, config=model_config)[:2])
+
+  def best_seconds(function) -> float:
+    jax.block_until_ready(function(h))
+    times = []
+    for _ in range(2):
+      start = time.perf_counter()
+      jax.block_until_ready(function(h))
+      times.append(time.perf_counter() - start)
+    return min(times)
+
+  return best_seconds(exact), best_seconds(sampled)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   accuracy.add_finished_run_flags(parser, "synthetic")
@@ -70,14 +98,18 @@ def main() -> None:
     served = jax.block_until_ready(build(state))
     build_seconds = time.perf_counter() - start
     r = evaluator(run.predict, served, None, diagnose=run.diagnose)
+    exact_seconds, sampled_seconds = query_seconds(served, model_config, test, cfg.data.max_features)
     clusters_, iterations = model_config.eval_index_sizes
     row = dict(variant=name, overrides=overrides, clusters=clusters_, iterations=iterations,
                spread_weight=model_config.tables.cluster_spread_weight, build_seconds=build_seconds,
+               serving_k=model_config.serving_k, exact_seconds_per_1024=exact_seconds,
+               sampled_seconds_per_1024=sampled_seconds,
                **{key: float(r[key]) for key in ("p@1", "sampled_p@1", "label_recall", "topk_recall@10")})
     row["sampled_over_exact_p@1"] = row["sampled_p@1"] / row["p@1"] if row["p@1"] else None
     results.append(row)
-    print(f"{name}: {clusters_} clusters, {iterations} iterations, spread weight {row['spread_weight']}: build "
-          f"{build_seconds:.1f} s; P@1 {row['p@1']:.4f}, sampled {row['sampled_p@1']:.4f} "
+    print(f"{name}: {clusters_} clusters, {iterations} iterations, spread weight {row['spread_weight']}, k "
+          f"{row['serving_k']}: build {build_seconds:.1f} s; 1,024 queries exact {exact_seconds:.2f} s, sampled "
+          f"{sampled_seconds:.2f} s; P@1 {row['p@1']:.4f}, sampled {row['sampled_p@1']:.4f} "
           f"({row['sampled_over_exact_p@1']:.3f} x), label_recall {row['label_recall']:.3f}, "
           f"topk_recall@10 {row['topk_recall@10']:.3f}", flush=True)
   if args.json:

@@ -320,6 +320,12 @@ class TablesConfig(Section):
       bounds=AT_LEAST_ONE)
   eval_kmeans_iterations: int = option(
       2, "Lloyd iterations of the index built for evaluation and sampled inference.", bounds=NON_NEGATIVE)
+  serving_k: int | None = option(
+      None, "Candidates per query of sampled inference (the evaluations' sampled_p@k and the retrieval diagnostics, "
+      "predict_sampled's default), which scores them exactly and keeps the best; none: (labels / 4000)^2, at most a "
+      "sixteenth of the labels, at least --active_k (the share of the rows a query needs grows with the labels: at "
+      "10^6 labels --active_k found the top label for 8% of the queries, a sixteenth of them for 99%).",
+      bounds=AT_LEAST_ONE)
   lsh_mips: bool = option(
       True, "LSH: hash rows centred on their mean row and reduced from inner products to cosines (simple-LSH), "
       "and queries reduced to match, instead of raw ones (raw rows share a direction the queries point away from: "
@@ -465,8 +471,8 @@ class RunConfig(Section):
       "train the whole budget (the best checkpoint is still the one reported).", bounds=AT_LEAST_ONE,
       identity=False)
   eval_sampled_k: int | None = option(
-      None, "Also evaluate sampled inference with this many active neurons (e.g. 2% of the labels); none: only "
-      "with --active_k.", bounds=AT_LEAST_ONE, identity=False)
+      None, "Also evaluate sampled inference with this many candidates (e.g. 2% of the labels); none: only "
+      "with --serving_k.", bounds=AT_LEAST_ONE, identity=False)
   log_every: int = option(50, "Steps between training-loss readings (progress bar, logs).", bounds=AT_LEAST_ONE,
                           identity=False)
   propensity_a: float = option(0.55, "Propensity model parameter A of the PSP@k metrics (Jain et al. 2016).",

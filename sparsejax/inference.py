@@ -99,7 +99,7 @@ def predict_sampled(state: model.SlideState, feat_ids, feat_vals, *, config: mod
   """Fast inference: top ``top`` outputs among the index-sampled active set.
 
   Args:
-    k: active neurons per sample (default: the training ``config.k``).
+    k: candidates per sample (default: ``config.serving_k``).
     shard: the split of the output layer.
 
   Returns:
@@ -112,15 +112,16 @@ def predict_sampled(state: model.SlideState, feat_ids, feat_vals, *, config: mod
 
 def sampled_topk(state: model.SlideState, h: jax.Array, *, config: model.ModelConfig, top: int = 5, seed: int = 0,
                  k: int | None = None, shard: Shard = Shard()) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """Top ``top`` outputs among the ``k`` index candidates of ``h [B, d]`` (queried without labels,
-  :func:`index_candidates`): each shard scores its own candidates and keeps its best ``top``; the best of those.
+  """Top ``top`` outputs among the ``k`` (default ``config.serving_k``) index candidates of ``h [B, d]`` (queried
+  without labels, :func:`index_candidates`): each shard scores its own candidates and keeps its best ``top``; the
+  best of those.
 
   Returns:
     ``(scores [B, top], ids [B, top], active [B, w], num_from_index [B])``: global ids (-1, score NaN, where
     there were fewer candidates), and this shard's active set (its own row ids, -1 past its candidates) and how
     many of them came from the index.
   """
-  k = min(k or config.k, config.num_labels)
+  k = min(k or config.serving_k, config.num_labels)
   out = state.out
   offset, num_valid = shard.row_range(out.w.shape[0], config.num_labels)
   active, from_index = index_candidates(state, h, config=config, k=k, num_valid=num_valid, shard=shard, seed=seed)

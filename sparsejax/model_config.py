@@ -23,6 +23,17 @@ from sparsejax.loss import shard_rows
 # take 4.9 s, 4096 and 2 iterations 9.6 s on 2 cores (benchmarks/serving_index.py).
 EVAL_MIN_CLUSTERS = 4096
 
+# Default candidates of sampled inference (serving): (N / SERVING_SCALE)^2, at most N / SERVING_ROW_FRACTION (a
+# sixteenth of the exact path's row products) and at least the training k. The share of the rows that a query
+# needs grew with N: measured on the synthetic sets (benchmarks/RESULTS.md, "Sampled inference at 10^6 labels"),
+# sampled / exact P@1 at 2*10^5 labels 0.964 at k = 1,024 (N / 195) and 0.991 at 4,000; at 10^6 (the 600 s run,
+# 4,096 serving clusters) 0.08 at 1,024, 0.57 at 16,384, 0.67 at 32,768 and 0.986 at 62,500 (N / 16). The square
+# gives 2,500 at 2*10^5 and 62,500 at 10^6. On a CPU the candidates' rows are gathered query by query (memory
+# bound), so a query's time grows with k faster than its row products say: at 10^6 the 62,500 candidates took
+# about as long as the exact top 5 on 2 cores.
+SERVING_SCALE = 4000
+SERVING_ROW_FRACTION = 16
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -107,6 +118,14 @@ class ModelConfig:
     c, rows, _ = self.index_sizes
     default = max(4 * c, EVAL_MIN_CLUSTERS)
     return min(self.tables.eval_num_clusters or default, rows), self.tables.eval_kmeans_iterations
+
+  @property
+  def serving_k(self) -> int:
+    """Candidates per query of sampled inference over all shards: ``tables.serving_k``, default
+    ``(N / SERVING_SCALE)^2`` but at most ``N / SERVING_ROW_FRACTION``, at least :attr:`k`; at most N."""
+    n = self.num_labels
+    default = max(self.k, min((n // SERVING_SCALE) ** 2, n // SERVING_ROW_FRACTION))
+    return min(self.tables.serving_k or default, self.num_labels)
 
   @property
   def max_from_index(self) -> int:

@@ -443,3 +443,45 @@ def test_serving_index_of_bfloat16_rows():
   want = clusters.build_index(clusters.init_index(12, 200, 8), state.out.w.astype(jnp.float32), state.out.b,
                               iterations=config.eval_index_sizes[1])
   np.testing.assert_array_equal(np.asarray(served.index.rows), np.asarray(want.rows))
+
+
+def test_serving_k_is_a_fixed_share_of_the_labels_or_the_training_k():
+  """(N / 4000)^2 candidates, at most N / 16, at least the training k: at 10^6 labels the training k (1,024) found
+  the exact top label for 8% of the queries, a sixteenth of the rows for 99% (benchmarks/RESULTS.md, "Sampled
+  inference at 10^6 labels")."""
+  from sparsejax.config import Config, override
+
+  def serving_k(num_labels, **settings):
+    return ModelConfig.from_config(override(Config(), **settings), 50, num_labels).serving_k
+
+  assert serving_k(10**6) == 62_500 and serving_k(200_000) == 2_500 and serving_k(500_000) == 15_625  # (N / 4000)^2
+  assert serving_k(10**7) == 625_000  # N / 16
+  assert serving_k(100_000) == 1024 and serving_k(500) == 500  # the training k (625 < 1,024), at most N
+  assert serving_k(10**6, active_k=100_000) == 100_000
+  assert serving_k(10**6, serving_k=4096) == 4096 and serving_k(300, serving_k=4096) == 300
+
+
+@pytest.mark.parametrize("setting, k", [(None, 8), (400, 400)])
+def test_sampled_inference_scores_serving_k_candidates_exactly(setting, k):
+  """Default at 400 rows: the training k, 8 (the square rule gives 0), each query's best 5 by their exact logits;
+  all 400 rows as candidates: the brute-force top 5."""
+  from sparsejax import inference
+  from sparsejax.config import Config, override
+
+  config = ModelConfig.from_config(override(Config(), hidden_dims=(8,), num_clusters=5, eval_num_clusters=40,
+                                            active_k=8, serving_k=setting), 50, 400)
+  assert config.serving_k == k
+  rng = np.random.default_rng(1)
+  state = model.init(jax.random.key(0), config)
+  w, b = rng.normal(size=(400, 8)).astype(np.float32), (0.1 * rng.normal(size=400)).astype(np.float32)
+  state = model.serving_index(state._replace(out=model.SparseLayer(jnp.asarray(w), jnp.asarray(b))), config)
+  h = np.maximum(rng.normal(size=(16, 8)), 0).astype(np.float32)
+  scores, ids, active, n = map(np.asarray, inference.sampled_topk(state, jnp.asarray(h), config=config, top=5))
+  assert active.shape == (16, k) and np.all(n == k)
+  assert all(len(set(row)) == k for row in active.tolist())
+  for i in range(16):  # the best 5 of the candidates' logits, from numpy
+    logits = h[i] @ w[active[i]].T + b[active[i]]
+    np.testing.assert_array_equal(ids[i], active[i][np.argsort(-logits, kind="stable")[:5]])
+    np.testing.assert_allclose(scores[i], np.sort(logits)[::-1][:5], rtol=1e-5)
+  if k == 400:
+    np.testing.assert_array_equal(ids, np.argsort(-(h @ w.T + b), axis=1, kind="stable")[:, :5])
