@@ -466,6 +466,10 @@ class RunConfig(Section):
   selection_metric: str = option(
       "p@1", "Validation metric that selects the best checkpoint (higher is better).",
       choices=("p@1", "p@3", "p@5", "ndcg@3", "ndcg@5", "psp@1", "psp@3", "psp@5"), identity=False)
+  centroid_fusion: bool = option(
+      True, "Re-rank the network's best labels by logit + w * cos(x, label centroid) (the label's training rows "
+      "summed; sparsejax.fusion), w chosen on the validation split at the end (0: the network alone); served by "
+      "sparsejax.load. Needs a validation split.", identity=False)
   early_stopping_patience: int | None = option(
       None, "Stop after this many validation evaluations in a row without a better selection metric; none: "
       "train the whole budget (the best checkpoint is still the one reported).", bounds=AT_LEAST_ONE,

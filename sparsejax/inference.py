@@ -44,7 +44,7 @@ def predict(state: model.SlideState, feat_ids: jax.Array, feat_vals: jax.Array, 
     shard: the split of the output layer.
 
   Returns:
-    ``(scores [B, top], ids [B, top], sampled_ids [B, top])``, global ids, the same on every shard.
+    ``(scores [B, top], ids [B, top], sampled_ids [B, min(top, candidates)])``, global ids, the same on every shard.
   """
   h = model.hidden(state, feat_ids, feat_vals)
   scores, ids = _exact_top(state.out, h, top, shard, config.num_labels)
@@ -174,10 +174,11 @@ def _exact_top(out: model.SparseLayer, h: jax.Array, top: int, shard: Shard, num
 
 def _merge(shard: Shard, scores: jax.Array, ids: jax.Array, top: int) -> tuple[jax.Array, jax.Array]:
   """Each shard's ``[n, t]`` best (global ids, scores descending) -> the top ``top`` over all shards (an
-  all-gather of ``O(n t P)`` numbers); ties to the lower shard, NaN last. One process: its own (re-ranking a
-  ranked row changes nothing)."""
+  all-gather of ``O(n t P)`` numbers), or all ``t P`` where that is fewer (sampled inference asked for more than
+  its candidates); ties to the lower shard, NaN last. One process: its own (re-ranking a ranked row changes
+  nothing)."""
   scores, ids = shard.concatenate(scores), shard.concatenate(ids)
-  best, pos = selection.row_topk(scores, top)
+  best, pos = selection.row_topk(scores, min(top, scores.shape[1]))
   return best, jnp.take_along_axis(ids, pos, axis=1)
 
 

@@ -211,7 +211,8 @@ def test_multiprocess_sampled_inference_queries_each_shards_serving_index(tmp_pa
     # 200 rows per shard: one row per cluster of the serving index, so the candidates are each query's best 32
     # logits over both shards and sampled inference finds the exact top outputs.
     assert r["topk_recall@10"] == 1.0 and r["cluster_mean"] == 1.0
-    assert r["p@1"] > 0.3 and abs(r["sampled_p@1"] - r["p@1"]) < 0.03, r
+    network = r.get("network_p@1", r["p@1"])  # the final record's p@1 is fused with the centroids; sampled is not
+    assert network > 0.3 and abs(r["sampled_p@1"] - network) < 0.03, r
   assert "label_recall" in log  # the log line too
   # The run keeps its shards' serving indexes merged into one, and one process serving the model from it finds
   # what the two shards found: the final evaluation, sampled metrics included, is reproduced.

@@ -169,24 +169,24 @@ def test_load_gives_the_state_the_run_selected_and_reported(selected_run, tmp_pa
 
 def test_sampled_predict_scores_the_index_candidates(selected_run, tmp_path, installed_command):
   workdir, final, test = selected_run
-  model = sparsejax.load(str(workdir))
+  model = sparsejax.load(str(workdir))  # the network's own ranking (fusion=False): its logits, its candidates
   n = model.num_labels
-  all_scores, all_ids = model.predict(test, top=n)  # every logit, as the exact path ranks them
+  all_scores, all_ids = model.predict(test, top=n, fusion=False)  # every logit, as the exact path ranks them
   logits = np.zeros_like(all_scores)
   np.put_along_axis(logits, all_ids.astype(np.int64), all_scores, axis=1)
   # k = N: every row is a candidate, so sampled inference is exact inference.
-  scores, ids = model.predict(test, top=5, k=n)
+  scores, ids = model.predict(test, top=5, k=n, fusion=False)
   np.testing.assert_array_equal(ids, all_ids[:, :5])
   np.testing.assert_allclose(scores, all_scores[:, :5], rtol=1e-5, atol=1e-5)
   # k < N: distinct ids, best first, each with its own logit; mostly the exact top label (the run's sampled P@1).
   k = model.config.network.active_k
-  scores, ids = model.predict(test, top=5, k=k)
+  scores, ids = model.predict(test, top=5, k=k, fusion=False)
   assert all(len(set(row)) == 5 for row in ids.tolist())
   np.testing.assert_allclose(scores, np.take_along_axis(logits, ids.astype(np.int64), axis=1), rtol=1e-5, atol=1e-5)
   assert np.all(np.diff(scores, axis=1) <= 0)
   assert np.mean(ids[:, 0] == all_ids[:, 0]) > 0.5  # the index finds the top label
   # With top = k the candidates themselves come back: a sample of the rows, not the exact top k.
-  _, candidates = model.predict(test, top=k, k=k)
+  _, candidates = model.predict(test, top=k, k=k, fusion=False)
   np.testing.assert_array_equal(candidates[:, :5], ids)
   exact_top_k = [set(row) for row in all_ids[:, :k].tolist()]
   assert sum(set(row) != top for row, top in zip(candidates.tolist(), exact_top_k)) > len(test) // 2
@@ -197,7 +197,8 @@ def test_sampled_predict_scores_the_index_candidates(selected_run, tmp_path, ins
                         f"--input={tmp_path / 'test.txt'}", "--top=5", f"--k={k}"], capture_output=True, text=True,
                        timeout=300)
   assert out.returncode == 0 and out.stderr == "", out.stderr[-3000:]
-  assert [[int(label) for label, _ in _pairs(line)] for line in out.stdout.splitlines()] == ids.tolist()
+  served = model.predict(test, top=5, k=k)[1]  # the command serves the run's fusion, as load does by default
+  assert [[int(label) for label, _ in _pairs(line)] for line in out.stdout.splitlines()] == served.tolist()
   for flag, message in (("--k=3", "--k=3: must be 0 (exact) or at least --top=5"),
                         ("--k=201", "--k=201: must be at most 200 (the model's labels)")):
     out = subprocess.run([installed_command("sparsejax-predict"), f"--workdir={workdir}",

@@ -585,7 +585,8 @@ def test_validation_selects_the_best_checkpoint_and_stops_early(tmp_path, small_
                              tuple(tuple(layer) for layer in state["hidden"]),
                              model.SparseLayer(state["out"]["w"], state["out"]["b"]))
   top = np.asarray(inference.predict_exact(best, fi, fv, top=1)[1])
-  assert final["p@1"] == pytest.approx(metrics.evaluate_topk(top, lab, ks=(1,))["p@1"], abs=1e-9)
+  # The network's own P@1 (p@1 is its ranking fused with the label centroids: tests/test_fusion.py).
+  assert final["network_p@1"] == pytest.approx(metrics.evaluate_topk(top, lab, ks=(1,))["p@1"], abs=1e-9)
   last_step, last_state = _latest(tmp_path)
   assert int(last_state["step"]) == final["last_step"]
 
@@ -605,7 +606,7 @@ def test_selection_keeps_the_first_best_and_stops_after_patience_evaluations_wit
   saved = []
   best = types.SimpleNamespace(save=lambda step, state, value: saved.append((step, state, value)))
   run = types.SimpleNamespace(refresh_index=None, predict=None, diagnose=None, index_fill=None)
-  evaluator = lambda predict, state, num_samples, diagnose=None: {"p@1": next(values)}
+  evaluator = lambda predict, state, num_samples, diagnose=None, fusion=None: {"p@1": next(values)}
   settings = types.SimpleNamespace(selection_metric="p@1", early_stopping_patience=2)
   selection = _Selection(evaluator, best, settings, None)
   stops = []

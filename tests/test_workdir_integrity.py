@@ -64,7 +64,7 @@ def _largest_state_file(directory):
 def test_an_intact_run_is_sealed_and_loads_without_a_warning(ours):
   assert os.path.exists(_best_dir(ours) / "checksums.p0.json")
   seal = json.loads((ours / "assets" / "checksums.json").read_text())
-  assert set(seal["files"]) == {"label_frequencies.npy", "serving_index.npz"}
+  assert set(seal["files"]) == {"label_frequencies.npy", "serving_index.npz", "centroid_fusion.npz"}
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     model = sparsejax.load(str(ours))

@@ -332,7 +332,7 @@ def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: 
     config: the model, ``num_shards == 1`` (set here for a sharded run).
     seed: the PRNG seed of the initial state.
     num_shards: 1 (this process) or the processes of the job, one mesh device each.
-    top: predictions per sample.
+    top: predictions per sample (sampled inference: at most the candidates it scores).
     sampled_ks: further active set sizes at which sampled inference is evaluated (SLIDE).
   """
   key = jax.random.key(seed)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from sparsejax import fusion as fusion_lib
 from sparsejax import metrics, retrieval
 from sparsejax.data import PAD_ID, XCDataset
 
@@ -37,7 +38,8 @@ class Evaluator:
     propensity = metrics.propensity_scores(train.label_frequencies(), len(train), a, b)
     return cls(test, propensity, feature_limit)
 
-  def __call__(self, predict: Predict, state, num_samples: int | None = None, diagnose=None) -> dict[str, float]:
+  def __call__(self, predict: Predict, state, num_samples: int | None = None, diagnose=None,
+               fusion: "tuple[fusion_lib.LabelCentroids, float] | None" = None) -> dict[str, float]:
     """Metrics of ``predict(state, feat_ids, feat_vals) -> (scores, ids, sampled_ids | None)``.
 
     Args:
@@ -46,32 +48,32 @@ class Evaluator:
       num_samples: the first this many test samples; None: all.
       diagnose: optional :attr:`sparsejax.distributed.sharding.Run.diagnose`, used instead of ``predict``: it also
         gives sampled inference at other active set sizes and retrieval diagnostics.
+      fusion: ``(centroids, weight)``: the exact predictions are re-ranked by :func:`sparsejax.fusion.rerank`
+        (``p@k`` and the rest are the fused ranking's, ``network_p@k`` the network's own); None: none.
 
     Returns:
       ``p@k``, ``ndcg@k``, ``psp@k`` (k = 1, 3, 5), ``sampled_*`` (and ``sampled_k{K}_*``) where the prediction
       has them, and with ``diagnose`` the retrieval diagnostics (:func:`sparsejax.retrieval.summarize`).
     """
-    n = len(self.test) if num_samples is None else min(num_samples, len(self.test))
-    exact, approx, labels, diagnostics, order = [], {}, [], [], []
-    for group_rows, width, rows_per_call in self.groups:
-      group_rows = group_rows[group_rows < n]
-      for start in range(0, len(group_rows), rows_per_call):
-        rows = group_rows[start:start + rows_per_call]
-        fi, fv, lab = self.test.to_padded(rows, width, self.max_labels)
-        pad = rows_per_call - len(rows)  # one compiled shape per group
-        fi = np.pad(fi, ((0, pad), (0, 0)), constant_values=PAD_ID)
-        fv = np.pad(fv, ((0, pad), (0, 0)))
-        extra = {"sampled": {}}
-        if diagnose is None:
-          _, ids, sampled = predict(state, fi, fv)
-        else:
-          _, ids, sampled, extra = diagnose(state, fi, fv, np.pad(lab, ((0, pad), (0, 0)), constant_values=PAD_ID))
-          diagnostics.append({key: v[:len(rows)] for key, v in extra["retrieval"].items()})
-        exact.append(ids[:len(rows)])
-        for name, top in (({"sampled": sampled} if sampled is not None else {}) | extra["sampled"]).items():
-          approx.setdefault(name, []).append(top[:len(rows)])
-        labels.append(lab)
-        order.append(rows)
+    exact, fused, approx, labels, diagnostics, order = [], [], {}, [], [], []
+    for rows, fi, fv, lab in self._batches(num_samples):
+      extra = {"sampled": {}}
+      if diagnose is None:
+        scores, ids, sampled = predict(state, fi, fv)
+      else:
+        scores, ids, sampled, extra = diagnose(state, fi, fv, np.pad(lab, ((0, len(fi) - len(lab)), (0, 0)),
+                                                                   constant_values=PAD_ID))
+        diagnostics.append({key: v[:len(rows)] for key, v in extra["retrieval"].items()})
+      scores, ids = np.asarray(scores)[:len(rows)], np.asarray(ids)[:len(rows)]
+      exact.append(ids[:, :max(metrics.DEFAULT_KS)])
+      if fusion is not None:
+        centroids, weight = fusion
+        score = fusion_lib.centroid_scores(centroids, fi[:len(rows)], fv[:len(rows)], ids)
+        fused.append(fusion_lib.rerank(scores, ids, score, weight, min(max(metrics.DEFAULT_KS), ids.shape[1]))[1])
+      for name, top in (({"sampled": sampled} if sampled is not None else {}) | extra["sampled"]).items():
+        approx.setdefault(name, []).append(np.asarray(top)[:len(rows), :max(metrics.DEFAULT_KS)])
+      labels.append(lab)
+      order.append(rows)
     # Back in the samples' order (groups take rows out of it): metrics summed in the same order as ever.
     in_order = np.argsort(np.concatenate(order), kind="stable")
     exact = [np.concatenate(exact)[in_order]]
@@ -80,12 +82,44 @@ class Evaluator:
       diagnostics = [{key: np.concatenate([d[key] for d in diagnostics])[in_order] for key in diagnostics[0]}]
     labels = np.concatenate(labels)[in_order]
     result = metrics.evaluate_topk(_ranked(exact), labels, self.propensity)
+    if fusion is not None:
+      result = {f"network_{key}": v for key, v in result.items()} | metrics.evaluate_topk(
+          _ranked([np.concatenate(fused)[in_order]]), labels, self.propensity)
     for name, tops in approx.items():
       sampled_result = metrics.evaluate_topk(_ranked(tops), labels, self.propensity)
       result.update({f"{name}_{key}": v for key, v in sampled_result.items()})
     if diagnostics:
       result.update(retrieval.summarize(diagnostics, retrieval.TOP))
     return result
+
+  def fusion_weight(self, predict: Predict, state, centroids: "fusion_lib.LabelCentroids",
+                    metric: str = "p@1") -> tuple[float, dict[float, float]]:
+    """The centroids' weight that scores best on this evaluator's set (:func:`sparsejax.fusion.choose_weight`
+    over the exact predictions of ``predict``, which must return enough candidates: its ``top``)."""
+    scores, ids, centroid_score, labels, order = [], [], [], [], []
+    for rows, fi, fv, lab in self._batches(None):
+      s, i, _ = predict(state, fi, fv)
+      s, i = np.asarray(s)[:len(rows)], np.asarray(i)[:len(rows)]
+      scores.append(s)
+      ids.append(i)
+      centroid_score.append(fusion_lib.centroid_scores(centroids, fi[:len(rows)], fv[:len(rows)], i))
+      labels.append(lab)
+      order.append(rows)
+    in_order = np.argsort(np.concatenate(order), kind="stable")
+    return fusion_lib.choose_weight(*(np.concatenate(x)[in_order] for x in (scores, ids, centroid_score, labels)),
+                                    metric=metric, propensity=self.propensity)
+
+  def _batches(self, num_samples: int | None):
+    """``(rows, feat_ids, feat_vals, labels)`` per predict call: the padded batches of the first ``num_samples``
+    samples (rows: which ones; the features padded to the call's shape, the labels not)."""
+    n = len(self.test) if num_samples is None else min(num_samples, len(self.test))
+    for group_rows, width, rows_per_call in self.groups:
+      group_rows = group_rows[group_rows < n]
+      for start in range(0, len(group_rows), rows_per_call):
+        rows = group_rows[start:start + rows_per_call]
+        fi, fv, lab = self.test.to_padded(rows, width, self.max_labels)
+        pad = rows_per_call - len(rows)  # one compiled shape per group
+        yield rows, np.pad(fi, ((0, pad), (0, 0)), constant_values=PAD_ID), np.pad(fv, ((0, pad), (0, 0))), lab
 
 
 def _ranked(parts: list[np.ndarray]) -> np.ndarray:

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from sparsejax import averaging, dense, memory, model, retrieval
+from sparsejax import averaging, dense, fusion, memory, model, retrieval
 from sparsejax.config import Config, ConfigError, DataConfig, override
 from sparsejax.data import BatchIterator, LoadedData, load_dataset, train_test_split
 from sparsejax.distributed import sharding
@@ -45,7 +45,7 @@ from sparsejax.train.stopping import Interrupted, StopRequests
 # Final-record fields that describe the run rather than a point of a curve.
 _SUMMARY_FIELDS = ("step", "epoch", "last_loss", "samples_per_sec", "seconds", "train_seconds", "num_params", "final",
                    "num_processes", "last_step", "selected_step", "selected_by", "stopped_by", "bad_evaluations",
-                   "recipe", "search_seconds", "search_scores")
+                   "recipe", "search_seconds", "search_scores", "fusion_weight", "fusion_validation")
 
 
 def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None = None,
@@ -181,8 +181,9 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
     sized = ModelConfig.from_config(config, train.num_features, train.num_labels, num_shards)  # --num_bits=none
     config.check_table_memory(sized.lsh_config.num_bits, sized.table_bucket_size)
     _check_state_memory(config, train.num_features, train.num_labels, num_shards)
+    fuse = config.run.centroid_fusion and validation is not None
     run = sharding.make_run(ModelConfig.from_config(config, train.num_features, train.num_labels),
-                            seed=config.run.seed, num_shards=num_shards,
+                            seed=config.run.seed, num_shards=num_shards, top=fusion.CANDIDATES if fuse else 5,
                             sampled_ks=tuple(k for k in [config.run.eval_sampled_k] if k))
     abstract = None if latest is None else run.abstract_state()
     differences = [] if latest is None else checkpoints.shape_differences(latest, abstract)
@@ -240,7 +241,10 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
                evaluator(test), selection,
                MetricWriter(workdir, config.run.tensorboard, resume_step=start_step) if is_chief else None,
                steps_per_epoch, max_steps, _step_profiler(config, run, workdir),
-               functools.partial(trained.save_serving_index, workdir, run_id) if is_chief else None)
+               functools.partial(trained.save_serving_index, workdir, run_id) if is_chief else None,
+               # Only the final evaluation fuses: the search's candidates and the loop's evaluations score the network.
+               (lambda: fusion.label_centroids(train)) if fuse else None,
+               functools.partial(trained.save_fusion, workdir, run_id) if is_chief else None)
   batches = BatchIterator(train, config.optim.batch_size, seed=config.run.seed, epoch=position["epoch"],
                           index=position["index"], max_features=sizes["max_features"],
                           max_labels=sizes["max_labels"])
@@ -395,9 +399,11 @@ class _Loop:
   def __init__(self, config: Config, run: sharding.Run, checkpoints: checkpoint.Checkpoints, meta: dict,
                evaluator: Evaluator, selection: "_Selection | None", writer: MetricWriter | None,
                steps_per_epoch: int, max_steps: int | None, profiler: StepProfiler,
-               save_serving_index: Callable[[int, Any], None] | None = None):
+               save_serving_index: Callable[[int, Any], None] | None = None,
+               centroids: Callable[[], fusion.LabelCentroids] | None = None,
+               save_fusion: Callable[[fusion.LabelCentroids, float], None] | None = None):
     self.config, self.run, self.checkpoints, self.meta = config, run, checkpoints, meta
-    self.save_serving_index = save_serving_index
+    self.save_serving_index, self.centroids, self.save_fusion = save_serving_index, centroids, save_fusion
     self.evaluator, self.selection, self.writer, self.profiler = evaluator, selection, writer, profiler
     self.steps_per_epoch, self.max_steps = steps_per_epoch, max_steps
     self.step, self.last_loss, self.stop_signal = 0, None, None
@@ -537,7 +543,18 @@ class _Loop:
                    self.selection.metric, self.selection.best_value, self.step)
     else:
       state = self._evaluated(state)
-    final, served = _evaluate(self.evaluator, self.run, state, None)
+    fused, fusion_record = None, {}
+    if self.centroids is not None and self.selection is not None:
+      centroids = self.centroids()
+      weight, table = self.selection.evaluator.fusion_weight(self.run.predict, state, centroids,
+                                                             self.selection.metric)
+      logging.info("centroid fusion: weight %g (validation %s by weight: %s)", weight, self.selection.metric,
+                   ", ".join(f"{w:g} {v:.4f}" for w, v in table.items()))
+      fused, fusion_record = (centroids, weight), {"fusion_weight": weight,
+                                                   "fusion_validation": {f"{w:g}": v for w, v in table.items()}}
+      if self.save_fusion is not None:
+        self.save_fusion(centroids, weight)
+    final, served = _evaluate(self.evaluator, self.run, state, None, fused)
     if self.run.serving_index is not None:  # a clustered index: served holds the one evaluation queried
       index = self.run.serving_index(served)  # every process: sharded, the shards' indexes are gathered
       if self.save_serving_index is not None:  # sparsejax.load's sampled prediction needs not build it again
@@ -556,7 +573,7 @@ class _Loop:
         "seconds": self.seconds_before + self.train_seconds, "train_seconds": self.train_seconds,
         "num_params": model.num_params(state), "final": True, "num_processes": self.run.num_shards,
         # Where no search ran, config says auto: the record names what trained.
-        "recipe": recipes.trained(self.config), **(search_summary or {}),
+        "recipe": recipes.trained(self.config), **(search_summary or {}), **fusion_record,
     })
     if self.writer is not None:
       self.writer.write(final, curves=[k for k in final if k not in _SUMMARY_FIELDS])
@@ -659,7 +676,8 @@ def without_optimizer(state):
   return state._replace(**{f: None for f in state._fields if checkpoint.is_optimizer_state(f) or f == "average"})
 
 
-def _evaluate(evaluator: Evaluator, run: sharding.Run, state, num_samples: int | None):
+def _evaluate(evaluator: Evaluator, run: sharding.Run, state, num_samples: int | None,
+              fused: tuple[fusion.LabelCentroids, float] | None = None):
   """``(test-set metrics, the state evaluated)``: the metrics with retrieval diagnostics and the index's fill where
   the run has them; the state with the index that sampled inference queried.
 
@@ -668,7 +686,7 @@ def _evaluate(evaluator: Evaluator, run: sharding.Run, state, num_samples: int |
   """
   if run.refresh_index is not None:
     state = run.refresh_index(state)
-  result = evaluator(run.predict, state, num_samples, diagnose=run.diagnose)
+  result = evaluator(run.predict, state, num_samples, diagnose=run.diagnose, fusion=fused)
   if run.index_fill is not None:
     result.update(run.index_fill(state))
   return result, state

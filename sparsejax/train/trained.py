@@ -38,6 +38,7 @@ ASSETS = "assets"
 _UNKNOWN_WORDS_NAMED = 10
 _LABELS, _VECTORIZER, _FREQUENCIES = "labels.txt", "vectorizer.json", "label_frequencies.npy"
 _SERVING_INDEX = "serving_index.npz"
+_FUSION = "centroid_fusion.npz"  # the labels' centroids and the weight the run chose (sparsejax.fusion)
 _SEAL = "checksums.json"  # the assets' seal (sparsejax.train.seals)
 
 
@@ -61,9 +62,10 @@ def save_assets(workdir: str, data: LoadedData, run_id: str | None = None) -> No
   if data.vectorizer is not None:
     files[_VECTORIZER] = _write_asset(directory, _VECTORIZER, lambda path: save_vectorizer(data.vectorizer, path))
   previous = _own_seal(directory, run_id)
-  if previous is not None and _SERVING_INDEX in previous["files"]:
-    files[_SERVING_INDEX] = previous["files"][_SERVING_INDEX]  # its checksum as written, never recomputed
-  for name in (_LABELS, _VECTORIZER, _SERVING_INDEX):
+  for kept in (_SERVING_INDEX, _FUSION):
+    if previous is not None and kept in previous["files"]:
+      files[kept] = previous["files"][kept]  # its checksum as written, never recomputed
+  for name in (_LABELS, _VECTORIZER, _SERVING_INDEX, _FUSION):
     if name not in files and os.path.exists(os.path.join(directory, name)):
       os.remove(os.path.join(directory, name))
   if run_id is not None:
@@ -112,6 +114,37 @@ def save_serving_index(workdir: str, run_id: str | None, step: int, index) -> No
   if seal is not None:
     seal["files"][_SERVING_INDEX] = entry
     seals.write_json_atomically(os.path.join(directory, _SEAL), seal)
+
+
+def save_fusion(workdir: str, run_id: str | None, centroids, weight: float) -> None:
+  """Keeps the labels' centroids and the fusion weight that a run's final evaluation chose (:mod:`sparsejax.fusion`),
+  recorded in the assets' seal: :func:`load`'s model re-ranks as the run's final evaluation did."""
+  directory = os.path.join(workdir, ASSETS)
+  entry = _write_asset(directory, _FUSION, lambda path: np.savez(
+      path, weight=np.float64(weight), indptr=centroids.indptr, indices=centroids.indices, values=centroids.values,
+      num_features=np.int64(centroids.num_features)))
+  seal = _own_seal(directory, run_id)
+  if seal is not None:
+    seal["files"][_FUSION] = entry
+    seals.write_json_atomically(os.path.join(directory, _SEAL), seal)
+
+
+def _read_fusion(path: str, num_labels: int, num_features: int):
+  """``(centroids, weight)`` from a :func:`save_fusion` file, checked against the model's sizes."""
+  from sparsejax.fusion import LabelCentroids
+
+  try:
+    with np.load(path, allow_pickle=False) as f:
+      weight, indptr, indices, values, features = (float(f["weight"]), f["indptr"], f["indices"], f["values"],
+                                                   int(f["num_features"]))
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise seals.IntegrityError(f"{path}: unreadable as centroid fusion ({type(e).__name__}: {e})") from None
+  if (features != num_features or indptr.shape != (num_labels + 1,) or indices.shape != values.shape
+      or indptr[-1] != len(indices) or np.any(np.diff(indptr) < 0) or not np.isfinite(weight) or weight < 0
+      or (len(indices) and (indices.min() < 0 or indices.max() >= num_features))):
+    raise seals.IntegrityError(f"{path}: not the centroids of {num_labels} labels over {num_features} features")
+  return LabelCentroids(indptr.astype(np.int64), indices.astype(np.int32), values.astype(np.float32),
+                        num_features), weight
 
 
 class UnknownWordsWarning(UserWarning):
@@ -261,6 +294,10 @@ class TrainedModel:
       if terms != self.num_features:  # another run's: its columns name other features
         raise VectorizerFormatError(path, "vocabulary", f"has {terms} terms; the model reads {self.num_features} "
                                     "features")
+    # The run's centroid fusion (sparsejax.fusion): applied to every prediction, as its final evaluation did.
+    self._fusion = None
+    if os.path.exists(os.path.join(assets, _FUSION)):
+      self._fusion = _read_fusion(os.path.join(assets, _FUSION), self.num_labels, self.num_features)
     path = os.path.join(assets, _FREQUENCIES)
     try:
       self._frequencies = np.load(path, allow_pickle=False)
@@ -433,7 +470,7 @@ class TrainedModel:
     return lambda params, fi, fv: (*map(np.asarray, exact(params, fi, fv)), np.asarray(sampled(state, fi, fv)[1]))
 
   def predict(self, inputs, top: int = 5, batch_size: int = 1024,
-              k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+              k: int | None = None, fusion: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The ``top`` best labels of each input: over all N outputs, or over ``k`` candidates from the index.
 
     Args:
@@ -446,9 +483,12 @@ class TrainedModel:
         each input's ``k`` best candidates from the serving index (kept by the run, else built from the output
         rows on the first such call) are scored, and the top ``top`` of them returned. Faster than exact where
         ``k`` is a small share of N; a SLIDE model's only (not ``--model=dense``'s).
+      fusion: the run's centroid fusion (:attr:`fusion_weight`, :mod:`sparsejax.fusion`), as its final evaluation
+        ranked; False: the network's own ranking and logits.
 
     Returns:
-      ``(scores [n, top] float32, ids [n, top] int32)``, best first; scores are the output layer's logits.
+      ``(scores [n, top] float32, ids [n, top] int32)``, best first; scores are the output layer's logits, plus
+      ``fusion_weight`` times the centroid score for the fused candidates.
     """
     for name, value in (("top", top), ("batch_size", batch_size), ("k", k)):
       if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
@@ -464,9 +504,38 @@ class TrainedModel:
     data = self.features(inputs)
     if len(data) == 0:
       return np.zeros((0, top), np.float32), np.zeros((0, top), np.int32)
-    scores, ids, _ = predict_in_batches(self._predict_fn(top, k), self.params, data, len(data),
+    scores, ids, _ = predict_in_batches(self._fused(top, k) if fusion else self._predict_fn(top, k), self.params,
+                                        data, len(data),
                                         self.config.data.max_features, batch_size)
     return scores, ids
+
+  @property
+  def fusion_weight(self) -> float:
+    """The weight of the labels' centroids in the ranking (:mod:`sparsejax.fusion`): 0 where the run chose none
+    or fused nothing (no validation split, ``--nocentroid_fusion``, or a run of an older sparsejax)."""
+    return 0.0 if self._fusion is None else self._fusion[1]
+
+  def _fused(self, top: int, k: int | None = None, with_sampled: bool = False):
+    """:meth:`_predict_fn`'s ``predict`` with the run's centroid fusion: the network's best
+    :data:`sparsejax.fusion.CANDIDATES` (at most ``k``) re-ranked by their fused scores, then (``top`` larger) the
+    network's next ones in its order, with their logits."""
+    if not self.fusion_weight:
+      return self._predict_fn(top, k, with_sampled)
+    from sparsejax import fusion
+
+    centroids, weight = self._fusion
+    candidates = min(fusion.CANDIDATES, k or self.num_labels, self.num_labels)
+    wide = self._predict_fn(max(top, candidates), k, with_sampled)
+
+    def predict(params, fi, fv):
+      scores, ids, sampled = wide(params, fi, fv)
+      head = fusion.rerank(scores[:, :candidates], ids[:, :candidates],
+                           fusion.centroid_scores(centroids, fi, fv, ids[:, :candidates]), weight,
+                           min(top, candidates))
+      # Past the candidates, the network's order (and logits): a longer prediction extends a shorter one.
+      return (np.concatenate([head[0], scores[:, candidates:top]], axis=1),
+              np.concatenate([head[1], ids[:, candidates:top]], axis=1), None if sampled is None else sampled[:, :top])
+    return predict
 
   def evaluate(self, dataset, num_samples: int | None = None, *, sampled: bool = True,
                labels=None) -> dict[str, float]:
@@ -505,8 +574,7 @@ class TrainedModel:
                                            self.config.run.propensity_b)
     evaluator = Evaluator(self.features(dataset), propensity, self.config.data.max_features)
     with_sampled = sampled and self.config.network.model == "slide"
-    return evaluator(self._predict_fn(min(5, self.num_labels), with_sampled=with_sampled), self.params,
-                     num_samples)
+    return evaluator(self._fused(min(5, self.num_labels), with_sampled=with_sampled), self.params, num_samples)
 
   def names(self, ids: np.ndarray) -> np.ndarray:
     """Label names of ``ids`` (the ids as strings where the dataset has no names)."""

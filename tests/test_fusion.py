@@ -1,0 +1,151 @@
+"""Score fusion with label centroids (sparsejax.fusion), against dense numpy references, and in a run."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from sparsejax import fusion
+from sparsejax.data import PAD_ID, XCDataset
+
+
+def _dataset(rng, n=60, num_features=30, num_labels=12, max_labels=3):
+  indptr, indices, values, label_indptr, label_indices = [0], [], [], [0], []
+  for _ in range(n):
+    f = np.sort(rng.choice(num_features, rng.integers(1, 8), replace=False))
+    indices += f.tolist()
+    values += rng.uniform(0.1, 1.0, len(f)).tolist()
+    indptr.append(len(indices))
+    labels = rng.choice(num_labels - 1, rng.integers(1, max_labels + 1), replace=False)  # the last label: unused
+    label_indices += labels.tolist()
+    label_indptr.append(len(label_indices))
+  return XCDataset(np.array(indptr), np.array(indices), np.array(values), np.array(label_indptr),
+                   np.array(label_indices), num_features, num_labels)
+
+
+def _dense(data):
+  x = np.zeros((len(data), data.num_features))
+  y = np.zeros((len(data), data.num_labels))
+  for i in range(len(data)):
+    a, b = data.indptr[i], data.indptr[i + 1]
+    x[i, data.indices[a:b]] += data.values[a:b]
+    y[i, data.label_indices[data.label_indptr[i]:data.label_indptr[i + 1]]] = 1
+  return x, y
+
+
+def test_label_centroids_are_normalised_sums_of_the_labels_rows():
+  data = _dataset(np.random.default_rng(0))
+  x, y = _dense(data)
+  sums = y.T @ x
+  norms = np.linalg.norm(sums, axis=1, keepdims=True)
+  expected = np.divide(sums, norms, out=np.zeros_like(sums), where=norms > 0)
+  centroids = fusion.label_centroids(data)
+  np.testing.assert_allclose(centroids.matrix().toarray(), expected, rtol=1e-5, atol=1e-6)
+  assert np.diff(centroids.indptr)[-1] == 0  # a label without a training sample: an empty row
+  for label in range(data.num_labels):  # increasing feature ids within a row
+    row = centroids.indices[centroids.indptr[label]:centroids.indptr[label + 1]]
+    assert np.all(np.diff(row) > 0)
+
+
+@pytest.mark.parametrize("chunk", [1 << 24, 7])  # one scipy call, and many (each pair's entries split off)
+def test_centroid_scores_are_dot_products_with_padding_scored_zero(monkeypatch, chunk):
+  monkeypatch.setattr(fusion, "_CHUNK_ENTRIES", chunk)
+  rng = np.random.default_rng(1)
+  data = _dataset(rng)
+  centroids = fusion.label_centroids(data)
+  c = centroids.matrix().toarray()
+  queries = _dataset(rng, n=9)
+  fi, fv, _ = queries.to_padded(np.arange(len(queries)), 10, 1)
+  fi[0, :] = PAD_ID  # a row of padding only
+  ids = rng.integers(0, data.num_labels, (9, 6))
+  ids[1, 4:] = PAD_ID
+  ids[2, 5] = data.num_labels  # outside [0, N): padding
+  x = np.zeros((9, data.num_features))
+  for b in range(9):
+    for f, v in zip(fi[b], fv[b]):
+      if f >= 0:
+        x[b, f] += v
+  expected = np.einsum("bf,brf->br", x, c[np.clip(ids, 0, data.num_labels - 1)])
+  expected[(ids < 0) | (ids >= data.num_labels)] = 0
+  got = fusion.centroid_scores(centroids, fi, fv, ids)
+  assert got.shape == (9, 6) and got.dtype == np.float32
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+  assert np.all(got[0] == 0)
+
+
+def test_rerank_sorts_by_the_fused_score_ties_in_the_networks_order():
+  scores = np.array([[3.0, 2.0, 1.0, 0.0], [5.0, 4.0, 4.0, -np.inf]], np.float32)
+  ids = np.array([[10, 11, 12, 13], [20, 21, 22, PAD_ID]])
+  cent = np.array([[0.0, 0.5, 0.9, 0.1], [0.0, 0.0, 0.0, 1.0]], np.float32)
+  s, i = fusion.rerank(scores, ids, cent, 0.0, 3)  # weight 0: the network's ranking
+  np.testing.assert_array_equal(i, ids[:, :3])
+  s, i = fusion.rerank(scores, ids, cent, 10.0, 3)
+  fused = scores + 10 * cent
+  for row in range(2):  # brute force: sorted by fused score, stable among equals
+    order = sorted(range(4), key=lambda j: (-fused[row, j], j))[:3]
+    np.testing.assert_array_equal(i[row], ids[row, order])
+    np.testing.assert_allclose(s[row], fused[row, order])
+  np.testing.assert_array_equal(i[1], [20, 21, 22])  # -inf + weight stays last; the tie 4 == 4 keeps 21 first
+
+
+def test_choose_weight_picks_the_best_validation_score_ties_to_the_smaller_weight():
+  ids = np.array([[1, 2], [3, 4], [5, 6]])
+  scores = np.array([[2.0, 1.0], [2.0, 1.0], [2.0, 1.0]], np.float32)
+  cent = np.array([[0.0, 0.5], [0.0, 0.5], [0.0, 0.0]], np.float32)
+  labels = np.array([[2], [4], [5]])  # the centroids' favourites are right in the first two rows
+  weight, table = fusion.choose_weight(scores, ids, cent, labels, weights=(0.0, 1.0, 5.0, 10.0))
+  assert table == {0.0: pytest.approx(1 / 3), 1.0: pytest.approx(1 / 3), 5.0: pytest.approx(1.0),
+                   10.0: pytest.approx(1.0)}
+  assert weight == 5.0  # 5 and 10 tie: the smaller
+  weight, _ = fusion.choose_weight(scores, ids, cent, np.array([[1], [3], [5]]), weights=(0.0, 1.0, 5.0))
+  assert weight == 0.0  # the centroids only hurt: the network alone
+
+
+def _train(workdir, **settings):
+  from sparsejax.config import Config, override
+  from sparsejax.train import train_and_evaluate
+
+  config = override(Config(), dataset="synthetic", synthetic_samples=3000, synthetic_features=400,
+                    synthetic_labels=300, max_steps=120, eval_every=60, progress=False, recipe="none", **settings)
+  final = train_and_evaluate(config, str(workdir))
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    assert json.loads(f.readlines()[-1])["p@1"] == final["p@1"]
+  return final
+
+
+def test_a_run_fuses_with_the_weight_chosen_on_validation_and_load_serves_it(tmp_path):
+  import sparsejax
+  from sparsejax.config import Config, override
+  from sparsejax.data import load_dataset
+
+  final = _train(tmp_path / "fused")
+  weights = {float(w): v for w, v in final["fusion_validation"].items()}
+  assert final["fusion_weight"] in weights and weights[final["fusion_weight"]] == max(weights.values())
+  assert "network_p@1" in final and final["fusion_weight"] > 0  # the synthetic labels: the centroids help
+  model = sparsejax.load(str(tmp_path / "fused"))
+  assert model.fusion_weight == final["fusion_weight"]
+  config = override(Config(), dataset="synthetic", synthetic_samples=3000, synthetic_features=400,
+                    synthetic_labels=300)
+  test = load_dataset(config.data).test
+  again = model.evaluate(test)
+  for key in ("p@1", "p@3", "p@5", "sampled_p@1"):
+    assert again[key] == pytest.approx(final[key], abs=1e-9), key
+  # The served ranking is the network's best CANDIDATES re-ranked by the centroids, as fusion.rerank says.
+  scores, ids = model.predict(test, top=5)
+  fi, fv, _ = model.features(test).to_padded(np.arange(len(test)), model.max_features, 1)
+  net_scores, net_ids = (np.asarray(a) for a in model._predict_fn(min(fusion.CANDIDATES, 300))(model.params, fi,
+                                                                                                 fv)[:2])
+  expected_scores, expected_ids = fusion.rerank(net_scores, net_ids, fusion.centroid_scores(
+      model._fusion[0], fi, fv, net_ids), model.fusion_weight, 5)
+  np.testing.assert_array_equal(ids, expected_ids)
+  np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
+
+
+def test_without_fusion_the_run_reports_the_network_alone(tmp_path):
+  import sparsejax
+
+  final = _train(tmp_path / "plain", centroid_fusion=False)
+  assert "fusion_weight" not in final and "network_p@1" not in final
+  assert sparsejax.load(str(tmp_path / "plain")).fusion_weight == 0.0
+  assert not os.path.exists(tmp_path / "plain" / "assets" / "centroid_fusion.npz")
