@@ -611,7 +611,7 @@ def test_plot_draws_learning_curves(synthetic_run, tmp_path, installed_command, 
   # Without matplotlib: one line saying what to install.
   (tmp_path / "fake" / "matplotlib").mkdir(parents=True)
   (tmp_path / "fake" / "matplotlib" / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
-  out = run_python(str(workdir), code="from sparsejax import cli; cli.plot_main()",
+  out = run_python(str(workdir), code="from sparsejax.train import cli; cli.plot_main()",
                    env={"PYTHONPATH": str(tmp_path / "fake")}, check=False, isolated=False, cwd=tmp_path)
   assert out.returncode == 1
   assert out.stderr.strip().splitlines()[-1].endswith("error: sparsejax-plot needs matplotlib: pip install matplotlib")
