@@ -107,7 +107,8 @@ def _train(workdir, **settings):
   from sparsejax.train import train_and_evaluate
 
   config = override(Config(), dataset="synthetic", synthetic_samples=3000, synthetic_features=400,
-                    synthetic_labels=300, max_steps=120, eval_every=60, progress=False, recipe="none", **settings)
+                    synthetic_labels=300, eval_every=60, progress=False, recipe="none",
+                    **{"max_steps": 120, **settings})
   final = train_and_evaluate(config, str(workdir))
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     assert json.loads(f.readlines()[-1])["p@1"] == final["p@1"]
@@ -149,3 +150,13 @@ def test_without_fusion_the_run_reports_the_network_alone(tmp_path):
   assert "fusion_weight" not in final and "network_p@1" not in final
   assert sparsejax.load(str(tmp_path / "plain")).fusion_weight == 0.0
   assert not os.path.exists(tmp_path / "plain" / "assets" / "centroid_fusion.npz")
+
+
+def test_a_fused_run_continued_without_fusion_serves_the_network_alone(tmp_path):
+  import sparsejax
+
+  assert _train(tmp_path / "run")["fusion_weight"] > 0
+  final = _train(tmp_path / "run", centroid_fusion=False, max_steps=180)  # extended: 60 more steps
+  assert final["last_step"] == 180 and "fusion_weight" not in final
+  model = sparsejax.load(str(tmp_path / "run"))  # its seal checks out without the former fusion's file
+  assert model.fusion_weight == 0.0 and not (tmp_path / "run" / "assets" / "centroid_fusion.npz").exists()

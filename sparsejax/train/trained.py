@@ -62,9 +62,10 @@ def save_assets(workdir: str, data: LoadedData, run_id: str | None = None) -> No
   if data.vectorizer is not None:
     files[_VECTORIZER] = _write_asset(directory, _VECTORIZER, lambda path: save_vectorizer(data.vectorizer, path))
   previous = _own_seal(directory, run_id)
-  for kept in (_SERVING_INDEX, _FUSION):
-    if previous is not None and kept in previous["files"]:
-      files[kept] = previous["files"][kept]  # its checksum as written, never recomputed
+  if previous is not None and _SERVING_INDEX in previous["files"]:
+    files[_SERVING_INDEX] = previous["files"][_SERVING_INDEX]  # its checksum as written, never recomputed
+  # A former fusion is not kept: the run's next final evaluation chooses it again (or, --nocentroid_fusion, none),
+  # and until then the model served is not the one it was chosen for.
   for name in (_LABELS, _VECTORIZER, _SERVING_INDEX, _FUSION):
     if name not in files and os.path.exists(os.path.join(directory, name)):
       os.remove(os.path.join(directory, name))
