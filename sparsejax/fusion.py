@@ -68,12 +68,9 @@ def label_centroids(train: XCDataset) -> LabelCentroids:
   membership = sp.csr_matrix((np.ones(len(sample_of), np.float32), (train.label_indices, sample_of)),
                              shape=(train.num_labels, n))
   sums = (membership @ _features(train)).tocsr()
-  sums.sum_duplicates()
   sums.sort_indices()
   norms = np.sqrt(np.asarray(sums.multiply(sums).sum(axis=1), np.float64).ravel())
-  sums = sp.diags(np.where(norms > 0, 1.0 / np.maximum(norms, 1e-30), 0.0)) @ sums
-  sums = sums.tocsr()
-  sums.sort_indices()
+  sums.data *= np.repeat(np.where(norms > 0, 1.0 / np.maximum(norms, 1e-30), 0.0), np.diff(sums.indptr))
   return LabelCentroids(sums.indptr.astype(np.int64), sums.indices.astype(np.int32),
                         sums.data.astype(np.float32), train.num_features)
 
@@ -127,6 +124,24 @@ def rerank(scores: np.ndarray, ids: np.ndarray, centroid_score: np.ndarray, weig
   fused = np.asarray(scores, np.float32) + np.float32(weight) * np.asarray(centroid_score, np.float32)
   order = np.argsort(-fused, axis=1, kind="stable")[:, :top]
   return np.take_along_axis(fused, order, axis=1), np.take_along_axis(np.asarray(ids), order, axis=1)
+
+
+def fused_top(centroids: LabelCentroids, weight: float, scores: np.ndarray, ids: np.ndarray, feat_ids: np.ndarray,
+              feat_vals: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
+  """The fused ranking's ``top`` best: the network's first :data:`CANDIDATES` re-ranked (:func:`rerank`), then,
+  past them, the network's next ones in its order with their logits (a longer ranking extends a shorter one).
+
+  Args:
+    centroids, weight: the labels' centroids and their weight.
+    scores, ids: ``[B, R]`` the network's best, logits descending.
+    feat_ids, feat_vals: ``[B, F]`` the samples' features, as :func:`centroid_scores` takes them.
+    top: kept per row (``<= R``).
+  """
+  head = min(CANDIDATES, ids.shape[1])
+  fused = rerank(scores[:, :head], ids[:, :head], centroid_scores(centroids, feat_ids, feat_vals, ids[:, :head]),
+                 weight, min(top, head))
+  return (np.concatenate([fused[0], np.asarray(scores, np.float32)[:, head:top]], axis=1),
+          np.concatenate([fused[1], np.asarray(ids)[:, head:top]], axis=1))
 
 
 def choose_weight(scores: np.ndarray, ids: np.ndarray, centroid_score: np.ndarray, labels: np.ndarray,

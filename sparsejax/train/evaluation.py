@@ -48,7 +48,7 @@ class Evaluator:
       num_samples: the first this many test samples; None: all.
       diagnose: optional :attr:`sparsejax.distributed.sharding.Run.diagnose`, used instead of ``predict``: it also
         gives sampled inference at other active set sizes and retrieval diagnostics.
-      fusion: ``(centroids, weight)``: the exact predictions are re-ranked by :func:`sparsejax.fusion.rerank`
+      fusion: ``(centroids, weight)``: the exact predictions are re-ranked by :func:`sparsejax.fusion.fused_top`
         (``p@k`` and the rest are the fused ranking's, ``network_p@k`` the network's own); None: none.
 
     Returns:
@@ -67,9 +67,8 @@ class Evaluator:
       scores, ids = np.asarray(scores)[:len(rows)], np.asarray(ids)[:len(rows)]
       exact.append(ids[:, :max(metrics.DEFAULT_KS)])
       if fusion is not None:
-        centroids, weight = fusion
-        score = fusion_lib.centroid_scores(centroids, fi[:len(rows)], fv[:len(rows)], ids)
-        fused.append(fusion_lib.rerank(scores, ids, score, weight, min(max(metrics.DEFAULT_KS), ids.shape[1]))[1])
+        fused.append(fusion_lib.fused_top(*fusion, scores, ids, fi[:len(rows)], fv[:len(rows)],
+                                          min(max(metrics.DEFAULT_KS), ids.shape[1]))[1])
       for name, top in (({"sampled": sampled} if sampled is not None else {}) | extra["sampled"]).items():
         approx.setdefault(name, []).append(np.asarray(top)[:len(rows), :max(metrics.DEFAULT_KS)])
       labels.append(lab)

@@ -524,18 +524,13 @@ class TrainedModel:
       return self._predict_fn(top, k, with_sampled)
     from sparsejax import fusion
 
-    centroids, weight = self._fusion
-    candidates = min(fusion.CANDIDATES, k or self.num_labels, self.num_labels)
-    wide = self._predict_fn(max(top, candidates), k, with_sampled)
+    wide = self._predict_fn(max(top, min(fusion.CANDIDATES, k or self.num_labels, self.num_labels)), k,
+                            with_sampled)
 
     def predict(params, fi, fv):
       scores, ids, sampled = wide(params, fi, fv)
-      head = fusion.rerank(scores[:, :candidates], ids[:, :candidates],
-                           fusion.centroid_scores(centroids, fi, fv, ids[:, :candidates]), weight,
-                           min(top, candidates))
-      # Past the candidates, the network's order (and logits): a longer prediction extends a shorter one.
-      return (np.concatenate([head[0], scores[:, candidates:top]], axis=1),
-              np.concatenate([head[1], ids[:, candidates:top]], axis=1), None if sampled is None else sampled[:, :top])
+      return (*fusion.fused_top(*self._fusion, scores, ids, fi, fv, top),
+              None if sampled is None else sampled[:, :top])
     return predict
 
   def evaluate(self, dataset, num_samples: int | None = None, *, sampled: bool = True,
