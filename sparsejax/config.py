@@ -80,6 +80,9 @@ class Range:
 # float32s (a larger value overflowed in Python or numpy, or became inf, long after validation).
 INT_LIMIT = 2**31 - 1
 FLOAT_LIMIT = 3.4028234663852886e38  # float32's largest
+# --early_stopping_ratio stops no sooner than this many evaluations after the best: one or two worse evaluations
+# are noise, and early in a run the best is often the last evaluation but one.
+MIN_STALE_EVALUATIONS = 3
 POSITIVE = Range(0, lo_open=True)
 NON_NEGATIVE = Range(0)
 AT_LEAST_ONE = Range(1)
@@ -474,6 +477,13 @@ class RunConfig(Section):
       None, "Stop after this many validation evaluations in a row without a better selection metric; none: "
       "train the whole budget (the best checkpoint is still the one reported).", bounds=AT_LEAST_ONE,
       identity=False)
+  early_stopping_ratio: float | None = option(
+      2.0, "With --max_seconds, stop once the step count reaches this many times the step of the best validation "
+      "evaluation (2: as many steps again without a better one), after at least "
+      f"{MIN_STALE_EVALUATIONS} evaluations without one: a budget in seconds is a ceiling, and a run that has "
+      "peaked spends the rest memorising. Counted in steps, so a seed stops at the same step on any machine. "
+      "none: train the whole budget. Step and epoch budgets are trained whole (see --early_stopping_patience).",
+      bounds=Range(1, 1e6, lo_open=True), identity=False)
   eval_sampled_k: int | None = option(
       None, "Also evaluate sampled inference with this many candidates (e.g. 2% of the labels); none: only "
       "with --serving_k.", bounds=AT_LEAST_ONE, identity=False)
@@ -640,6 +650,9 @@ class Config:
       unused["test_fraction"] = "not read with --dataset=files (--test_file is the test set)"
     if d.validation_fraction == 0:
       unused["early_stopping_patience"] = "needs a validation split (--validation_fraction > 0)"
+      unused["early_stopping_ratio"] = "needs a validation split (--validation_fraction > 0)"
+    elif self.budget.max_seconds is None:
+      unused["early_stopping_ratio"] = "only read with --max_seconds (a step or epoch budget is trained whole)"
     if self.network.model == "dense":
       for name in ("candidates", "num_clusters", "lsh_family", "num_tables", "num_bits", "lsh_mips", "lsh_probes",
                    "lsh_rerank"):

@@ -1,6 +1,7 @@
 """train_and_evaluate: metrics, bit-identical resume, safe work directories, stopping on signals, crash safety."""
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -612,14 +613,72 @@ def test_selection_keeps_the_first_best_and_stops_after_patience_evaluations_wit
   stops = []
   for step in (10, 20, 30):
     record = selection.evaluate(run, state(step), step, None)
-    stops.append(selection.should_stop())
+    stops.append(selection.should_stop(step))
   assert record == {"p@1": 0.5, "split": "validation", "best_step": 20}
   assert stops == [False, False, False] and saved == [(10, kept(10), 0.2), (20, kept(20), 0.5)]
   resumed = _Selection(evaluator, best, settings, json.loads(json.dumps(selection.to_json())))
   resumed.evaluate(run, state(40), 40, None)  # 0.4: the second evaluation in a row without a better value
-  assert resumed.should_stop() and resumed.best_step == 20 and resumed.best_value == 0.5
+  assert resumed.should_stop(40) and resumed.best_step == 20 and resumed.best_value == 0.5
   assert len(saved) == 2
   resumed.evaluate(run, state(50), 50, None)  # 0.6: a new best resets the count
-  assert not resumed.should_stop() and saved[-1] == (50, kept(50), 0.6)
+  assert not resumed.should_stop(50) and saved[-1] == (50, kept(50), 0.6)
   never = _Selection(evaluator, best, types.SimpleNamespace(selection_metric="p@1", early_stopping_patience=None), None)
-  assert not never.should_stop()
+  assert not never.should_stop(10**6)
+
+
+def test_selection_stops_at_ratio_times_the_best_step_after_three_worse_evaluations():
+  """--early_stopping_ratio against scripted validation values: the stop comes at the first evaluation that is both
+  at least `ratio` times the best one's step and the third or later without a better value."""
+  import types
+
+  from sparsejax.config import MIN_STALE_EVALUATIONS
+  from sparsejax.train.loop import _Selection
+
+  assert MIN_STALE_EVALUATIONS == 3
+  import collections
+
+  State = collections.namedtuple("State", "name")
+  best = types.SimpleNamespace(save=lambda step, state, value: None)
+  run = types.SimpleNamespace(refresh_index=None, predict=None, diagnose=None, index_fill=None)
+  settings = types.SimpleNamespace(selection_metric="p@1", early_stopping_patience=None)
+
+  def stops(values, ratio, steps):
+    scripted = iter(values)
+    evaluator = lambda predict, state, num_samples, diagnose=None, fusion=None: {"p@1": next(scripted)}
+    selection = _Selection(evaluator, best, settings, None, stale_ratio=ratio)
+    for step in steps:
+      selection.evaluate(run, State(step), step, None)
+      if selection.should_stop(step):
+        return step, selection.stop_reason(step)
+    return None, None
+
+  steps = range(100, 2100, 100)
+  # Best at 400 (0.5): 800 is twice 400 and the fourth evaluation without a better value.
+  step, reason = stops([0.1, 0.3, 0.4, 0.5] + [0.45] * 16, 2.0, steps)
+  assert step == 800 and "since step 400, 400 steps ago (--early_stopping_ratio=2" in reason
+  # Best at 100: twice its step comes after one evaluation; the stop waits for the third worse one (400).
+  assert stops([0.5] + [0.4] * 19, 2.0, steps)[0] == 400
+  # A ratio of 3 waits longer; a rising curve never stops; no ratio (a step budget) never stops.
+  assert stops([0.1, 0.3, 0.4, 0.5] + [0.45] * 16, 3.0, steps)[0] == 1200
+  assert stops([i / 100 for i in range(20)], 2.0, steps) == (None, None)
+  assert stops([0.1, 0.3, 0.4, 0.5] + [0.45] * 16, None, steps) == (None, None)
+  # A tie is no improvement: the best stays the first 0.5.
+  assert stops([0.1, 0.5] + [0.5] * 18, 2.0, steps)[0] == 500
+
+
+def test_a_run_with_a_seconds_budget_stops_at_twice_its_best_step_and_stays_stopped(tmp_path, small_config, caplog):
+  """The default --early_stopping_ratio=2 under --max_seconds: the run stops once its step is twice the selected
+  one's; the same command again trains nothing; --early_stopping_ratio=none trains on; a step budget alone (no
+  --max_seconds) trains whole."""
+  config = override(_selecting(small_config, max_steps=600, max_seconds=600.0), eval_every=20, synthetic_samples=600)
+  with caplog.at_level(logging.INFO, logger="absl"):
+    final = train_and_evaluate(config, str(tmp_path / "run"))
+  assert final["stopped_by"] == "early_stopping", final
+  assert 2 * final["selected_step"] <= final["last_step"] < 600 and final["bad_evaluations"] >= 3
+  assert f"early stopping at step {final['last_step']}: no better validation p@1 since step " in caplog.text
+  assert train_and_evaluate(config, str(tmp_path / "run")) == final
+  assert "give --early_stopping_ratio=none" in caplog.text
+  on = train_and_evaluate(override(config, early_stopping_ratio=None), str(tmp_path / "run"))
+  assert on["last_step"] == 600
+  whole = train_and_evaluate(override(config, max_seconds=None), str(tmp_path / "steps"))
+  assert whole["last_step"] == 600 and whole["stopped_by"] == "max_steps"

@@ -30,7 +30,7 @@ import numpy as np
 from absl import logging
 
 from sparsejax import averaging, dense, fusion, memory, model, retrieval
-from sparsejax.config import Config, ConfigError, DataConfig, override
+from sparsejax.config import MIN_STALE_EVALUATIONS, Config, ConfigError, DataConfig, override
 from sparsejax.data import BatchIterator, LoadedData, load_dataset, train_test_split
 from sparsejax.distributed import sharding
 from sparsejax.model_config import ModelConfig
@@ -236,7 +236,7 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
       # process died between an evaluation and the next checkpoint): they will be evaluated and kept again.
       best.discard_after(start_step)
       restored_selection = _kept_selection(best, restored_selection, None if unsealed_run else run_id, start_step)
-    selection = _Selection(evaluator(validation), best, config.run, restored_selection)
+    selection = _Selection(evaluator(validation), best, config.run, restored_selection, stale_ratio(config))
   loop = _Loop(config, run, checkpoints, checkpoint.make_meta(config, num_shards, jax.process_count(), sizes, run_id),
                evaluator(test), selection,
                MetricWriter(workdir, config.run.tensorboard, resume_step=start_step) if is_chief else None,
@@ -337,12 +337,18 @@ def _recorded_final(workdir: str, config: Config, latest: int, meta: dict | None
     return None
   final = finals[-1]
   if final.get("stopped_by") == "early_stopping":
-    patience = config.run.early_stopping_patience
-    if patience is None or final.get("bad_evaluations", patience) < patience:
-      return None  # patience raised or lifted: training goes on
+    patience, ratio = config.run.early_stopping_patience, stale_ratio(config)
+    bad = final.get("bad_evaluations", 0)
+    by_patience = patience is not None and bad >= patience
+    by_ratio = (ratio is not None and bad >= MIN_STALE_EVALUATIONS and final.get("step") is not None
+                and latest >= ratio * final["step"])
+    if not (by_patience or by_ratio):
+      return None  # patience or ratio raised or lifted: training goes on
+    how = ("raise --early_stopping_patience" if by_patience else
+           "raise --early_stopping_ratio or give --early_stopping_ratio=none")
     logging.warning("the run in %s stopped early at step %d (no better validation %s in %d evaluations): "
-                    "nothing to train. To train further, raise --early_stopping_patience; for a new run, use "
-                    "another --workdir", workdir, latest, config.run.selection_metric, final["bad_evaluations"])
+                    "nothing to train. To train further, %s; for a new run, use another --workdir", workdir, latest,
+                    config.run.selection_metric, bad, how)
     return final
   if max_steps is None or latest < max_steps:
     return None
@@ -472,11 +478,9 @@ class _Loop:
                          _retrieval_line(record))
             eval_seconds += time.time() - t_eval
             window_start = time.time()
-            if self.selection is not None and not last and sharding.agree(self.selection.should_stop()):
+            if self.selection is not None and not last and sharding.agree(self.selection.should_stop(self.step)):
               self._write(record)
-              logging.info("early stopping at step %d: no better validation %s in %d evaluations (best: step %d)",
-                           self.step, self.selection.metric, self.selection.bad_evaluations,
-                           self.selection.best_step)
+              logging.info("early stopping at step %d: %s", self.step, self.selection.stop_reason(self.step))
               self.stopped_by = "early_stopping"
               break
           if record:
@@ -585,6 +589,11 @@ class _Loop:
     return final
 
 
+def stale_ratio(config: Config) -> float | None:
+  """The ``--early_stopping_ratio`` that a run of ``config`` stops by: a budget in seconds only (None: none)."""
+  return config.run.early_stopping_ratio if config.budget.max_seconds is not None else None
+
+
 class _Selection:
   """Model selection on the validation split: the best checkpoint so far and early stopping.
 
@@ -593,11 +602,15 @@ class _Selection:
     best: where the best state is kept.
     config: the run settings (metric, patience, evaluation size).
     restored: the selection state of a resumed run (``to_json``), or None.
+    stale_ratio: stop at ``stale_ratio`` times the best evaluation's step (after
+      ``MIN_STALE_EVALUATIONS`` worse ones); None: never on that account.
   """
 
-  def __init__(self, evaluator: Evaluator, best: checkpoint.BestCheckpoint, config, restored: dict | None):
+  def __init__(self, evaluator: Evaluator, best: checkpoint.BestCheckpoint, config, restored: dict | None,
+               stale_ratio: float | None = None):
     self.evaluator, self.best, self.metric, self.patience = evaluator, best, config.selection_metric, \
         config.early_stopping_patience
+    self.stale_ratio = stale_ratio
     restored = restored or {}
     self.best_value = restored.get("best_value", -float("inf"))
     self.best_step = restored.get("best_step")
@@ -619,8 +632,20 @@ class _Selection:
       self.bad_evaluations += 1
     return {**result, "split": "validation", "best_step": self.best_step}
 
-  def should_stop(self) -> bool:
-    return self.patience is not None and self.bad_evaluations >= self.patience
+  def should_stop(self, step: int) -> bool:
+    """Whether to stop after evaluating ``step``: ``patience`` evaluations without a better value, or ``step``
+    at ``stale_ratio`` times the best one's."""
+    return self.stop_reason(step) is not None
+
+  def stop_reason(self, step: int) -> str | None:
+    """Why a run stops early after evaluating ``step``, for the log; None: it goes on."""
+    if self.patience is not None and self.bad_evaluations >= self.patience:
+      return f"no better validation {self.metric} in {self.bad_evaluations} evaluations (--early_stopping_patience)"
+    if (self.stale_ratio is not None and self.best_step is not None and self.bad_evaluations >= MIN_STALE_EVALUATIONS
+        and step >= self.stale_ratio * self.best_step):
+      return (f"no better validation {self.metric} since step {self.best_step}, {step - self.best_step} steps ago "
+              f"(--early_stopping_ratio={self.stale_ratio:g}; none trains the whole budget)")
+    return None
 
   def restore_best(self, run: sharding.Run, state):
     """``(best state, its step)``; the given state if none was saved. The best state is kept without optimizer
