@@ -66,12 +66,10 @@ A run with other settings (``--set``) is named with ``--variant``: it gets its o
 Smoke test of the benchmark itself: ``--dataset tiny --budget 8``.
 """
 
-import argparse
 import datetime
 import glob
 import json
 import os
-import platform
 import re
 import statistics
 import sys
@@ -81,12 +79,13 @@ import numpy as np
 
 from sparsejax import data as xcdata
 
+import harness
+from harness.finished_runs import DATASETS, DEFAULT_WORKDIR, parse_settings, restored_state
+
 SYSTEMS = ("sparsejax", "all_active", "dense", "dense_gpu", "napkinxc", "pecos")
 PEER_SYSTEMS = ("napkinxc", "pecos")
-DATASETS = ("synthetic", "synthetic_1m", "gcide", "gcide_cloze", "icd10", "wordnet", "tiny")
 SLIDE_SYSTEMS = ("sparsejax", "all_active")
-DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "accuracy")
-DEFAULT_WORKDIR = "/tmp/sparsejax_accuracy"
+DEFAULT_OUT = os.path.join(harness.RESULTS_DIR, "accuracy")
 
 
 def write_files(dataset: str, workdir: str, seed: int) -> tuple[str, str]:
@@ -127,19 +126,6 @@ def sampled_k_for(num_labels: int) -> int:
   """The second active set size of sampled inference: 2% of N (issue 9's "k <= 2% of N")."""
   return max(1, int(0.02 * num_labels))
 
-
-def parse_settings(settings: list[str] | None) -> dict:
-  """``["name=value", ...]`` (values as JSON where they parse, else strings) -> override keywords."""
-  out = {}
-  for item in settings or ():
-    name, sep, value = item.partition("=")
-    if not sep:
-      raise SystemExit(f"--set {item!r}: expected NAME=VALUE (a sparsejax setting, e.g. learning_rate=0.01)")
-    try:
-      out[name] = json.loads(value)
-    except json.JSONDecodeError:
-      out[name] = value
-  return out
 
 
 def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, args) -> dict:
@@ -214,21 +200,6 @@ def curve_and_selection(run_dir: str, final: dict) -> dict:
   return result
 
 
-def restored_state(config, run_dir: str, test):
-  """``(run, state)``: the run's selected (else latest) state as saved, for data shaped like ``test``."""
-  from sparsejax.distributed import sharding
-  from sparsejax.model_config import ModelConfig
-  from sparsejax.train import checkpoint
-  from sparsejax.train.loop import without_optimizer
-
-  run = sharding.make_run(ModelConfig.from_config(config, test.num_features, test.num_labels), seed=config.run.seed)
-  # The selected state is kept without its optimizer states (evaluated and served, not trained on).
-  state = checkpoint.BestCheckpoint(run_dir, config.run.selection_metric).restore(
-      without_optimizer(run.abstract_state()))
-  if state is None:
-    state = checkpoint.Checkpoints(run_dir, writable=False).restore(run.abstract_state())[0]
-  return run, state
-
 
 def selected_state(config, run_dir: str, test_path: str):
   """``(run, state)``: the run's selected (else latest) state, its index refreshed as for serving."""
@@ -236,39 +207,7 @@ def selected_state(config, run_dir: str, test_path: str):
   return run, run.refresh_index(state)
 
 
-def add_finished_run_flags(parser: argparse.ArgumentParser, dataset: str) -> None:
-  """The flags that name a finished sparsejax run of this benchmark (see :func:`finished_run`)."""
-  parser.add_argument("--dataset", default=dataset, choices=DATASETS)
-  parser.add_argument("--tag", default="300s", help="the run's tag (300s for --budget 300, 1ep for --num_epochs 1)")
-  parser.add_argument("--workdir", default="/tmp/sparsejax_accuracy", help="accuracy.py's --workdir")
 
-
-def finished_run_dir(args) -> str:
-  """The directory of the run that :func:`add_finished_run_flags`'s flags name."""
-  return os.path.join(args.workdir, args.dataset, f"sparsejax-{args.tag}")
-
-
-def finished_run(args):
-  """A finished sparsejax run named by :func:`add_finished_run_flags`'s flags, restored for evaluation.
-
-  Returns:
-    ``(config, test, run, state, evaluator)``: the run's config, the test set, the run and its selected state
-    as saved (its callers build the serving index themselves, under their variants or timed), and an evaluator
-    of the test set as the run's own evaluations are made.
-  """
-  from sparsejax.config import Config
-  from sparsejax.train.evaluation import Evaluator
-
-  workdir = os.path.join(args.workdir, args.dataset)
-  run_dir = finished_run_dir(args)
-  with open(os.path.join(run_dir, "config.json")) as f:
-    config = Config.from_dict(json.load(f))
-  train = xcdata.load_xc_file(os.path.join(workdir, "train.txt"))
-  test = xcdata.load_xc_file(os.path.join(workdir, "test.txt"))
-  run, state = restored_state(config, run_dir, test)
-  evaluator = Evaluator.for_run(test, train, config.data.max_features, config.run.propensity_a,
-                                config.run.propensity_b)
-  return config, test, run, state, evaluator
 
 
 def exact_label_ranks(state, dataset, max_features: int, batch: int = 1024, row_chunk: int = 32768) -> np.ndarray:
@@ -495,13 +434,11 @@ def train_one(args) -> str:
       "settings": args.set or [],
       "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
       "load_average_at_end": os.getloadavg(),
-      "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": _device_kind(args.system)},
+      "machine": harness.machine(device=_device_kind(args.system)),
       **result,
   }
-  os.makedirs(args.out, exist_ok=True)
   path = os.path.join(args.out, f"{args.dataset}-{args.system}-{tag}.json")
-  with open(path, "w") as f:
-    json.dump(report, f, indent=1, default=float)
+  harness.write_json(path, report)
   extra = "".join(f"  {key} {final[key]:.4f}" for key in sorted(final)
                   if key.startswith("sampled") and key.endswith("_p@1") or key == "label_recall")
   print(f"{args.dataset} {args.system} ({tag}): test P@1 {final['p@1']:.4f}  P@5 {final['p@5']:.4f}{extra}  "
@@ -541,8 +478,7 @@ def evaluate_again(args) -> str:
   report.update(curve_and_selection(run_dir, report["final"]))
   report["inference"] = time_inference(config, run, state, test_path, args)
   report["sweep"] = sweep_inference_k(config, state, train_path, test_path, args)
-  with open(path, "w") as f:
-    json.dump(report, f, indent=1, default=float)
+  harness.write_json(path, report)
   print(f"updated {path}")
   return path
 
@@ -643,8 +579,7 @@ def report(args) -> None:
              "variants": {f"{s}-{t}": {key: run["final"].get(key) for key in ("p@1", "p@5", "samples_per_sec")}
                           | {"settings": run.get("settings")} for (s, t), run in sorted(variants.items())}}
   path = os.path.join(args.out, f"{args.dataset}-summary.json")
-  with open(path, "w") as f:
-    json.dump(summary, f, indent=1, default=float)
+  harness.write_json(path, summary, record_machine=False)
   for key, value in summary["acceptance"].items():
     print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
   for name, figures in summary["variants"].items():
@@ -659,7 +594,7 @@ def report(args) -> None:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.parser(__doc__)
   parser.add_argument("--dataset", default="synthetic", choices=DATASETS,
                       help="synthetic: issue 9's 200K-label set; tiny: 2K labels, to check the benchmark runs")
   parser.add_argument("--system", choices=SYSTEMS, help="what to train (one per invocation)")

@@ -13,8 +13,6 @@ constant H steps, the snapshots being the checkpoints)::
 One line per checkpoint: its step, its own test P@1 and each average's.
 """
 
-import argparse
-import json
 
 import jax
 import jax.numpy as jnp
@@ -24,13 +22,15 @@ from sparsejax import data as xcdata
 from sparsejax import network
 from sparsejax.train import checkpoint
 
+import harness
+
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.parser(__doc__)
   parser.add_argument("run_dir", help="a run's work directory, its checkpoints kept (--keep_checkpoints=null)")
   parser.add_argument("test_file", help="the test set (XC format)")
   parser.add_argument("--horizons", default="500,1000,2000", help="time constants of the averages, in steps")
-  parser.add_argument("--json", help="also write the table here")
+  harness.add_json_flag(parser, help="also write the table here (with the machine)")
   args = parser.parse_args()
   horizons = [float(h) for h in args.horizons.split(",")]
   test = xcdata.load_xc_file(args.test_file)
@@ -69,9 +69,7 @@ def main() -> None:
     previous = step
     rows.append(row)
     print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(rows, f, indent=1)
+  harness.write_json(args.json, {"rows": rows})
 
 
 if __name__ == "__main__":

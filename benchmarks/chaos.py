@@ -20,7 +20,6 @@ when it runs the trainer), and the innermost sparsejax frame names the phase
 (step, table rebuild, checkpoint save, restore, ...).
 """
 
-import argparse
 import ctypes
 import faulthandler
 import json
@@ -37,6 +36,8 @@ import tempfile
 import time
 
 import numpy as np
+
+import harness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "train.py")
@@ -264,11 +265,11 @@ def chaos(processes: int, kills: int, root: str, rng: random.Random) -> dict:
 def main():
   if sys.argv[1:2] == ["child"]:
     return child(sys.argv[2:])
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.parser(__doc__)
   parser.add_argument("--kills", type=int, default=20)
   parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--json", default=None)
+  harness.add_json_flag(parser)
   parser.add_argument("--keep", action="store_true", help="Keep the work directories (printed).")
   args = parser.parse_args()
   rng = random.Random(args.seed)
@@ -286,12 +287,9 @@ def main():
   finally:
     if not args.keep:
       shutil.rmtree(root, ignore_errors=True)
-  summary = {"command": " ".join(["python", "benchmarks/chaos.py"] + sys.argv[1:]), "date": time.strftime("%Y-%m-%d"),
-             "run_flags": RUN_FLAGS, "seed": args.seed, "results": results,
-             "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}}
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(summary, f, indent=1)
+  summary = {"command": " ".join(["python", "benchmarks/chaos.py"] + sys.argv[1:]),
+             "run_flags": RUN_FLAGS, "seed": args.seed, "results": results}
+  harness.write_json(args.json, summary)
   return 0 if all(r["bit_identical"] for r in results) else 1
 
 

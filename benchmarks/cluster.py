@@ -42,7 +42,6 @@ rate limit); with --memory it also reports each process's peak RSS:
 import argparse
 import json
 import os
-import platform
 import shutil
 import socket
 import subprocess
@@ -51,6 +50,8 @@ import tempfile
 import time
 
 import numpy as np
+
+import harness
 
 NS_PREFIX = "sjns"
 BRIDGE = "sjbr0"
@@ -499,7 +500,7 @@ def acceptance_checks(table: list[dict], transfers: list[dict], probe_fits: dict
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.parser(__doc__)
   parser.add_argument("--processes", type=int, default=4)
   parser.add_argument("--labels", type=int, default=1_000_000)
   parser.add_argument("--dense_labels", type=int, default=None, help="N of the dense job (default: --labels)")
@@ -524,7 +525,7 @@ def main():
                       help="pin each rank to its share of the cores (taskset)")
   parser.add_argument("--memory", action="store_true", help="report peak RSS per process and in total")
   parser.add_argument("--timeout", type=float, default=1800)
-  parser.add_argument("--json", default=None)
+  harness.add_json_flag(parser)
   parser.add_argument("--validate_whatif", action="store_true",
                       help="run issue 8's what-if validation (sets the defaults below unless given)")
   parser.add_argument("--validate_rates", default="1gbit,100mbit,10mbit")
@@ -545,8 +546,7 @@ def main():
     if why:
       print(f"benchmarks/cluster.py: skipped: {why}. (--local runs on loopback without namespaces.)")
       return 0
-  summary = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "args": vars(args),
-             "load_average_at_start": os.getloadavg()}
+  summary = {"args": vars(args), "load_average_at_start": os.getloadavg()}
   if args.validate_whatif:
     # The issue's settings unless given: dense N = 1e5 (a 57 MB all-reduce, about a minute per step at
     # 10 Mbit/s), 1 warm-up step, 2 timed dense steps, a profiled window of 10 (dense: 2) steps.
@@ -555,14 +555,11 @@ def main():
       if f"--{flag}" not in given:
         setattr(args, flag, value)
     summary.update(validate_whatif(args))
-    args.json = args.json or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                          "netanalysis_validation.json")
+    args.json = args.json or os.path.join(harness.RESULTS_DIR, "netanalysis_validation.json")
   else:
     summary.update(benchmark(args))
   summary["load_average_at_end"] = os.getloadavg()
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(summary, f, indent=2)
+  harness.write_json(args.json, summary, indent=2)
   return 0
 
 

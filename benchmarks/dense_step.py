@@ -16,12 +16,7 @@ state. Prints and writes (``--json``) the milliseconds per step and the ratio pl
   python benchmarks/dense_step.py --labels 200000 --features 100000 --labels_per_sample 1,310
 """
 
-import argparse
-import datetime
 import functools
-import json
-import os
-import platform
 import time
 
 import jax
@@ -31,6 +26,8 @@ import optax
 
 from sparsejax import dense, model
 from sparsejax.config import override
+
+import harness
 
 
 def plain_init(params: model.NetworkParams, learning_rate: float):
@@ -84,7 +81,7 @@ def time_steps(step, state, batches, repeats):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.parser(__doc__)
   parser.add_argument("--labels", type=int, default=20_912, help="N (default: GCIDE cloze's)")
   parser.add_argument("--features", type=int, default=50_000)
   parser.add_argument("--hidden", type=int, default=128)
@@ -92,7 +89,7 @@ def main():
   parser.add_argument("--features_per_sample", type=int, default=32)
   parser.add_argument("--labels_per_sample", default="1,32,310", help="comma-separated M values to time")
   parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds of 4 steps each")
-  parser.add_argument("--json", default=None)
+  harness.add_json_flag(parser)
   args = parser.parse_args()
   lr = 3e-3
   config = override(model.ModelConfig(args.features, args.labels), hidden_dims=(args.hidden,), learning_rate=lr)
@@ -120,13 +117,7 @@ def main():
     print(f"M={m:>4}: sparsejax --model=dense {row['sparsejax_dense_ms']:8.2f} ms/step, plain jnp+optax "
           f"{row['plain_jnp_optax_ms']:8.2f} ms/step: sparsejax runs at {row['plain_over_sparsejax']:.2f}x the "
           "plain model's speed", flush=True)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"args": vars(args), "rows": rows,
-                 "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                 "load_average_at_end": os.getloadavg(),
-                 "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "jax": jax.__version__}},
-                f, indent=1)
+  harness.write_json(args.json, {"args": vars(args), "rows": rows})
 
 
 if __name__ == "__main__":

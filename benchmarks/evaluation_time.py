@@ -9,28 +9,23 @@ parts on ``--samples`` test samples (the second of two rounds, after compilation
   python benchmarks/evaluation_time.py --dataset gcide --tag 300s --json benchmarks/results/evaluation_time_gcide.json
 """
 
-import argparse
-import json
-import os
-import platform
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import accuracy  # noqa: E402  (this directory's benchmark: its data files, run layout and selected state)
+import harness
+from harness import finished_runs
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  accuracy.add_finished_run_flags(parser, "gcide")
+  parser = harness.parser(__doc__)
+  finished_runs.add_finished_run_flags(parser, "gcide")
   parser.add_argument("--samples", type=int, default=5000, help="test samples evaluated (accuracy.py's default "
                       "--eval_samples)")
-  parser.add_argument("--json", default=None, help="write the results here")
+  harness.add_json_flag(parser)
   args = parser.parse_args()
 
   import jax
 
-  _, test, run, state, evaluator = accuracy.finished_run(args)
+  _, test, run, state, evaluator = finished_runs.finished_run(args)
   samples = min(args.samples, len(test))
   for _ in range(2):  # the first round compiles
     start = time.perf_counter()
@@ -42,17 +37,14 @@ def main() -> None:
     start = time.perf_counter()
     evaluator(run.predict, served, samples, diagnose=run.diagnose)
     diagnose = time.perf_counter() - start
-  result = dict(dataset=args.dataset, run=accuracy.finished_run_dir(args),
+  result = dict(dataset=args.dataset, run=finished_runs.finished_run_dir(args),
                 samples=samples, num_labels=test.num_labels,
                 serving_index_seconds=build, predict_seconds=predict, diagnose_seconds=diagnose,
-                evaluation_seconds=build + diagnose,
-                machine=dict(platform=platform.platform(), cpus=os.cpu_count()))
+                evaluation_seconds=build + diagnose)
   print(f"{args.dataset}: {samples} samples, N = {test.num_labels}: serving index {build:.2f} s, exact + sampled "
         f"inference {predict:.2f} s, with the diagnostics {diagnose:.2f} s (an evaluation: index + diagnostics "
         f"{build + diagnose:.2f} s)")
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(result, f, indent=1)
+  harness.write_json(args.json, result)
 
 
 if __name__ == "__main__":

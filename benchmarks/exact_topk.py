@@ -11,31 +11,25 @@ compared in turn on this noisy VM (same checksum: the same top ids):
   PYTHONPATH=/path/to/other/site-packages python benchmarks/exact_topk.py   # another build
 """
 
-import argparse
 import functools
-import json
-import os
-import sys
 
 import jax.numpy as jnp
 import numpy as np
 
 from sparsejax import inference
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from adam_pass import checksum, time_calls, timing_summary  # noqa: E402  (this directory's benchmark)
+import harness
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--num_labels", type=int, default=200_000)
-  parser.add_argument("--dim", type=int, default=128)
+  parser = harness.parser(__doc__)
+  harness.add_shape_flags(parser, "num_labels", "dim", num_labels=200_000)
   parser.add_argument("--queries", type=int, nargs="+", default=[1024, 128])
   parser.add_argument("--row_chunk", type=int, nargs="+", default=[None],
                       help="output rows per step (default: exact_topk's own default)")
   parser.add_argument("--top", type=int, default=10)
   parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--json", default=None)
+  harness.add_json_flag(parser)
   args = parser.parse_args()
 
   n, d = args.num_labels, args.dim
@@ -48,14 +42,12 @@ def main() -> None:
     for chunk in args.row_chunk:
       kwargs = {} if chunk is None else {"row_chunk": chunk}
       call = functools.partial(inference.exact_topk, h, weight, bias, args.top, **kwargs)
-      ids = checksum(call()[1])
-      ms = time_calls(call, 1, args.repeats)
-      result["runs"].append(dict(queries=b, row_chunk=chunk, **timing_summary(ms), checksum=ids))
+      ids = harness.checksum(call()[1])
+      ms = harness.time_calls(call, 1, args.repeats)
+      result["runs"].append(dict(queries=b, row_chunk=chunk, **harness.timing_summary(ms), checksum=ids))
       print(f"N={n} d={d} top {args.top}: {b} queries, row_chunk {chunk or 'default'}: min {min(ms):.1f} ms, "
             f"median {np.median(ms):.1f} ms (ids {ids})")
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(result, f, indent=1)
+  harness.write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,7 @@ centroids are built from the whole of ``train.txt`` here (the run itself builds 
 it). Accuracy only: timings are not compared.
 """
 
-import argparse
-import json
 import os
-import platform
-import time
 
 import numpy as np
 
@@ -24,13 +20,15 @@ import sparsejax
 from sparsejax import fusion
 from sparsejax.data import load_xc_file
 
+import harness
+
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = harness.parser(__doc__)
   parser.add_argument("--run", required=True, help="a finished run's work directory")
   parser.add_argument("--data", required=True, help="the directory with its train.txt and test.txt")
   parser.add_argument("--candidates", default="50,100,400", help="comma-separated candidate counts")
-  parser.add_argument("--json", default=None, help="where to write the results")
+  harness.add_json_flag(parser)
   args = parser.parse_args()
   train, test = load_xc_file(os.path.join(args.data, "train.txt")), load_xc_file(os.path.join(args.data, "test.txt"))
   centroids = fusion.label_centroids(train)
@@ -45,8 +43,8 @@ def main():
   x, c = test_matrix(test), centroids.matrix().T.tocsr()
   alone = np.concatenate([np.asarray((x[s:s + 2000] @ c).argmax(axis=1)).ravel()  # the centroids alone, all N
                           for s in range(0, n, 2000)])
-  result = {"run": args.run, "data": args.data, "test_samples": n, "date": time.strftime("%Y-%m-%d"),
-            "machine": platform.node(), "network_p@1": float(hit(ids[:, 0]).mean()),
+  result = {"run": args.run, "data": args.data, "test_samples": n,
+            "network_p@1": float(hit(ids[:, 0]).mean()),
             "centroids_p@1": float(hit(alone).mean()), "fused": {}}
   halves = np.arange(n) % 2 == 0
   for count in counts:
@@ -61,10 +59,7 @@ def main():
                               "p@1_by_weight": {f"{w:g}": (a + b) / 2 for w, (a, b) in table.items()}}
     print(f"{count} candidates: P@1 {result['fused'][count]['p@1_crossed']:.4f} (weights {on_a:g} / {on_b:g}); "
           f"network {result['network_p@1']:.4f}, centroids alone {result['centroids_p@1']:.4f}", flush=True)
-  if args.json:
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-      json.dump(result, f, indent=1)
+  harness.write_json(args.json, result)
 
 
 def test_matrix(data):

@@ -14,11 +14,7 @@ this noisy VM (same checksum: the same index):
   PYTHONPATH=/path/to/other/site-packages python benchmarks/index_build.py   # another build
 """
 
-import argparse
 import functools
-import json
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -26,18 +22,16 @@ import numpy as np
 
 from sparsejax.index import clusters
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from adam_pass import checksum, time_calls, timing_summary  # noqa: E402  (this directory's benchmark)
+import harness
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--num_labels", type=int, default=20_912)
-  parser.add_argument("--dim", type=int, default=128)
+  parser = harness.parser(__doc__)
+  harness.add_shape_flags(parser, "num_labels", "dim")
   parser.add_argument("--kmeans_iterations", type=int, default=2)
   parser.add_argument("--kmeans_sample", type=int, default=64, help="rows per cluster of the Lloyd iterations")
   parser.add_argument("--repeats", type=int, default=7)
-  parser.add_argument("--json", default=None)
+  harness.add_json_flag(parser)
   args = parser.parse_args()
 
   n, d = args.num_labels, args.dim
@@ -53,14 +47,12 @@ def main() -> None:
     build = jax.jit(functools.partial(clusters.build_index, iterations=args.kmeans_iterations,
                                       sample_per_cluster=args.kmeans_sample))
     built = build(index, weight, bias)
-    index_sum = checksum(built.offsets, built.rows, built.centroids)
-    ms = time_calls(functools.partial(build, index, weight, bias), 1, args.repeats)
-    result["builds"][name] = dict(clusters=c, **timing_summary(ms), checksum=index_sum)
+    index_sum = harness.checksum(built.offsets, built.rows, built.centroids)
+    ms = harness.time_calls(functools.partial(build, index, weight, bias), 1, args.repeats)
+    result["builds"][name] = dict(clusters=c, **harness.timing_summary(ms), checksum=index_sum)
     print(f"N={n} d={d}: {name} index ({c} clusters) min {min(ms):.1f} ms, median {np.median(ms):.1f} ms "
           f"(index {index_sum})")
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(result, f, indent=1)
+  harness.write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,6 @@ Reported per shape: the median of ``--calls`` timed calls after a warm-up, alter
 ``--rounds`` times (median over rounds).
 """
 
-import argparse
-import json
-import os
-import platform
 import statistics
 import time
 
@@ -24,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparsejax.index import clusters
+
+import harness
 
 # (what, N rows, C clusters, B queries, count candidates): training's index at 2e5 and 1e6 rows with the default
 # sqrt(N) clusters and k = 1024, evaluation's serving index as it was (2048 clusters) and as it is (4096 clusters,
@@ -63,11 +61,11 @@ def _median_ms(fn, args, calls: int) -> float:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = harness.parser(__doc__)
   parser.add_argument("--calls", type=int, default=20, help="timed calls per form and round")
   parser.add_argument("--rounds", type=int, default=3, help="alternations of the two forms")
   parser.add_argument("--hidden", type=int, default=128, help="row width d")
-  parser.add_argument("--json", default=None, help="write the results here")
+  harness.add_json_flag(parser)
   args = parser.parse_args()
   results = []
   for what, n, c, b, count in SHAPES:
@@ -92,10 +90,7 @@ def main() -> None:
     results.append(row)
     print(f"{what}: C = {c}, B = {b}, count = {count}: top_k {row['top_k_ms']:.2f} ms, kernel "
           f"{row['kernel_ms']:.2f} ms ({row['speedup']:.1f}x), same ids: {same}", flush=True)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(dict(machine=dict(platform=platform.platform(), cpus=os.cpu_count()), args=vars(args),
-                     results=results), f, indent=1)
+  harness.write_json(args.json, dict(args=vars(args), results=results))
 
 
 if __name__ == "__main__":

@@ -29,20 +29,17 @@ The retrieval figures do not depend on the machine's load; the times do (run on 
 them).
 """
 
-import argparse
 import dataclasses
 import json
 import os
-import platform
 import statistics
-import sys
 import time
 from contextlib import contextmanager
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import accuracy  # noqa: E402
+import harness
+from harness import finished_runs
 
 # name -> settings (TablesConfig fields). "before" is --candidates=lsh as it was before issue 32.
 VARIANTS = {
@@ -80,7 +77,7 @@ VARIANTS = {
 def parse_variant(text: str) -> tuple[str, dict]:
   """``NAME:key=value,key=value`` -> ``(NAME, settings)`` (values as JSON where they parse)."""
   name, _, settings = text.partition(":")
-  return name, accuracy.parse_settings([s for s in settings.split(",") if s])
+  return name, finished_runs.parse_settings([s for s in settings.split(",") if s])
 
 
 @contextmanager
@@ -178,8 +175,8 @@ def _nothing():
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  accuracy.add_finished_run_flags(parser, "synthetic")
+  parser = harness.parser(__doc__)
+  finished_runs.add_finished_run_flags(parser, "synthetic")
   parser.add_argument("--queries", type=int, default=4096, help="test queries measured (the first ones)")
   parser.add_argument("--repeats", type=int, default=1, help="timed builds per variant (median)")
   parser.add_argument("--seed", type=int, default=0, help="seed of the hash functions and the random fill")
@@ -187,7 +184,7 @@ def main():
                       help="measure these instead of the built-in list (repeatable)")
   parser.add_argument("--select", action="append", metavar="TEXT",
                       help="measure only the built-in variants whose names contain one of these (repeatable)")
-  parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "lsh"))
+  parser.add_argument("--out", default=os.path.join(harness.RESULTS_DIR, "lsh"), help="folder of DATASET.json")
   args = parser.parse_args()
 
   import jax
@@ -195,7 +192,7 @@ def main():
   from sparsejax import inference, model
   from sparsejax.train.evaluation import padded_width
 
-  run_config, test, run, state, _ = accuracy.finished_run(args)
+  run_config, test, run, state, _ = finished_runs.finished_run(args)
   config = run.config
   rows = np.arange(min(args.queries, len(test)))
   fi, fv, labels = test.to_padded(rows, padded_width(test, run_config.data.max_features), 8)
@@ -216,14 +213,10 @@ def main():
           f"topk_recall@10 {r['topk_recall@10']:.3f} sampled P@1 {r['sampled_p@1']:.4f} "
           f"({r['sampled_over_exact_p@1']:.3f} x exact {r['exact_p@1']:.4f}) build {r['build_seconds']:.2f} s "
           f"query {r['query_ms_per_1024']:.0f} ms/1024 index {r['index_bytes'] / 2**20:.1f} MiB", flush=True)
-  os.makedirs(args.out, exist_ok=True)
   path = os.path.join(args.out, f"{args.dataset}.json")
-  out = {"dataset": args.dataset, "run": accuracy.finished_run_dir(args), "queries": len(rows),
-         "num_labels": config.num_labels, "hidden": config.hidden_dims[-1], "machine": platform.node(),
-         "cpus": os.cpu_count(), "load_average": os.getloadavg(),
-         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cosines": geometry, "variants": results}
-  with open(path, "w") as f:
-    json.dump(out, f, indent=1)
+  harness.write_json(path, {"dataset": args.dataset, "run": finished_runs.finished_run_dir(args),
+                            "queries": len(rows), "num_labels": config.num_labels,
+                            "hidden": config.hidden_dims[-1], "cosines": geometry, "variants": results})
   print(f"wrote {path}")
 
 

@@ -13,13 +13,13 @@ loads the PLT that ``benchmarks/accuracy.py --system napkinxc`` trained and save
 found; queries without labels are left out).
 """
 
-import argparse
-import json
 import os
-import platform
 import time
 
 import numpy as np
+
+import harness
+from harness import finished_runs
 
 
 def label_recall(top: list, labels: list[np.ndarray], k: int) -> float:
@@ -29,13 +29,13 @@ def label_recall(top: list, labels: list[np.ndarray], k: int) -> float:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = harness.parser(__doc__)
   parser.add_argument("--dataset", default="gcide_cloze", choices=("synthetic", "gcide", "gcide_cloze", "icd10"))
   parser.add_argument("--tag", default="300s", help="the napkinxc run's tag")
   parser.add_argument("--k", type=int, nargs="+", default=[1024])
   parser.add_argument("--queries", type=int, default=None, help="the first this many test queries (default: all)")
-  parser.add_argument("--workdir", default="/tmp/sparsejax_accuracy", help="accuracy.py's --workdir")
-  parser.add_argument("--json", default=None, help="write the results here")
+  parser.add_argument("--workdir", default=finished_runs.DEFAULT_WORKDIR, help="accuracy.py's --workdir")
+  harness.add_json_flag(parser)
   args = parser.parse_args()
 
   import scipy.sparse
@@ -65,11 +65,8 @@ def main() -> None:
   for k, value in results.items():
     print(f"{args.dataset}: napkinXC's top {k} holds the label for {value:.3f} of {len(test)} test queries "
           f"(label_recall); predicting the top {max(args.k)} took {seconds:.1f} s")
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(dict(dataset=args.dataset, run=run_dir, model_written=trained, queries=len(test), label_recall=results,
-                     predict_seconds=seconds, machine=dict(platform=platform.platform(), cpus=os.cpu_count())),
-                f, indent=1)
+  harness.write_json(args.json, dict(dataset=args.dataset, run=run_dir, model_written=trained, queries=len(test),
+                                     label_recall=results, predict_seconds=seconds))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ import json
 import os
 import sys
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+import harness
+
 BASE = "1gbit"
 RATES = ("10mbit", "100mbit", "1gbit", "10gbit")
 
@@ -68,9 +69,9 @@ def breakdown_rows(runs: dict) -> list[list[str]]:
 
 
 def main() -> int:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--validation", default=os.path.join(RESULTS, "netanalysis_validation.json"))
-  parser.add_argument("--prefix", default=os.path.join(RESULTS, "netanalysis_cluster"),
+  parser = harness.parser(__doc__)
+  parser.add_argument("--validation", default=os.path.join(harness.RESULTS_DIR, "netanalysis_validation.json"))
+  parser.add_argument("--prefix", default=os.path.join(harness.RESULTS_DIR, "netanalysis_cluster"),
                       help="output files: PREFIX.md, PREFIX.json, PREFIX-*.png, PREFIX-dense.bk.log")
   parser.add_argument("--target", type=float, default=0.9, help="target scaling factor of the compression question")
   parser.add_argument("--png", action=argparse.BooleanOptionalAction, default=True)

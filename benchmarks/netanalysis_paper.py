@@ -16,20 +16,21 @@ tests/data/training_bottleneck/resnet101.bk.log,tests/data/training_bottleneck/v
       --bandwidths=100gbit,40gbit,25gbit,10gbit,1gbit --compression=1,2,5,10,100 --target_scaling=0.95
 """
 
-import argparse
 import os
 import time
 
 from sparsejax.netanalysis import profiles, report, whatif
+
+import harness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ITERATION_MS = {"resnet50": 128.1, "resnet101": 192.0, "vgg16": 194.5}  # one-GPU iteration, from the paper's repository
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.parser(__doc__)
   parser.add_argument("--data", default=os.path.join(ROOT, "tests", "data", "training_bottleneck"))
-  parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "netanalysis_paper"),
+  parser.add_argument("--out", default=os.path.join(harness.RESULTS_DIR, "netanalysis_paper"),
                       help="writes OUT.json and OUT-{whatif,compression}.png")
   parser.add_argument("--target_scaling", type=float, default=0.95)
   args = parser.parse_args()

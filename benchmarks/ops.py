@@ -18,13 +18,10 @@ built here as a library), and the step's ratio to it.
   taskset -c 0,1 python benchmarks/ops.py ...   # on 2 cores of a bigger machine
 """
 
-import argparse
 import ctypes
 import hashlib
-import json
 import os
 import pathlib
-import platform
 import subprocess
 import tempfile
 import time
@@ -36,6 +33,8 @@ import optax
 
 from sparsejax import memory, ops, optim
 from sparsejax.index import lsh, tables
+
+import harness
 
 HUGE_PAGES = True
 
@@ -61,31 +60,14 @@ def row_memory_library() -> ctypes.CDLL:
   return dll
 
 
-def usable_cores() -> int:
-  """Cores this process may run on (taskset's mask), else the machine's."""
-  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
 def row_floor(kind: int, rows: np.ndarray, N: int, d: int) -> float:
   """Best seconds of row_memory.cc's `kind` update over `rows` of an [N, d] array, caches flushed first."""
   rows = np.ascontiguousarray(np.unique(rows[rows >= 0]), np.int64)
   s = row_memory_library().row_memory_floor(kind, rows.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), rows.size,
-                                            N, d, usable_cores())
+                                            N, d, harness.usable_cores())
   if s < 0:
     raise RuntimeError(f"row_memory_floor failed (kind {kind}, N={N}, d={d}): out of memory?")
   return s
-
-
-def timeit(fn, *args, repeats=10, warmup=2):
-  """Median wall time of fn(*args) in seconds (outputs blocked on)."""
-  for _ in range(warmup):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
 
 
 def softmax_ce_first(logits):
@@ -119,7 +101,7 @@ def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats, moment_dtype=jnp.float
   res = {"N": N, "table_build_s": build_s, "table_bytes": t.nbytes}
 
   query = jax.jit(lambda t, h, y, s: tables.lsh_query(t, params, h, k=k, num_rows=N, labels=y, seed=s))
-  res["query_s"] = timeit(query, t, h, labels, jnp.uint32(1), repeats=repeats)
+  res["query_s"] = harness.median_seconds(query, t, h, labels, jnp.uint32(1), repeats=repeats)
   ids, from_tables = query(t, h, labels, jnp.uint32(1))
   res["mean_from_tables"] = float(jnp.mean(from_tables))
   # Distinct rows a step reads and updates: at small N the samples' active
@@ -135,7 +117,7 @@ def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats, moment_dtype=jnp.float
     return softmax_ce_first(ops.sparse_logits(h, W, b, ids) + tap)
 
   fwd_bwd = jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1)))
-  res["sparse_logits_fwd_bwd_s"] = timeit(fwd_bwd, h, jnp.zeros((B, k)), W, b, ids, repeats=repeats)
+  res["sparse_logits_fwd_bwd_s"] = harness.median_seconds(fwd_bwd, h, jnp.zeros((B, k)), W, b, ids, repeats=repeats)
 
   # Row-sparse Adam on the layer's weight and bias (one fused pass).
   opt = optim.row_sparse_adam(1e-3, moment_dtype=moment_dtype, second_moment=second_moment)
@@ -218,7 +200,7 @@ def bench_size(N, d, B, k, lsh_cfg, bucket_size, repeats, moment_dtype=jnp.float
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.parser(__doc__)
   parser.add_argument("--sizes", default="100000,1000000,2000000")
   parser.add_argument("--d", type=int, default=128)
   parser.add_argument("--batch", type=int, default=128)
@@ -236,7 +218,7 @@ def main():
                       help="a quick check: --sizes 20000,100000 --repeats 3 (no acceptance keys)")
   parser.add_argument("--compare_unfused", action="store_true",
                       help="also time the step with dh from a separate gather (unfused_sparse_step_s)")
-  parser.add_argument("--json", default=None, help="write results here")
+  harness.add_json_flag(parser)
   parser.add_argument("--no_huge_pages", action="store_true", help="leave arrays on 4 KiB pages")
   args = parser.parse_args()
   global HUGE_PAGES
@@ -261,8 +243,6 @@ def main():
           flush=True)
   by_n = {r["N"]: r for r in results}
   summary = {
-      "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "usable_cores": usable_cores(),
-                  "jax": jax.__version__},
       "config": vars(args),
       "results": results,
   }
@@ -278,9 +258,7 @@ def main():
               "per_distinct_row_step_growth_1e5_to_2e6"):
     if key in summary:
       print(f"{key}: {summary[key]:.2f}")
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(summary, f, indent=2)
+  harness.write_json(args.json, summary, indent=2)
 
 
 if __name__ == "__main__":

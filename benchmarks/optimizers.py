@@ -17,16 +17,13 @@ Accuracy at fixed epochs does not depend on the machine's speed (samples/s
 here is only indicative).
 """
 
-import argparse
 import json
-import os
-import platform
 import tempfile
-
-import jax
 
 from sparsejax.config import Config, override
 from sparsejax.train import loop
+
+import harness
 
 VARIANTS = {
     "lazy_adam": {},
@@ -38,13 +35,13 @@ VARIANTS = {
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.parser(__doc__)
   parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
   parser.add_argument("--epochs", type=float, default=3.0)
   parser.add_argument("--samples", type=int, default=100_000, help="synthetic samples (train and test)")
   parser.add_argument("--labels", type=int, default=10_000, help="synthetic labels N")
   parser.add_argument("--seeds", default="0", help="comma-separated seeds: every variant runs each")
-  parser.add_argument("--json", default=None, help="write results here")
+  harness.add_json_flag(parser)
   args = parser.parse_args()
   runs = []
   for seed in (int(s) for s in args.seeds.split(",")):
@@ -64,12 +61,9 @@ def main():
   if "lazy_adam" in means:
     for m in means.values():
       m["p@1_minus_lazy_adam"] = m["p@1"] - means["lazy_adam"]["p@1"]
-  summary = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "jax": jax.__version__},
-             "config": vars(args), "runs": runs, "means": means}
+  summary = {"config": vars(args), "runs": runs, "means": means}
   print(json.dumps(means, indent=2))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(summary, f, indent=2)
+  harness.write_json(args.json, summary, indent=2)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,6 @@ the exact one:
     --test /tmp/sparsejax_accuracy/synthetic/test.txt --k 1024 4000 --json benchmarks/results/predict_synthetic.json
 """
 
-import argparse
-import json
-import os
-import platform
 import time
 
 import numpy as np
@@ -24,6 +20,8 @@ import numpy as np
 import sparsejax
 from sparsejax import metrics
 from sparsejax.data.xc_format import load_xc_file
+
+import harness
 
 
 def timed(fn, repeats: int) -> tuple[float, float, object]:
@@ -40,13 +38,13 @@ def timed(fn, repeats: int) -> tuple[float, float, object]:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = harness.parser(__doc__)
   parser.add_argument("--workdir", required=True, help="a trained run's work directory")
   parser.add_argument("--test", required=True, help="test samples with their labels (XC repository format)")
   parser.add_argument("--k", type=int, nargs="+", default=[1024], help="candidates per sample of sampled predict")
   parser.add_argument("--top", type=int, default=5)
   parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--json", default=None)
+  harness.add_json_flag(parser)
   args = parser.parse_args()
 
   test = load_xc_file(args.test)
@@ -57,8 +55,7 @@ def main() -> None:
   n = len(test)
   result = dict(workdir=args.workdir, test=args.test, samples=n, num_labels=model.num_labels, step=model.step,
                 selected_by=model.selected_by, serving_index_kept=model.serving_index_kept, load_s=load_s,
-                machine=platform.node(), cpu_count=os.cpu_count(),
-                date=time.strftime("%Y-%m-%d %H:%M:%S"), runs=[])
+                runs=[])
   print(f"loaded step {model.step} ({model.selected_by}) in {load_s:.2f} s; {n} test samples, N = "
         f"{model.num_labels}")
   exact_ids = None
@@ -77,9 +74,7 @@ def main() -> None:
           f"then {best:.3f} s: {n / best:,.0f} samples/s; "
           f"P@1 {scores['p@1']:.4f} P@5 {scores['p@5']:.4f}"
           + (f"; top label = exact's for {run['top1_equals_exact']:.3f}" if k is not None else ""))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(result, f, indent=1)
+  harness.write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 - ``gather_dot``: the logits ``<h[b], W[ids[b, j]]> + bias`` of those sets (``sparse_logits``' forward).
 
 At the GCIDE cloze shape by default (N = 20,912, B = 128, k = 1024, d = 128, half of each set from the
-index). Ids are drawn per sample without repeats, Zipf-like, by ``adam_pass.py``'s ``draw_ids``. Prints the minimum and
+index). Ids are drawn per sample without repeats, Zipf-like, by ``harness.draw_ids``. Prints the minimum and
 median milliseconds of ``--repeats`` timings of ``--iters`` calls each, and a checksum of the outputs, so that
 two builds can be compared in turn on this noisy VM (same checksum: same outputs):
 
@@ -15,11 +15,7 @@ two builds can be compared in turn on this noisy VM (same checksum: same outputs
   PYTHONPATH=/path/to/other/site-packages python benchmarks/query_and_logits.py   # another build
 """
 
-import argparse
 import functools
-import json
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -28,26 +24,21 @@ import numpy as np
 from sparsejax import ops
 from sparsejax.index import clusters
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from adam_pass import checksum, draw_ids, time_calls, timing_summary  # noqa: E402  (this directory's benchmark: the same ids, timing)
+import harness
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--num_labels", type=int, default=20_912)
-  parser.add_argument("--batch_size", type=int, default=128)
-  parser.add_argument("--active_k", type=int, default=1024)
+  parser = harness.parser(__doc__)
+  harness.add_shape_flags(parser, "num_labels", "batch_size", "active_k", "dim", "zipf")
   parser.add_argument("--candidates", type=int, default=512, help="ranked candidates per sample (from the index)")
-  parser.add_argument("--dim", type=int, default=128)
-  parser.add_argument("--zipf", type=float, default=0.6, help="id frequency ~ 1 / rank^zipf; 0: uniform")
   parser.add_argument("--iters", type=int, default=100, help="calls per timing")
   parser.add_argument("--repeats", type=int, default=7)
-  parser.add_argument("--json", default=None)
+  harness.add_json_flag(parser)
   args = parser.parse_args()
 
   n, d, b, k, c = args.num_labels, args.dim, args.batch_size, args.active_k, args.candidates
   rng = np.random.default_rng(0)
-  ids = draw_ids(rng, n, b, k, args.zipf)
+  ids = harness.draw_ids(rng, n, b, k, args.zipf)
   candidates = jnp.asarray(ids[:, :c])
   labels = jnp.asarray(ids[:, -1:])
   weight = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
@@ -62,14 +53,12 @@ def main() -> None:
   result = dict(num_labels=n, batch_size=b, active_k=k, candidates=c, dim=d, zipf=args.zipf, kernels={})
   for name, fn, fn_args in (("merge_candidates", merge, (candidates, labels)),
                             ("gather_dot", logits, (h, weight, active, bias))):
-    ms = time_calls(functools.partial(fn, *fn_args), args.iters, args.repeats)
-    output_sum = checksum(outputs[name])
-    result["kernels"][name] = dict(**timing_summary(ms), checksum=output_sum)
+    ms = harness.time_calls(functools.partial(fn, *fn_args), args.iters, args.repeats)
+    output_sum = harness.checksum(outputs[name])
+    result["kernels"][name] = dict(**harness.timing_summary(ms), checksum=output_sum)
     print(f"N={n} B={b} k={k} d={d}: {name} min {min(ms):.3f} ms, median {np.median(ms):.3f} ms "
           f"(outputs {output_sum})")
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(result, f, indent=1)
+  harness.write_json(args.json, result)
 
 
 if __name__ == "__main__":

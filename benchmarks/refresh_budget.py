@@ -9,27 +9,24 @@ Budget 0 keeps ``--rebuild_period`` as given (50 steps, growing 1.05x); a budget
 least ``model.refresh_cost_in_steps / b`` steps. Timings want a quiet machine; run the budgets back to back.
 """
 
-import argparse
 import json
-import platform
 import tempfile
-import time
-
-import jax
 
 from sparsejax import model
 from sparsejax.config import Config, override
 from sparsejax.train import train_and_evaluate
 
+import harness
+
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.parser(__doc__)
   parser.add_argument("--labels", type=int, default=1_000_000)
   parser.add_argument("--samples", type=int, default=100_000, help="synthetic samples (5%% are the test set)")
   parser.add_argument("--features", type=int, default=20_000)
   parser.add_argument("--seconds", type=float, default=120.0, help="training seconds per run")
   parser.add_argument("--budgets", default="0,0.05,0.25", help="comma-separated --refresh_budget values")
-  parser.add_argument("--json", default=None)
+  harness.add_json_flag(parser)
   args = parser.parse_args()
   runs = []
   for budget in (float(b) for b in args.budgets.split(",")):
@@ -43,10 +40,8 @@ def main():
            **{k: final.get(k) for k in ("step", "samples_per_sec", "train_seconds", "p@1", "p@5", "sampled_p@1")}}
     print(json.dumps(run), flush=True)
     runs.append(run)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"machine": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "jax": jax.__version__,
-                 "labels": args.labels, "samples": args.samples, "seconds": args.seconds, "runs": runs}, f, indent=1)
+  harness.write_json(args.json, {"labels": args.labels, "samples": args.samples, "seconds": args.seconds,
+                                 "runs": runs})
 
 
 if __name__ == "__main__":

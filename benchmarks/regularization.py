@@ -12,19 +12,16 @@ A variant is ``name:flag=value,flag=value`` (``Config`` field names), ``;``-sepa
 first is the reference. Timings are not compared, only accuracy.
 """
 
-import argparse
 import json
 import math
-import platform
 import tempfile
-import time
-
-import jax
 
 from sparsejax.config import Config, override
 from sparsejax.data import load_dataset
 from sparsejax.train import train_and_evaluate
 from sparsejax.train.metric_writer import read_records
+
+import harness
 
 DEFAULT_VARIANTS = ("default:;dropout 0.25:dropout=0.25;dropout 0.5:dropout=0.5;weight decay 1e-4:weight_decay=1e-4;"
                     "weight decay 1e-3:weight_decay=1e-3;cosine decay:decay_steps=EPOCHS")
@@ -44,7 +41,7 @@ def _parse(text: str, epoch_steps: int, epochs: float) -> list[tuple[str, dict]]
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.parser(__doc__)
   parser.add_argument("--dataset", default="gcide", choices=("gcide", "gcide_cloze", "synthetic", "icd10"))
   parser.add_argument("--labels", type=int, default=200_000, help="synthetic labels")
   parser.add_argument("--samples", type=int, default=110_000, help="synthetic samples")
@@ -52,7 +49,7 @@ def main():
   parser.add_argument("--epochs", type=float, default=8.0)
   parser.add_argument("--variants", default=DEFAULT_VARIANTS,
                       help="name:field=value,... ;-separated (EPOCHS in a value: the run's steps)")
-  parser.add_argument("--json", default=None)
+  harness.add_json_flag(parser)
   args = parser.parse_args()
   base = override(Config(), dataset=args.dataset, num_epochs=args.epochs, checkpoint_every=10**9, progress=False,
                   log_every=100, **(dict(synthetic_labels=args.labels, synthetic_samples=args.samples,
@@ -76,11 +73,8 @@ def main():
            "validation_p@1_by_epoch": [round(r["p@1"], 4) for r in validation]}
     print(json.dumps(run), flush=True)
     runs.append(run)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"machine": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "jax": jax.__version__,
-                 "dataset": args.dataset, "epochs": args.epochs, "epoch_steps": epoch_steps, "runs": runs}, f,
-                indent=1)
+  harness.write_json(args.json, {"dataset": args.dataset, "epochs": args.epochs, "epoch_steps": epoch_steps,
+                                 "runs": runs})
 
 
 if __name__ == "__main__":

@@ -20,15 +20,11 @@ first 1,024 test queries, exact and sampled at the variant's ``serving_k`` (the 
 ``ModelConfig.serving_k``), from their hidden vectors (best of two calls after a first).
 """
 
-import argparse
 import json
-import os
-import platform
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import accuracy  # noqa: E402  (this directory's benchmark: its data files, run layout and selected state)
+import harness
+from harness import finished_runs
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -73,11 +69,11 @@ def query_seconds(state, model_config, test, max_features, queries: int = 1024) 
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  accuracy.add_finished_run_flags(parser, "synthetic")
+  parser = harness.parser(__doc__)
+  finished_runs.add_finished_run_flags(parser, "synthetic")
   parser.add_argument("--variant", action="append", required=True, metavar="NAME=KEY=VALUE,...",
                       help="a serving index (config overrides; 'NAME=' alone: the defaults)")
-  parser.add_argument("--json", default=None, help="write the results here")
+  harness.add_json_flag(parser)
   args = parser.parse_args()
 
   import jax
@@ -86,7 +82,7 @@ def main() -> None:
   from sparsejax.config import override
   from sparsejax.distributed import sharding
 
-  config, test, _, state, evaluator = accuracy.finished_run(args)
+  config, test, _, state, evaluator = finished_runs.finished_run(args)
   results = []
   for name, overrides in map(parse_variant, args.variant):
     cfg = override(config, **overrides) if overrides else config
@@ -112,11 +108,8 @@ def main() -> None:
           f"{sampled_seconds:.2f} s; P@1 {row['p@1']:.4f}, sampled {row['sampled_p@1']:.4f} "
           f"({row['sampled_over_exact_p@1']:.3f} x), label_recall {row['label_recall']:.3f}, "
           f"topk_recall@10 {row['topk_recall@10']:.3f}", flush=True)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(dict(dataset=args.dataset, run=accuracy.finished_run_dir(args),
-                     k=config.network.active_k, test_queries=len(test),
-                     machine=dict(platform=platform.platform(), cpus=os.cpu_count()), results=results), f, indent=1)
+  harness.write_json(args.json, dict(dataset=args.dataset, run=finished_runs.finished_run_dir(args),
+                                     k=config.network.active_k, test_queries=len(test), results=results))
 
 
 if __name__ == "__main__":

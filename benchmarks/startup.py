@@ -11,14 +11,13 @@ seconds.
   python benchmarks/startup.py --runs tiny --init_labels 2000000   # the initial state's time and peak memory
 """
 
-import argparse
-import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
+
+import harness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "train.py")
@@ -97,16 +96,15 @@ def time_init(which: str, num_labels: int) -> dict:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.parser(__doc__)
   parser.add_argument("--runs", default="tiny,predict,quick_start", help=f"comma-separated, of {sorted(RUNS)}")
   parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--json", default=None, help="write the results here")
+  harness.add_json_flag(parser)
   parser.add_argument("--init_labels", type=int, default=0,
                       help="also time the initial state's build at this many outputs (and its peak RSS)")
   args = parser.parse_args()
   base = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
-  results = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.node(), "cpus": os.cpu_count(),
-             "load_average": os.getloadavg(), "runs": {}}
+  results = {"load_average": os.getloadavg(), "runs": {}}
   for name in filter(None, args.runs.split(",")):  # --runs= : none (the init figures alone)
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as scratch:
       timer = predict_timer(base, scratch) if name == "predict" else time_run
@@ -122,9 +120,7 @@ def main() -> None:
     results["init"] = {which: time_init(which, args.init_labels) for which in ("slide", "dense")}
     results["init"]["num_labels"] = args.init_labels
     print("init:", results["init"], flush=True)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(results, f, indent=1)
+  harness.write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,6 @@ The parts run as separate jits, so their sum exceeds the fused step (no cross-pa
 
 import argparse
 import json
-import os
-import platform
 import tempfile
 import time
 from typing import Any
@@ -52,17 +50,7 @@ from sparsejax.train import train_and_evaluate
 from sparsejax.train.evaluation import Evaluator
 from sparsejax.train.metric_writer import read_records
 
-
-def timeit(fn, *args, repeats=10, warmup=2):
-  """Median wall time of ``fn(*args)`` in seconds (outputs blocked on)."""
-  for _ in range(warmup):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
+import harness
 
 
 def time_steps(step, state, batch, repeats):
@@ -143,11 +131,11 @@ def parts(run, config: model.ModelConfig, state, batch, repeats) -> dict[str, fl
       w, m, ops.RowSparseGrad(fids, fvals, d), lr, **adam)[:2], donate_argnums=(0, 1))
   dense_update = jax.jit(lambda d, o, p: model.dense_optimizer(config).update(d, o, p))
   copy = lambda x: jax.tree.map(jnp.copy, x)
-  res = {"hidden_forward_s": timeit(hidden, state, repeats=repeats),
-         "query_s": timeit(query, state, h, repeats=repeats),
-         "logits_s": timeit(logits_fn, state, h, active, repeats=repeats),
-         "loss_s": timeit(loss_fn, logits, active, repeats=repeats),
-         "hidden_backward_s": timeit(backward, state, dh, repeats=repeats)}
+  res = {"hidden_forward_s": harness.median_seconds(hidden, state, repeats=repeats),
+         "query_s": harness.median_seconds(query, state, h, repeats=repeats),
+         "logits_s": harness.median_seconds(logits_fn, state, h, active, repeats=repeats),
+         "loss_s": harness.median_seconds(loss_fn, logits, active, repeats=repeats),
+         "hidden_backward_s": harness.median_seconds(backward, state, dh, repeats=repeats)}
   w, b, mw, mb = copy((state.out.w, state.out.b, state.out_w_opt, state.out_b_opt))
   times = []
   for _ in range(repeats + 2):
@@ -162,7 +150,7 @@ def parts(run, config: model.ModelConfig, state, batch, repeats) -> dict[str, fl
     w, m = jax.block_until_ready(embed_adam(w, m, d_embed))
     times.append(time.perf_counter() - t0)
   res["adam_embed_s"] = float(np.median(times[2:]))
-  res["adam_dense_s"] = timeit(dense_update, d_dense, state.dense_opt, dense_params, repeats=repeats)
+  res["adam_dense_s"] = harness.median_seconds(dense_update, d_dense, state.dense_opt, dense_params, repeats=repeats)
   return res
 
 
@@ -272,7 +260,7 @@ def batch_comparison(args) -> dict:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = harness.parser(__doc__)
   parser.add_argument("--sizes", default="20000,200000,1000000",
                       help="label counts N, comma-separated (synthetic); empty: none (e.g. --batch_compare only)")
   parser.add_argument("--dataset", default="synthetic", choices=("synthetic", "icd10", "gcide", "gcide_cloze"),
@@ -300,7 +288,7 @@ def main():
   parser.add_argument("--compare_epochs", type=float, default=1.0)
   parser.add_argument("--short", action="store_true",
                       help="a quick check: N = 2e4 only, 60 steps, 3 repeats, small data (no acceptance figures)")
-  parser.add_argument("--json", default=None)
+  harness.add_json_flag(parser)
   args = parser.parse_args()
   if args.short:
     args.sizes, args.steps, args.repeats, args.samples, args.eval_every = "20000", 60, 3, 5000, 1000
@@ -311,9 +299,7 @@ def main():
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   sizes = [int(float(s)) for s in args.sizes.split(",") if s] if args.dataset == "synthetic" else [0]
-  results = {"machine": platform.node(), "cpu_count": os.cpu_count(),
-             "cores": args.cores or len(os.sched_getaffinity(0)), "jax": jax.__version__,
-             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "sizes": []}
+  results = {"cores": args.cores or harness.usable_cores(), "sizes": []}
   for N in sizes:
     dense = args.dense and N <= 200_000
     res = bench_size(argparse.Namespace(**{**vars(args), "dense": dense}), N)
@@ -324,10 +310,7 @@ def main():
   if args.trace and sizes:
     with jax.profiler.trace(args.trace):
       loop_seconds_per_step(override(base_config(args, sizes[-1]), max_steps=min(args.steps, 30)))
-  if args.json:
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-      json.dump(results, f, indent=1)
+  harness.write_json(args.json, results)
 
 
 if __name__ == "__main__":

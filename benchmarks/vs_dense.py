@@ -10,20 +10,17 @@ seconds (--budget, default) or epochs (--epochs).
   python benchmarks/vs_dense.py --dataset icd10 --epochs 5      # ICD-10-CM, same epochs
 """
 
-import argparse
-import json
 import os
-import platform
 import tempfile
-
-import jax
 
 from sparsejax.config import Config, override
 from sparsejax.train import train_and_evaluate
 
+import harness
+
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.parser(__doc__)
   parser.add_argument("--dataset", default="synthetic", choices=("synthetic", "icd10"))
   parser.add_argument("--budget", type=float, default=600.0, help="training seconds per run")
   parser.add_argument("--epochs", type=float, default=None, help="train this many epochs instead of --budget")
@@ -33,7 +30,7 @@ def main():
   parser.add_argument("--active_k", type=int, default=512)
   parser.add_argument("--batch_size", type=int, default=128)
   parser.add_argument("--workdir", default=None)
-  parser.add_argument("--json", default=None)
+  harness.add_json_flag(parser)
   args = parser.parse_args()
   base = override(
       Config(), dataset=args.dataset, synthetic_samples=args.samples, synthetic_features=args.features,
@@ -55,15 +52,12 @@ def main():
       "p@1_sparse": results["sparse"]["p@1"],
       "p@1_dense": results["dense"]["p@1"],
       "p@1_gap_points": 100 * (results["dense"]["p@1"] - results["sparse"]["p@1"]),
-      "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "jax": jax.__version__},
       "args": vars(args),
       "runs": results,
   }
   print(f"samples/s ratio {summary['samples_per_sec_ratio']:.1f}x; P@1 sparse {summary['p@1_sparse']:.4f} "
         f"vs dense {summary['p@1_dense']:.4f}")
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(summary, f, indent=2, default=float)
+  harness.write_json(args.json, summary, indent=2)
 
 
 if __name__ == "__main__":

@@ -7,22 +7,21 @@ line), then times `load_xc_file` on it.
   python benchmarks/xc_reader.py [--lines 490449] [--json PATH]
 """
 
-import argparse
-import json
 import os
-import platform
 import tempfile
 import time
 
 from sparsejax import data
 
+import harness
+
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.parser(__doc__)
   parser.add_argument("--lines", type=int, default=490_449)
   parser.add_argument("--features", type=int, default=135_909)
   parser.add_argument("--labels", type=int, default=670_091)
-  parser.add_argument("--json", default=None)
+  harness.add_json_flag(parser)
   args = parser.parse_args()
   ds = data.make_synthetic(args.lines, args.features, args.labels, labels_per_sample=5.45,
                            features_per_sample=100, seed=0)
@@ -36,12 +35,9 @@ def main():
     loaded = data.load_xc_file(path)
     read_s = time.perf_counter() - t0
   assert len(loaded) == args.lines and loaded.indices.size == ds.indices.size
-  result = {"lines": args.lines, "file_bytes": size, "read_s": read_s, "write_s": write_s,
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}}
+  result = {"lines": args.lines, "file_bytes": size, "read_s": read_s, "write_s": write_s}
   print(f"{args.lines:,} lines ({size / 2**20:,.0f} MiB): read in {read_s:.1f} s, written in {write_s:.1f} s")
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(result, f, indent=2)
+  harness.write_json(args.json, result, indent=2)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,18 @@ def root() -> pathlib.Path:
   return ROOT
 
 
+@pytest.fixture(scope="session")
+def benchmark_module():
+  """``benchmark_module(name)``: ``benchmarks/NAME.py`` (or the package ``harness``) imported as running the script
+  imports it: with ``benchmarks/`` first on sys.path, where its harness is."""
+  import importlib
+
+  folder = str(ROOT / "benchmarks")
+  if folder not in sys.path:
+    sys.path.insert(0, folder)
+  return importlib.import_module
+
+
 def _run_python(*args: str, code: str | None = None, devices: int | None = None, env: dict | None = None,
                 timeout: float = 300, cwd=None, check: bool = True, isolated: bool = True):
   """Runs ``python [-P] [-c code] args`` and returns the CompletedProcess (text).

@@ -1,19 +1,12 @@
 """benchmarks/cluster.py's pure parts (no root): the tbf bucket and issue 8's acceptance checks."""
 
-import importlib.util
-import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 @pytest.fixture(scope="module")
-def cluster():
-  spec = importlib.util.spec_from_file_location("cluster_benchmark", os.path.join(ROOT, "benchmarks", "cluster.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def cluster(benchmark_module):
+  return benchmark_module("cluster")
 
 
 @pytest.mark.parametrize("rate,burst", [("1gbit", 250_000), ("100mbit", 25_000), ("10mbit", 4096), ("1mbit", 4096),

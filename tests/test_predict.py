@@ -207,17 +207,13 @@ def test_sampled_predict_scores_the_index_candidates(selected_run, tmp_path, ins
     assert out.returncode == 2 and out.stderr.startswith(f"sparsejax-predict: error: {message}"), out.stderr
 
 
-def test_the_accuracy_benchmark_restores_the_selected_state(selected_run, root):
+def test_the_accuracy_benchmark_restores_the_selected_state(selected_run, benchmark_module):
   """benchmarks/accuracy.py times inference on the state the run selected; the selected state is kept without
   optimizer states, and the benchmark once restored it into the whole state's structure (an orbax error)."""
-  import importlib.util
-
-  spec = importlib.util.spec_from_file_location("accuracy_benchmark", root / "benchmarks" / "accuracy.py")
-  accuracy = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(accuracy)
+  finished_runs = benchmark_module("harness.finished_runs")  # what accuracy.py and the benchmarks of its runs use
   workdir, final, test = selected_run
   model = sparsejax.load(str(workdir))
-  _, state = accuracy.restored_state(model.config, str(workdir), test)
+  _, state = finished_runs.restored_state(model.config, str(workdir), test)
   assert int(state.step) == final["selected_step"]
   np.testing.assert_array_equal(np.asarray(state.out.w)[:model.num_labels], np.asarray(model.params.out.w))
 

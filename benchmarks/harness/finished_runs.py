@@ -1,0 +1,77 @@
+"""The runs of ``benchmarks/accuracy.py`` as other benchmarks find and restore them: their layout under
+``--workdir`` (``DATASET/train.txt``, ``DATASET/test.txt``, ``DATASET/sparsejax-TAG``), the flags that name one,
+its selected state, and the ``--set NAME=VALUE`` settings they were trained with."""
+
+import argparse
+import json
+import os
+
+from sparsejax import data as xcdata
+
+DATASETS = ("synthetic", "synthetic_1m", "gcide", "gcide_cloze", "icd10", "wordnet", "tiny")
+DEFAULT_WORKDIR = "/tmp/sparsejax_accuracy"
+
+
+def parse_settings(settings: list[str] | None) -> dict:
+  """``["name=value", ...]`` (values as JSON where they parse, else strings) -> override keywords."""
+  out = {}
+  for item in settings or ():
+    name, sep, value = item.partition("=")
+    if not sep:
+      raise SystemExit(f"--set {item!r}: expected NAME=VALUE (a sparsejax setting, e.g. learning_rate=0.01)")
+    try:
+      out[name] = json.loads(value)
+    except json.JSONDecodeError:
+      out[name] = value
+  return out
+
+
+def restored_state(config, run_dir: str, test):
+  """``(run, state)``: the run's selected (else latest) state as saved, for data shaped like ``test``."""
+  from sparsejax.distributed import sharding
+  from sparsejax.model_config import ModelConfig
+  from sparsejax.train import checkpoint
+  from sparsejax.train.loop import without_optimizer
+
+  run = sharding.make_run(ModelConfig.from_config(config, test.num_features, test.num_labels), seed=config.run.seed)
+  # The selected state is kept without its optimizer states (evaluated and served, not trained on).
+  state = checkpoint.BestCheckpoint(run_dir, config.run.selection_metric).restore(
+      without_optimizer(run.abstract_state()))
+  if state is None:
+    state = checkpoint.Checkpoints(run_dir, writable=False).restore(run.abstract_state())[0]
+  return run, state
+
+
+def add_finished_run_flags(parser: argparse.ArgumentParser, dataset: str) -> None:
+  """The flags that name a finished sparsejax run of this benchmark (see :func:`finished_run`)."""
+  parser.add_argument("--dataset", default=dataset, choices=DATASETS)
+  parser.add_argument("--tag", default="300s", help="the run's tag (300s for --budget 300, 1ep for --num_epochs 1)")
+  parser.add_argument("--workdir", default=DEFAULT_WORKDIR, help="accuracy.py's --workdir")
+
+
+def finished_run_dir(args) -> str:
+  """The directory of the run that :func:`add_finished_run_flags`'s flags name."""
+  return os.path.join(args.workdir, args.dataset, f"sparsejax-{args.tag}")
+
+
+def finished_run(args):
+  """A finished sparsejax run named by :func:`add_finished_run_flags`'s flags, restored for evaluation.
+
+  Returns:
+    ``(config, test, run, state, evaluator)``: the run's config, the test set, the run and its selected state
+    as saved (its callers build the serving index themselves, under their variants or timed), and an evaluator
+    of the test set as the run's own evaluations are made.
+  """
+  from sparsejax.config import Config
+  from sparsejax.train.evaluation import Evaluator
+
+  workdir = os.path.join(args.workdir, args.dataset)
+  run_dir = finished_run_dir(args)
+  with open(os.path.join(run_dir, "config.json")) as f:
+    config = Config.from_dict(json.load(f))
+  train = xcdata.load_xc_file(os.path.join(workdir, "train.txt"))
+  test = xcdata.load_xc_file(os.path.join(workdir, "test.txt"))
+  run, state = restored_state(config, run_dir, test)
+  evaluator = Evaluator.for_run(test, train, config.data.max_features, config.run.propensity_a,
+                                config.run.propensity_b)
+  return config, test, run, state, evaluator
