@@ -22,22 +22,22 @@ import json
 import time
 
 import numpy as np
-from absl import app, flags
 
-flags.DEFINE_string("coordinator_address", None, "set by the launcher")
-flags.DEFINE_integer("num_processes", None, "set by the launcher")
-flags.DEFINE_integer("process_id", None, "set by the launcher")
-flags.DEFINE_integer("batch", 128, "samples per step (B)")
-flags.DEFINE_integer("hidden", 128, "hidden width (d)")
-flags.DEFINE_integer("calls", 200, "timed calls per variant and round")
-flags.DEFINE_integer("rounds", 3, "alternations of the variants")
-flags.DEFINE_string("json", None, "write the results here (process 0)")
-FLAGS = flags.FLAGS
+import harness
 
 
-def main(_):
+def main() -> None:
+  parser = harness.parser(__doc__)
+  for name in ("coordinator_address", "num_processes", "process_id"):
+    parser.add_argument(f"--{name}", type=int if name != "coordinator_address" else str, help="set by the launcher")
+  parser.add_argument("--batch", type=int, default=128, help="samples per step (B)")
+  parser.add_argument("--hidden", type=int, default=128, help="hidden width (d)")
+  parser.add_argument("--calls", type=int, default=200, help="timed calls per variant and round")
+  parser.add_argument("--rounds", type=int, default=3, help="alternations of the variants")
+  harness.add_json_flag(parser, help="write the results here (process 0, with the machine)")
+  args = parser.parse_args()
   from sparsejax.distributed import process_group
-  process_group.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  process_group.initialize(args.coordinator_address, args.num_processes, args.process_id)
   import jax
   import jax.numpy as jnp
   from jax.sharding import NamedSharding
@@ -48,7 +48,7 @@ def main(_):
   from sparsejax.distributed.sharding import AXIS
 
   mesh = sharding.make_mesh()
-  B, d = FLAGS.batch, FLAGS.hidden
+  B, d = args.batch, args.hidden
   shard = model.Shard(AXIS)
 
   def now(logits, dh):
@@ -69,18 +69,18 @@ def main(_):
                                           check_vma=False))
               for name, fn in (("one_gather_one_psum", now), ("pmax_then_tuple_psums", before))}
   times = {name: [] for name in variants}
-  for _ in range(FLAGS.rounds):
+  for _ in range(args.rounds):
     for name, fn in variants.items():
       for _ in range(20):
         fn(logits, dh).block_until_ready()
       calls = []
-      for _ in range(FLAGS.calls):
+      for _ in range(args.calls):
         t = time.perf_counter()
         fn(logits, dh).block_until_ready()
         calls.append(time.perf_counter() - t)
       times[name].append(calls)
-  result = {"processes": mesh.size, "batch": B, "hidden": d, "calls": FLAGS.calls, "rounds": FLAGS.rounds,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "variants": {}}
+  result = {"processes": mesh.size, "batch": B, "hidden": d, "calls": args.calls, "rounds": args.rounds,
+            "variants": {}}
   for name, rounds in times.items():
     result["variants"][name] = {"median_ms": float(np.median([np.median(r) for r in rounds]) * 1e3),
                                 "p10_ms": float(np.percentile(np.concatenate(rounds), 10) * 1e3)}
@@ -88,10 +88,8 @@ def main(_):
                                / result["variants"]["one_gather_one_psum"]["median_ms"])
   if jax.process_index() == 0:
     print(json.dumps(result), flush=True)
-    if FLAGS.json:
-      with open(FLAGS.json, "w") as f:
-        json.dump(result, f, indent=1)
+    harness.write_json(args.json, result)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

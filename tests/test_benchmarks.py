@@ -1,0 +1,99 @@
+"""The benchmarks as scripts: each one's ``--help``, their shared harness (benchmarks/harness), and that none
+imports another."""
+
+import ast
+import json
+import re
+
+import pytest
+
+# Runs every benchmark's `--help` as `python benchmarks/NAME.py --help` would (its folder first on sys.path, run
+# as __main__), all in one process: each one imports JAX, and a process apiece took over two minutes on 2 cores.
+_HELP_ALL = """
+import contextlib, io, json, pathlib, runpy, sys
+folder = pathlib.Path(sys.argv[1])
+sys.path.insert(0, str(folder))
+out = {}
+for script in sorted(folder.glob("*.py")):
+  sys.argv = [str(script), "--help"]
+  stdout, stderr, code = io.StringIO(), io.StringIO(), None
+  with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    try:
+      runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as e:
+      code = e.code
+    except BaseException as e:
+      code = repr(e)
+  out[script.name] = dict(code=code, stdout=stdout.getvalue(), stderr=stderr.getvalue()[-2000:])
+print(json.dumps(out))
+"""
+
+
+def _scripts(root):
+  return sorted(path.name for path in (root / "benchmarks").glob("*.py"))
+
+
+def test_every_benchmarks_help_exits_0_with_its_usage_and_commands(root, run_python):
+  out = run_python(str(root / "benchmarks"), code=_HELP_ALL, env={"JAX_PLATFORMS": "cpu"}, timeout=600)
+  helps = json.loads(out.stdout.strip().splitlines()[-1])
+  assert sorted(helps) == _scripts(root) and len(helps) >= 25
+  for name, result in helps.items():
+    assert result["code"] == 0, f"{name} --help: exit {result['code']}\n{result['stderr']}"
+    assert result["stdout"].startswith(f"usage: {name} "), f"{name} --help:\n{result['stdout'][:500]}"
+    if "python benchmarks/" in (root / "benchmarks" / name).read_text():
+      assert f"benchmarks/{name}" in result["stdout"], f"{name} --help leaves out the commands of its docstring"
+
+
+def test_no_benchmark_imports_another_or_edits_sys_path(root):
+  scripts = {name[:-3] for name in _scripts(root)}
+  for name in _scripts(root):
+    source = (root / "benchmarks" / name).read_text()
+    assert not re.search(r"sys\.path\.(insert|append)", source), f"{name} edits sys.path"
+    for node in ast.walk(ast.parse(source)):
+      if isinstance(node, ast.Import):
+        imported = {alias.name.split(".")[0] for alias in node.names}
+      elif isinstance(node, ast.ImportFrom):
+        imported = {(node.module or "").split(".")[0]}
+      else:
+        continue
+      assert not imported & scripts, f"{name} imports the benchmark {imported & scripts}: share it in the harness"
+
+
+@pytest.fixture(scope="module")
+def harness(benchmark_module):
+  return benchmark_module("harness")
+
+
+def test_write_json_records_the_machine_and_the_commit(harness, tmp_path):
+  path = tmp_path / "sub" / "result.json"
+  harness.write_json(str(path), {"figure": 1.5})
+  written = json.loads(path.read_text())
+  assert written["figure"] == 1.5
+  machine = written["machine"]
+  assert machine["cpus"] >= 1 and 1 <= machine["usable_cores"] <= machine["cpus"]
+  assert re.fullmatch(r"\d+\.\d+\.\d+", machine["python"]) and machine["jax"] and machine["date"].endswith("+00:00")
+  commit = harness.sparsejax_commit()
+  assert commit is None or re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", commit)
+  harness.write_json(str(path), {"figure": 2, "machine": {"cpus": 3}})  # a result's own machine is kept
+  assert json.loads(path.read_text())["machine"] == {"cpus": 3}
+  harness.write_json(str(path), {"summary": 1}, record_machine=False)
+  assert json.loads(path.read_text()) == {"summary": 1}
+  harness.write_json(None, {"figure": 3})  # no --json: nothing written
+
+
+def test_time_calls_counts_each_repeat_of_iters_calls(harness):
+  calls = []
+  ms = harness.time_calls(lambda: calls.append(1) or 0, iters=4, repeats=3, warmup=2)
+  assert len(ms) == 3 and len(calls) == 2 + 4 * 3 and all(m >= 0 for m in ms)
+  summary = harness.timing_summary([3.0, 1.0, 2.0])
+  assert summary == dict(min_ms=1.0, median_ms=2.0, ms=[3.0, 1.0, 2.0])
+
+
+def test_draw_ids_are_distinct_within_a_sample_and_zipf_favours_low_ids(harness):
+  import numpy as np
+
+  ids = harness.draw_ids(np.random.default_rng(0), 1000, 64, 100, zipf=1.0)
+  assert ids.shape == (64, 100) and ids.dtype == np.int32
+  assert all(len(set(row)) == 100 for row in ids.tolist())
+  uniform = harness.draw_ids(np.random.default_rng(0), 1000, 64, 100, zipf=0)
+  assert (ids < 100).mean() > 2 * (uniform < 100).mean()
