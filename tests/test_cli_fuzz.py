@@ -3,6 +3,7 @@ with exit status 2 and one line naming the flag, before anything is loaded (in-p
 
 import collections
 import dataclasses
+import functools
 import math
 
 import pytest
@@ -235,3 +236,27 @@ def test_a_data_file_that_is_a_directory_is_named_as_one(tmp_path, capsys, monke
       ["sparsejax-train", "--dataset=files", f"--train_file={tmp_path}", f"--test_file={tmp_path / 'test.txt'}"],
       flag_values))
   assert err == f"sparsejax-train: error: --train_file={tmp_path}: is a directory (--help lists the flags)\n"
+
+
+NUMERIC = [field for field in SETTINGS if field_type(field)[0] in (int, float) or typing_tuple(field_type(field)[0])]
+# Over every numeric setting's bounds, whatever its own: not a number, beyond float32's range; an integer's also beyond
+# 32 and 64 bits.
+EXTREMES = ["nan", "inf", "-inf", "1e400", "-1e400", "1e308", "-1e308"]
+INTEGER_EXTREMES = [str(2**31), str(-2**31 - 1), str(2**63), str(-2**63 - 1), "1e18"]
+
+
+def test_every_numeric_flag_at_its_extremes_exits_2_naming_the_flag(capsys, monkeypatch):
+  """Issue 35: values the validator accepted and Python then overflowed on (--seed >= 2^63, --num_epochs=1e308,
+  --warmup_steps=1e18 ...). Each numeric flag, each extreme: one usage line naming it (not only a random sample of
+  them, as the fuzzing above draws)."""
+  monkeypatch.setattr("sparsejax.data.load_dataset", lambda *a, **k: pytest.fail("data loaded"))
+  monkeypatch.setattr("sys.argv", ["sparsejax-train"])
+  assert len(NUMERIC) > 30
+  for field in NUMERIC:
+    integer = field_type(field)[0] is not float
+    for value in EXTREMES + (INTEGER_EXTREMES if integer else []):
+      flag_values = flags.FlagValues()
+      cli.define_flags(cli.TRAIN, flag_values)
+      argv = ["sparsejax-train", f"--{field.name}={value}"]
+      err = _one_line_exit_2(capsys, functools.partial(cli.parse_flags, argv, flag_values))
+      assert err.startswith("sparsejax-train: error: ") and f"--{field.name}" in err, (field.name, value, err)

@@ -2,6 +2,7 @@
 checksums, the run's id and the step; ``sparsejax.load``, ``sparsejax-predict`` and a resumed run refuse a corrupted
 file, another run's, another step's or a lost best state by name, instead of serving or reporting it."""
 
+import collections
 import glob
 import json
 import logging
@@ -254,3 +255,131 @@ def test_save_writes_a_directory_that_loads_alone_and_predicts_the_same(ours, tm
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   with pytest.raises(FileExistsError, match="exists and is not an empty directory"):
     again.save(saved)
+
+
+# --- Fuzzing the served files (issue 35) -------------------------------------------------------------------------
+# Random damage to any file of best_checkpoint/ and assets/ (label names and a vectorizer added, as a text run writes
+# them): sparsejax.load and predict refuse it with an error sparsejax-predict prints as one line (an OSError or a
+# ValueError) naming the file, or serve exactly what the undamaged run serves. A work directory of an older sparsejax
+# (no seals) cannot tell a changed weight from the run's: there, any answer, but never another exception (a traceback
+# from inside orbax, TensorStore or numpy).
+
+DAMAGE = ("flip", "truncate", "delete", "random bytes", "random span", "empty")
+
+
+@pytest.fixture(scope="module")
+def served(runs, tmp_path_factory):
+  """Our run with label names and a vectorizer (sealed as its run seals them), and an unsealed copy as an older
+  sparsejax wrote it: ``{"sealed": dir, "unsealed": dir}``, kept pristine, and what the run serves."""
+  from sklearn.feature_extraction.text import TfidfVectorizer
+
+  from sparsejax.data.text import TOKEN_PATTERN, save_vectorizer
+
+  base = tmp_path_factory.mktemp("served")
+  sealed = base / "sealed"
+  shutil.copytree(runs[0], sealed)
+  assets = sealed / "assets"
+  (assets / "labels.txt").write_text("".join(f"label {i} é\n" for i in range(200)))
+  vectorizer = TfidfVectorizer(token_pattern=TOKEN_PATTERN, sublinear_tf=True, dtype=np.float32)
+  save_vectorizer(vectorizer.fit([" ".join(f"t{i}" for i in range(1000)), "t0 t1 t2"]), assets / "vectorizer.json")
+  seal = json.loads((assets / "checksums.json").read_text())
+  for name in ("labels.txt", "vectorizer.json"):
+    seal["files"][name] = seals.file_entry(str(assets / name))
+  (assets / "checksums.json").write_text(json.dumps(seal))
+  unsealed = base / "unsealed"
+  shutil.copytree(sealed, unsealed)
+  for seal_path in glob.glob(f"{unsealed}/**/checksums*.json", recursive=True):
+    os.remove(seal_path)
+  for meta_path in glob.glob(f"{unsealed}/checkpoints/*/meta/metadata"):
+    meta = json.loads(open(meta_path).read())
+    del meta["run_id"]
+    open(meta_path, "w").write(json.dumps(meta))
+  return {"sealed": sealed, "unsealed": unsealed}, _serve(sealed)
+
+
+def _serve(workdir) -> list[np.ndarray]:
+  """What the model in ``workdir`` serves: exact, sampled (k) and text predictions, and the labels' names."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", seals.UnverifiedWarning)
+    model = sparsejax.load(str(workdir))
+  features = _rows(model.num_features)
+  results = [model.predict(features, top=5), model.predict(features, top=5, k=40),
+             model.predict(["t5 t7 t9", "t100 t3 t3"], top=3)]
+  return [np.asarray(array) for result in results for array in result] + [model.names(results[0][1])]
+
+
+def _rows(num_features: int):
+  import scipy.sparse
+
+  return scipy.sparse.random(6, num_features, density=0.05, format="csr", random_state=0, dtype=np.float32)
+
+
+def _damage(path, kind: str, where: int, noise: bytes) -> None:
+  """Damages the file at ``path``: ``kind`` of DAMAGE, at byte ``where`` (mod its size), with ``noise`` bytes."""
+  import random
+
+  content = bytearray(path.read_bytes())
+  at = where % max(1, len(content))
+  if kind == "delete":
+    path.unlink()
+    return
+  if kind == "flip" and content:
+    content[at] ^= 1 << (where >> 20) % 8
+  elif kind == "truncate":
+    content = content[:at]
+  elif kind == "random bytes":
+    content = bytearray(random.Random(noise).randbytes(len(content)))
+  elif kind == "random span":
+    content[at:at + len(noise)] = noise[:len(content) - at]
+  elif kind == "empty":
+    content = bytearray()
+  path.write_bytes(bytes(content))
+
+
+def _names_the_file(message: str, workdir, relative: str) -> bool:
+  """Whether ``message`` names the damaged file: its path, its directory and its name, or (a file of an orbax state
+  without seals, read by orbax as a whole) its state's directory."""
+  path = workdir / relative
+  if str(path) in message or (str(path.parent) in message and path.name in message):
+    return True
+  parts = relative.split(os.sep)
+  return parts[0] == "best_checkpoint" and "state" in parts and str(workdir.joinpath(*parts[:3])) in message
+
+
+@pytest.mark.parametrize("kind, cases", [("sealed", 100), ("unsealed", 30)])
+def test_fuzz_a_damaged_served_file_is_refused_by_name_or_serves_the_same(served, kind, cases, fuzz_settings,
+                                                                          record_cases, tmp_path):
+  from hypothesis import given
+  from hypothesis import strategies as st
+
+  pristine, want = served
+  workdir = tmp_path / "run"
+  shutil.copytree(pristine[kind], workdir)
+  files = sorted(os.path.relpath(os.path.join(parent, name), workdir) for top in ("best_checkpoint", "assets")
+                 for parent, _, names in os.walk(workdir / top) for name in names)
+  tally = collections.Counter()
+
+  @fuzz_settings(cases)
+  @given(st.sampled_from(files), st.sampled_from(DAMAGE), st.integers(0, 1 << 24), st.binary(min_size=1,
+                                                                                               max_size=16))
+  def check(relative, damage, where, noise):
+    try:
+      _damage(workdir / relative, damage, where, noise)
+      try:
+        got = _serve(workdir)
+      except (OSError, ValueError) as e:  # what sparsejax-predict prints as one line
+        assert _names_the_file(str(e), workdir, relative), (relative, damage, str(e))
+        tally["refused, naming the file"] += 1
+        return
+      if kind == "sealed":
+        for a, b in zip(got, want):
+          np.testing.assert_array_equal(a, b, err_msg=f"{relative} ({damage}) served another answer")
+        tally["the undamaged run's answer"] += 1
+      else:
+        tally["an answer (nothing to check it against)"] += 1
+    finally:
+      shutil.copy2(pristine[kind] / relative, workdir / relative)
+
+  check()
+  record_cases(f"served files damaged ({kind})", tally)
+  assert sum(tally.values()) >= cases * 3 // 4

@@ -33,6 +33,7 @@ from absl import logging
 
 from sparsejax.config import Config, ConfigError, flat_items, format_value, identity_fields
 from sparsejax.train.seals import (
+  IntegrityError,
   check_sealed_directory,
   file_checksums,
   seal_directory,
@@ -370,10 +371,17 @@ def _restore_arrays(ocp, path: str):
 
   checkpointer = ocp.StandardCheckpointer()
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  with _quiet():  # it warns that the step's own metadata file is not in the item's directory
-    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                          checkpointer.metadata(path).item_metadata.tree)
-    return checkpointer.restore(path, target)
+  try:
+    with _quiet():  # it warns that the step's own metadata file is not in the item's directory
+      target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                            checkpointer.metadata(path).item_metadata.tree)
+      return checkpointer.restore(path, target)
+  # A damaged file of a state no seal covers (an older sparsejax's) fails anywhere in orbax or TensorStore, with any
+  # exception type (KeyError, AttributeError, bare Exception) and pages of detail: named by its directory instead.
+  except Exception as e:  # noqa: BLE001 -- see above
+    reason = (str(e).strip().splitlines() or [""])[0][:200]
+    raise IntegrityError(f"{path}: unreadable as a saved state: a file in it is damaged ({type(e).__name__}: "
+                         f"{reason})") from None
 
 
 def _path_name(path) -> str:
@@ -457,6 +465,26 @@ def check_resume(meta: dict[str, Any] | None, step: int, config: Config, num_sha
   return changed
 
 
+def _check_metrics_files(directory: str, metric: str) -> None:
+  """Raises :class:`IntegrityError` naming the file unless each kept state's ``metrics/metrics`` in ``directory``
+  (``best_checkpoint``) is a JSON object with a number under ``metric``: orbax reads them to pick the best state,
+  before any seal is checked, and a damaged one ended in its JSONDecodeError or KeyError, naming no file."""
+  for name in sorted(os.listdir(directory)):
+    path = os.path.join(directory, name, "metrics", "metrics")
+    if not name.isdigit():  # (an interrupted save's temporary directory, a state set aside as .corrupt)
+      continue
+    if not os.path.isfile(path):  # orbax would pass the state over, as if the run had kept none
+      raise IntegrityError(f"{path}: missing: the state kept in {os.path.join(directory, name)} has no score")
+    try:
+      with open(path, "rb") as f:
+        value = json.loads(f.read().decode("utf-8"))[metric]
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError) as e:
+      raise IntegrityError(f"{path}: not the validation metrics of a kept state ({type(e).__name__}: "
+                           f"{str(e)[:100]})") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      raise IntegrityError(f"{path}: not the validation metrics of a kept state ({metric} is {value!r})")
+
+
 class BestCheckpoint:
   """The best state by a validation metric, in ``WORKDIR/best_checkpoint`` (orbax ``best_fn``, one kept). Training
   keeps it without optimizer states (``train.without_optimizer``).
@@ -489,6 +517,7 @@ class BestCheckpoint:
     """The run's best state, read only; None if the run kept none (no validation split, or no evaluation yet)."""
     if not os.path.isdir(os.path.join(workdir, "best_checkpoint")):
       return None
+    _check_metrics_files(os.path.join(workdir, "best_checkpoint"), metric)
     best = cls(workdir, metric, writable=False)
     return best if best.best_step() is not None else None
 

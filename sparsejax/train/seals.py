@@ -113,7 +113,8 @@ def check_file(directory: str, name: str, seal: dict, seal_path: str) -> None:
     raise IntegrityError(f"{path}: missing (its run recorded it in {seal_path})")
   actual = os.path.getsize(path)
   if actual != size:
-    raise IntegrityError(f"{path}: truncated or replaced ({actual} bytes; its run wrote {size})")
+    raise IntegrityError(f"{path}: truncated or replaced ({actual} bytes; its run recorded {size} in "
+                         f"{seal_path})")
   if sha256_file(path) != digest:
     raise IntegrityError(f"{path}: corrupted (its SHA-256 differs from the one its run recorded in {seal_path})")
 

@@ -23,6 +23,7 @@ import functools
 import json
 import os
 import warnings
+import zipfile
 from collections.abc import Sequence
 
 import numpy as np
@@ -40,6 +41,9 @@ _LABELS, _VECTORIZER, _FREQUENCIES = "labels.txt", "vectorizer.json", "label_fre
 _SERVING_INDEX = "serving_index.npz"
 _FUSION = "centroid_fusion.npz"  # the labels' centroids and the weight the run chose (sparsejax.fusion)
 _SEAL = "checksums.json"  # the assets' seal (sparsejax.train.seals)
+# What numpy raises reading a damaged .npy or .npz: a cut-short file ends in EOFError, a changed byte in an npz member
+# in zipfile.BadZipFile (its CRC), neither an OSError nor a ValueError.
+_DAMAGED_ARRAYS = (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile)
 
 
 def save_assets(workdir: str, data: LoadedData, run_id: str | None = None) -> None:
@@ -138,7 +142,7 @@ def _read_fusion(path: str, num_labels: int, num_features: int):
     with np.load(path, allow_pickle=False) as f:
       weight, indptr, indices, values, features = (float(f["weight"]), f["indptr"], f["indices"], f["values"],
                                                    int(f["num_features"]))
-  except (OSError, ValueError, KeyError, TypeError) as e:
+  except _DAMAGED_ARRAYS as e:
     raise seals.IntegrityError(f"{path}: unreadable as centroid fusion ({type(e).__name__}: {e})") from None
   if (features != num_features or indptr.shape != (num_labels + 1,) or indices.shape != values.shape
       or indptr[-1] != len(indices) or np.any(np.diff(indptr) < 0) or not np.isfinite(weight) or weight < 0
@@ -280,8 +284,11 @@ class TrainedModel:
     self.label_names = None
     if os.path.exists(os.path.join(assets, _LABELS)):
       path = os.path.join(assets, _LABELS)
-      with open(path, encoding="utf-8") as f:
-        self.label_names = tuple(line.rstrip("\n") for line in f)
+      try:
+        with open(path, encoding="utf-8") as f:
+          self.label_names = tuple(line.rstrip("\n") for line in f)
+      except UnicodeDecodeError:
+        raise seals.IntegrityError(f"{path}: {_not_utf8(path)}") from None
       if len(self.label_names) != self.num_labels:
         raise seals.IntegrityError(f"{path}: names {len(self.label_names)} labels; the model predicts "
                                    f"{self.num_labels}")
@@ -302,7 +309,7 @@ class TrainedModel:
     path = os.path.join(assets, _FREQUENCIES)
     try:
       self._frequencies = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
+    except _DAMAGED_ARRAYS as e:
       raise seals.IntegrityError(f"{path}: unreadable ({e})") from None
     if self._frequencies.shape != (self.num_labels,) or not np.all(np.isfinite(self._frequencies)):
       raise seals.IntegrityError(f"{path}: not {self.num_labels} finite label frequencies (shape "
@@ -444,7 +451,7 @@ class TrainedModel:
     try:
       with np.load(path, allow_pickle=False) as f:
         step, centroids, offsets, rows = int(f["step"]), f["centroids"], f["offsets"], f["rows"]
-    except (OSError, ValueError, KeyError, TypeError) as e:  # not an npz, or not one of these arrays
+    except _DAMAGED_ARRAYS as e:  # not an npz, or not one of these arrays
       raise seals.IntegrityError(f"{path}: unreadable as a serving index ({type(e).__name__}: {e})") from None
     # C clusters: the run's eval_num_clusters, or, sharded, every shard's (see clusters.merge_shards).
     if step != self.step or centroids.ndim != 2 or centroids.shape[1] != d + 2 or \
@@ -609,12 +616,23 @@ def _check_assets(directory: str, run_id: str | None) -> None:
                                "files, so they were changed since")
   seal = seals.read_seal(seal_path)
   seals.check_identity(seal, seal_path, directory, run_id)
-  read = (_LABELS, _VECTORIZER, _FREQUENCIES, _SERVING_INDEX)
+  read = (_LABELS, _VECTORIZER, _FREQUENCIES, _SERVING_INDEX, _FUSION)
   present = {name for name in read if os.path.exists(os.path.join(directory, name))}
   # The serving index is a cache: one removed is built again from the rows (the same index).
   names = (set(seal["files"]) - {_SERVING_INDEX}) | present
   for name in sorted(names):
     seals.check_file(directory, name, seal, seal_path)
+
+
+def _not_utf8(path: str) -> str:
+  """``not UTF-8 text (byte 0xff at offset 34)``: where the file at ``path`` stops being UTF-8."""
+  with open(path, "rb") as f:
+    content = f.read()
+  try:
+    content.decode("utf-8")
+  except UnicodeDecodeError as e:
+    return f"not UTF-8 text (byte {content[e.start]:#04x} at offset {e.start})"
+  return "not UTF-8 text"
 
 
 def _check_serving_index(path: str, centroids: np.ndarray, offsets: np.ndarray, rows: np.ndarray,
