@@ -125,6 +125,30 @@ def test_another_runs_file_copied_into_assets_is_refused(ours, runs):
     sparsejax.load(str(ours))
 
 
+
+def test_a_centroid_fusion_the_seal_does_not_record_is_refused(ours, runs):
+  """A run that fused nothing (--nocentroid_fusion) with another run's centroid_fusion.npz copied in: load re-ranked
+  by it unchecked (the seal was checked only for the files it records and the others load reads)."""
+  seal_path = ours / "assets" / "checksums.json"
+  seal = json.loads(seal_path.read_text())
+  del seal["files"]["centroid_fusion.npz"]
+  seal_path.write_text(json.dumps(seal))
+  with pytest.raises(IntegrityError, match=f"{ours / 'assets' / 'centroid_fusion.npz'}: not recorded in"):
+    sparsejax.load(str(ours))
+
+
+@pytest.mark.parametrize("content", [b"", b'{"p@1": ', b'{"p@0": 0.5}', b'\xff'])
+def test_a_damaged_score_of_the_best_state_is_named(ours, content):
+  """Found by the fuzzing below: orbax reads best_checkpoint/N/metrics/metrics to choose the best state before any
+  seal is checked; a damaged one ended in a JSONDecodeError or KeyError naming no file."""
+  path = _best_dir(ours) / "metrics" / "metrics"
+  path.write_bytes(content)
+  with pytest.raises(IntegrityError, match=f"^{path}: not the validation metrics of a kept state"):
+    sparsejax.load(str(ours))
+  path.unlink()  # orbax passed the state over: "the best state was lost", naming no file
+  with pytest.raises(IntegrityError, match=f"^{path}: missing"):
+    sparsejax.load(str(ours))
+
 def _reseal_serving_index(workdir, **arrays):
   """Rewrites the serving index with ``arrays`` replaced and records it in the seal: a bad index its run wrote."""
   path = workdir / "assets" / "serving_index.npz"
