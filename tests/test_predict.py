@@ -300,6 +300,69 @@ def test_a_long_input_row_pads_a_few_rows_not_the_batch(synthetic_run, monkeypat
   np.testing.assert_allclose(scores[7], np.sort(logits)[::-1][:5], rtol=1e-3, atol=1e-4)
 
 
+
+def _labelled(label_rows: list, num_features: int, num_labels: int, seed: int = 0) -> XCDataset:
+  """Samples of 3 random features each with the given label rows."""
+  rng = np.random.default_rng(seed)
+  n = len(label_rows)
+  offsets = lambda parts: np.concatenate([[0], np.cumsum([len(r) for r in parts])]).astype(np.int64)
+  return XCDataset(np.arange(0, 3 * n + 1, 3, dtype=np.int64), rng.integers(0, num_features, 3 * n).astype(np.int32),
+                   rng.random(3 * n, dtype=np.float32), offsets(label_rows),
+                   np.concatenate(label_rows).astype(np.int32), num_features, num_labels)
+
+
+@pytest.mark.parametrize("with_propensity", [True, False])
+def test_scoring_labels_give_the_metrics_of_all_labels(with_propensity):
+  """A sample's labels cut to its hits among the candidates and its 5 heaviest: every ranking of the candidates
+  scores as against all its labels (metrics.evaluate_topk of the full, widest-row padding), duplicates included."""
+  from sparsejax import metrics
+  from sparsejax.train.evaluation import scoring_labels
+
+  rng = np.random.default_rng(3)
+  num_labels = 300
+  label_rows = [rng.choice(num_labels, size, replace=False) for size in (0, 1, 3, 7, 40, 299, 300, 120)]
+  label_rows[4] = np.concatenate([label_rows[4], label_rows[4][:5]])  # a label given twice counts once
+  dataset = _labelled(label_rows, 50, num_labels)
+  candidates = rng.integers(-1, num_labels, (len(label_rows), 12))
+  candidates[5, :8] = label_rows[5][:8]  # many hits
+  propensity = rng.uniform(0.05, 1.0, num_labels) if with_propensity else None
+  labels = scoring_labels(dataset, len(dataset), candidates, propensity)
+  assert labels.shape == (len(dataset), 12 + 5)
+  full = dataset.to_padded(None, 0, None)[2]
+  for ranking in (candidates[:, :5], candidates[:, 7:], candidates[:, ::-1][:, :5]):
+    assert metrics.evaluate_topk(ranking, labels, propensity) == metrics.evaluate_topk(ranking, full, propensity)
+
+
+def test_evaluating_a_sample_with_every_label_pads_the_labels_to_the_candidates_not_to_it(synthetic_run,
+                                                                                       monkeypatch):
+  """Issue 35: the Evaluator padded every sample's labels to the widest row's, [n, max labels] at once: one sample
+  with 2M labels among 100K made 800 GB. Now the metrics see at most the candidates' width plus 5 labels per
+  sample, and equal those of the old padding."""
+  from sparsejax import metrics
+  from sparsejax.train import evaluation
+
+  workdir, _, test = synthetic_run
+  model = sparsejax.load(str(workdir))
+  label_rows = [test.label_indices[test.label_indptr[i]:test.label_indptr[i + 1]] for i in range(40)]
+  label_rows[11] = np.arange(model.num_labels)  # every label
+  mixed = _labelled(label_rows, model.num_features, model.num_labels)
+  mixed = XCDataset(test.indptr[:41], test.indices[:test.indptr[40]], test.values[:test.indptr[40]],
+                    mixed.label_indptr, mixed.label_indices, model.num_features, model.num_labels)
+  with monkeypatch.context() as unbounded:  # the old labels: every row padded to the widest
+    unbounded.setattr(evaluation, "scoring_labels", lambda dataset, n, candidates, propensity:
+                      dataset.to_padded(np.arange(n), 0, None)[2])
+    want = model.evaluate(mixed)
+  widths, evaluate_topk = [], metrics.evaluate_topk
+
+  def recorded(topk_ids, labels, *args, **kwargs):
+    widths.append(labels.shape[1])
+    return evaluate_topk(topk_ids, labels, *args, **kwargs)
+
+  monkeypatch.setattr(metrics, "evaluate_topk", recorded)
+  got = model.evaluate(mixed)
+  assert "sampled_p@1" in got and got == want
+  assert widths and max(widths) <= 5 + 5 + 5 < model.num_labels  # exact and sampled top 5, and the 5 heaviest
+
 def test_evaluating_a_long_row_pads_a_few_rows_and_gives_the_same_metrics(synthetic_run, monkeypatch):
   """Issue 35: the Evaluator (model.evaluate, a run's evaluations) padded every batch of 1,024 rows to the test set's
   widest row, as predict did: one row of 200K features made 1,024 x 2^18 padded ids and values (2 GiB). Now it pads
@@ -339,7 +402,7 @@ def test_evaluating_a_long_row_pads_a_few_rows_and_gives_the_same_metrics(synthe
 
   monkeypatch.setattr(XCDataset, "to_padded", bounded_to_padded)
   got = model.evaluate(mixed)
-  assert padded == [(40, padded_width(normal, None)), (1, 1 << 18)]
+  assert padded == [(40, padded_width(normal, None)), (1, 1 << 18), (41, 0)]  # (41, 0): the labels, no features
   assert "sampled_p@1" in got and got == want
   assert model.evaluate(mixed, 5) == model.evaluate(mixed.subset(np.arange(5)))  # num_samples: the first rows
 

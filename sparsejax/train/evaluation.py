@@ -30,7 +30,8 @@ class Evaluator:
     self.test, self.propensity, self.batch_size = test, propensity, batch_size
     # Planned over the whole set, whatever num_samples a call asks for: the same shapes, no recompilation.
     self.groups = batch_groups(test.feature_counts(), feature_limit, batch_size)
-    self.max_labels = max(test.max_labels_per_sample(), 1)  # one label width
+    # The width of the labels that diagnose takes (one compiled shape); the metrics need far fewer (scoring_labels).
+    self.max_labels = max(test.max_labels_per_sample(), 1)
 
   @classmethod
   def for_run(cls, test: XCDataset, train: XCDataset, feature_limit: int | None, a: float, b: float) -> "Evaluator":
@@ -55,12 +56,13 @@ class Evaluator:
       ``p@k``, ``ndcg@k``, ``psp@k`` (k = 1, 3, 5), ``sampled_*`` (and ``sampled_k{K}_*``) where the prediction
       has them, and with ``diagnose`` the retrieval diagnostics (:func:`sparsejax.retrieval.summarize`).
     """
-    exact, fused, approx, labels, diagnostics, order = [], [], {}, [], [], []
-    for rows, fi, fv, lab in self._batches(num_samples):
+    exact, fused, approx, diagnostics, order = [], [], {}, [], []
+    for rows, fi, fv in self._batches(num_samples):
       extra = {"sampled": {}}
       if diagnose is None:
         scores, ids, sampled = predict(state, fi, fv)
       else:
+        _, _, lab = self.test.to_padded(rows, 0, self.max_labels)
         scores, ids, sampled, extra = diagnose(state, fi, fv, np.pad(lab, ((0, len(fi) - len(lab)), (0, 0)),
                                                                    constant_values=PAD_ID))
         diagnostics.append({key: v[:len(rows)] for key, v in extra["retrieval"].items()})
@@ -71,7 +73,6 @@ class Evaluator:
                                           min(max(metrics.DEFAULT_KS), ids.shape[1]))[1])
       for name, top in (({"sampled": sampled} if sampled is not None else {}) | extra["sampled"]).items():
         approx.setdefault(name, []).append(np.asarray(top)[:len(rows), :max(metrics.DEFAULT_KS)])
-      labels.append(lab)
       order.append(rows)
     # Back in the samples' order (groups take rows out of it): metrics summed in the same order as ever.
     in_order = np.argsort(np.concatenate(order), kind="stable")
@@ -79,11 +80,13 @@ class Evaluator:
     approx = {name: [np.concatenate(tops)[in_order]] for name, tops in approx.items()}
     if diagnostics:
       diagnostics = [{key: np.concatenate([d[key] for d in diagnostics])[in_order] for key in diagnostics[0]}]
-    labels = np.concatenate(labels)[in_order]
+    fused = [np.concatenate(fused)[in_order]] if fusion is not None else []
+    labels = scoring_labels(self.test, len(in_order), np.concatenate(
+        exact + fused + [tops[0] for tops in approx.values()], axis=1), self.propensity)
     result = metrics.evaluate_topk(_ranked(exact), labels, self.propensity)
     if fusion is not None:
       result = {f"network_{key}": v for key, v in result.items()} | metrics.evaluate_topk(
-          _ranked([np.concatenate(fused)[in_order]]), labels, self.propensity)
+          _ranked(fused), labels, self.propensity)
     for name, tops in approx.items():
       sampled_result = metrics.evaluate_topk(_ranked(tops), labels, self.propensity)
       result.update({f"{name}_{key}": v for key, v in sampled_result.items()})
@@ -95,30 +98,60 @@ class Evaluator:
                     metric: str = "p@1") -> tuple[float, dict[float, float]]:
     """The centroids' weight that scores best on this evaluator's set (:func:`sparsejax.fusion.choose_weight`
     over the exact predictions of ``predict``, which must return enough candidates: its ``top``)."""
-    scores, ids, centroid_score, labels, order = [], [], [], [], []
-    for rows, fi, fv, lab in self._batches(None):
+    scores, ids, centroid_score, order = [], [], [], []
+    for rows, fi, fv in self._batches(None):
       s, i, _ = predict(state, fi, fv)
       s, i = np.asarray(s)[:len(rows)], np.asarray(i)[:len(rows)]
       scores.append(s)
       ids.append(i)
       centroid_score.append(fusion_lib.centroid_scores(centroids, fi[:len(rows)], fv[:len(rows)], i))
-      labels.append(lab)
       order.append(rows)
     in_order = np.argsort(np.concatenate(order), kind="stable")
-    return fusion_lib.choose_weight(*(np.concatenate(x)[in_order] for x in (scores, ids, centroid_score, labels)),
-                                    metric=metric, propensity=self.propensity)
+    scores, ids, centroid_score = (np.concatenate(x)[in_order] for x in (scores, ids, centroid_score))
+    labels = scoring_labels(self.test, len(in_order), ids, self.propensity)  # re-rankings keep to these ids
+    return fusion_lib.choose_weight(scores, ids, centroid_score, labels, metric=metric, propensity=self.propensity)
 
   def _batches(self, num_samples: int | None):
-    """``(rows, feat_ids, feat_vals, labels)`` per predict call: the padded batches of the first ``num_samples``
-    samples (rows: which ones; the features padded to the call's shape, the labels not)."""
+    """``(rows, feat_ids, feat_vals)`` per predict call: the padded batches of the first ``num_samples`` samples
+    (rows: which ones; the features padded to the call's shape)."""
     n = len(self.test) if num_samples is None else min(num_samples, len(self.test))
     for group_rows, width, rows_per_call in self.groups:
       group_rows = group_rows[group_rows < n]
       for start in range(0, len(group_rows), rows_per_call):
         rows = group_rows[start:start + rows_per_call]
-        fi, fv, lab = self.test.to_padded(rows, width, self.max_labels)
+        fi, fv, _ = self.test.to_padded(rows, width, 0)
         pad = rows_per_call - len(rows)  # one compiled shape per group
-        yield rows, np.pad(fi, ((0, pad), (0, 0)), constant_values=PAD_ID), np.pad(fv, ((0, pad), (0, 0))), lab
+        yield rows, np.pad(fi, ((0, pad), (0, 0)), constant_values=PAD_ID), np.pad(fv, ((0, pad), (0, 0)))
+
+
+def scoring_labels(dataset: XCDataset, num_samples: int, candidates: np.ndarray,
+                   propensity: np.ndarray | None) -> np.ndarray:
+  """The labels of the first ``num_samples`` samples, ``[num_samples, W]`` (``PAD_ID`` padded), as few as give every
+  ranking of ``candidates`` the P@k, nDCG@k and PSP@k (k <= 5) that all of a sample's labels give.
+
+  ``W`` is at most the candidates' width plus 5: a sample with more labels keeps those among its candidates
+  (its hits) and its 5 of largest weight ``1/propensity`` (its first 5 distinct ones without propensities), which
+  fix its ideal nDCG and PSP. Padding every sample to the widest one's labels made ``[n, 2M]`` of one sample with
+  2M labels (issue 35), as the features once did.
+
+  Args:
+    dataset: the samples.
+    num_samples: the first this many.
+    candidates: ``[num_samples, c]`` every label id that a ranking to be scored may hold (-1: none).
+    propensity: ``[N]`` label propensities (PSP's weights are their inverses), or None.
+  """
+  kmax = max(metrics.DEFAULT_KS)
+  counts = dataset.label_counts()[:num_samples]
+  width = max(1, min(int(counts.max(initial=0)), candidates.shape[1] + kmax))
+  _, _, labels = dataset.to_padded(np.arange(num_samples), 0, width)
+  inverse = None if propensity is None else 1.0 / np.asarray(propensity, np.float64)
+  for row in np.flatnonzero(counts > width):  # the wide rows: few (each was its own width before)
+    own = np.unique(dataset.label_indices[dataset.label_indptr[row]:dataset.label_indptr[row + 1]])
+    heaviest = own[:kmax] if inverse is None else own[np.argsort(-inverse[own], kind="stable")[:kmax]]
+    kept = np.union1d(own[np.isin(own, candidates[row])], heaviest)
+    labels[row] = PAD_ID
+    labels[row, :len(kept)] = kept
+  return labels
 
 
 def _ranked(parts: list[np.ndarray]) -> np.ndarray:
