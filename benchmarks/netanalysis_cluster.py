@@ -1,4 +1,5 @@
-"""The "Network analysis" tables of benchmarks/RESULTS.md from an emulated-cluster validation (issue 8).
+"""The "Network analysis" tables of benchmarks/RESULTS.md (the first run's: benchmarks/results/HISTORY.md) from an
+emulated-cluster validation (issue 8).
 
   sudo python benchmarks/cluster.py --validate_whatif --netanalysis_dir=/tmp/netval
   python benchmarks/netanalysis_cluster.py   # reads benchmarks/results/netanalysis_validation.json

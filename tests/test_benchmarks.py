@@ -97,3 +97,31 @@ def test_draw_ids_are_distinct_within_a_sample_and_zipf_favours_low_ids(harness)
   assert all(len(set(row)) == 100 for row in ids.tolist())
   uniform = harness.draw_ids(np.random.default_rng(0), 1000, 64, 100, zipf=0)
   assert (ids < 100).mean() > 2 * (uniform < 100).mean()
+
+
+def _github_anchors(markdown: str) -> set[str]:
+  """The anchors GitHub gives a Markdown file's headings (lower case, punctuation dropped, spaces as '-', '-1' on
+  the second of two equal ones)."""
+  anchors, seen = set(), {}
+  for heading in re.findall(r"^#+ (.*)$", re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M), re.M):
+    slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+    anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+    seen[slug] = seen.get(slug, 0) + 1
+  return anchors
+
+
+def test_results_md_is_short_each_figure_with_its_command_and_its_links_resolve(root):
+  results = (root / "benchmarks" / "RESULTS.md").read_text()
+  history = (root / "benchmarks" / "results" / "HISTORY.md").read_text()
+  assert len(results.splitlines()) <= 500
+  links = re.findall(r"results/HISTORY\.md#([\w-]+)", results)
+  assert len(links) >= 40
+  missing = set(links) - _github_anchors(history)
+  assert not missing, f"RESULTS.md links to sections HISTORY.md does not have: {sorted(missing)}"
+  table = results.split("## Current figures", 1)[1].split("\n\n|", 1)[1].split("\n\n", 1)[0].splitlines()
+  assert table[0].endswith("| command |") and len(table) >= 30
+  for row in table[2:]:
+    command = row.rsplit(" | ", 1)[1]
+    assert re.search(r"`(sudo |taskset -c [\d,]+ )?python benchmarks/\w+\.py", command), row
+  for script in set(re.findall(r"benchmarks/([a-z0-9_]+)\.py", results + history)):
+    assert (root / "benchmarks" / f"{script}.py").exists(), f"RESULTS.md or HISTORY.md runs benchmarks/{script}.py"
