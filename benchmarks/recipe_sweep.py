@@ -2,8 +2,8 @@
 
 Each variant trains ``sparsejax-train --dataset=NAME --max_seconds=BUDGET`` with its settings (no recipe search:
 the settings are explicit), one after another in this process (the dataset is loaded once), and prints one JSON
-line: the selected state's test P@1/P@5/PSP@5, the step and epoch selected, samples/s and the validation curve
-(epoch, training seconds, P@1)::
+line: the selected state's test P@1/P@5/PSP@5, the step and epoch selected, samples/s, the validation curve
+(epoch, training seconds, P@1) and the machine (``harness.machine``)::
 
   python benchmarks/recipe_sweep.py --dataset gcide_cloze --budget 150 \\
       'h512d25k512:{"hidden_dims": [512], "dropout": 0.25, "active_k": 512}' 'small:{}'
@@ -12,7 +12,6 @@ A variant is ``NAME:JSON`` (``Config`` settings by name; ``NAME:`` alone is the 
 machine: the budget is wall-clock.
 """
 
-import argparse
 import json
 import sys
 import tempfile
@@ -22,9 +21,11 @@ from sparsejax.config import Config, override
 from sparsejax.train import loop as train_module
 from sparsejax.train.metric_writer import read_records
 
+import harness
+
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.parser(__doc__)
   parser.add_argument("--dataset", required=True)
   parser.add_argument("--budget", type=float, required=True, help="training seconds per variant")
   parser.add_argument("variants", nargs="+", help="NAME:JSON settings")
@@ -54,7 +55,8 @@ def main():
                       "test_p@1": round(final["p@1"], 4), "test_p@5": round(final["p@5"], 4),
                       "psp@5": round(final.get("psp@5", 0), 4), "sel_step": final.get("selected_step"),
                       "last_step": final.get("last_step"), "epoch_sel": round(final["epoch"], 2),
-                      "sps": round(final["samples_per_sec"]), "wall": round(time.time() - t), "val": curve}),
+                      "sps": round(final["samples_per_sec"]), "wall": round(time.time() - t), "val": curve,
+                      "machine": harness.machine()}),
           flush=True)
 
 
