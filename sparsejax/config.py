@@ -581,6 +581,12 @@ class RecipeConfig(Section):
       "included (planned from a modelled step time: a slower machine may overrun it); with --max_steps or "
       "--num_epochs the winner still trains all of them, so the other candidates' steps come on top.",
       bounds=Range(0, 1, lo_open=True, hi_open=True))
+  ensemble_members: int = option(
+      2, "Most networks in the run's ensemble. A run with --max_seconds that stops early (--early_stopping_ratio) "
+      "trains more with the budget left, in WORKDIR/members/M: the same recipe from seed + M, each for as many "
+      "steps as the first took to its selected state; their rankings are merged by mean logit (sparsejax.ensemble) "
+      "and served so by sparsejax.load. A member the clock stops before its steps is left out. 1: one network.",
+      bounds=Range(1, 999), identity=False)
 
 
 @dataclasses.dataclass(frozen=True)

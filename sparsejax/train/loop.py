@@ -35,7 +35,7 @@ from sparsejax.data import BatchIterator, LoadedData, load_dataset, train_test_s
 from sparsejax.distributed import sharding
 from sparsejax.model_config import ModelConfig
 from sparsejax.netanalysis.collect import StepProfiler
-from sparsejax.train import checkpoint, recipes, seals, search, trained
+from sparsejax.train import checkpoint, members, recipes, seals, search, trained
 from sparsejax.train.console import Progress, final_line, log_settings, log_to_console
 from sparsejax.train.evaluation import Evaluator
 from sparsejax.train.metric_writer import METRICS_FILE, MetricWriter, read_records
@@ -114,14 +114,43 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
         config = _charged_for_search(config, search_summary)
     else:
       logging.info("recipe: the defaults, no search (%s)", why_not)
-  return _train(config, workdir, data=data, search_summary=search_summary)
+  final = _train(config, workdir, data=data, search_summary=search_summary)
+  return _with_members(config, workdir, data, final)
+
+
+def _with_members(config: Config, workdir: str, data: LoadedData | None, final: dict[str, Any]) -> dict[str, Any]:
+  """``final``, or the ensemble's final record where the run trains more members (:mod:`sparsejax.train.members`)."""
+  if "ensemble_members" in final:  # a finished run's recorded ensemble
+    return final
+  why_not = members.reason_not_to_train(config, final, jax.process_count())
+  if why_not is not None:
+    if config.search.ensemble_members > 1:
+      logging.info("ensemble: one network (%s)", why_not)
+    return final
+  # The first member's settings as it trained them (the recipe its search or checkpoints chose), with this
+  # invocation's budget.
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    trained_config = override(Config.from_dict(json.load(f)), max_seconds=config.budget.max_seconds,
+                              ensemble_members=config.search.ensemble_members)
+  data = data if data is not None else _load_data(trained_config)
+  validation_seed = trained_config.run.seed + 1
+  done = members.train(trained_config, final, workdir, functools.partial(_train, data=data))
+  if not done:
+    return final
+  train, validation = train_test_split(data.train, trained_config.data.validation_fraction, seed=validation_seed)
+  record = members.evaluate(trained_config, final, workdir, done, (train, validation, data.test))
+  _append_record(workdir, record)
+  logging.info("final (ensemble of %d, test set): P@1 %.4f  P@3 %.4f  P@5 %.4f", record["ensemble_members"],
+               record["p@1"], record["p@3"], record["p@5"])
+  return record
 
 
 def _train(config: Config, workdir: str, *, data: LoadedData | None = None, evaluate_test: bool = True,
-           search_summary: dict | None = None) -> dict[str, Any]:
+           search_summary: dict | None = None, validation_seed: int | None = None) -> dict[str, Any]:
   """:func:`train_and_evaluate` with a recipe chosen. ``data``: the loaded dataset (None: loaded here);
-  ``evaluate_test=False`` (a search's candidate) ends with the validation score instead of the test set's
-  evaluation: ``{"score": best validation metric, "step", "train_seconds"}``."""
+  ``evaluate_test=False`` (a search's candidate, an ensemble's member) ends with the validation score instead of
+  the test set's evaluation: ``{"score": best validation metric, "step", "train_seconds"}``; ``validation_seed``:
+  the seed of the validation split (None: ``--seed`` + 1; an ensemble's members take the first member's)."""
   for line in config.unused_settings():
     logging.warning(line)
   num_shards = config.dist.num_shards or jax.process_count()
@@ -159,7 +188,8 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
       name = "test_file" if config.data.dataset == "files" else "test_fraction"
       raise ConfigError(name, getattr(config.data, name), "the test set has no samples")
     if config.data.validation_fraction > 0:
-      train, validation = train_test_split(train, config.data.validation_fraction, seed=config.run.seed + 1)
+      train, validation = train_test_split(train, config.data.validation_fraction,
+                                           seed=config.run.seed + 1 if validation_seed is None else validation_seed)
       if len(validation) == 0:  # too few samples for the fraction: nothing to select on
         raise ConfigError("validation_fraction", config.data.validation_fraction,
                           f"holds no sample of the {len(train)} training samples: raise it, or 0 for no validation "

@@ -22,6 +22,7 @@ the same computations as the run's evaluations.
 import functools
 import json
 import os
+import re
 import warnings
 import zipfile
 from collections.abc import Sequence
@@ -35,12 +36,18 @@ from sparsejax.train import seals
 from sparsejax.train.evaluation import Evaluator, predict_in_batches
 
 ASSETS = "assets"
+# Labels each ensemble member ranks for the merge (at least the top asked): the fused re-ranking's candidates.
+ENSEMBLE_LISTED = 100
 # Texts without a known word named one by one, then the rest in one warning.
 _UNKNOWN_WORDS_NAMED = 10
 _LABELS, _VECTORIZER, _FREQUENCIES = "labels.txt", "vectorizer.json", "label_frequencies.npy"
 _SERVING_INDEX = "serving_index.npz"
 _FUSION = "centroid_fusion.npz"  # the labels' centroids and the weight the run chose (sparsejax.fusion)
+_ENSEMBLE = "ensemble.json"  # the run's other members' directories (sparsejax.ensemble, sparsejax.train.members)
 _SEAL = "checksums.json"  # the assets' seal (sparsejax.train.seals)
+# A member's directory, relative to the run's: nothing else is opened (a work directory from elsewhere must not make
+# load read other files).
+_MEMBER_DIRECTORY = re.compile(r"members/[1-9][0-9]{0,2}")
 # What numpy raises reading a damaged .npy or .npz: a cut-short file ends in EOFError, a changed byte in an npz member
 # in zipfile.BadZipFile (its CRC), neither an OSError nor a ValueError.
 _DAMAGED_ARRAYS = (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile)
@@ -70,7 +77,7 @@ def save_assets(workdir: str, data: LoadedData, run_id: str | None = None) -> No
     files[_SERVING_INDEX] = previous["files"][_SERVING_INDEX]  # its checksum as written, never recomputed
   # A former fusion is not kept: the run's next final evaluation chooses it again (or, --nocentroid_fusion, none),
   # and until then the model served is not the one it was chosen for.
-  for name in (_LABELS, _VECTORIZER, _SERVING_INDEX, _FUSION):
+  for name in (_LABELS, _VECTORIZER, _SERVING_INDEX, _FUSION, _ENSEMBLE):
     if name not in files and os.path.exists(os.path.join(directory, name)):
       os.remove(os.path.join(directory, name))
   if run_id is not None:
@@ -132,6 +139,38 @@ def save_fusion(workdir: str, run_id: str | None, centroids, weight: float) -> N
   if seal is not None:
     seal["files"][_FUSION] = entry
     seals.write_json_atomically(os.path.join(directory, _SEAL), seal)
+
+
+def save_ensemble(workdir: str, run_id: str | None, members: list[str]) -> None:
+  """Records the run's other ensemble members (directories relative to ``workdir``, ``members/M``) in its assets,
+  sealed: :func:`load` serves the ensemble (:mod:`sparsejax.ensemble`)."""
+  for member in members:
+    if not _MEMBER_DIRECTORY.fullmatch(member):
+      raise ValueError(f"save_ensemble: a member's directory must be members/M (M in 1..999), got {member!r}")
+  directory = os.path.join(workdir, ASSETS)
+  entry = _write_asset(directory, _ENSEMBLE, lambda path: _write_json(path, {"members": list(members)}))
+  seal = _own_seal(directory, run_id)
+  if seal is not None:
+    seal["files"][_ENSEMBLE] = entry
+    seals.write_json_atomically(os.path.join(directory, _SEAL), seal)
+
+
+def _write_json(path: str, value) -> None:
+  with open(path, "w") as f:
+    json.dump(value, f)
+
+
+def _read_ensemble(path: str) -> list[str]:
+  """The member directories that :func:`save_ensemble` recorded, checked to be ``members/M``."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      members = json.load(f)["members"]
+  except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+    raise seals.IntegrityError(f"{path}: unreadable as an ensemble ({type(e).__name__}: {e})") from None
+  if not isinstance(members, list) or not all(isinstance(m, str) and _MEMBER_DIRECTORY.fullmatch(m)
+                                              for m in members) or len(set(members)) != len(members):
+    raise seals.IntegrityError(f"{path}: members must be distinct directories members/M, got {members!r}"[:300])
+  return members
 
 
 def _read_fusion(path: str, num_labels: int, num_features: int):
@@ -314,6 +353,16 @@ class TrainedModel:
     if self._frequencies.shape != (self.num_labels,) or not np.all(np.isfinite(self._frequencies)):
       raise seals.IntegrityError(f"{path}: not {self.num_labels} finite label frequencies (shape "
                                  f"{self._frequencies.shape})")
+    # The run's other ensemble members (sparsejax.ensemble): each its own run directory, checked as this one is.
+    self.members: tuple[TrainedModel, ...] = ()
+    if os.path.exists(os.path.join(assets, _ENSEMBLE)):
+      self.members = tuple(TrainedModel(os.path.join(workdir, m), platform=platform)
+                           for m in _read_ensemble(os.path.join(assets, _ENSEMBLE)))
+      for member in self.members:
+        if (member.num_features, member.num_labels) != (self.num_features, self.num_labels) or member.members:
+          raise seals.IntegrityError(f"{member.workdir}: not a member of this ensemble ({member.num_features} "
+                                     f"features, {member.num_labels} labels; the model: {self.num_features}, "
+                                     f"{self.num_labels})")
 
   def __repr__(self) -> str:
     """What the model is and where it came from: its sizes, its checkpoint and its work directory."""
@@ -322,7 +371,8 @@ class TrainedModel:
     return (f"TrainedModel(workdir={self._workdir!r}, step={self.step}, selected_by={self.selected_by!r}, "
             f"model={self.config.network.model!r}, features={self.num_features}, hidden_dims={hidden}, "
             f"labels={self.num_labels}, named_labels={self.label_names is not None}, "
-            f"text_input={self.text_input})")
+            f"text_input={self.text_input}" + (f", ensemble_members={1 + len(self.members)}" if self.members else "")
+            + ")")
 
   @property
   def text_input(self) -> bool:
@@ -377,6 +427,8 @@ class TrainedModel:
     for name in ("best_checkpoint", ASSETS):
       if os.path.isdir(os.path.join(self._workdir, name)):
         shutil.copytree(os.path.join(self._workdir, name), os.path.join(partial, name))
+    for member in self.members:  # at the same place relative to the copy
+      member.save(os.path.join(partial, os.path.relpath(member.workdir, self._workdir)))
     if os.path.exists(os.path.join(self._workdir, "config.json")):
       shutil.copy2(os.path.join(self._workdir, "config.json"), os.path.join(partial, "config.json"))
     if os.path.isdir(target):
@@ -460,10 +512,33 @@ class TrainedModel:
     _check_serving_index(path, centroids, offsets, rows, self.num_labels)
     return clusters.ClusterIndex(centroids, offsets, rows)
 
-  @functools.lru_cache(maxsize=8)  # noqa: B019 - one compiled predict per (top, k); the model lives as long
   def _predict_fn(self, top: int, k: int | None = None, with_sampled: bool = False):
     """``predict(params, fi, fv) -> (scores, ids, sampled_ids or None)``: exact top ``top`` (sampled among ``k``
-    index candidates if ``k``), and with ``with_sampled`` also the sampled ids at the training k."""
+    index candidates if ``k``), and with ``with_sampled`` also the sampled ids at the serving k; an ensemble's
+    rankings merged (:func:`sparsejax.ensemble.merge_top`: each member's best ``max(top, 100)``, mean logits)."""
+    if not self.members:
+      return self._network_fn(top, k, with_sampled)
+    from sparsejax import ensemble
+
+    models = (self, *self.members)
+    listed = max(top, min(ENSEMBLE_LISTED, k or self.num_labels, self.num_labels))
+    exact = [m._network_fn(listed, k) for m in models]
+    # The sampled ranking with its logits: each member's own index candidates, at its serving k.
+    sampled = [m._network_fn(min(listed, m._model_config.serving_k), m._model_config.serving_k)
+               for m in models] if with_sampled else None
+
+    def merged(fns, params, fi, fv, width):
+      outs = [fn(p, fi, fv) for fn, p in zip(fns, (params, *(m.params for m in self.members)))]
+      return ensemble.merge_top([o[0] for o in outs], [o[1] for o in outs], width)
+
+    def predict(params, fi, fv):
+      scores, ids = merged(exact, params, fi, fv, top)
+      return scores, ids, None if sampled is None else merged(sampled, params, fi, fv, top)[1]
+    return predict
+
+  @functools.lru_cache(maxsize=8)  # noqa: B019 - one compiled predict per (top, k); the model lives as long
+  def _network_fn(self, top: int, k: int | None = None, with_sampled: bool = False):
+    """:meth:`_predict_fn` of this network alone."""
     import jax
 
     from sparsejax import inference
@@ -616,7 +691,7 @@ def _check_assets(directory: str, run_id: str | None) -> None:
                                "files, so they were changed since")
   seal = seals.read_seal(seal_path)
   seals.check_identity(seal, seal_path, directory, run_id)
-  read = (_LABELS, _VECTORIZER, _FREQUENCIES, _SERVING_INDEX, _FUSION)
+  read = (_LABELS, _VECTORIZER, _FREQUENCIES, _SERVING_INDEX, _FUSION, _ENSEMBLE)
   present = {name for name in read if os.path.exists(os.path.join(directory, name))}
   # The serving index is a cache: one removed is built again from the rows (the same index).
   names = (set(seal["files"]) - {_SERVING_INDEX}) | present

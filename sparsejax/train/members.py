@@ -1,0 +1,119 @@
+"""Ensemble members trained with the budget that an early stop leaves (``--ensemble_members``).
+
+A run with ``--max_seconds`` stops once its network has peaked (``--early_stopping_ratio``); on GCIDE cloze,
+WordNet and ICD-10 that is within the first half of a 300 s budget. The rest trains more networks of the same
+recipe from other seeds (``seed + m``: another initialisation and sample order; the same data, validation split
+and test set), each for as many steps as the first took to its selected state, in ``WORKDIR/members/M`` (an
+ordinary run directory: an interrupted member resumes). Their rankings are merged by mean logit
+(:mod:`sparsejax.ensemble`), the centroid fusion's weight is chosen again on the validation split for the
+ensemble, and the final record is the ensemble's test evaluation, through the model :func:`sparsejax.load`
+serves. Members are added while the budget lasts: one stopped by the clock before its steps is left out, so a
+budget that does not bind gives the same ensemble on any machine.
+"""
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from absl import logging
+
+from sparsejax.config import Config, override
+
+MEMBERS_DIR = "members"
+
+
+def reason_not_to_train(config: Config, final: dict[str, Any], num_processes: int) -> str | None:
+  """Why a run that ended with ``final`` trains no more members (None: it does)."""
+  if config.search.ensemble_members <= 1:
+    return "--ensemble_members=1"
+  if config.budget.max_seconds is None:
+    return "no --max_seconds budget"
+  if config.data.validation_fraction <= 0:
+    return "no validation split"
+  if config.network.model != "slide":
+    return "--model=dense"
+  if num_processes > 1 or (config.dist.num_shards or 1) > 1:
+    return "several processes"
+  if final.get("stopped_by") != "early_stopping":
+    return f"the budget was spent (stopped by {final.get('stopped_by')})"
+  return None
+
+
+TrainFn = Callable[..., dict[str, Any]]
+
+
+def train(config: Config, final: dict[str, Any], workdir: str, train_fn: TrainFn) -> list[str]:
+  """Trains members ``1 .. --ensemble_members - 1`` while the budget lasts; returns the directories (relative to
+  ``workdir``) of those that trained their steps.
+
+  Args:
+    config: the first member's settings (its recipe applied; ``--max_seconds`` what its invocation had).
+    final: the first member's final record: its selected ``step`` and ``train_seconds``.
+    workdir: the run's directory.
+    train_fn: ``train_fn(config, workdir, evaluate_test=False, validation_seed=...)`` trains a member to its
+      budget (resuming its directory) and returns ``{"score", "step", "train_seconds"}``.
+  """
+  steps = int(final["step"])
+  left = config.budget.max_seconds - final.get("train_seconds", 0.0)
+  done = []
+  for m in range(1, config.search.ensemble_members):
+    if left <= 0:
+      logging.info("ensemble: no budget left for member %d", m)
+      break
+    member = os.path.join(MEMBERS_DIR, str(m))
+    member_config = override(config, seed=config.run.seed + m, max_steps=steps, num_epochs=None, max_seconds=left,
+                             ensemble_members=1, centroid_fusion=False, early_stopping_ratio=None,
+                             early_stopping_patience=None)
+    logging.info("ensemble: member %d (seed %d) trains %d steps in %s (%.0f s of the budget left)", m,
+                 member_config.run.seed, steps, os.path.join(workdir, member), left)
+    result = train_fn(member_config, os.path.join(workdir, member), evaluate_test=False,
+                      validation_seed=config.run.seed + 1)
+    left -= result["train_seconds"]
+    if result["step"] < steps:
+      logging.info("ensemble: member %d stopped by the clock at step %d of %d: left out", m, result["step"], steps)
+      break
+    logging.info("ensemble: member %d: validation %s %.4f", m, config.run.selection_metric, result["score"])
+    done.append(member)
+  return done
+
+
+def evaluate(config: Config, final: dict[str, Any], workdir: str, members: list[str], splits) -> dict[str, Any]:
+  """The ensemble's final record: ``members`` recorded in the run's assets, the centroid fusion's weight chosen
+  again on the validation split, and the test set's metrics of the model that :func:`sparsejax.load` serves.
+
+  Args:
+    config: the run's settings.
+    final: the first member's final record (its ``network_*`` and ``p@k`` become ``member0_*``).
+    workdir: the run's directory.
+    members: the other members' directories, relative to ``workdir``.
+    splits: ``(train, validation, test)``: the first member's training samples, validation split and test set.
+  """
+  from sparsejax import fusion
+  from sparsejax.train import checkpoint, trained
+  from sparsejax.train.evaluation import Evaluator
+
+  train_set, validation, test = splits
+  checkpoints = checkpoint.Checkpoints(workdir, writable=False)
+  run_id = (checkpoints.meta(checkpoints.latest_step()) or {}).get("run_id")
+  trained.save_ensemble(workdir, run_id, members)
+  model = trained.load(workdir)
+  evaluator = lambda dataset: Evaluator.for_run(dataset, train_set, config.data.max_features,
+                                                config.run.propensity_a, config.run.propensity_b)
+  record = {f"member0_{key}": final[key] for key in ("p@1", "p@5", "network_p@1", "validation_p@1") if key in final}
+  if config.run.centroid_fusion:
+    centroids = fusion.label_centroids(train_set)
+    listed = min(fusion.CANDIDATES, model.num_labels)
+    weight, table = evaluator(validation).fusion_weight(model._predict_fn(listed), model.params, centroids,
+                                                        config.run.selection_metric)
+    logging.info("ensemble: centroid fusion weight %g (validation %s by weight: %s)", weight,
+                 config.run.selection_metric, ", ".join(f"{w:g} {v:.4f}" for w, v in table.items()))
+    trained.save_fusion(workdir, run_id, centroids, weight)
+    model = trained.load(workdir)
+    record.update({"fusion_weight": weight, "fusion_validation": {f"{w:g}": v for w, v in table.items()}})
+  network = evaluator(test)(model._predict_fn(min(5, model.num_labels)), model.params)
+  record.update({f"network_{key}": value for key, value in network.items()})
+  record.update(model.evaluate(test))
+  record["ensemble_members"] = 1 + len(members)
+  logging.info("ensemble of %d networks (test set): P@1 %.4f (the first alone %.4f), network alone %.4f",
+               record["ensemble_members"], record["p@1"], final["p@1"], record["network_p@1"])
+  return {**final, **record}

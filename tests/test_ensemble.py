@@ -1,0 +1,153 @@
+"""Ensembles (sparsejax.ensemble, sparsejax.train.members): the merge against brute force, and a run that trains a
+second member with the budget its early stop leaves, serves the ensemble and reproduces its final evaluation."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+import scipy.sparse
+
+from sparsejax.ensemble import merge_top
+
+
+def _brute_merge(scores, ids, top):
+  """merge_top by dictionaries: each label of any list, the mean of its logit or the member's lowest listed one."""
+  out_s, out_i = [], []
+  for r in range(len(ids[0])):
+    lists = [{int(i): float(s) for s, i in zip(sc[r], idx[r]) if i >= 0} for sc, idx in zip(scores, ids)]
+    floors = [min((v for v in d.values() if np.isfinite(v)), default=-np.inf) for d in lists]
+    order = []  # first appearance: member by member, in their order
+    for d in lists:
+      order += [label for label in d if label not in order]
+    merged = [(np.mean([d.get(label, f) for d, f in zip(lists, floors)]), label) for label in order]
+    merged.sort(key=lambda x: -x[0])  # stable: ties keep the first appearance
+    merged += [(-np.inf, -1)] * (top - len(merged))
+    out_s.append([s for s, _ in merged[:top]])
+    out_i.append([i for _, i in merged[:top]])
+  return np.asarray(out_s, np.float32), np.asarray(out_i)
+
+
+def test_merge_top_averages_the_members_logits_with_each_ones_floor_for_labels_it_did_not_rank():
+  rng = np.random.default_rng(0)
+  n, num_labels, t = 50, 40, 6
+  logits = [rng.normal(size=(n, num_labels)).astype(np.float32) for _ in range(3)]
+  ids = [np.argsort(-x, axis=1)[:, :t] for x in logits]
+  scores = [np.take_along_axis(x, i, axis=1) for x, i in zip(logits, ids)]
+  for top in (1, 5, 18):
+    got_s, got_i = merge_top(scores, ids, top)
+    want_s, want_i = _brute_merge(scores, ids, top)
+    np.testing.assert_array_equal(got_i, want_i)
+    np.testing.assert_allclose(got_s, want_s, rtol=1e-6)
+  # Independent of the brute force: a label both members rank first wins with the mean of its two logits.
+  s, i = merge_top([np.array([[3.0, 1.0]]), np.array([[5.0, 0.0]])], [np.array([[7, 2]]), np.array([[7, 4]])], 3)
+  np.testing.assert_array_equal(i, [[7, 2, 4]])
+  np.testing.assert_allclose(s, [[4.0, 0.5, 0.5]])
+
+
+def test_merge_top_skips_missing_labels_and_keeps_ties_in_member_order():
+  scores = [np.array([[2.0, -np.inf]], np.float32), np.array([[1.0, 1.0]], np.float32)]
+  ids = [np.array([[3, -1]]), np.array([[5, 3]])]
+  s, i = merge_top(scores, ids, 4)
+  # 3: (2 + 1) / 2; 5: (member 0's floor 2 + 1) / 2, a tie that keeps member 0's label first; then nothing.
+  np.testing.assert_array_equal(i, [[3, 5, -1, -1]])
+  np.testing.assert_allclose(s, [[1.5, 1.5, -np.inf, -np.inf]])
+  with pytest.raises(ValueError, match="top must be in"):
+    merge_top(scores, ids, 5)
+  with pytest.raises(ValueError, match="must be"):
+    merge_top(scores, [ids[0], np.array([[5]])], 1)
+
+
+def _config(**changes):
+  from sparsejax.config import Config, override
+
+  # A small problem whose validation P@1 stops rising within a few hundred steps: --early_stopping_ratio stops it
+  # well before its --max_seconds, and the second member trains in the time left.
+  return override(
+      Config(), dataset="synthetic", synthetic_samples=600, synthetic_features=1000, synthetic_labels=200,
+      hidden_dims=(32,), active_k=32, batch_size=64, max_steps=600, eval_every=20, eval_samples=300, log_every=10,
+      checkpoint_every=20, progress=False, learning_rate=3e-2, candidates="clusters", validation_fraction=0.2,
+      softmax="sampled", max_seconds=600.0, recipe="none", **changes)
+
+
+@pytest.fixture(scope="module")
+def ensemble_run(tmp_path_factory):
+  from sparsejax.train import train_and_evaluate
+
+  workdir = str(tmp_path_factory.mktemp("ensemble") / "run")
+  return workdir, train_and_evaluate(_config(), workdir)
+
+
+def test_a_run_stopped_early_trains_a_second_member_and_serves_the_ensemble(ensemble_run):
+  import sparsejax
+  from sparsejax.data import load_dataset
+
+  workdir, final = ensemble_run
+  assert final["stopped_by"] == "early_stopping" and final["ensemble_members"] == 2, final
+  assert "member0_p@1" in final and "network_p@1" in final
+  model = sparsejax.load(workdir)
+  assert len(model.members) == 1 and model.members[0].workdir == os.path.join(workdir, "members", "1")
+  assert model.members[0].step <= final["step"] and "ensemble_members=2" in repr(model)
+  # The member trained the first member's selected steps from another seed: another network.
+  member_config = json.load(open(os.path.join(workdir, "members", "1", "config.json")))
+  assert member_config["budget"]["max_steps"] == final["step"] and member_config["run"]["seed"] == 1
+  assert not np.array_equal(model.params.out.w, model.members[0].params.out.w)
+  test = load_dataset(model.config.data, seed=model.config.run.seed).test
+  # The served model reproduces the run's final (ensemble) evaluation, and its ranking is the members' merged.
+  assert model.evaluate(test)["p@1"] == final["p@1"]
+  _, ids = model.predict(test, top=5, fusion=False)
+  lists = [m._network_fn(100)(m.params, *test.to_padded(np.arange(len(test)), test.max_features_per_sample(), 0)[:2])
+           for m in (model, *model.members)]
+  np.testing.assert_array_equal(ids, merge_top([s for s, _, _ in lists], [i for _, i, _ in lists], 5)[1])
+
+
+def test_an_ensemble_run_run_again_trains_nothing_and_its_saved_copy_predicts_the_same(ensemble_run, tmp_path):
+  import sparsejax
+  from sparsejax.train import train_and_evaluate
+
+  workdir, final = ensemble_run
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    records = f.read()
+  assert train_and_evaluate(_config(), workdir) == final
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    assert f.read() == records
+  model = sparsejax.load(workdir)
+  copy = sparsejax.load(model.save(str(tmp_path / "served")))
+  assert len(copy.members) == 1 and copy.members[0].workdir == str(tmp_path / "served" / "members" / "1")
+  inputs = scipy.sparse.random(8, 1000, density=0.01, format="csr", random_state=0, dtype=np.float32)
+  for a, b in zip(model.predict(inputs, top=5), copy.predict(inputs, top=5)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_the_same_seed_trains_the_same_ensemble_and_one_member_trains_none(ensemble_run, tmp_path):
+  import sparsejax
+  from sparsejax.train import train_and_evaluate
+
+  workdir, final = ensemble_run
+  again = train_and_evaluate(_config(), str(tmp_path / "again"))
+  assert again["p@1"] == final["p@1"] and again["ensemble_members"] == 2
+  for a, b in zip(jax.tree.leaves(sparsejax.load(workdir).members[0].params),
+                  jax.tree.leaves(sparsejax.load(str(tmp_path / "again")).members[0].params)):
+    np.testing.assert_array_equal(a, b)
+  single = train_and_evaluate(_config(ensemble_members=1), str(tmp_path / "single"))
+  assert "ensemble_members" not in single and not os.path.exists(tmp_path / "single" / "members")
+  assert single["p@1"] == final["member0_p@1"]
+
+
+def test_an_ensemble_file_names_only_member_directories(tmp_path):
+  """A work directory from elsewhere must not make load open other files: member paths are members/M, nothing else."""
+  from sparsejax.train import seals, trained
+
+  path = tmp_path / "ensemble.json"
+  for members in (["../../etc"], ["/tmp/x"], ["members/1", "members/1"], ["members/0"], "members/1", [1]):
+    path.write_text(json.dumps({"members": members}))
+    with pytest.raises(seals.IntegrityError, match="members must be distinct directories members/M"):
+      trained._read_ensemble(str(path))
+  path.write_text("{")
+  with pytest.raises(seals.IntegrityError, match="unreadable as an ensemble"):
+    trained._read_ensemble(str(path))
+  with pytest.raises(ValueError, match="members/M"):
+    trained.save_ensemble(str(tmp_path), None, ["members/1/../../x"])
+  path.write_text(json.dumps({"members": ["members/1", "members/12"]}))
+  assert trained._read_ensemble(str(path)) == ["members/1", "members/12"]
