@@ -352,13 +352,12 @@ def _peer_data(train_path: str, test_path: str, seed: int):
   return train, test
 
 
-def _csr(ds, labels: bool = False):
+def _label_matrix(ds):
+  """``ds``'s labels as a ``[n, L]`` indicator matrix (PECOS's Y)."""
   import scipy.sparse
 
-  if labels:
-    return scipy.sparse.csr_matrix((np.ones(len(ds.label_indices), np.float32), ds.label_indices, ds.label_indptr),
-                                   shape=(len(ds), ds.num_labels))
-  return scipy.sparse.csr_matrix((ds.values, ds.indices, ds.indptr), shape=(len(ds), ds.num_features))
+  return scipy.sparse.csr_matrix((np.ones(len(ds.label_indices), np.float32), ds.label_indices, ds.label_indptr),
+                                 shape=(len(ds), ds.num_labels))
 
 
 def _peer_result(ids: np.ndarray, test, seconds: float, args) -> dict:
@@ -383,7 +382,7 @@ def run_pecos(train_path: str, test_path: str, run_dir: str, args) -> dict:
   train, test = _peer_data(train_path, test_path, args.seed)
   os.makedirs(run_dir, exist_ok=True)
   paths = [os.path.join(run_dir, f"{name}.npz") for name in ("train_x", "train_y", "test_x", "out")]
-  for path, matrix in zip(paths, (_csr(train), _csr(train, labels=True), _csr(test))):
+  for path, matrix in zip(paths, (train.feature_matrix(), _label_matrix(train), test.feature_matrix())):
     scipy.sparse.save_npz(path, matrix)
   script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pecos_xrlinear.py")
   subprocess.run([args.pecos_python, script, *paths], check=True)
@@ -396,9 +395,9 @@ def run_napkinxc(train_path: str, test_path: str, run_dir: str, args) -> dict:
   from napkinxc.models import PLT
 
   train, test = _peer_data(train_path, test_path, args.seed)
-  x_train = _csr(train)
+  x_train = train.feature_matrix()
   y_train = [train.label_indices[train.label_indptr[i]:train.label_indptr[i + 1]].tolist() for i in range(len(train))]
-  x_test = _csr(test)
+  x_test = test.feature_matrix()
   model = PLT(run_dir, seed=args.seed, threads=0)
   t = time.time()
   model.fit(x_train, y_train)

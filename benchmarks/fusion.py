@@ -40,7 +40,7 @@ def main():
                           for s in range(0, len(test), 1000)])
   n = len(test)
   hit = lambda top: np.array([top[i] in set(labels[i][labels[i] >= 0].tolist()) for i in range(n)])
-  x, c = test_matrix(test), centroids.matrix().T.tocsr()
+  x, c = test.feature_matrix(), centroids.matrix().T.tocsr()
   alone = np.concatenate([np.asarray((x[s:s + 2000] @ c).argmax(axis=1)).ravel()  # the centroids alone, all N
                           for s in range(0, n, 2000)])
   result = {"run": args.run, "data": args.data, "test_samples": n,
@@ -60,12 +60,6 @@ def main():
     print(f"{count} candidates: P@1 {result['fused'][count]['p@1_crossed']:.4f} (weights {on_a:g} / {on_b:g}); "
           f"network {result['network_p@1']:.4f}, centroids alone {result['centroids_p@1']:.4f}", flush=True)
   harness.write_json(args.json, result)
-
-
-def test_matrix(data):
-  import scipy.sparse as sp
-
-  return sp.csr_matrix((data.values, data.indices, data.indptr), shape=(len(data), data.num_features))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ def main() -> None:
   harness.add_json_flag(parser)
   args = parser.parse_args()
 
-  import scipy.sparse
   from napkinxc.models import PLT
 
   from sparsejax import data as xcdata
@@ -50,7 +49,7 @@ def main() -> None:
   test = xcdata.load_xc_file(os.path.join(args.workdir, args.dataset, "test.txt"))
   if args.queries is not None:
     test = test.subset(np.arange(min(args.queries, len(test))))
-  x = scipy.sparse.csr_matrix((test.values, test.indices, test.indptr), shape=(len(test), test.num_features))
+  x = test.feature_matrix()
   labels = [test.label_indices[test.label_indptr[i]:test.label_indptr[i + 1]] for i in range(len(test))]
   if not any(len(y) for y in labels):
     raise SystemExit(f"no test query of {args.dataset} has a label")

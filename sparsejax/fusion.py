@@ -54,10 +54,6 @@ class LabelCentroids(NamedTuple):
     return sp.csr_matrix((self.values, self.indices, self.indptr), shape=(self.num_labels, self.num_features))
 
 
-def _features(data: XCDataset) -> sp.csr_matrix:
-  return sp.csr_matrix((data.values, data.indices, data.indptr), shape=(len(data), data.num_features))
-
-
 def label_centroids(train: XCDataset) -> LabelCentroids:
   """The centroids of ``train``'s labels: ``c_l = s_l / |s_l|``, ``s_l`` the sum of the rows labelled ``l``.
 
@@ -67,7 +63,7 @@ def label_centroids(train: XCDataset) -> LabelCentroids:
   sample_of = np.repeat(np.arange(n), np.diff(train.label_indptr))
   membership = sp.csr_matrix((np.ones(len(sample_of), np.float32), (train.label_indices, sample_of)),
                              shape=(train.num_labels, n))
-  sums = (membership @ _features(train)).tocsr()
+  sums = (membership @ train.feature_matrix()).tocsr()
   sums.sort_indices()
   norms = np.sqrt(np.asarray(sums.multiply(sums).sum(axis=1), np.float64).ravel())
   sums.data *= np.repeat(np.where(norms > 0, 1.0 / np.maximum(norms, 1e-30), 0.0), np.diff(sums.indptr))

@@ -112,6 +112,28 @@ def test_subset_and_label_frequencies():
     ds.subset([len(ds)])
 
 
+def test_feature_matrix_matches_a_dense_reference():
+  ds = _random_dataset(np.random.default_rng(2))
+  # Empty rows at both ends (the matrix keeps n rows) and F wider than any stored id (it keeps F columns).
+  ds = XCDataset(np.concatenate([ds.indptr, [ds.indptr[-1]]]), ds.indices, ds.values,
+                 np.concatenate([ds.label_indptr, [ds.label_indptr[-1]]]), ds.label_indices, ds.num_features + 5,
+                 ds.num_labels)
+  dense = np.zeros((len(ds), ds.num_features), np.float32)
+  for i in range(len(ds)):
+    ids, vals, _ = _rows(ds, i)
+    dense[i, ids] = vals
+  x = ds.feature_matrix()
+  assert x.format == "csr" and x.dtype == np.float32 and x.shape == (len(ds), ds.num_features)
+  assert x.getnnz(axis=1)[[0, 2, len(ds) - 1]].tolist() == [0, 0, 0]
+  np.testing.assert_array_equal(x.toarray(), dense)
+  # The padded kernel view holds the same entries.
+  feat_ids, feat_vals, _ = ds.to_padded()
+  from_padded = np.zeros_like(dense)
+  real = feat_ids != PAD_ID
+  from_padded[np.nonzero(real)[0], feat_ids[real]] = feat_vals[real]
+  np.testing.assert_array_equal(from_padded, dense)
+
+
 def _to_padded_reference(ds, rows, max_features, max_labels):
   b = len(rows)
   ids = np.full((b, max_features), -1, np.int32)

@@ -158,6 +158,16 @@ class XCDataset:
     keys = np.unique(sample * self.num_labels + self.label_indices)  # distinct (sample, label) pairs
     return np.bincount(keys % self.num_labels, minlength=self.num_labels).astype(np.int64)
 
+  def feature_matrix(self):
+    """The features as a scipy sparse matrix (the arrays shared, not copied).
+
+    Returns:
+      ``scipy.sparse.csr_matrix [n, F]`` float32; a sample without features is an empty row.
+    """
+    import scipy.sparse  # here, not at import: the data package stays importable without loading scipy
+
+    return scipy.sparse.csr_matrix((self.values, self.indices, self.indptr), shape=(len(self), self.num_features))
+
   # ------------------------------------------------------------ selection
   def subset(self, rows: Iterable[int] | np.ndarray) -> XCDataset:
     """Samples ``rows`` (in that order, repeats allowed) as a new dataset.
