@@ -21,7 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsejax import metrics
-from sparsejax.data import PAD_ID, XCDataset
+from sparsejax.data import XCDataset
 
 # The network's best labels per sample that fusion re-ranks. GCIDE's network has 24% of its test labels in its
 # top 100 (and the centroids' own P@1 is 0.055): re-ranking reaches them without scoring all N labels.
@@ -158,7 +158,6 @@ def choose_weight(scores: np.ndarray, ids: np.ndarray, centroid_score: np.ndarra
   results = {}
   for w in weights:
     _, top = rerank(scores, ids, centroid_score, w, min(max(metrics.DEFAULT_KS), ids.shape[1]))
-    top = np.pad(top, ((0, 0), (0, max(0, max(metrics.DEFAULT_KS) - top.shape[1]))), constant_values=PAD_ID)
-    results[float(w)] = float(metrics.evaluate_topk(top, labels, propensity)[metric])
+    results[float(w)] = float(metrics.evaluate_topk(metrics.pad_ranking(top), labels, propensity)[metric])
   best = max(results.values())
   return next(w for w in results if results[w] == best), results

@@ -8,6 +8,8 @@ This module provides:
 * :func:`ranking_metrics` -- per-sample P@k, nDCG@k and propensity-scored
  precision from top-k predictions (vectorised NumPy).
 * :func:`evaluate_topk` -- dataset-level means as a flat ``dict`` of floats.
+* :func:`pad_ranking` -- a ranking shorter than the largest cut-off widened
+ with "no prediction", so that P@k still divides by ``k``.
 * :func:`ranking_metrics_jax` -- a jittable variant for on-device evaluation.
 
 The predictions they score come from :mod:`sparsejax.inference` (exact
@@ -53,6 +55,7 @@ __all__ = [
     "label_frequencies",
     "ranking_metrics",
     "evaluate_topk",
+    "pad_ranking",
     "ranking_metrics_jax",
 ]
 
@@ -310,6 +313,22 @@ def evaluate_topk(
         value = raw.mean()
       out[f"psp@{k}"] = float(value)
   return out
+
+
+def pad_ranking(topk_ids: np.ndarray, k: int = max(DEFAULT_KS)) -> np.ndarray:
+  """``topk_ids`` with at least ``k`` columns: a ranking of fewer labels (a model of fewer than ``k`` outputs, a
+  prediction of fewer candidates) gets its last places empty (``-1``, never relevant), so that P@k is hits / k as
+  everywhere else rather than a cut-off the ranking cannot reach.
+
+  Args:
+    topk_ids: ``[n, r]`` int predictions sorted by descending score.
+    k: the width to reach.
+
+  Returns:
+    ``[n, max(r, k)]``, ``topk_ids`` itself where it is wide enough.
+  """
+  topk_ids = np.asarray(topk_ids)
+  return np.pad(topk_ids, ((0, 0), (0, max(0, k - topk_ids.shape[1]))), constant_values=-1)
 
 
 # ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from sparsejax.metrics import (
     evaluate_topk,
     inverse_propensity,
     label_frequencies,
+    pad_ranking,
     propensity_scores,
     ranking_metrics,
     ranking_metrics_jax,
@@ -95,6 +96,18 @@ def test_evaluate_topk_means_and_keys():
   propensity[5] = np.nan  # was PSP 0, silently
   with pytest.raises(ValueError, match=r"propensities must be positive and finite; label 5 has nan"):
     evaluate_topk(TOPK, LABELS, propensity)
+
+
+def test_pad_ranking_keeps_precision_at_k_divided_by_k():
+  short = np.array([[3, 1], [2, 0]])  # two predictions per sample
+  padded = pad_ranking(short)
+  np.testing.assert_array_equal(padded, [[3, 1, -1, -1, -1], [2, 0, -1, -1, -1]])
+  labels = np.array([[1, 3, 4], [7, -1, -1]])
+  out = evaluate_topk(padded, labels)
+  assert out["p@5"] == pytest.approx((2 / 5 + 0) / 2) and out["p@3"] == pytest.approx((2 / 3 + 0) / 2)
+  wide = np.arange(12).reshape(2, 6)
+  np.testing.assert_array_equal(pad_ranking(wide), wide)  # wide enough: unchanged, not cut
+  assert pad_ranking(short, k=3).shape == (2, 3)
 
 
 def test_psp_hand_computed_and_conventions():

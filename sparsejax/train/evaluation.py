@@ -56,59 +56,52 @@ class Evaluator:
       ``p@k``, ``ndcg@k``, ``psp@k`` (k = 1, 3, 5), ``sampled_*`` (and ``sampled_k{K}_*``) where the prediction
       has them, and with ``diagnose`` the retrieval diagnostics (:func:`sparsejax.retrieval.summarize`).
     """
-    exact, fused, approx, diagnostics, order = [], [], {}, [], []
+    k = max(metrics.DEFAULT_KS)
+    rows_of, batches = [], []
     for rows, fi, fv in self._batches(num_samples):
-      extra = {"sampled": {}}
+      n, extra = len(rows), {"sampled": {}}
       if diagnose is None:
         scores, ids, sampled = predict(state, fi, fv)
       else:
         _, _, lab = self.test.to_padded(rows, 0, self.max_labels)
-        scores, ids, sampled, extra = diagnose(state, fi, fv, np.pad(lab, ((0, len(fi) - len(lab)), (0, 0)),
+        scores, ids, sampled, extra = diagnose(state, fi, fv, np.pad(lab, ((0, len(fi) - n), (0, 0)),
                                                                    constant_values=PAD_ID))
-        diagnostics.append({key: v[:len(rows)] for key, v in extra["retrieval"].items()})
-      scores, ids = np.asarray(scores)[:len(rows)], np.asarray(ids)[:len(rows)]
-      exact.append(ids[:, :max(metrics.DEFAULT_KS)])
+      scores, ids = np.asarray(scores)[:n], np.asarray(ids)[:n]
+      approx = ({"sampled": sampled} if sampled is not None else {}) | extra["sampled"]
+      batch = {"exact": ids[:, :k], "sampled": {name: np.asarray(top)[:n, :k] for name, top in approx.items()}}
       if fusion is not None:
-        fused.append(fusion_lib.fused_top(*fusion, scores, ids, fi[:len(rows)], fv[:len(rows)],
-                                          min(max(metrics.DEFAULT_KS), ids.shape[1]))[1])
-      for name, top in (({"sampled": sampled} if sampled is not None else {}) | extra["sampled"]).items():
-        approx.setdefault(name, []).append(np.asarray(top)[:len(rows), :max(metrics.DEFAULT_KS)])
-      order.append(rows)
-    # Back in the samples' order (groups take rows out of it): metrics summed in the same order as ever.
-    in_order = np.argsort(np.concatenate(order), kind="stable")
-    exact = [np.concatenate(exact)[in_order]]
-    approx = {name: [np.concatenate(tops)[in_order]] for name, tops in approx.items()}
-    if diagnostics:
-      diagnostics = [{key: np.concatenate([d[key] for d in diagnostics])[in_order] for key in diagnostics[0]}]
-    fused = [np.concatenate(fused)[in_order]] if fusion is not None else []
-    labels = scoring_labels(self.test, len(in_order), np.concatenate(
-        exact + fused + [tops[0] for tops in approx.values()], axis=1), self.propensity)
-    result = metrics.evaluate_topk(_ranked(exact), labels, self.propensity)
+        batch["fused"] = fusion_lib.fused_top(*fusion, scores, ids, fi[:n], fv[:n], min(k, ids.shape[1]))[1]
+      if diagnose is not None:
+        batch["retrieval"] = {key: v[:n] for key, v in extra["retrieval"].items()}
+      rows_of.append(rows)
+      batches.append(batch)
+    # Metrics summed in the samples' order, as ever.
+    out = _in_samples_order(rows_of, batches)
+    rankings = [out["exact"], *([out["fused"]] if fusion is not None else []), *out["sampled"].values()]
+    labels = scoring_labels(self.test, len(out["exact"]), np.concatenate(rankings, axis=1), self.propensity)
+    result = metrics.evaluate_topk(metrics.pad_ranking(out["exact"]), labels, self.propensity)
     if fusion is not None:
       result = {f"network_{key}": v for key, v in result.items()} | metrics.evaluate_topk(
-          _ranked(fused), labels, self.propensity)
-    for name, tops in approx.items():
-      sampled_result = metrics.evaluate_topk(_ranked(tops), labels, self.propensity)
+          metrics.pad_ranking(out["fused"]), labels, self.propensity)
+    for name, top in out["sampled"].items():
+      sampled_result = metrics.evaluate_topk(metrics.pad_ranking(top), labels, self.propensity)
       result.update({f"{name}_{key}": v for key, v in sampled_result.items()})
-    if diagnostics:
-      result.update(retrieval.summarize(diagnostics, retrieval.TOP))
+    if "retrieval" in out:
+      result.update(retrieval.summarize([out["retrieval"]], retrieval.TOP))
     return result
 
   def fusion_weight(self, predict: Predict, state, centroids: "fusion_lib.LabelCentroids",
                     metric: str = "p@1") -> tuple[float, dict[float, float]]:
     """The centroids' weight that scores best on this evaluator's set (:func:`sparsejax.fusion.choose_weight`
     over the exact predictions of ``predict``, which must return enough candidates: its ``top``)."""
-    scores, ids, centroid_score, order = [], [], [], []
+    rows_of, batches = [], []
     for rows, fi, fv in self._batches(None):
-      s, i, _ = predict(state, fi, fv)
-      s, i = np.asarray(s)[:len(rows)], np.asarray(i)[:len(rows)]
-      scores.append(s)
-      ids.append(i)
-      centroid_score.append(fusion_lib.centroid_scores(centroids, fi[:len(rows)], fv[:len(rows)], i))
-      order.append(rows)
-    in_order = np.argsort(np.concatenate(order), kind="stable")
-    scores, ids, centroid_score = (np.concatenate(x)[in_order] for x in (scores, ids, centroid_score))
-    labels = scoring_labels(self.test, len(in_order), ids, self.propensity)  # re-rankings keep to these ids
+      scores, ids, _ = predict(state, fi, fv)
+      scores, ids = np.asarray(scores)[:len(rows)], np.asarray(ids)[:len(rows)]
+      rows_of.append(rows)
+      batches.append((scores, ids, fusion_lib.centroid_scores(centroids, fi[:len(rows)], fv[:len(rows)], ids)))
+    scores, ids, centroid_score = _in_samples_order(rows_of, batches)
+    labels = scoring_labels(self.test, len(ids), ids, self.propensity)  # re-rankings keep to these ids
     return fusion_lib.choose_weight(scores, ids, centroid_score, labels, metric=metric, propensity=self.propensity)
 
   def _batches(self, num_samples: int | None):
@@ -154,11 +147,26 @@ def scoring_labels(dataset: XCDataset, num_samples: int, candidates: np.ndarray,
   return labels
 
 
-def _ranked(parts: list[np.ndarray]) -> np.ndarray:
-  """The batches' top ids ``[n, >= 5]``: fewer than 5 labels leave the last places empty (-1, never relevant), so
-  that P@5 is hits / 5 as everywhere else."""
-  ids = np.concatenate(parts)
-  return np.pad(ids, ((0, 0), (0, max(0, max(metrics.DEFAULT_KS) - ids.shape[1]))), constant_values=-1)
+def _in_samples_order(rows: list[np.ndarray], batches: list):
+  """Per-batch results concatenated and put back in the samples' order (batch groups take rows out of it).
+
+  Args:
+    rows: ``[b_i]`` the samples of each batch.
+    batches: per batch, arrays ``[b_i, ...]`` in (nested) dicts or tuples, the same structure for every batch.
+
+  Returns:
+    That structure with each array ``[sum b_i, ...]``, sorted by sample.
+  """
+  in_order = np.argsort(np.concatenate(rows), kind="stable")
+
+  def join(parts):
+    if isinstance(parts[0], dict):
+      return {key: join([part[key] for part in parts]) for key in parts[0]}
+    if isinstance(parts[0], tuple):
+      return tuple(join(list(column)) for column in zip(*parts))
+    return np.concatenate(parts)[in_order]
+
+  return join(batches)
 
 
 def padded_width(dataset: XCDataset, feature_limit: int | None) -> int:
