@@ -89,6 +89,7 @@ def test_a_run_stopped_early_trains_a_second_member_and_serves_the_ensemble(ense
   model = sparsejax.load(workdir)
   assert len(model.members) == 1 and model.members[0].workdir == os.path.join(workdir, "members", "1")
   assert model.members[0].step <= final["step"] and "ensemble_members=2" in repr(model)
+  assert sparsejax.load(workdir, step=final["last_step"]).members == ()  # another state: the network alone
   # The member trained the first member's selected steps from another seed: another network.
   member_config = json.load(open(os.path.join(workdir, "members", "1", "config.json")))
   assert member_config["budget"]["max_steps"] == final["step"] and member_config["run"]["seed"] == 1

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -115,16 +116,24 @@ def _train(workdir, **settings):
   return final
 
 
-def test_a_run_fuses_with_the_weight_chosen_on_validation_and_load_serves_it(tmp_path):
+@pytest.fixture(scope="module")
+def fused_run(tmp_path_factory):
+  """A fused run of :func:`_train`'s defaults, trained once for the tests that read it or continue a copy:
+  ``(workdir, final evaluation)``."""
+  workdir = tmp_path_factory.mktemp("fused")
+  return workdir, _train(workdir)
+
+
+def test_a_run_fuses_with_the_weight_chosen_on_validation_and_load_serves_it(fused_run):
   import sparsejax
   from sparsejax.config import Config, override
   from sparsejax.data import load_dataset
 
-  final = _train(tmp_path / "fused")
+  workdir, final = fused_run
   weights = {float(w): v for w, v in final["fusion_validation"].items()}
   assert final["fusion_weight"] in weights and weights[final["fusion_weight"]] == max(weights.values())
   assert "network_p@1" in final and final["fusion_weight"] > 0  # the synthetic labels: the centroids help
-  model = sparsejax.load(str(tmp_path / "fused"))
+  model = sparsejax.load(str(workdir))
   assert model.fusion_weight == final["fusion_weight"]
   config = override(Config(), dataset="synthetic", synthetic_samples=3000, synthetic_features=400,
                     synthetic_labels=300)
@@ -152,10 +161,11 @@ def test_without_fusion_the_run_reports_the_network_alone(tmp_path):
   assert not os.path.exists(tmp_path / "plain" / "assets" / "centroid_fusion.npz")
 
 
-def test_a_fused_run_continued_without_fusion_serves_the_network_alone(tmp_path):
+def test_a_fused_run_continued_without_fusion_serves_the_network_alone(fused_run, tmp_path):
   import sparsejax
 
-  assert _train(tmp_path / "run")["fusion_weight"] > 0
+  assert fused_run[1]["fusion_weight"] > 0
+  shutil.copytree(fused_run[0], tmp_path / "run")  # continued in a copy: the fused run stays as the others read it
   final = _train(tmp_path / "run", centroid_fusion=False, max_steps=180)  # extended: 60 more steps
   assert final["last_step"] == 180 and "fusion_weight" not in final
   model = sparsejax.load(str(tmp_path / "run"))  # its seal checks out without the former fusion's file

@@ -236,6 +236,9 @@ class TrainedModel:
       ``--max_features``.
     label_names: ``[N]`` names of the labels, or None.
     vectorizer: the fitted text vectorizer, or None.
+    members: the run's other ensemble members (``--ensemble_members``), each a :class:`TrainedModel` of
+      ``WORKDIR/members/M``: predictions and evaluations merge their rankings (:mod:`sparsejax.ensemble`). Empty for
+      one network, and where a checkpoint other than the selected state is loaded (the network alone).
 
   Args:
     workdir: the run's work directory (or a :meth:`save`'d model's).
@@ -355,7 +358,7 @@ class TrainedModel:
                                  f"{self._frequencies.shape})")
     # The run's other ensemble members (sparsejax.ensemble): each its own run directory, checked as this one is.
     self.members: tuple[TrainedModel, ...] = ()
-    if os.path.exists(os.path.join(assets, _ENSEMBLE)):
+    if from_best and os.path.exists(os.path.join(assets, _ENSEMBLE)):
       self.members = tuple(TrainedModel(os.path.join(workdir, m), platform=platform)
                            for m in _read_ensemble(os.path.join(assets, _ENSEMBLE)))
       for member in self.members:
