@@ -7,8 +7,9 @@ and test set), each for as many steps as the first took to its selected state, i
 ordinary run directory: an interrupted member resumes). Their rankings are merged by mean logit
 (:mod:`sparsejax.ensemble`), the centroid fusion's weight is chosen again on the validation split for the
 ensemble, and the final record is the ensemble's test evaluation, through the model :func:`sparsejax.load`
-serves. Members are added while the budget lasts: one stopped by the clock before its steps is left out, so a
-budget that does not bind gives the same ensemble on any machine.
+serves. Members are added while the budget lasts: one is started where the first one's pace says it would finish
+in the seconds left, and one that the clock stops before its steps anyway is left out, so a budget that does not
+bind gives the same ensemble on any machine.
 """
 
 import os
@@ -55,10 +56,15 @@ def train(config: Config, final: dict[str, Any], workdir: str, train_fn: TrainFn
   """
   steps = int(final["step"])
   left = config.budget.max_seconds - final.get("train_seconds", 0.0)
+  # A member's seconds, at the first one's measured pace: one that would not finish is not started (it would be
+  # left out, its seconds spent for nothing).
+  rate = final.get("samples_per_sec") or 0.0
+  need = steps * config.optim.batch_size / rate if rate > 0 else 0.0
   done = []
   for m in range(1, config.search.ensemble_members):
-    if left <= 0:
-      logging.info("ensemble: no budget left for member %d", m)
+    if left < need or left <= 0:
+      logging.info("ensemble: no member %d: it needs about %.0f s of training, %.0f s of the budget are left", m,
+                   need, max(left, 0.0))
       break
     member = os.path.join(MEMBERS_DIR, str(m))
     member_config = override(config, seed=config.run.seed + m, max_steps=steps, num_epochs=None, max_seconds=left,
