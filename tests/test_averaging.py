@@ -87,8 +87,9 @@ def test_a_run_evaluates_and_serves_the_average_of_its_snapshots(tmp_path, small
 
 @pytest.mark.parametrize("network", ["slide", "dense"])  # the dense baseline is evaluated as the sparse model is
 def test_the_selected_state_is_the_average_and_is_what_load_serves(tmp_path, small_config, network):
-  final = train_and_evaluate(_run_config(small_config, validation_fraction=0.2, eval_every=10, model=network),
-                             str(tmp_path))
+  # A checkpoint at every evaluation (the selected step's is read), not every 3 steps.
+  final = train_and_evaluate(_run_config(small_config, validation_fraction=0.2, eval_every=10, checkpoint_every=10,
+                                         model=network), str(tmp_path))
   validation = {r["step"]: r["p@1"] for r in read_records(str(tmp_path)) if r.get("split") == "validation"}
   model = sparsejax.load(str(tmp_path))
   assert model.step == final["selected_step"] and final["validation_p@1"] == max(validation.values())
@@ -103,7 +104,8 @@ def test_the_selected_state_is_the_average_and_is_what_load_serves(tmp_path, sma
 
 
 def test_without_averaging_the_state_keeps_no_average(tmp_path, small_config):
-  final = train_and_evaluate(_run_config(small_config, average_steps=0), str(tmp_path))
+  # Only the last checkpoint is read: none every 3 steps (the snapshots' steps, which an average would need).
+  final = train_and_evaluate(_run_config(small_config, average_steps=0, checkpoint_every=1000), str(tmp_path))
   saved = Checkpoints(str(tmp_path), writable=False).restore_arrays(40)
   assert saved.get("average") is None
   # What is served is the last parameters themselves.
