@@ -86,6 +86,8 @@ def test_a_run_stopped_early_trains_a_second_member_and_serves_the_ensemble(ense
   workdir, final = ensemble_run
   assert final["stopped_by"] == "early_stopping" and final["ensemble_members"] == 2, final
   assert "member0_p@1" in final and "network_p@1" in final
+  first, second = final["member_train_seconds"]
+  assert second > 0 and final["train_seconds"] == first + second
   model = sparsejax.load(workdir)
   assert len(model.members) == 1 and model.members[0].workdir == os.path.join(workdir, "members", "1")
   assert model.members[0].step <= final["step"] and "ensemble_members=2" in repr(model)

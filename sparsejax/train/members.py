@@ -43,9 +43,9 @@ def reason_not_to_train(config: Config, final: dict[str, Any], num_processes: in
 TrainFn = Callable[..., dict[str, Any]]
 
 
-def train(config: Config, final: dict[str, Any], workdir: str, train_fn: TrainFn) -> list[str]:
+def train(config: Config, final: dict[str, Any], workdir: str, train_fn: TrainFn) -> dict[str, float]:
   """Trains members ``1 .. --ensemble_members - 1`` while the budget lasts; returns the directories (relative to
-  ``workdir``) of those that trained their steps.
+  ``workdir``) of those that trained their steps, with their training seconds.
 
   Args:
     config: the first member's settings (its recipe applied; ``--max_seconds`` what its invocation had).
@@ -60,7 +60,7 @@ def train(config: Config, final: dict[str, Any], workdir: str, train_fn: TrainFn
   # left out, its seconds spent for nothing).
   rate = final.get("samples_per_sec") or 0.0
   need = steps * config.optim.batch_size / rate if rate > 0 else 0.0
-  done = []
+  done = {}
   for m in range(1, config.search.ensemble_members):
     if left < need or left <= 0:
       logging.info("ensemble: no member %d: it needs about %.0f s of training, %.0f s of the budget are left", m,
@@ -79,11 +79,12 @@ def train(config: Config, final: dict[str, Any], workdir: str, train_fn: TrainFn
       logging.info("ensemble: member %d stopped by the clock at step %d of %d: left out", m, result["step"], steps)
       break
     logging.info("ensemble: member %d: validation %s %.4f", m, config.run.selection_metric, result["score"])
-    done.append(member)
+    done[member] = result["train_seconds"]
   return done
 
 
-def evaluate(config: Config, final: dict[str, Any], workdir: str, members: list[str], splits) -> dict[str, Any]:
+def evaluate(config: Config, final: dict[str, Any], workdir: str, members: dict[str, float],
+             splits) -> dict[str, Any]:
   """The ensemble's final record: ``members`` recorded in the run's assets, the centroid fusion's weight chosen
   again on the validation split, and the test set's metrics of the model that :func:`sparsejax.load` serves.
 
@@ -91,7 +92,8 @@ def evaluate(config: Config, final: dict[str, Any], workdir: str, members: list[
     config: the run's settings.
     final: the first member's final record (its ``network_*`` and ``p@k`` become ``member0_*``).
     workdir: the run's directory.
-    members: the other members' directories, relative to ``workdir``.
+    members: the other members' directories, relative to ``workdir``, with their training seconds (added to the
+      record's ``train_seconds`` and ``seconds``: the ensemble's training).
     splits: ``(train, validation, test)``: the first member's training samples, validation split and test set.
   """
   from sparsejax import fusion
@@ -101,7 +103,7 @@ def evaluate(config: Config, final: dict[str, Any], workdir: str, members: list[
   train_set, validation, test = splits
   checkpoints = checkpoint.Checkpoints(workdir, writable=False)
   run_id = (checkpoints.meta(checkpoints.latest_step()) or {}).get("run_id")
-  trained.save_ensemble(workdir, run_id, members)
+  trained.save_ensemble(workdir, run_id, list(members))
   model = trained.load(workdir)
   evaluator = lambda dataset: Evaluator.for_run(dataset, train_set, config.data.max_features,
                                                 config.run.propensity_a, config.run.propensity_b)
@@ -120,6 +122,9 @@ def evaluate(config: Config, final: dict[str, Any], workdir: str, members: list[
   record.update({f"network_{key}": value for key, value in network.items()})
   record.update(model.evaluate(test))
   record["ensemble_members"] = 1 + len(members)
+  record["member_train_seconds"] = [final.get("train_seconds", 0.0), *members.values()]
+  record["train_seconds"] = sum(record["member_train_seconds"])
+  record["seconds"] = final.get("seconds", 0.0) + sum(members.values())
   logging.info("ensemble of %d networks (test set): P@1 %.4f (the first alone %.4f), network alone %.4f",
                record["ensemble_members"], record["p@1"], final["p@1"], record["network_p@1"])
   return {**final, **record}
