@@ -42,17 +42,26 @@ def merge_top(scores: list[np.ndarray], ids: list[np.ndarray], top: int) -> tupl
   if not 1 <= top <= members * t:
     raise ValueError(f"merge_top: top must be in [1, {members * t}] (the members' labels), got {top}")
   union = np.concatenate(ids, axis=1)  # [n, M T]
-  valid = union >= 0
-  # A label listed by an earlier member is scored once, in that member's slot.
-  for m in range(1, members):
-    block = slice(m * t, (m + 1) * t)
-    seen = (union[:, block, None] == union[:, None, :m * t]).any(axis=2)
-    valid[:, block] &= ~seen
+  # Rows' labels as one sorted key space (row * span + id + 1): one searchsorted finds every (row, label) pair,
+  # O(n M T log(n T)), instead of comparing each union label with each listed one.
+  span = int(max(union.max(initial=-1), -1)) + 2
+  rows = np.arange(n, dtype=np.int64)[:, None] * span
+  union_key = (rows + union + 1).ravel()
+  # A label listed by an earlier member is scored once, in its first slot (a stable sort keeps that one first).
+  order = np.argsort(union_key, kind="stable")
+  first = np.ones(union_key.size, bool)
+  first[1:] = union_key[order][1:] != union_key[order][:-1]
+  valid = np.empty(union_key.size, bool)
+  valid[order] = first
+  valid = valid.reshape(union.shape) & (union >= 0)
   total = np.zeros(union.shape, np.float32)
   for s, i in zip(scores, ids):
-    match = (union[:, :, None] == i[:, None, :]) & (i[:, None, :] >= 0)  # [n, M T, T]
-    found = match.any(axis=2)
-    logit = np.take_along_axis(s, match.argmax(axis=2), axis=1)
+    key = (rows + np.where(i >= 0, i + 1, 0)).ravel()  # no label: id 0 of the row, which no union label is
+    by_key = np.argsort(key, kind="stable")
+    sorted_key = key[by_key]
+    at = np.minimum(np.searchsorted(sorted_key, union_key), sorted_key.size - 1)
+    found = (sorted_key[at] == union_key).reshape(union.shape) & (union >= 0)
+    logit = s.ravel()[by_key][at].reshape(union.shape)
     # The member's lowest logit listed (a sampled ranking may list fewer than T labels, the rest -inf).
     floor = np.min(np.where(np.isfinite(s), s, np.inf), axis=1, keepdims=True)
     total += np.where(found, logit, np.where(np.isfinite(floor), floor, -np.inf))
