@@ -482,7 +482,8 @@ class RunConfig(Section):
       "evaluation (2: as many steps again without a better one), after at least "
       f"{MIN_STALE_EVALUATIONS} evaluations without one: a budget in seconds is a ceiling, and a run that has "
       "peaked spends the rest memorising. Counted in steps, so a seed stops at the same step on any machine. "
-      "none: train the whole budget. Step and epoch budgets are trained whole (see --early_stopping_patience).",
+      "none: train the whole budget. Without --max_seconds, step and epoch budgets are trained whole (see "
+      "--early_stopping_patience).",
       bounds=Range(1, 1e6, lo_open=True), identity=False)
   eval_sampled_k: int | None = option(
       None, "Also evaluate sampled inference with this many candidates (e.g. 2% of the labels); none: only "

@@ -3,10 +3,10 @@
 A network that peaks early (GCIDE cloze, WordNet: its best validation state within the first fifth of a 300 s run)
 leaves most of a time budget unused; another network of the same recipe from another seed, averaged with it,
 is the measured use of that time (GCIDE cloze: test P@1 0.1054 and 0.1038 alone, 0.1103 together; WordNet 0.7156
-and 0.7128, 0.7198; benchmarks/RESULTS.md, "Ensembles"). Each member ranks its own best ``T`` labels (exactly, or
-among its index's candidates); :func:`merge_top` scores the union of the members' lists by the mean of the members'
-logits, a member's ``T``-th logit standing in for a label it did not rank (an upper bound: the label scored at most
-that). O(members x T) per sample, never O(N)::
+and 0.7128, 0.7198; benchmarks/RESULTS.md, "Early stopping and ensembles"). Each member ranks its own best ``T``
+labels (exactly, or among its index's candidates); :func:`merge_top` scores the union of the members' lists by the
+mean of the members' logits, a member's lowest listed logit standing in for a label it did not rank (for an exact
+ranking, an upper bound: the label scored at most that). O(members x T) per sample, never O(N)::
 
   scores, ids = merge_top([scores_a, scores_b], [ids_a, ids_b], top=5)
 
@@ -21,18 +21,20 @@ def merge_top(scores: list[np.ndarray], ids: list[np.ndarray], top: int) -> tupl
   """The best ``top`` labels of each sample by the members' mean logit.
 
   Args:
-    scores: one ``[n, T]`` float array per member, each row best first (``-inf``: no label).
+    scores: one ``[n, T]`` float array per member, each row best first (``-inf`` or NaN: no label).
     ids: one ``[n, T]`` int array per member: the labels of ``scores`` (negative: no label).
     top: labels per sample returned (at most the union's size, ``members x T``).
 
   Returns:
-    ``(scores [n, top] float32, ids [n, top] int32)``, best first: a label's score is the mean over members of
-    its logit where the member ranked it, else the member's lowest listed logit. Ties keep the first member's
+    ``(scores [n, top] float32, ids [n, top] int32)``, best first: a label's score is the mean, over the members
+    that list any label for the sample, of its logit where the member ranked it, else the member's lowest listed
+    logit. Ties keep the first member's
     order, then the next member's; slots past the labels found hold ``-inf`` and ``-1``.
   """
   if not scores or len(scores) != len(ids):
     raise ValueError(f"merge_top: one scores and one ids array per member, got {len(scores)} and {len(ids)}")
-  scores = [np.asarray(s, np.float32) for s in scores]
+  # A sampled ranking pads the slots past its candidates with NaN or -inf: no label there.
+  scores = [np.nan_to_num(np.asarray(s, np.float32), nan=-np.inf, posinf=np.inf, neginf=-np.inf) for s in scores]
   ids = [np.asarray(i) for i in ids]
   n, t = ids[0].shape
   for s, i in zip(scores, ids):
@@ -55,6 +57,7 @@ def merge_top(scores: list[np.ndarray], ids: list[np.ndarray], top: int) -> tupl
   valid[order] = first
   valid = valid.reshape(union.shape) & (union >= 0)
   total = np.zeros(union.shape, np.float32)
+  listing = np.zeros((n, 1), np.float32)  # members that list a label for the sample: the mean is over them
   for s, i in zip(scores, ids):
     key = (rows + np.where(i >= 0, i + 1, 0)).ravel()  # no label: id 0 of the row, which no union label is
     by_key = np.argsort(key, kind="stable")
@@ -64,8 +67,10 @@ def merge_top(scores: list[np.ndarray], ids: list[np.ndarray], top: int) -> tupl
     logit = s.ravel()[by_key][at].reshape(union.shape)
     # The member's lowest logit listed (a sampled ranking may list fewer than T labels, the rest -inf).
     floor = np.min(np.where(np.isfinite(s), s, np.inf), axis=1, keepdims=True)
-    total += np.where(found, logit, np.where(np.isfinite(floor), floor, -np.inf))
-  merged = np.where(valid, total / members, -np.inf).astype(np.float32)
+    lists = np.isfinite(floor)
+    total += np.where(lists, np.where(found, logit, floor), 0.0)
+    listing += lists
+  merged = np.where(valid & (listing > 0), total / np.maximum(listing, 1), -np.inf).astype(np.float32)
   order = np.argsort(-merged, axis=1, kind="stable")[:, :top]
   best = np.take_along_axis(merged, order, axis=1)
   return best, np.where(np.isfinite(best), np.take_along_axis(union, order, axis=1), -1).astype(np.int32)

@@ -13,15 +13,17 @@ from sparsejax.ensemble import merge_top
 
 
 def _brute_merge(scores, ids, top):
-  """merge_top by dictionaries: each label of any list, the mean of its logit or the member's lowest listed one."""
+  """merge_top by dictionaries: each label of any list, the mean over the members that list any label of its logit
+  or the member's lowest listed one."""
   out_s, out_i = [], []
   for r in range(len(ids[0])):
-    lists = [{int(i): float(s) for s, i in zip(sc[r], idx[r]) if i >= 0} for sc, idx in zip(scores, ids)]
-    floors = [min((v for v in d.values() if np.isfinite(v)), default=-np.inf) for d in lists]
+    lists = [{int(i): float(s) for s, i in zip(sc[r], idx[r]) if i >= 0 and np.isfinite(s)}
+             for sc, idx in zip(scores, ids)]
     order = []  # first appearance: member by member, in their order
     for d in lists:
       order += [label for label in d if label not in order]
-    merged = [(np.mean([d.get(label, f) for d, f in zip(lists, floors)]), label) for label in order]
+    listing = [d for d in lists if d]
+    merged = [(np.mean([d.get(label, min(d.values())) for d in listing]), label) for label in order]
     merged.sort(key=lambda x: -x[0])  # stable: ties keep the first appearance
     merged += [(-np.inf, -1)] * (top - len(merged))
     out_s.append([s for s, _ in merged[:top]])
@@ -55,6 +57,14 @@ def test_merge_top_skips_missing_labels_and_keeps_ties_in_member_order():
   np.testing.assert_allclose(s, [[1.5, 1.5, -np.inf, -np.inf]])
   with pytest.raises(ValueError, match="top must be in"):
     merge_top(scores, ids, 5)
+  # A member that lists nothing for a sample (a sampled ranking's NaN padding) leaves the mean to the others.
+  padded = [np.array([[np.nan, np.nan], [1.0, 0.0]], np.float32), np.array([[4.0, 2.0], [3.0, 1.0]], np.float32)]
+  listed = [np.array([[-1, -1], [8, 9]]), np.array([[6, 7], [9, 8]])]
+  s, i = merge_top(padded, listed, 2)
+  # Row 0: the second member's alone. Row 1: 9 is (0 + 3) / 2, 8 is (1 + 1) / 2.
+  np.testing.assert_array_equal(i, [[6, 7], [9, 8]])
+  np.testing.assert_allclose(s, [[4.0, 2.0], [1.5, 1.0]])
+  np.testing.assert_array_equal(i, _brute_merge(padded, listed, 2)[1])
   with pytest.raises(ValueError, match="must be"):
     merge_top(scores, [ids[0], np.array([[5]])], 1)
 
@@ -118,6 +128,9 @@ def test_an_ensemble_run_run_again_trains_nothing_and_its_saved_copy_predicts_th
   model = sparsejax.load(workdir)
   copy = sparsejax.load(model.save(str(tmp_path / "served")))
   assert len(copy.members) == 1 and copy.members[0].workdir == str(tmp_path / "served" / "members" / "1")
+  # Saved from another step (the network alone), the copy's selected state is still the ensemble.
+  other = sparsejax.load(sparsejax.load(workdir, step=final["last_step"]).save(str(tmp_path / "other")))
+  assert len(other.members) == 1
   inputs = scipy.sparse.random(8, 1000, density=0.01, format="csr", random_state=0, dtype=np.float32)
   for a, b in zip(model.predict(inputs, top=5), copy.predict(inputs, top=5)):
     np.testing.assert_array_equal(a, b)
@@ -154,3 +167,22 @@ def test_an_ensemble_file_names_only_member_directories(tmp_path):
     trained.save_ensemble(str(tmp_path), None, ["members/1/../../x"])
   path.write_text(json.dumps({"members": ["members/1", "members/12"]}))
   assert trained._read_ensemble(str(path)) == ["members/1", "members/12"]
+
+
+def test_a_member_directory_that_links_out_or_nests_an_ensemble_is_refused(ensemble_run, tmp_path):
+  import shutil
+
+  import sparsejax
+  from sparsejax.train import seals
+
+  workdir, _ = ensemble_run
+  copy = str(tmp_path / "copy")
+  shutil.copytree(workdir, copy, symlinks=True)
+  member = os.path.join(copy, "members", "1")
+  shutil.copy(os.path.join(copy, "assets", "ensemble.json"), os.path.join(member, "assets", "ensemble.json"))
+  with pytest.raises(seals.IntegrityError, match="an ensemble member that is an ensemble itself"):
+    sparsejax.load(copy)
+  shutil.rmtree(member)
+  os.symlink(copy, member)  # a loop back to the run itself
+  with pytest.raises(seals.IntegrityError, match="is not a directory of this work directory's members/"):
+    sparsejax.load(copy)

@@ -19,6 +19,8 @@ from typing import Any
 from absl import logging
 
 from sparsejax.config import Config, override
+from sparsejax.train.checkpoint import ResumeError
+from sparsejax.train.nonfinite import NonFiniteError
 
 MEMBERS_DIR = "members"
 
@@ -67,13 +69,20 @@ def train(config: Config, final: dict[str, Any], workdir: str, train_fn: TrainFn
                    need, max(left, 0.0))
       break
     member = os.path.join(MEMBERS_DIR, str(m))
+    # A member's directory is continued as the search's candidates are (config.json may record the --resume of the
+    # command that started the run: a --resume=never there must not refuse the member's own checkpoints).
     member_config = override(config, seed=config.run.seed + m, max_steps=steps, num_epochs=None, max_seconds=left,
                              ensemble_members=1, centroid_fusion=False, early_stopping_ratio=None,
-                             early_stopping_patience=None)
+                             early_stopping_patience=None,
+                             resume="force" if config.checkpoint.resume == "force" else "auto")
     logging.info("ensemble: member %d (seed %d) trains %d steps in %s (%.0f s of the budget left)", m,
                  member_config.run.seed, steps, os.path.join(workdir, member), left)
-    result = train_fn(member_config, os.path.join(workdir, member), evaluate_test=False,
-                      validation_seed=config.run.seed + 1)
+    try:
+      result = train_fn(member_config, os.path.join(workdir, member), evaluate_test=False,
+                        validation_seed=config.run.seed + 1)
+    except (NonFiniteError, ResumeError) as e:  # the run stays served by the members it has
+      logging.warning("ensemble: member %d left out: %s", m, e)
+      break
     left -= result["train_seconds"]
     if result["step"] < steps:
       logging.info("ensemble: member %d stopped by the clock at step %d of %d: left out", m, result["step"], steps)

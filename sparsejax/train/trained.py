@@ -173,6 +173,20 @@ def _read_ensemble(path: str) -> list[str]:
   return members
 
 
+def _member_directory(workdir: str, member: str, recorded_in: str) -> str:
+  """The directory of ``member`` (``members/M``, as ``recorded_in`` names it), checked to be a real directory
+  under ``WORKDIR/members`` (no link out of it) that is no ensemble itself (which would nest, or loop)."""
+  path = os.path.join(workdir, member)
+  root = os.path.realpath(os.path.join(workdir, "members"))
+  if (os.path.islink(os.path.join(workdir, "members")) or os.path.islink(path) or not os.path.isdir(path)
+      or os.path.dirname(os.path.realpath(path)) != root):
+    raise seals.IntegrityError(f"{recorded_in}: names the ensemble member {member}, but {path} is not a directory "
+                               "of this work directory's members/")
+  if os.path.exists(os.path.join(path, ASSETS, _ENSEMBLE)):
+    raise seals.IntegrityError(f"{path}: an ensemble member that is an ensemble itself ({recorded_in} names it)")
+  return path
+
+
 def _read_fusion(path: str, num_labels: int, num_features: int):
   """``(centroids, weight)`` from a :func:`save_fusion` file, checked against the model's sizes."""
   from sparsejax.fusion import LabelCentroids
@@ -359,7 +373,8 @@ class TrainedModel:
     # The run's other ensemble members (sparsejax.ensemble): each its own run directory, checked as this one is.
     self.members: tuple[TrainedModel, ...] = ()
     if from_best and os.path.exists(os.path.join(assets, _ENSEMBLE)):
-      self.members = tuple(TrainedModel(os.path.join(workdir, m), platform=platform)
+      self.members = tuple(TrainedModel(_member_directory(workdir, m, os.path.join(assets, _ENSEMBLE)),
+                                        platform=platform)
                            for m in _read_ensemble(os.path.join(assets, _ENSEMBLE)))
       for member in self.members:
         if (member.num_features, member.num_labels) != (self.num_features, self.num_labels) or member.members:
@@ -430,8 +445,11 @@ class TrainedModel:
     for name in ("best_checkpoint", ASSETS):
       if os.path.isdir(os.path.join(self._workdir, name)):
         shutil.copytree(os.path.join(self._workdir, name), os.path.join(partial, name))
-    for member in self.members:  # at the same place relative to the copy
-      member.save(os.path.join(partial, os.path.relpath(member.workdir, self._workdir)))
+    # The members at the same place relative to the copy: every one the assets name (loaded at another step, this
+    # model serves none, but the copy's selected state must).
+    ensemble = os.path.join(self._workdir, ASSETS, _ENSEMBLE)
+    for member in (_read_ensemble(ensemble) if os.path.exists(ensemble) else ()):
+      TrainedModel(_member_directory(self._workdir, member, ensemble)).save(os.path.join(partial, member))
     if os.path.exists(os.path.join(self._workdir, "config.json")):
       shutil.copy2(os.path.join(self._workdir, "config.json"), os.path.join(partial, "config.json"))
     if os.path.isdir(target):
