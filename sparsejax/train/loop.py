@@ -133,8 +133,8 @@ def _with_members(config: Config, workdir: str, data: LoadedData | None, final: 
     trained_config = override(Config.from_dict(json.load(f)), max_seconds=config.budget.max_seconds,
                               ensemble_members=config.search.ensemble_members)
   data = data if data is not None else _load_data(trained_config)
-  validation_seed = trained_config.run.seed + 1
-  done = members.train(trained_config, final, workdir, functools.partial(_train, data=data))
+  validation_seed = _validation_seed(trained_config)
+  done = members.train(trained_config, final, workdir, functools.partial(_train, data=data), validation_seed)
   if not done:
     return final
   train, validation = train_test_split(data.train, trained_config.data.validation_fraction, seed=validation_seed)
@@ -188,8 +188,8 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
       name = "test_file" if config.data.dataset == "files" else "test_fraction"
       raise ConfigError(name, getattr(config.data, name), "the test set has no samples")
     if config.data.validation_fraction > 0:
-      train, validation = train_test_split(train, config.data.validation_fraction,
-                                           seed=config.run.seed + 1 if validation_seed is None else validation_seed)
+      seed = _validation_seed(config) if validation_seed is None else validation_seed
+      train, validation = train_test_split(train, config.data.validation_fraction, seed=seed)
       if len(validation) == 0:  # too few samples for the fraction: nothing to select on
         raise ConfigError("validation_fraction", config.data.validation_fraction,
                           f"holds no sample of the {len(train)} training samples: raise it, or 0 for no validation "
@@ -617,6 +617,11 @@ class _Loop:
                  final["p@5"], f"{final['sampled_p@1']:.4f}" if "sampled_p@1" in final else "n/a",
                  _retrieval_line(final))
     return final
+
+
+def _validation_seed(config: Config) -> int:
+  """The seed that draws a run's validation split from its training samples."""
+  return config.run.seed + 1
 
 
 def stale_ratio(config: Config) -> float | None:

@@ -45,7 +45,8 @@ def reason_not_to_train(config: Config, final: dict[str, Any], num_processes: in
 TrainFn = Callable[..., dict[str, Any]]
 
 
-def train(config: Config, final: dict[str, Any], workdir: str, train_fn: TrainFn) -> dict[str, float]:
+def train(config: Config, final: dict[str, Any], workdir: str, train_fn: TrainFn,
+          validation_seed: int) -> dict[str, float]:
   """Trains members ``1 .. --ensemble_members - 1`` while the budget lasts; returns the directories (relative to
   ``workdir``) of those that trained their steps, with their training seconds.
 
@@ -55,6 +56,7 @@ def train(config: Config, final: dict[str, Any], workdir: str, train_fn: TrainFn
     workdir: the run's directory.
     train_fn: ``train_fn(config, workdir, evaluate_test=False, validation_seed=...)`` trains a member to its
       budget (resuming its directory) and returns ``{"score", "step", "train_seconds"}``.
+    validation_seed: the seed of the first member's validation split, which every member keeps.
   """
   steps = int(final["step"])
   left = config.budget.max_seconds - final.get("train_seconds", 0.0)
@@ -79,7 +81,7 @@ def train(config: Config, final: dict[str, Any], workdir: str, train_fn: TrainFn
                  member_config.run.seed, steps, os.path.join(workdir, member), left)
     try:
       result = train_fn(member_config, os.path.join(workdir, member), evaluate_test=False,
-                        validation_seed=config.run.seed + 1)
+                        validation_seed=validation_seed)
     except (NonFiniteError, ResumeError) as e:  # the run stays served by the members it has
       logging.warning("ensemble: member %d left out: %s", m, e)
       break
