@@ -136,15 +136,24 @@ def test_an_ensemble_run_run_again_trains_nothing_and_its_saved_copy_predicts_th
     np.testing.assert_array_equal(a, b)
 
 
-def test_the_same_seed_trains_the_same_ensemble_and_one_member_trains_none(ensemble_run, tmp_path):
+@pytest.fixture(scope="module")
+def same_seed_run(tmp_path_factory):
+  """The ensemble run's settings trained again in another directory: the same networks, another run id."""
+  from sparsejax.train import train_and_evaluate
+
+  workdir = str(tmp_path_factory.mktemp("ensemble") / "again")
+  return workdir, train_and_evaluate(_config(), workdir)
+
+
+def test_the_same_seed_trains_the_same_ensemble_and_one_member_trains_none(ensemble_run, same_seed_run, tmp_path):
   import sparsejax
   from sparsejax.train import train_and_evaluate
 
   workdir, final = ensemble_run
-  again = train_and_evaluate(_config(), str(tmp_path / "again"))
+  again_dir, again = same_seed_run
   assert again["p@1"] == final["p@1"] and again["ensemble_members"] == 2
   for a, b in zip(jax.tree.leaves(sparsejax.load(workdir).members[0].params),
-                  jax.tree.leaves(sparsejax.load(str(tmp_path / "again")).members[0].params)):
+                  jax.tree.leaves(sparsejax.load(again_dir).members[0].params)):
     np.testing.assert_array_equal(a, b)
   single = train_and_evaluate(_config(ensemble_members=1), str(tmp_path / "single"))
   assert "ensemble_members" not in single and not os.path.exists(tmp_path / "single" / "members")
@@ -165,8 +174,38 @@ def test_an_ensemble_file_names_only_member_directories(tmp_path):
     trained._read_ensemble(str(path))
   with pytest.raises(ValueError, match="members/M"):
     trained.save_ensemble(str(tmp_path), None, ["members/1/../../x"])
-  path.write_text(json.dumps({"members": ["members/1", "members/12"]}))
-  assert trained._read_ensemble(str(path)) == ["members/1", "members/12"]
+  for member in ({"directory": "members/1", "run_id": "ab", "step": True}, {"directory": "members/1", "step": 3},
+                 {"directory": "members/1", "run_id": 7, "step": 3}):
+    path.write_text(json.dumps({"members": [member]}))
+    with pytest.raises(seals.IntegrityError, match="must record its directory, run_id and step"):
+      trained._read_ensemble(str(path))
+  recorded = [{"directory": "members/1", "run_id": "ab", "step": 40}, {"directory": "members/12", "run_id": None,
+                                                                       "step": None}]
+  path.write_text(json.dumps({"members": recorded}))
+  assert trained._read_ensemble(str(path)) == recorded
+  # An earlier sparsejax recorded the directories alone: read with no run or step to check.
+  path.write_text(json.dumps({"members": ["members/1"]}))
+  assert trained._read_ensemble(str(path)) == [{"directory": "members/1", "run_id": None, "step": None}]
+
+
+def test_a_member_swapped_for_another_run_of_the_same_sizes_is_refused(ensemble_run, same_seed_run, tmp_path):
+  """A sealed member of another run (here: the same settings trained again, the same networks) put in a member's
+  place would be served as this ensemble's: assets/ensemble.json records each member's run and step."""
+  import shutil
+
+  import sparsejax
+  from sparsejax.train import seals
+
+  workdir, final = ensemble_run
+  recorded = json.load(open(os.path.join(workdir, "assets", "ensemble.json")))["members"]
+  member = sparsejax.load(workdir).members[0]
+  assert recorded == [{"directory": "members/1", "run_id": member._run_id, "step": member.step}]
+  copy = str(tmp_path / "copy")
+  shutil.copytree(workdir, copy)
+  shutil.rmtree(os.path.join(copy, "members", "1"))
+  shutil.copytree(os.path.join(same_seed_run[0], "members", "1"), os.path.join(copy, "members", "1"))
+  with pytest.raises(seals.IntegrityError, match=r"members/1: not the member that .*ensemble.json records: run "):
+    sparsejax.load(copy)
 
 
 def test_a_member_directory_that_links_out_or_nests_an_ensemble_is_refused(ensemble_run, tmp_path):

@@ -143,16 +143,32 @@ def save_fusion(workdir: str, run_id: str | None, centroids, weight: float) -> N
 
 def save_ensemble(workdir: str, run_id: str | None, members: list[str]) -> None:
   """Records the run's other ensemble members (directories relative to ``workdir``, ``members/M``) in its assets,
-  sealed: :func:`load` serves the ensemble (:mod:`sparsejax.ensemble`)."""
+  sealed, each with the run id and the step of the state it serves (its own seals': :func:`load` refuses another
+  run put in its place): :func:`load` serves the ensemble (:mod:`sparsejax.ensemble`)."""
   for member in members:
     if not _MEMBER_DIRECTORY.fullmatch(member):
       raise ValueError(f"save_ensemble: a member's directory must be members/M (M in 1..999), got {member!r}")
+  recorded = [{"directory": member, **_served_state(os.path.join(workdir, member))} for member in members]
   directory = os.path.join(workdir, ASSETS)
-  entry = _write_asset(directory, _ENSEMBLE, lambda path: _write_json(path, {"members": list(members)}))
+  entry = _write_asset(directory, _ENSEMBLE, lambda path: _write_json(path, {"members": recorded}))
   seal = _own_seal(directory, run_id)
   if seal is not None:
     seal["files"][_ENSEMBLE] = entry
     seals.write_json_atomically(os.path.join(directory, _SEAL), seal)
+
+
+def _served_state(workdir: str) -> dict:
+  """``{"run_id", "step"}`` of what :func:`load` serves from ``workdir``: its newest checkpoint's run (None: an
+  unsealed run) and its selected state's step (else its newest checkpoint's)."""
+  from sparsejax.train import checkpoint
+
+  checkpoints = checkpoint.Checkpoints(workdir, writable=False)
+  newest = checkpoints.latest_step()
+  meta = checkpoints.meta(newest) if newest is not None else None
+  if meta is None:
+    raise FileNotFoundError(f"{workdir}: no checkpoint with its settings: not a trained member")
+  best = checkpoint.BestCheckpoint.open(workdir, Config.from_dict(meta["config"]).run.selection_metric)
+  return {"run_id": meta.get("run_id"), "step": newest if best is None else best.best_step()}
 
 
 def _write_json(path: str, value) -> None:
@@ -160,16 +176,25 @@ def _write_json(path: str, value) -> None:
     json.dump(value, f)
 
 
-def _read_ensemble(path: str) -> list[str]:
-  """The member directories that :func:`save_ensemble` recorded, checked to be ``members/M``."""
+def _read_ensemble(path: str) -> list[dict]:
+  """The members that :func:`save_ensemble` recorded: ``{"directory", "run_id", "step"}`` each, the directory
+  checked to be ``members/M``. An entry that is a directory alone (an earlier sparsejax's) has run id and step
+  None: not checked."""
   try:
     with open(path, encoding="utf-8") as f:
       members = json.load(f)["members"]
   except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
     raise seals.IntegrityError(f"{path}: unreadable as an ensemble ({type(e).__name__}: {e})") from None
-  if not isinstance(members, list) or not all(isinstance(m, str) and _MEMBER_DIRECTORY.fullmatch(m)
-                                              for m in members) or len(set(members)) != len(members):
+  if isinstance(members, list):
+    members = [{"directory": m, "run_id": None, "step": None} if isinstance(m, str) else m for m in members]
+    directories = [m.get("directory") if isinstance(m, dict) else m for m in members]
+  if not isinstance(members, list) or not all(isinstance(d, str) and _MEMBER_DIRECTORY.fullmatch(d)
+                                              for d in directories) or len(set(directories)) != len(directories):
     raise seals.IntegrityError(f"{path}: members must be distinct directories members/M, got {members!r}"[:300])
+  for m in members:
+    if set(m) != {"directory", "run_id", "step"} or not isinstance(m["run_id"], (str, type(None))) or not (
+        m["step"] is None or (isinstance(m["step"], int) and not isinstance(m["step"], bool))):
+      raise seals.IntegrityError(f"{path}: a member must record its directory, run_id and step, got {m!r}"[:300])
   return members
 
 
@@ -281,7 +306,7 @@ class TrainedModel:
     platforms.check(platform, self.config.network.model)
     # The run's identity: what the seals of its best state and assets must name (None: an older sparsejax's run,
     # whose files have no seals).
-    run_id = meta.get("run_id")
+    run_id = self._run_id = meta.get("run_id")
     if run_id is None:
       warnings.warn(seals.UnverifiedWarning(
           f"{workdir} was written by a sparsejax that did not seal its best state and assets: they are loaded "
@@ -373,14 +398,23 @@ class TrainedModel:
     # The run's other ensemble members (sparsejax.ensemble): each its own run directory, checked as this one is.
     self.members: tuple[TrainedModel, ...] = ()
     if from_best and os.path.exists(os.path.join(assets, _ENSEMBLE)):
-      self.members = tuple(TrainedModel(_member_directory(workdir, m, os.path.join(assets, _ENSEMBLE)),
-                                        platform=platform)
-                           for m in _read_ensemble(os.path.join(assets, _ENSEMBLE)))
-      for member in self.members:
-        if (member.num_features, member.num_labels) != (self.num_features, self.num_labels) or member.members:
+      recorded = os.path.join(assets, _ENSEMBLE)
+      entries = _read_ensemble(recorded)
+      self.members = tuple(TrainedModel(_member_directory(workdir, m["directory"], recorded), platform=platform)
+                           for m in entries)
+      for entry, member in zip(entries, self.members):
+        if (member.num_features, member.num_labels) != (self.num_features, self.num_labels):
           raise seals.IntegrityError(f"{member.workdir}: not a member of this ensemble ({member.num_features} "
                                      f"features, {member.num_labels} labels; the model: {self.num_features}, "
                                      f"{self.num_labels})")
+        if entry["run_id"] is None:
+          warnings.warn(seals.UnverifiedWarning(
+              f"{recorded} was written by a sparsejax that did not record its members' runs: {member.workdir} is "
+              "loaded without checking that it is the member trained with this run"), stacklevel=3)
+        elif (member._run_id, member.step) != (entry["run_id"], entry["step"]):
+          raise seals.IntegrityError(f"{member.workdir}: not the member that {recorded} records: run "
+                                     f"{member._run_id} step {member.step}, recorded run {entry['run_id']} "
+                                     f"step {entry['step']}")
 
   def __repr__(self) -> str:
     """What the model is and where it came from: its sizes, its checkpoint and its work directory."""
@@ -449,6 +483,7 @@ class TrainedModel:
     # model serves none, but the copy's selected state must).
     ensemble = os.path.join(self._workdir, ASSETS, _ENSEMBLE)
     for member in (_read_ensemble(ensemble) if os.path.exists(ensemble) else ()):
+      member = member["directory"]
       TrainedModel(_member_directory(self._workdir, member, ensemble)).save(os.path.join(partial, member))
     if os.path.exists(os.path.join(self._workdir, "config.json")):
       shutil.copy2(os.path.join(self._workdir, "config.json"), os.path.join(partial, "config.json"))
