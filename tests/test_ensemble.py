@@ -225,3 +225,24 @@ def test_a_member_directory_that_links_out_or_nests_an_ensemble_is_refused(ensem
   os.symlink(copy, member)  # a loop back to the run itself
   with pytest.raises(seals.IntegrityError, match="is not a directory of this work directory's members/"):
     sparsejax.load(copy)
+
+
+def test_each_model_keeps_its_own_compiled_functions_and_is_freed_when_dropped(ensemble_run):
+  """A cache shared by all models (8 entries) had an ensemble of 4 or more members recompile at every call, the
+  members evicting each other's functions; and it kept every model it had served alive."""
+  import gc
+  import weakref
+
+  import sparsejax
+
+  workdir, _ = ensemble_run
+  model = sparsejax.load(workdir)
+  member = model.members[0]
+  kept = member._network_fn(5)
+  for top in range(1, 10):  # more functions than a cache of 8 holds, all the first network's
+    model._network_fn(top)
+  assert member._network_fn(5) is kept
+  dropped = weakref.ref(model)
+  del model
+  gc.collect()
+  assert dropped() is None

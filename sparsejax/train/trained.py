@@ -36,8 +36,6 @@ from sparsejax.train import seals
 from sparsejax.train.evaluation import Evaluator, predict_in_batches
 
 ASSETS = "assets"
-# Labels each ensemble member ranks for the merge (at least the top asked): the fused re-ranking's candidates.
-ENSEMBLE_LISTED = 100
 # Texts without a known word named one by one, then the rest in one warning.
 _UNKNOWN_WORDS_NAMED = 10
 _LABELS, _VECTORIZER, _FREQUENCIES = "labels.txt", "vectorizer.json", "label_frequencies.npy"
@@ -571,13 +569,14 @@ class TrainedModel:
   def _predict_fn(self, top: int, k: int | None = None, with_sampled: bool = False):
     """``predict(params, fi, fv) -> (scores, ids, sampled_ids or None)``: exact top ``top`` (sampled among ``k``
     index candidates if ``k``), and with ``with_sampled`` also the sampled ids at the serving k; an ensemble's
-    rankings merged (:func:`sparsejax.ensemble.merge_top`: each member's best ``max(top, 100)``, mean logits)."""
+    rankings merged (:func:`sparsejax.ensemble.merge_top`: each member's best ``max(top,
+    sparsejax.fusion.CANDIDATES)``, the labels the fused re-ranking takes, mean logits)."""
     if not self.members:
       return self._network_fn(top, k, with_sampled)
-    from sparsejax import ensemble
+    from sparsejax import ensemble, fusion
 
     models = (self, *self.members)
-    listed = max(top, min(ENSEMBLE_LISTED, k or self.num_labels, self.num_labels))
+    listed = max(top, min(fusion.CANDIDATES, k or self.num_labels, self.num_labels))
     exact = [m._network_fn(listed, k) for m in models]
     # The sampled ranking with its logits: each member's own index candidates, at its serving k.
     sampled = [m._network_fn(min(listed, m._model_config.serving_k), m._model_config.serving_k)
@@ -592,9 +591,15 @@ class TrainedModel:
       return scores, ids, None if sampled is None else merged(sampled, params, fi, fv, top)[1]
     return predict
 
-  @functools.lru_cache(maxsize=8)  # noqa: B019 - one compiled predict per (top, k); the model lives as long
   def _network_fn(self, top: int, k: int | None = None, with_sampled: bool = False):
-    """:meth:`_predict_fn` of this network alone."""
+    """:meth:`_predict_fn` of this network alone, compiled once per (top, k, with_sampled)."""
+    # The cache is the model's own: one shared by all models (functools.lru_cache on the method) had an ensemble's
+    # members evict each other's compiled functions, and kept every model it had served alive.
+    if "_network_fns" not in self.__dict__:
+      self._network_fns = functools.lru_cache(maxsize=8)(self._compile_network_fn)
+    return self._network_fns(top, k, with_sampled)
+
+  def _compile_network_fn(self, top: int, k: int | None, with_sampled: bool):
     import jax
 
     from sparsejax import inference
