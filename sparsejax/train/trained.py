@@ -92,6 +92,16 @@ def _write_asset(directory: str, name: str, write) -> list:
   return entry
 
 
+def _record_asset(directory: str, run_id: str | None, name: str, write) -> None:
+  """Writes ``name`` in ``directory`` as :func:`_write_asset` does, and adds it to the assets' seal where that is
+  run ``run_id``'s (an asset written after :func:`save_assets`: the serving index, the fusion, the ensemble)."""
+  entry = _write_asset(directory, name, write)
+  seal = _own_seal(directory, run_id)
+  if seal is not None:
+    seal["files"][name] = entry
+    seals.write_json_atomically(os.path.join(directory, _SEAL), seal)
+
+
 def _write_lines(path: str, lines) -> None:
   with open(path, "w") as f:
     f.writelines(line + "\n" for line in lines)
@@ -117,26 +127,18 @@ def save_serving_index(workdir: str, run_id: str | None, step: int, index) -> No
   to minutes at 10^5-10^6 labels). Written whole or not at all (a rename).
   """
   directory = os.path.join(workdir, ASSETS)
-  entry = _write_asset(directory, _SERVING_INDEX, lambda path: np.savez(
+  _record_asset(directory, run_id, _SERVING_INDEX, lambda path: np.savez(
       path, step=np.int64(step), centroids=np.asarray(index.centroids), offsets=np.asarray(index.offsets),
       rows=np.asarray(index.rows)))
-  seal = _own_seal(directory, run_id)
-  if seal is not None:
-    seal["files"][_SERVING_INDEX] = entry
-    seals.write_json_atomically(os.path.join(directory, _SEAL), seal)
 
 
 def save_fusion(workdir: str, run_id: str | None, centroids, weight: float) -> None:
   """Keeps the labels' centroids and the fusion weight that a run's final evaluation chose (:mod:`sparsejax.fusion`),
   recorded in the assets' seal: :func:`load`'s model re-ranks as the run's final evaluation did."""
   directory = os.path.join(workdir, ASSETS)
-  entry = _write_asset(directory, _FUSION, lambda path: np.savez(
+  _record_asset(directory, run_id, _FUSION, lambda path: np.savez(
       path, weight=np.float64(weight), indptr=centroids.indptr, indices=centroids.indices, values=centroids.values,
       num_features=np.int64(centroids.num_features)))
-  seal = _own_seal(directory, run_id)
-  if seal is not None:
-    seal["files"][_FUSION] = entry
-    seals.write_json_atomically(os.path.join(directory, _SEAL), seal)
 
 
 def save_ensemble(workdir: str, run_id: str | None, members: list[str]) -> None:
@@ -148,11 +150,7 @@ def save_ensemble(workdir: str, run_id: str | None, members: list[str]) -> None:
       raise ValueError(f"save_ensemble: a member's directory must be members/M (M in 1..999), got {member!r}")
   recorded = [{"directory": member, **_served_state(os.path.join(workdir, member))} for member in members]
   directory = os.path.join(workdir, ASSETS)
-  entry = _write_asset(directory, _ENSEMBLE, lambda path: _write_json(path, {"members": recorded}))
-  seal = _own_seal(directory, run_id)
-  if seal is not None:
-    seal["files"][_ENSEMBLE] = entry
-    seals.write_json_atomically(os.path.join(directory, _SEAL), seal)
+  _record_asset(directory, run_id, _ENSEMBLE, lambda path: _write_json(path, {"members": recorded}))
 
 
 def _served_state(workdir: str) -> dict:
