@@ -17,7 +17,8 @@
 //
 //   scores  [B, C]   float32  each query's score of each cluster
 //   offsets [C + 1]  int32    cluster c's members are rows[offsets[c]:offsets[c + 1]]
-//   rows    [R]      int32    member ids grouped by cluster (passed through unread)
+//   rows    [R]      int32    member ids grouped by cluster, in [0, R): the index holds one entry per row of
+//                             the layer (its rows past offsets[C] are -1, outside every cluster), so R is N
 //   -> ids [B, count] int32: the members of the query's best clusters (score
 //      descending, lower cluster first on ties, NaN last, empty clusters
 //      skipped), at most `probes` clusters, best cluster first; -1 after.
@@ -28,6 +29,10 @@
 // 1,024 clusters on, only the clusters below a threshold sampled from every
 // 16th cluster are ranked (one pass over the scores, no selection among all
 // C); all of them only where those fall short. The same result either way.
+// Every member copied out is checked against [0, R) as it is copied (the ids come from caller state, e.g. an
+// index loaded from a file): a bad one is an error naming its position in 'rows', never a returned id. Only the
+// copied members are checked, in the copy's own pass (a check of all R ids would read the whole index, N ids,
+// on every training step, where a probe copies B * count).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -111,12 +116,21 @@ void SortNextBatch(std::vector<uint64_t>& keys, int64_t from, int64_t upto, int6
 }
 
 // Copies the members of clusters keys[0:m] (in that order) to o[*n:], up to `count`; whether `count` was reached.
+// A member outside [0, limit) is copied too, and the first one's position in `rows` goes to *bad (if still -1).
 bool TakeMembers(const uint64_t* keys, int64_t m, const int32_t* off, const int32_t* rows, int64_t count,
-                 int32_t* o, int64_t* n) {
+                 uint32_t limit, int32_t* o, int64_t* n, int64_t* bad) {
   for (int64_t p = 0; p < m && *n < count; ++p) {
     const int64_t k = static_cast<int64_t>(keys[p] & 0xFFFFFFFFu);
     const int64_t take = std::min<int64_t>(off[k + 1] - off[k], count - *n);
-    std::copy(rows + off[k], rows + off[k] + take, o + *n);
+    const int32_t* from = rows + off[k];
+    uint32_t outside = 0;  // branch-free (vectorized with the copy); a negative id is a huge unsigned one
+    for (int64_t i = 0; i < take; ++i) {
+      o[*n + i] = from[i];
+      outside |= static_cast<uint32_t>(static_cast<uint32_t>(from[i]) >= limit);
+    }
+    for (int64_t i = 0; outside && *bad < 0 && i < take; ++i) {
+      if (static_cast<uint32_t>(from[i]) >= limit) *bad = off[k] + i;
+    }
     *n += take;
   }
   return *n >= count;
@@ -203,6 +217,10 @@ ffi::Error ClusterProbeImpl(ffi::ThreadPool pool, F32R2 scores, S32R1 offsets, S
     const int64_t usable = std::min(max_probes, nonempty);
     // The sampled clusters (every 16th) that twice `count` members need if sizes were even, twice over.
     const int64_t sample_batch = std::max<int64_t>(4, guess / 8 + 2);
+    // Per-query error slots (the position in 'rows' of its first member outside [0, R)), reported after the
+    // parallel loop, lowest query first: the message does not depend on the thread count.
+    std::vector<int64_t> bad_member(B, -1);
+    const uint32_t limit = static_cast<uint32_t>(std::min<int64_t>(R, int64_t{1} << 31));
     ParallelLoop loop(pool, B, 8);
     std::vector<std::vector<uint64_t>> order(loop.workers()), sample(loop.workers());
     for (auto& o : order) o.reserve(C);
@@ -225,6 +243,7 @@ ffi::Error ClusterProbeImpl(ffi::ThreadPool pool, F32R2 scores, S32R1 offsets, S
             among = static_cast<int64_t>(ord.size());
           }
           n = 0;
+          bad_member[b] = -1;  // a narrowed pass that falls short is taken again in full
           int64_t p = 0, sorted = 0;
           for (; p < usable && n < count; ++p) {
             if (p == sorted) {  // rank the next batch of clusters among those not yet ranked
@@ -233,7 +252,7 @@ ffi::Error ClusterProbeImpl(ffi::ThreadPool pool, F32R2 scores, S32R1 offsets, S
               SortNextBatch(ord, sorted, upto, among);
               sorted = upto;
             }
-            TakeMembers(ord.data() + p, 1, off, rp, count, o, &n);
+            TakeMembers(ord.data() + p, 1, off, rp, count, limit, o, &n, &bad_member[b]);
           }
           if (!narrowed || n >= count || p == usable) break;
           among = 0;  // the clusters below the threshold fell short: again, among all
@@ -241,6 +260,15 @@ ffi::Error ClusterProbeImpl(ffi::ThreadPool pool, F32R2 scores, S32R1 offsets, S
         std::fill(o + n, o + count, kPadId);
       }
     }));
+    for (int64_t b = 0; b < B && c.ok(); ++b) {
+      c.Require(bad_member[b] < 0, [&] {
+        const int64_t i = bad_member[b];
+        const int64_t k = std::upper_bound(off, off + C + 1, static_cast<int32_t>(i)) - off - 1;
+        return "argument 'index.rows' has id " + std::to_string(rp[i]) + " at position " + std::to_string(i) +
+               " (a member of cluster " + std::to_string(k) + ", probed for query " + std::to_string(b) +
+               "), outside [0, N = " + std::to_string(R) + ") (N: the length of 'rows', one entry per row)";
+      });
+    }
     return c.status();
   });
 }

@@ -322,6 +322,36 @@ def test_probe_rejects_a_corrupt_index():
     clusters.probe(index, h, probes=0, count=10)
 
 
+@pytest.mark.parametrize("num_clusters", [6, 2048])  # 2048: the kernel's narrowed ranking (from 1,024 clusters)
+@pytest.mark.parametrize("bad_id", [40, 41, -1, -(2**31)])
+def test_probe_rejects_member_ids_outside_the_rows(num_clusters, bad_id):
+  """A hand-built (or loaded) index whose members lie outside [0, N) (N = len(rows)) is an error naming the id,
+  its position in 'rows', its cluster and the query that probed it (the lowest such query), eager and jitted;
+  never a returned id. A bad member that no query reaches changes nothing."""
+  C, N = num_clusters, 40
+  sizes = np.zeros(C, np.int64)
+  sizes[:6] = [3, 0, 4, 2, 5, 1]  # 15 members; the rest empty
+  offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+  rows = np.concatenate([np.arange(0, 30, 2), np.full(N - 15, -1)]).astype(np.int32)  # member ids 0, 2, ..., 28
+  scores = np.full((3, C), -1.0, np.float32)
+  scores[:, :6] = [[5, 0, 4, 3, 2, 1], [0, 0, 1, 2, 3, 4], [5, 0, 4, 3, 2, 1]]  # queries 0, 2: clusters 0, 2, 3
+  index = clusters.ClusterIndex(jnp.zeros((C, 3), jnp.float32), jnp.asarray(offsets), jnp.asarray(rows))
+  call = lambda index, scores: clusters.probe_ranked(index, scores, 3, 6)
+  np.testing.assert_array_equal(np.asarray(call(index, jnp.asarray(scores))),
+                                _probe_reference(scores, offsets, rows, 3, 6))
+  rows[10] = bad_id  # cluster 4's second member: probed by query 1 only (scores 4, 3, 2 for clusters 5, 4, 3)
+  bad = clusters.ClusterIndex(index.centroids, index.offsets, jnp.asarray(rows))
+  pattern = (rf"index_probe: argument 'index.rows' has id {bad_id} at position 10 \(a member of cluster 4, probed "
+             rf"for query 1\), outside \[0, N = 40\)")
+  with pytest.raises(Exception, match=pattern):
+    jax.block_until_ready(call(bad, jnp.asarray(scores)))
+  with pytest.raises(Exception, match=pattern):
+    jax.block_until_ready(jax.jit(call)(bad, jnp.asarray(scores)))
+  # Only queries 0 and 2 (which stop within clusters 0, 2): the bad member is never copied out.
+  np.testing.assert_array_equal(np.asarray(jax.jit(call)(bad, jnp.asarray(scores[::2]))),
+                                _probe_reference(scores[::2], offsets, rows, 3, 6))
+
+
 def test_probe_ranks_clusters_by_mean_logit_plus_spread():
   index, w, b = _index()
   h = np.maximum(np.random.default_rng(7).normal(size=(6, 8)), 0).astype(np.float32)
