@@ -127,7 +127,7 @@ def evaluate(config: Config, final: dict[str, Any], workdir: str, members: dict[
     logging.info("ensemble: centroid fusion weight %g (validation %s by weight: %s)", weight,
                  config.run.selection_metric, ", ".join(f"{w:g} {v:.4f}" for w, v in table.items()))
     trained.save_fusion(workdir, run_id, centroids, weight)
-    model = trained.load(workdir)
+    model._fusion = (centroids, weight)  # what load reads back from the file just written (not loaded again)
     record.update({"fusion_weight": weight, "fusion_validation": {f"{w:g}": v for w, v in table.items()}})
   network = evaluator(test)(model._predict_fn(min(5, model.num_labels)), model.params)
   record.update({f"network_{key}": value for key, value in network.items()})
