@@ -115,6 +115,49 @@ def test_a_run_stopped_early_trains_a_second_member_and_serves_the_ensemble(ense
   np.testing.assert_array_equal(ids, merge_top([s for s, _, _ in lists], [i for _, i, _ in lists], 5)[1])
 
 
+def test_the_ensemble_record_says_what_each_field_measures(ensemble_run):
+  """The first network's retrieval diagnostics, parameters and pace sat next to the ensemble's P@k, unnamed."""
+  import sparsejax
+
+  _, final = ensemble_run
+  workdir = ensemble_run[0]
+  model = sparsejax.load(workdir)
+  networks = (model, *model.members)
+  assert final["num_params"] == sum(x.size for m in networks for x in jax.tree.leaves(m.params))
+  # The first network trained last_step steps, the member the first one's selected steps (both from step 0).
+  samples = (final["last_step"] + final["step"]) * model.config.optim.batch_size
+  assert final["samples_per_sec"] == pytest.approx(samples / final["train_seconds"], rel=1e-6)
+  for key in ("label_recall", "mean_candidates", "label_cosine", "validation_p@1", "last_loss"):
+    assert key not in final and f"member0_{key}" in final, key
+  assert final["step"] == final["selected_step"] and final["stopped_by"] == "early_stopping"
+
+
+def test_evaluating_the_ensemble_loads_it_once(ensemble_run, tmp_path, monkeypatch):
+  import shutil
+
+  from sparsejax.data import load_dataset, train_test_split
+  from sparsejax.train import members, trained
+  from sparsejax.train.loop import _validation_seed
+
+  workdir, final = ensemble_run
+  copy = str(tmp_path / "copy")
+  shutil.copytree(workdir, copy)
+  model = trained.load(copy)
+  config = model.config
+  data = load_dataset(config.data, seed=config.run.seed)
+  train, validation = train_test_split(data.train, config.data.validation_fraction, seed=_validation_seed(config))
+  first = {key[len("member0_"):]: value for key, value in final.items() if key.startswith("member0_")}
+  first.update({key: final[key] for key in ("p@1", "train_seconds", "samples_per_sec") if key not in first})
+  loads = []
+  original = trained.TrainedModel.__init__
+  monkeypatch.setattr(trained.TrainedModel, "__init__",
+                      lambda self, *a, **k: loads.append(a) or original(self, *a, **k))
+  record = members.evaluate(config, {**first, "step": final["step"]}, copy,
+                            {"members/1": {"train_seconds": 1.0, "samples": 64}}, (train, validation, data.test))
+  assert len(loads) == 2  # the ensemble and its member, once
+  assert record["p@1"] == final["p@1"] and record["fusion_weight"] == final["fusion_weight"]
+
+
 def test_an_ensemble_run_run_again_trains_nothing_and_its_saved_copy_predicts_the_same(ensemble_run, tmp_path):
   import sparsejax
   from sparsejax.train import train_and_evaluate

@@ -70,7 +70,10 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
     The final evaluation on the test set (exact and sampled P@k, nDCG@k, PSP@k) of the selected state (the
     best on the validation split when there is one, else the last) with ``step`` (the selected one),
     ``last_step``, ``samples_per_sec``, ``train_seconds`` and ``num_params``. For a run that had already
-    finished, its recorded final evaluation.
+    finished, its recorded final evaluation. An ensemble's (``--ensemble_members``) is the merged ranking's
+    evaluation with ``ensemble_members``; ``num_params``, ``train_seconds`` and ``samples_per_sec`` are the members'
+    together, and what only the first network measured (its test P@k, retrieval diagnostics, index fill, validation
+    score, last loss) is named ``member0_*`` (:func:`sparsejax.train.members.evaluate`).
 
   Raises:
     ConfigError: an invalid setting or an unwritable work directory (before anything is loaded).
@@ -149,7 +152,8 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
            search_summary: dict | None = None, validation_seed: int | None = None) -> dict[str, Any]:
   """:func:`train_and_evaluate` with a recipe chosen. ``data``: the loaded dataset (None: loaded here);
   ``evaluate_test=False`` (a search's candidate, an ensemble's member) ends with the validation score instead of
-  the test set's evaluation: ``{"score": best validation metric, "step", "train_seconds"}``; ``validation_seed``:
+  the test set's evaluation: ``{"score": best validation metric, "step", "train_seconds", "samples"}``
+  (``samples``: those this invocation trained); ``validation_seed``:
   the seed of the validation split (None: ``--seed`` + 1; an ensemble's members take the first member's)."""
   for line in config.unused_settings():
     logging.warning(line)
@@ -293,7 +297,7 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
   if loop.stop_signal is not None:
     raise Interrupted(loop.stop_signal, loop.step, checkpoints.directory)
   if not evaluate_test:
-    return loop.finish_candidate(state)
+    return loop.finish_candidate(state, start_step)
   return loop.finish(state, start_step, search_summary)
 
 
@@ -555,7 +559,7 @@ class _Loop:
       self.selection.best.wait()
     self.checkpoints.save(self.step, state, position, self.meta, wait=wait)
 
-  def finish_candidate(self, state) -> dict[str, Any]:
+  def finish_candidate(self, state, start_step: int) -> dict[str, Any]:
     """A recipe search's candidate's result: its best validation score (the test set is left alone)."""
     if self.selection.last_step != self.step:  # a candidate resumed at its budget: its state was evaluated
       self._write(self.selection.evaluate(self.run, self._evaluated(state), self.step,
@@ -563,7 +567,8 @@ class _Loop:
     self.selection.best.wait()  # sealed: the winner's best state is adopted and checked as the run's
     if self.writer is not None:
       self.writer.close()
-    return {"score": self.selection.best_value, "step": self.step, "train_seconds": self.train_seconds}
+    return {"score": self.selection.best_value, "step": self.step, "train_seconds": self.train_seconds,
+            "samples": (self.step - start_step) * self.config.optim.batch_size}
 
   def finish(self, state, start_step: int, search_summary: dict | None = None) -> dict[str, Any]:
     """The final evaluation on the whole test set, of the selected state, recorded and logged."""

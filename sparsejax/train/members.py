@@ -16,6 +16,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import jax
+import numpy as np
 from absl import logging
 
 from sparsejax.config import Config, override
@@ -23,6 +25,10 @@ from sparsejax.train.checkpoint import ResumeError
 from sparsejax.train.nonfinite import NonFiniteError
 
 MEMBERS_DIR = "members"
+# Fields of the first network's final record that describe the run (the schedule every member followed): the
+# ensemble's record keeps them as they are.
+_RUN_FIELDS = ("step", "last_step", "epoch", "stopped_by", "seconds", "final", "num_processes", "selected_step",
+               "selected_by", "bad_evaluations", "recipe", "search_seconds", "search_scores")
 
 
 def reason_not_to_train(config: Config, final: dict[str, Any], num_processes: int) -> str | None:
@@ -46,16 +52,17 @@ TrainFn = Callable[..., dict[str, Any]]
 
 
 def train(config: Config, final: dict[str, Any], workdir: str, train_fn: TrainFn,
-          validation_seed: int) -> dict[str, float]:
+          validation_seed: int) -> dict[str, dict[str, float]]:
   """Trains members ``1 .. --ensemble_members - 1`` while the budget lasts; returns the directories (relative to
-  ``workdir``) of those that trained their steps, with their training seconds.
+  ``workdir``) of those that trained their steps, each with its ``{"train_seconds", "samples"}`` (trained by this
+  invocation).
 
   Args:
     config: the first member's settings (its recipe applied; ``--max_seconds`` what its invocation had).
     final: the first member's final record: its selected ``step`` and ``train_seconds``.
     workdir: the run's directory.
     train_fn: ``train_fn(config, workdir, evaluate_test=False, validation_seed=...)`` trains a member to its
-      budget (resuming its directory) and returns ``{"score", "step", "train_seconds"}``.
+      budget (resuming its directory) and returns ``{"score", "step", "train_seconds", "samples"}``.
     validation_seed: the seed of the first member's validation split, which every member keeps.
   """
   steps = int(final["step"])
@@ -90,21 +97,22 @@ def train(config: Config, final: dict[str, Any], workdir: str, train_fn: TrainFn
       logging.info("ensemble: member %d stopped by the clock at step %d of %d: left out", m, result["step"], steps)
       break
     logging.info("ensemble: member %d: validation %s %.4f", m, config.run.selection_metric, result["score"])
-    done[member] = result["train_seconds"]
+    done[member] = {"train_seconds": result["train_seconds"], "samples": result["samples"]}
   return done
 
 
-def evaluate(config: Config, final: dict[str, Any], workdir: str, members: dict[str, float],
+def evaluate(config: Config, final: dict[str, Any], workdir: str, members: dict[str, dict[str, float]],
              splits) -> dict[str, Any]:
   """The ensemble's final record: ``members`` recorded in the run's assets, the centroid fusion's weight chosen
   again on the validation split, and the test set's metrics of the model that :func:`sparsejax.load` serves.
 
   Args:
     config: the run's settings.
-    final: the first member's final record (its ``network_*`` and ``p@k`` become ``member0_*``).
+    final: the first member's final record: what the ensemble does not measure again (its test P@k, retrieval
+      diagnostics and index fill, validation score, last loss) becomes ``member0_*``; ``num_params``,
+      ``train_seconds``, ``seconds`` and ``samples_per_sec`` become the members' together.
     workdir: the run's directory.
-    members: the other members' directories, relative to ``workdir``, with their training seconds (added to the
-      record's ``train_seconds`` and ``seconds``: the ensemble's training).
+    members: the other members' directories, relative to ``workdir``, with what :func:`train` returns of them.
     splits: ``(train, validation, test)``: the first member's training samples, validation split and test set.
   """
   from sparsejax import fusion
@@ -133,9 +141,18 @@ def evaluate(config: Config, final: dict[str, Any], workdir: str, members: dict[
   record.update({f"network_{key}": value for key, value in network.items()})
   record.update(model.evaluate(test))
   record["ensemble_members"] = 1 + len(members)
-  record["member_train_seconds"] = [final.get("train_seconds", 0.0), *members.values()]
+  record["member_train_seconds"] = [final.get("train_seconds", 0.0), *(m["train_seconds"] for m in members.values())]
   record["train_seconds"] = sum(record["member_train_seconds"])
-  record["seconds"] = final.get("seconds", 0.0) + sum(members.values())
+  record["seconds"] = final.get("seconds", 0.0) + sum(record["member_train_seconds"][1:])
+  samples = final.get("samples_per_sec", 0.0) * final.get("train_seconds", 0.0) + sum(
+      m["samples"] for m in members.values())
+  record["samples_per_sec"] = samples / max(record["train_seconds"], 1e-9)
+  record["num_params"] = sum(int(np.prod(np.shape(x))) for m in (model, *model.members)
+                             for x in jax.tree.leaves(m.params))
+  # What the first network alone measured and the ensemble did not measure again (its retrieval diagnostics, index
+  # fill, validation score, last loss) is named as the first member's; the fields that describe the run stay.
+  record.update({f"member0_{key}": value for key, value in final.items()
+                 if key not in record and key not in _RUN_FIELDS})
   logging.info("ensemble of %d networks (test set): P@1 %.4f (the first alone %.4f), network alone %.4f",
                record["ensemble_members"], record["p@1"], final["p@1"], record["network_p@1"])
-  return {**final, **record}
+  return {**{key: value for key, value in final.items() if key in _RUN_FIELDS}, **record}
