@@ -15,15 +15,17 @@ the run's training k, and measures, on the same queries:
 
 and, once per run, the cosines that a hash family sees (:func:`cosine_geometry`).
 
-The variants are the LSH settings of ``TablesConfig`` (``lsh_family``, ``lsh_mips``, ``num_tables``,
-``num_bits``, ``bucket_size``, ``table_policy``), each from today's defaults; ``num_bits_offset`` sets K relative
-to the default for the layer's size; ``uncentred`` hashes MIPS-reduced rows without centring them first (the
-``--lsh_mips`` of before issue 32, kept here only to measure what the centring does).
+The variants are the LSH settings of ``TablesConfig`` (``lsh_family``, ``lsh_projections``, ``lsh_probes``,
+``lsh_rerank``, ``lsh_mips``, ``num_tables``, ``num_bits``, ``bucket_size``, ``table_policy``), each from today's
+defaults, measured on the serving tables that sampled inference builds; ``training_tables`` measures the tables a
+training step reads instead; ``num_bits_offset`` sets K relative to the default for the layer's size;
+``uncentred`` hashes MIPS-reduced rows without centring them first (the ``--lsh_mips`` of before issue 32, kept
+here only to measure what the centring does).
 
     python benchmarks/lsh_retrieval.py --dataset synthetic     # -> benchmarks/results/lsh/synthetic.json
     python benchmarks/lsh_retrieval.py --dataset gcide_cloze
-    python benchmarks/lsh_retrieval.py --dataset synthetic --variant 'mine:lsh_family=dwta,num_tables=96'
-    python benchmarks/lsh_retrieval.py --dataset synthetic --select clusters --select P=   # some of the list
+    python benchmarks/lsh_retrieval.py --dataset synthetic --variant 'mine:candidates=lsh,num_tables=96'
+    python benchmarks/lsh_retrieval.py --dataset synthetic --select clusters --select rows   # some of the list
 
 The retrieval figures do not depend on the machine's load; the times do (run on a quiet machine to compare
 them).
@@ -41,36 +43,20 @@ import numpy as np
 import harness
 from harness import finished_runs
 
-# name -> settings (TablesConfig fields). "before" is --candidates=lsh as it was before issue 32.
+# name -> settings (TablesConfig fields), each from today's defaults. Every variant is measured on the serving
+# tables that sampled inference builds (index.serving: fuller buckets than training's), but "training tables",
+# which reads the tables a training step queries (index.init: one bucket per table). The variants measured
+# before the hyperplanes drawn from the rows (DWTA and random SimHash with their sizes of then) are in
+# benchmarks/results/HISTORY.md with the commands and commits that measured them.
 VARIANTS = {
     "clusters": dict(candidates="clusters"),
-    "before: simhash raw L=32": dict(candidates="lsh", lsh_family="simhash", lsh_mips=False, num_tables=32,
-                                     table_policy="fifo"),
-    "simhash mips uncentred L=32": dict(candidates="lsh", lsh_family="simhash", lsh_mips=True, num_tables=32,
-                                        uncentred=True),
-    "simhash mips L=32": dict(candidates="lsh", lsh_family="simhash", lsh_mips=True, num_tables=32),
-    "simhash mips L=128": dict(candidates="lsh", lsh_family="simhash", lsh_mips=True, num_tables=128),
-    "dwta raw L=32": dict(candidates="lsh", lsh_family="dwta", lsh_mips=False, num_tables=32),
-    "dwta mips uncentred L=64": dict(candidates="lsh", lsh_family="dwta", lsh_mips=True, num_tables=64,
-                                     uncentred=True),
-    "dwta mips L=32": dict(candidates="lsh", lsh_family="dwta", lsh_mips=True, num_tables=32),
-    "dwta mips L=64 fifo": dict(candidates="lsh", table_policy="fifo"),
-    "dwta mips L=64 (default)": dict(candidates="lsh"),
-    "dwta mips L=64 S=128": dict(candidates="lsh", bucket_size=128),
-    "dwta mips L=64 K-3 S=512": dict(candidates="lsh", num_bits_offset=-3, bucket_size=512),
-    "dwta mips L=128": dict(candidates="lsh", num_tables=128),
-    # Multi-probe (sparsejax.index.probing): P buckets per table, ids counted over tables and probes, and
-    # optionally the rerank x k found most often re-ranked by their exact logits.
-    "dwta mips L=64 rerank 4": dict(candidates="lsh", lsh_rerank=4),
-    "dwta mips L=64 P=2": dict(candidates="lsh", lsh_probes=2),
-    "dwta mips L=64 P=3": dict(candidates="lsh", lsh_probes=3),
-    "dwta mips L=64 P=5": dict(candidates="lsh", lsh_probes=5),
-    "dwta mips L=64 P=3 rerank 2": dict(candidates="lsh", lsh_probes=3, lsh_rerank=2),
-    "dwta mips L=64 P=3 rerank 4": dict(candidates="lsh", lsh_probes=3, lsh_rerank=4),
-    "dwta mips L=64 P=5 rerank 4": dict(candidates="lsh", lsh_probes=5, lsh_rerank=4),
-    "dwta mips L=32 P=3 rerank 4": dict(candidates="lsh", num_tables=32, lsh_probes=3, lsh_rerank=4),
-    "simhash mips L=64 P=5 rerank 4": dict(candidates="lsh", lsh_family="simhash", num_tables=64, lsh_probes=5,
-                                           lsh_rerank=4),
+    "dwta, 1 probe (the default before)": dict(candidates="lsh", lsh_family="dwta", lsh_probes=1, lsh_rerank=0),
+    "dwta, 3 probes, rerank 4": dict(candidates="lsh", lsh_family="dwta"),
+    "simhash random, 3 probes, rerank 4": dict(candidates="lsh", lsh_projections="random"),
+    "simhash rows, training tables": dict(candidates="lsh", lsh_probes=1, lsh_rerank=0, training_tables=True),
+    "simhash rows, 1 probe": dict(candidates="lsh", lsh_probes=1, lsh_rerank=0),
+    "simhash rows, 3 probes": dict(candidates="lsh", lsh_rerank=0),
+    "simhash rows, 3 probes, rerank 4 (default)": dict(candidates="lsh"),
 }
 
 
@@ -103,6 +89,7 @@ def measure(config, state, h, labels, top_ids, exact_hits, settings: dict, repea
 
   settings = dict(settings)
   uncentred = settings.pop("uncentred", False)
+  training_tables = settings.pop("training_tables", False)
   if "num_bits_offset" in settings:  # K relative to the default for this layer's size
     settings["num_bits"] = model.ModelConfig(1, config.num_labels, tables=TablesConfig()).lsh_config.num_bits + \
         settings.pop("num_bits_offset")
@@ -112,7 +99,11 @@ def measure(config, state, h, labels, top_ids, exact_hits, settings: dict, repea
   k = cfg.k
   # The serving index of these rows (clusters: the evaluation's sizes; LSH: fresh hash functions, as sampled
   # inference without the run's own builds them).
-  build = jax.jit(lambda s: index.from_config(cfg).serving(None, s.out.w, s.out.b))
+  kind = index.from_config(cfg)
+  if training_tables:  # the tables a training step reads
+    build = jax.jit(lambda s: kind.init(*jax.random.split(jax.random.key(seed)), s.out.w, s.out.b))
+  else:
+    build = jax.jit(lambda s: kind.serving(None, s.out.w, s.out.b))
   with uncentred_rows() if uncentred else _nothing():
     times = []
     for _ in range(repeats):
@@ -145,7 +136,8 @@ def measure(config, state, h, labels, top_ids, exact_hits, settings: dict, repea
       "sampled_over_exact_p@1": float(sampled_hits.mean() / max(exact_hits.mean(), 1e-12)),
       "build_seconds": statistics.median(times), "query_ms_per_1024": statistics.median(query_ms),
       "index_bytes": sum(int(x.nbytes) for x in jax.tree.leaves(built)),
-      "settings": settings | ({"uncentred": True} if uncentred else {})}
+      "settings": settings | ({"uncentred": True} if uncentred else {}) |
+                  ({"training_tables": True} if training_tables else {})}
 
 
 def cosine_geometry(state, h, top_ids, num_queries: int = 256) -> dict:

@@ -334,24 +334,31 @@ class TablesConfig(Section):
       "and queries reduced to match, instead of raw ones (raw rows share a direction the queries point away from: "
       "their tables return almost none of the largest logits; benchmarks/lsh_retrieval.py).")
   lsh_family: str = option(
-      "dwta", "Hash family: dwta (densified winner-take-all; retrieves the largest logits far better at these "
-      "sizes) or simhash (signed random projections).", choices=("simhash", "dwta"))
+      "simhash", "Hash family: simhash (signed projections; with --lsh_projections=rows the tables that retrieve "
+      "best) or dwta (densified winner-take-all: better than random projections, worse than drawn ones).",
+      choices=("simhash", "dwta"))
+  lsh_projections: str = option(
+      "rows", "SimHash's hyperplanes (dwta has none): random (sparse +-1 projections) or rows (normals of rows "
+      "drawn from the layer in proportion to their squared norms, jittered, and drawn again at each rebuild: they "
+      "split the rows where the largest logits lie; benchmarks/lsh_retrieval.py).", choices=("random", "rows"))
   num_tables: int = option(64, "Hash tables (L); more find more candidates at a higher query and rebuild cost.",
                            bounds=AT_LEAST_ONE)
   lsh_probes: int = option(
-      1, "LSH: buckets read per table: the query's own and its nearest other codes (dwta: a bin's runner-up, "
-      "for the closest bins; simhash: one bit flipped, the least certain first). More find more of the largest "
-      "logits (synthetic 200K: 0.54x of exact P@1 at 1, 0.77x at 3) at a higher query cost (a sort in XLA: "
-      "several times the one-probe kernel's; benchmarks/lsh_retrieval.py).", bounds=AT_LEAST_ONE)
+      3, "LSH: buckets each query of sampled inference and of the evaluations reads per table: its own and its "
+      "nearest other codes (simhash: one bit flipped, the least certain first; dwta: a bin's runner-up). Training "
+      "queries read one (their labels are forced in; the rest are negatives). With --lsh_rerank=4, 3 probes found "
+      "the exact top label for 0.95x (synthetic 200K) and 0.93x (GCIDE cloze) of the queries exact scoring does, "
+      "one probe without re-ranking 0.50x (benchmarks/lsh_retrieval.py).", bounds=AT_LEAST_ONE)
   lsh_rerank: int = option(
-      0, "LSH: re-rank this many times k of the ids found most often by their exact logits and keep the best k "
-      "(a gather of rerank x k rows per query, O(rerank k d)); 0: none (the k found most often).",
+      4, "LSH: sampled inference re-ranks this many times k of the ids found most often by their exact logits and "
+      "keeps the best k (a gather of rerank x k rows per query, O(rerank k d)); 0: none (the k found most often).",
       bounds=NON_NEGATIVE)
   num_bits: int | None = option(
-      None, "Bits per hash code (K; dwta: a multiple of 3); none: chosen from the number of labels "
-      "(about 32 rows per bucket).", bounds=Range(1, 30))
+      None, "Bits per hash code of the training tables (K; dwta: a multiple of 3); none: chosen from the number of "
+      "labels (about 200 rows per bucket with --lsh_projections=rows, else 32). Sampled inference builds tables of "
+      "its own with 2 fewer bits (dwta: 3), at least 6, and 4x the slots.", bounds=Range(1, 30))
   bucket_size: int | None = option(
-      None, "Row ids a bucket holds; none: twice the mean load (64).", bounds=AT_LEAST_ONE)
+      None, "Row ids a bucket of the training tables holds; none: 64.", bounds=AT_LEAST_ONE)
   table_policy: str = option(
       "reservoir", "What a full bucket keeps: reservoir (a uniform sample of the rows offered) or fifo (the newest "
       "ids: a full bucket of a rebuild keeps only its highest row ids).", choices=("fifo", "reservoir"))
@@ -661,11 +668,13 @@ class Config:
     elif self.budget.max_seconds is None:
       unused["early_stopping_ratio"] = "only read with --max_seconds (a step or epoch budget is trained whole)"
     if self.network.model == "dense":
-      for name in ("candidates", "num_clusters", "lsh_family", "num_tables", "num_bits", "lsh_mips", "lsh_probes",
-                   "lsh_rerank"):
+      for name in ("candidates", "num_clusters", "lsh_family", "lsh_projections", "num_tables", "num_bits", "lsh_mips",
+                   "lsh_probes", "lsh_rerank"):
         unused[name] = "not read by --model=dense (every output is computed)"
     else:
       unused.update(index_kinds.unused_settings(t.candidates))
+      if t.candidates == "lsh" and t.lsh_family == "dwta":
+        unused["lsh_projections"] = "only read with --lsh_family=simhash (dwta draws no hyperplanes)"
     changed = non_default_settings(self)
     return [f"--{name}={format_value(changed[name])} has no effect: {why}" for name, why in unused.items()
             if name in changed]

@@ -155,13 +155,13 @@ def test_settings_a_run_does_not_read_are_named():
   """A user audit: --early_stopping_patience without a validation split, LSH flags with the clustered index and
   synthetic-set flags with --dataset=files were accepted and silently ignored."""
   config = override(Config(), dataset="files", train_file="/etc/hostname", test_file="/etc/hostname",
-                    validation_fraction=0.0, early_stopping_patience=2, num_tables=50, lsh_family="simhash",
+                    validation_fraction=0.0, early_stopping_patience=2, num_tables=50, lsh_family="dwta",
                     synthetic_labels=7, test_fraction=0.5, active_k=512)
   assert config.unused_settings() == [
       "--synthetic_labels=7 has no effect: only read with --dataset=synthetic (the dataset is files)",
       "--test_fraction=0.5 has no effect: not read with --dataset=files (--test_file is the test set)",
       "--early_stopping_patience=2 has no effect: needs a validation split (--validation_fraction > 0)",
-      "--lsh_family=simhash has no effect: only read with --candidates=lsh",
+      "--lsh_family=dwta has no effect: only read with --candidates=lsh",
       "--num_tables=50 has no effect: only read with --candidates=lsh"]
   read = override(config, candidates="lsh", validation_fraction=0.1, dataset="synthetic", train_file=None,
                   test_file=None, kmeans_sample=16)

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from sparsejax import index, model
 from sparsejax.config import override
@@ -96,3 +97,49 @@ def test_lsh_defaults_retrieve_the_planted_best_row_that_the_old_ones_miss():
   before = _recall_of_planted(dict(lsh_family="simhash", lsh_mips=False, num_tables=32, table_policy="fifo"),
                               w, b, h, planted, k=64)
   assert recall >= 0.6 and before <= 0.3, (recall, before)
+
+
+def test_hyperplanes_drawn_from_rows_follow_the_heavy_rows():
+  """simhash_from_rows: rows are drawn in proportion to their weights (zero: never), the MIPS completion coordinate
+  zeroed, then jittered by ROW_JITTER of their entries' spread; the same key gives the same hyperplanes."""
+  from sparsejax.index import lsh
+
+  rng = np.random.default_rng(0)
+  rows = rng.normal(size=(1000, 9)).astype(np.float32)
+  heavy = np.array([3, 500, 917])
+  weights = np.zeros(1000, np.float32)
+  weights[heavy] = [1.0, 2.0, 1.0]
+  cfg = lsh.LSHConfig(num_tables=40, num_bits=10, projections="rows")
+  p = np.asarray(lsh.simhash_from_rows(jax.random.key(1), cfg, jnp.asarray(rows), jnp.asarray(weights),
+                                       completion=True).projections).reshape(-1, 9)
+  assert p.shape == (400, 9)
+  spread = np.std(np.concatenate([rows[heavy, :-1], np.zeros((3, 1), np.float32)], axis=1))
+  assert 0.15 * spread < np.std(p[:, -1]) < 0.45 * spread  # the completion's: the jitter alone
+  target = rows[heavy, :-1]
+  nearest = np.argmax(p[:, :-1] @ target.T / np.linalg.norm(target, axis=1), axis=1)
+  cosine = np.max(p[:, :-1] @ (target / np.linalg.norm(target, axis=1, keepdims=True)).T, axis=1) / \
+      np.linalg.norm(p[:, :-1], axis=1)
+  assert np.mean(cosine) > 0.9 and np.all(cosine > 0.5)  # each a jittered heavy row
+  share = np.bincount(nearest, minlength=3) / len(p)
+  np.testing.assert_allclose(share, [0.25, 0.5, 0.25], atol=0.08)
+  again = lsh.simhash_from_rows(jax.random.key(1), cfg, jnp.asarray(rows), jnp.asarray(weights), completion=True)
+  np.testing.assert_array_equal(np.asarray(again.projections).reshape(-1, 9), p)
+  with pytest.raises(ValueError, match="projections"):
+    lsh.LSHConfig(family="dwta", num_bits=9, projections="rows").validate()
+
+
+def test_drawn_hyperplanes_find_the_largest_logits_where_random_ones_do_not():
+  """Training tables (one bucket per table) over a layer whose largest logits come from its few large rows (as in
+  a trained layer: the frequent labels' rows): SimHash hyperplanes drawn from the rows find each query's best row
+  far more often than random ones, and the serving tables (fuller buckets, probes, re-ranking) more often still."""
+  rng = np.random.default_rng(3)
+  n, d, k = 8192, 32, 64
+  w = (rng.normal(size=(n, d)) / np.sqrt(d)).astype(np.float32)
+  large = rng.choice(n, 200, replace=False)
+  w[large] *= 6.0
+  h = rng.normal(size=(300, d)).astype(np.float32)
+  b = np.zeros(n, np.float32)
+  best = np.argmax(h.astype(np.float64) @ w.T.astype(np.float64), axis=1)
+  random_planes = _recall_of_planted(dict(lsh_projections="random", lsh_probes=1, lsh_rerank=0), w, b, h, best, k)
+  drawn = _recall_of_planted(dict(lsh_probes=1, lsh_rerank=0), w, b, h, best, k)
+  assert drawn >= random_planes + 0.2, (drawn, random_planes)

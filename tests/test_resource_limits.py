@@ -37,9 +37,10 @@ def test_the_oversized_lsh_command_ends_with_a_named_error_not_an_abort(tmp_path
 
 
 def test_tables_sized_by_the_labels_are_checked_once_the_data_is_loaded(small_config, tmp_path, monkeypatch):
-  """--num_bits=none: the bits come from the number of labels (3 for 200), known only after loading the data."""
+  """--num_bits=none: the bits come from the number of labels (3 for 200 with random hyperplanes: about 32 rows
+  per bucket), known only after loading the data."""
   monkeypatch.setattr(memory, "machine_memory_bytes", lambda: 32 << 10)  # 32 KiB: fits 1 bit, not 3
-  config = override(small_config, num_tables=32)
+  config = override(small_config, num_tables=32, lsh_projections="random")
   config.validate()
   with pytest.raises(ConfigError, match=r"--num_tables=32: LSH tables of 32 x 2\^3 buckets x 64 ids need"):
     train_and_evaluate(config, str(tmp_path / "run"))

@@ -25,10 +25,26 @@ class HashedIndex(NamedTuple):
   tables: tables.HashTables
 
 
+def serving_sizes(params: lsh.LSHConfig, bucket_size: int) -> tuple[lsh.LSHConfig, int]:
+  """The sizes of the tables that sampled inference and the evaluations build: ``(LSH config, slots per bucket)``.
+
+  Their buckets hold about 4x the rows of the training tables' (2 fewer bits for SimHash, 3 for DWTA, whose
+  codes pack 3-bit bins), but at least 64 buckets, in 4x the slots: read with several probes and re-ranked by
+  exact logits, these found the largest logit for 0.95x (synthetic 200K labels: 8 bits) and 0.93x (GCIDE cloze,
+  21K labels: 6 bits) of the queries that exact scoring does, against 0.50x for the training tables read once;
+  5 bits on cloze (32 buckets of 650 rows, 256 slots) 0.82x (benchmarks/results/HISTORY.md, "Hyperplanes drawn
+  from the rows").
+  """
+  fewer, floor = (3, 6) if params.family == "dwta" else (2, 6)
+  bits = min(params.num_bits, max(params.num_bits - fewer, floor))
+  return params._replace(num_bits=bits), 4 * bucket_size
+
+
 def lsh_index(config) -> Index:
   """Hash tables over the output rows, as ``config`` (a :class:`sparsejax.model_config.ModelConfig`) sizes them.
 
-  ``config.lsh_config`` (family, L, K), ``config.table_bucket_size`` and ``tables.table_policy`` size the tables;
+  ``config.lsh_config`` (family, L, K, where SimHash's hyperplanes come from), ``config.table_bucket_size`` and
+  ``tables.table_policy`` size the tables;
   with ``tables.lsh_mips`` the rows are centred and norm-augmented before hashing and the queries augmented to
   match; ``tables.reinsert`` says which rows a step re-inserts. The serving index is the training one rebuilt.
   ``tables.lsh_probes`` buckets are read per table (more than one: :mod:`sparsejax.index.probing`, in ``jnp``) and,
@@ -41,29 +57,55 @@ def lsh_index(config) -> Index:
   reduced = t_config.lsh_mips
   probes, rerank = t_config.lsh_probes, t_config.lsh_rerank
   width = config.hidden_dims[-1] + 2 if reduced else config.hidden_dims[-1]
+  serving_params, serving_slots = serving_sizes(params, bucket_size)
 
-  def build(empty: tables.HashTables, functions, w, b, num_valid) -> tables.HashTables:
+  def hashed_rows(w, b, num_valid):
+    """The vectors the tables hold and how likely each is to give a hyperplane (``projections="rows"``)."""
     w = w.astype(jnp.float32)  # (bfloat16 rows widened: an O(N d) copy, for builds only)
     if reduced:  # centred as the clustered index's rows are (mips.py)
-      return tables.build_tables(empty, functions, mips.augment_rows(*mips.centre_rows(w, b, num_valid)), num_valid)
-    return tables.build_tables(empty, functions, w, num_valid)
+      centred_w, centred_b = mips.centre_rows(w, b, num_valid)
+      return mips.augment_rows(centred_w, centred_b), jnp.sum(centred_w**2, axis=1) + centred_b**2
+    valid = jnp.arange(w.shape[0]) < (w.shape[0] if num_valid is None else num_valid)
+    return w, jnp.where(valid, jnp.sum(w**2, axis=1), 0.0)
+
+  def draw(sizes: lsh.LSHConfig, key, x, weights) -> lsh.LSHParams:
+    if sizes.projections == "rows":
+      return lsh.simhash_from_rows(key, sizes, x, weights, completion=reduced)
+    return lsh.init_lsh(key, sizes, width)
+
+  def new_index(sizes: lsh.LSHConfig, slots: int, function_key, build_key, w, b, num_valid) -> HashedIndex:
+    x, weights = hashed_rows(w, b, num_valid)
+    functions = draw(sizes, function_key, x, weights)
+    empty = tables.init_tables(sizes, slots, policy=t_config.table_policy,
+                               seed=jax.random.bits(build_key, (), jnp.uint32))
+    return HashedIndex(functions, tables.build_tables(empty, functions, x, num_valid))
 
   def init(function_key, build_key, w, b, num_valid=None) -> HashedIndex:
-    functions = lsh.init_lsh(function_key, params, width)
-    empty = tables.init_tables(params, bucket_size, policy=t_config.table_policy,
-                               seed=jax.random.bits(build_key, (), jnp.uint32))
-    return HashedIndex(functions, build(empty, functions, w, b, num_valid))
+    return new_index(params, bucket_size, function_key, build_key, w, b, num_valid)
 
   def refresh(state: HashedIndex, w, b, num_valid=None) -> HashedIndex:
-    return state._replace(tables=build(state.tables, state.hash_functions, w, b, num_valid))
+    x, weights = hashed_rows(w, b, num_valid)
+    functions = state.hash_functions
+    if params.projections == "rows":
+      # Hyperplanes drawn from the rows follow them: each rebuild draws new ones from the rows it hashes (a
+      # pass over L K rows, beside the build's over all N), from a key the state and the rows determine.
+      key = jax.random.fold_in(jax.random.key(state.tables.seed.reshape(-1)[0]),
+                               jax.lax.bitcast_convert_type(jnp.sum(weights), jnp.int32))
+      functions = draw(params, key, x, weights)
+    return HashedIndex(functions, tables.build_tables(state.tables, functions, x, num_valid))
 
   def renew(state: HashedIndex, key, w, b, num_valid=None) -> HashedIndex:
-    return refresh(state._replace(hash_functions=lsh.init_lsh(key, params, width)), w, b, num_valid)
+    x, weights = hashed_rows(w, b, num_valid)
+    functions = draw(params, key, x, weights)
+    return HashedIndex(functions, tables.build_tables(state.tables, functions, x, num_valid))
 
   def query(state: HashedIndex, h, *, k, num_rows, labels=None, seed=0, max_from_index=None, rows=None):
     del max_from_index  # the tables give as many candidates as their buckets hold
     x = mips.augment_queries(h) if reduced else h
-    if probes == 1 and not (rerank and rows is not None):  # one bucket per table: the kernel alone
+    # A training query (its labels are forced in) reads one bucket per table, in the kernel: its candidates are
+    # negatives, and the step cannot afford more. Queries without labels (sampled inference, the evaluations'
+    # diagnostics) read lsh_probes buckets per table and re-rank.
+    if labels is not None or (probes == 1 and not (rerank and rows is not None)):
       return tables.lsh_query(state.tables, state.hash_functions, x, k=k, num_rows=num_rows, labels=labels,
                               seed=seed)
     codes = probing.probe_codes(state.hash_functions, x, lsh.lsh_hash(state.hash_functions, x), probes)
@@ -84,12 +126,15 @@ def lsh_index(config) -> Index:
     return state._replace(tables=tables.insert_rows(state.tables, state.hash_functions, rows, ids, num_rows))
 
   def serving(state: HashedIndex | None, w, b, num_valid=None) -> HashedIndex:
-    if state is None:  # no hash functions kept (a sharded run's are per process): fresh ones of the run's sizes
-      return init(*jax.random.split(jax.random.key(0)), w, b, num_valid)
-    return refresh(state, w, b, num_valid)
+    # Serving tables of their own sizes (serving_sizes), built afresh from the final rows: fuller buckets than
+    # training's, read with probes and re-ranked. Fixed keys: the same rows give the same index.
+    del state
+    return new_index(serving_params, serving_slots, *jax.random.split(jax.random.key(0)), w, b, num_valid)
 
   def partition(state: HashedIndex, split, replicated) -> HashedIndex:
-    return HashedIndex(jax.tree.map(lambda _: replicated, state.hash_functions),
+    # Hyperplanes drawn from the rows are each shard's own, as its tables are.
+    functions = split if params.projections == "rows" else replicated
+    return HashedIndex(jax.tree.map(lambda _: functions, state.hash_functions),
                        jax.tree.map(lambda _: split, state.tables))
 
   def reshape_seed(state: HashedIndex, shape) -> HashedIndex:  # the tables' seed: [P] stacked, [] per shard

@@ -45,7 +45,8 @@ KINDS = {
     "clusters": Kind(_clusters, ("num_clusters", "cluster_probes", "kmeans_iterations", "kmeans_sample"),
                      # its rows are centred and clustered together: refreshed as a whole
                      reinserts=lambda t: False, table_bytes=lambda t, bits, slots: None),
-    "lsh": Kind(_lsh, ("lsh_family", "num_tables", "num_bits", "lsh_mips", "lsh_probes", "lsh_rerank"),
+    "lsh": Kind(_lsh, ("lsh_family", "lsh_projections", "num_tables", "num_bits", "lsh_mips", "lsh_probes",
+                       "lsh_rerank"),
                 # MIPS-reduced rows are centred and scaled together: refreshed as a whole
                 reinserts=lambda t: not t.lsh_mips, table_bytes=_lsh_table_bytes),
 }

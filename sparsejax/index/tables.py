@@ -50,17 +50,28 @@ class HashTables:
 
 
 def default_lsh_config(num_rows: int, family: str = "simhash", num_tables: int = 32,
-                       rows_per_bucket: float = 32.0) -> LSHConfig:
+                       rows_per_bucket: float | None = None, projections: str = "random") -> LSHConfig:
   """Hash sizes that scale with the layer: about ``rows_per_bucket`` rows per bucket.
 
   With :func:`default_bucket_size` slots per bucket, table memory is then
   ``4 * L * S / rows_per_bucket`` bytes per row: proportional to N (SLIDE's
-  fixed 2^18 x 128 x 50 tables take 6.7 GB whatever N is).
+  fixed 2^18 x 128 x 50 tables take 6.7 GB whatever N is). The default load is
+  32 rows per bucket, and 200 for hyperplanes drawn from the rows
+  (``projections="rows"``), whose codes spread the rows unevenly: with 64
+  slots per bucket, 10 bits found the largest logit of 0.50x of the queries
+  that exact scoring does on the synthetic 200K-label set, 13 bits 0.36x
+  (benchmarks/results/HISTORY.md, "Hyperplanes drawn from the rows").
   """
+  if rows_per_bucket is None:
+    rows_per_bucket = ROWS_PER_BUCKET_DRAWN if projections == "rows" else 32.0
   bits = max(1, round(math.log2(max(num_rows / rows_per_bucket, 2))))
   if family == "dwta":
     bits = max(3, 3 * round(bits / 3))
-  return LSHConfig(family=family, num_tables=num_tables, num_bits=min(bits, 24))
+  return LSHConfig(family=family, num_tables=num_tables, num_bits=min(bits, 24), projections=projections)
+
+
+# Rows per bucket of tables whose SimHash hyperplanes are drawn from the rows (see default_lsh_config).
+ROWS_PER_BUCKET_DRAWN = 200.0
 
 
 def default_bucket_size(rows_per_bucket: float = 32.0) -> int:
