@@ -672,9 +672,7 @@ class Config:
                    "lsh_probes", "lsh_rerank"):
         unused[name] = "not read by --model=dense (every output is computed)"
     else:
-      unused.update(index_kinds.unused_settings(t.candidates))
-      if t.candidates == "lsh" and t.lsh_family == "dwta":
-        unused["lsh_projections"] = "only read with --lsh_family=simhash (dwta draws no hyperplanes)"
+      unused.update(index_kinds.unused_settings(t))
     changed = non_default_settings(self)
     return [f"--{name}={format_value(changed[name])} has no effect: {why}" for name, why in unused.items()
             if name in changed]

@@ -286,3 +286,11 @@ def test_train_and_evaluate_validates_before_touching_the_workdir(tmp_path):
   assert not (tmp_path / "wd").exists()
   with pytest.raises(TypeError, match="no setting 'learning_rat'"):
     override(Config(), learning_rat=1.0)
+
+
+def test_simhash_hyperplane_setting_is_named_unused_under_dwta():
+  """--lsh_projections draws SimHash hyperplanes: with --lsh_family=dwta it has no effect, and the run says so."""
+  config = override(Config(), candidates="lsh", lsh_family="dwta", lsh_projections="random")
+  assert config.unused_settings() == [
+      "--lsh_projections=random has no effect: only read with --lsh_family=simhash (dwta draws no hyperplanes)"]
+  assert override(Config(), candidates="lsh", lsh_projections="random").unused_settings() == []

@@ -52,10 +52,14 @@ KINDS = {
 }
 
 
-def unused_settings(candidates: str) -> dict[str, str]:
-  """The settings of the other kinds of index than ``candidates``: name -> why this run does not read it."""
-  return {name: f"only read with --candidates={other}" for other, kind in KINDS.items() if other != candidates
-          for name in kind.settings}
+def unused_settings(tables_config) -> dict[str, str]:
+  """The index settings that a run of ``tables_config`` (a :class:`sparsejax.config.TablesConfig`) does not read:
+  those of the other kinds of index, and SimHash's hyperplanes under DWTA. Name -> why."""
+  unused = {name: f"only read with --candidates={other}" for other, kind in KINDS.items()
+            if other != tables_config.candidates for name in kind.settings}
+  if tables_config.candidates == "lsh" and tables_config.lsh_family == "dwta":
+    unused["lsh_projections"] = "only read with --lsh_family=simhash (dwta draws no hyperplanes)"
+  return unused
 
 
 def from_config(config):
