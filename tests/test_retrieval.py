@@ -91,6 +91,40 @@ def _index(n=500, d=8, c=20, num_valid=None, seed=0):
   return index, w, b
 
 
+@pytest.mark.parametrize("largest", [3.4e38, 1e20, 1e-25])
+def test_build_index_of_rows_near_float32s_limits(largest):
+  """Finite rows near float32's maximum (their sums and squared norms overflow), large enough that squared norms
+  do, or tiny (squares underflow): the same clusters as the same rows scaled by a power of two to about 1 (exact),
+  the right ones (4 planted groups, one of small rows beside the huge ones), finite probe vectors: the members'
+  mean rows (float64 reference) and spreads (the largest float32 where the true one is beyond float32)."""
+  rng = np.random.default_rng(11)
+  n, d, c = 96, 5, 4
+  groups = np.repeat(np.arange(c), n // c)  # contiguous groups: the seeds, spread over the rows, hit each once
+  directions = np.eye(c, d + 1) * 0.9 - 0.05
+  wb = directions[groups] + rng.uniform(-0.05, 0.05, size=(n, d + 1))
+  wb[groups == 3] *= 1e-6  # beside the others, about 0 after centring: one cluster of their own
+  wb = (wb * (largest / np.abs(wb).max())).astype(np.float32)
+  w, b = wb[:, :d], wb[:, d]
+  power = int(np.frexp(np.abs(wb).max())[1])
+  build = lambda w, b: clusters.build_index(clusters.init_index(c, n, d), jnp.asarray(w), jnp.asarray(b),
+                                            iterations=3, key=jax.random.key(0))
+  index = build(w, b)
+  offsets, rows, cent = np.asarray(index.offsets), np.asarray(index.rows), np.asarray(index.centroids)
+  scaled = build(np.ldexp(w, -power), np.ldexp(b, -power))
+  np.testing.assert_array_equal(offsets, np.asarray(scaled.offsets))
+  np.testing.assert_array_equal(rows, np.asarray(scaled.rows))
+  assert sorted(sorted(groups[rows[offsets[k]:offsets[k + 1]]].tolist()) for k in range(c)) == [
+      [g] * (n // c) for g in range(c)]  # each cluster is one planted group
+  assert np.all(np.isfinite(cent))
+  limit = float(np.finfo(np.float32).max)
+  for k in range(c):
+    members = wb[rows[offsets[k]:offsets[k + 1]]].astype(np.float64)
+    mean = members.mean(axis=0)
+    np.testing.assert_allclose(cent[k, :-1], mean, rtol=1e-5, atol=1e-6 * np.abs(members).max())
+    spread = np.sqrt(np.mean(np.sum((members - mean) ** 2, axis=1)))
+    np.testing.assert_allclose(cent[k, -1], min(spread, limit), rtol=1e-3)
+
+
 def test_build_index_is_a_partition_with_the_clusters_mean_rows():
   index, w, b = _index(num_valid=470)
   offsets, rows, cent = np.asarray(index.offsets), np.asarray(index.rows), np.asarray(index.centroids)

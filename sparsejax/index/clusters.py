@@ -166,11 +166,16 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
   n_valid = jnp.sum(valid)
   w = jnp.where(valid[:, None], weight, 0.0)
   b = jnp.where(valid, bias, 0.0)
+  # The clusters are those of the rows scaled by a power of two (exact) to a largest |value| in [1/2, 1): finite
+  # rows near float32's maximum would overflow the mean row's sum and the squared norms into inf and NaN (tiny
+  # ones would underflow), and spherical k-means of centred rows does not depend on their scale.
+  _, exponent = jnp.frexp(jnp.maximum(jnp.max(jnp.abs(w)), jnp.max(jnp.abs(b))))
+  w_scaled, b_scaled = jnp.ldexp(w, -exponent), jnp.ldexp(b, -exponent)
   # Centred rows: subtracting the mean row changes every logit of a query by the same amount (its ranking is
   # unchanged) but removes the component all rows share, which otherwise dominates their directions.
-  w_mean = jnp.sum(w, axis=0) / jnp.maximum(n_valid, 1)
-  b_mean = jnp.sum(b) / jnp.maximum(n_valid, 1)
-  x = jnp.where(valid[:, None], mips.augment_rows(w - w_mean, b - b_mean), 0.0)
+  w_mean = jnp.sum(w_scaled, axis=0) / jnp.maximum(n_valid, 1)
+  b_mean = jnp.sum(b_scaled) / jnp.maximum(n_valid, 1)
+  x = jnp.where(valid[:, None], mips.augment_rows(w_scaled - w_mean, b_scaled - b_mean), 0.0)
   offset = jax.random.uniform(jax.random.key(0) if key is None else key, ())
 
   def spread(count: int, among):
@@ -203,11 +208,20 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
   rows = jnp.lexsort((-score, assign)).astype(jnp.int32)
   # Probe vectors: each cluster's mean row [w, b], so that a query scores a cluster by its members' mean logit,
   # and the members' spread around it: rms distance^2 = mean |x|^2 - |mean x|^2 (no [N, d] gather of the means).
+  # Both are summed over the members scaled by a power of two of their cluster's own (so that neither sum overflows
+  # nor a cluster of small rows beside huge ones loses precision), then scaled back; a spread beyond float32's
+  # range (members near its maximum, far apart) is the largest float32.
   wb = jnp.concatenate([w, b[:, None]], axis=1)
+  largest = jax.ops.segment_max(jnp.max(jnp.abs(wb), axis=1), assign, num_clusters + 1)[:num_clusters]
+  _, cluster_exponent = jnp.frexp(jnp.maximum(largest, 0.0))  # an empty cluster's -inf: 0
+  wb = jnp.ldexp(wb, -jnp.append(cluster_exponent, 0)[assign][:, None])
   count = jnp.maximum(sizes, 1)[:, None].astype(jnp.float32)
   means = jax.ops.segment_sum(wb, assign, num_clusters + 1)[:num_clusters] / count
   square = jax.ops.segment_sum(jnp.sum(wb * wb, axis=1), assign, num_clusters + 1)[:num_clusters] / count[:, 0]
   spreads = jnp.sqrt(jnp.maximum(square - jnp.sum(means * means, axis=1), 0.0))
+  limit = np.finfo(np.float32).max
+  means = jnp.clip(jnp.ldexp(means, cluster_exponent[:, None]), -limit, limit)
+  spreads = jnp.minimum(jnp.ldexp(spreads, cluster_exponent), limit)
   probe_vectors = jnp.concatenate([means, spreads[:, None]], axis=1)  # an empty cluster: all zero
   return ClusterIndex(centroids=probe_vectors, offsets=offsets,
                       rows=jnp.where(jnp.arange(n) < offsets[-1], rows, -1))
