@@ -289,3 +289,19 @@ def test_each_model_keeps_its_own_compiled_functions_and_is_freed_when_dropped(e
   del model
   gc.collect()
   assert dropped() is None
+
+
+def test_a_run_whose_members_were_all_left_out_is_not_tried_again(tmp_path, monkeypatch):
+  """A rerun of a finished run that formed no ensemble loaded the data and trained members again, its budget
+  counted afresh (a member the clock had stopped would train on)."""
+  from sparsejax.train import loop, members, train_and_evaluate
+
+  tried = []
+  monkeypatch.setattr(members, "train", lambda *args: tried.append(args[2]) or {})  # every member left out
+  workdir = str(tmp_path / "run")
+  final = train_and_evaluate(_config(), workdir)
+  assert final["stopped_by"] == "early_stopping" and final["ensemble_members"] == 1 and tried == [workdir]
+  monkeypatch.setattr(loop, "_load_data", lambda config: pytest.fail("a finished run loaded its data"))
+  assert train_and_evaluate(_config(), workdir) == final
+  assert tried == [workdir] and os.path.exists(os.path.join(workdir, "assets", "checksums.json"))
+  assert "member0_p@1" not in final and not os.path.exists(os.path.join(workdir, "assets", "ensemble.json"))

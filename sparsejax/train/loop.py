@@ -139,6 +139,10 @@ def _with_members(config: Config, workdir: str, data: LoadedData | None, final: 
   validation_seed = _validation_seed(trained_config)
   done = members.train(trained_config, final, workdir, functools.partial(_train, data=data), validation_seed)
   if not done:
+    # Recorded as a run of one network, as a formed ensemble is recorded: a rerun neither loads the data nor tries
+    # the members again (with its budget counted afresh: a member the clock stopped would train on).
+    final = {**final, "ensemble_members": 1}
+    _append_record(workdir, final)
     return final
   train, validation = train_test_split(data.train, trained_config.data.validation_fraction, seed=validation_seed)
   record = members.evaluate(trained_config, final, workdir, done, (train, validation, data.test))

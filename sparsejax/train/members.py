@@ -9,7 +9,8 @@ ordinary run directory: an interrupted member resumes). Their rankings are merge
 ensemble, and the final record is the ensemble's test evaluation, through the model :func:`sparsejax.load`
 serves. Members are added while the budget lasts: one is started where the first one's pace says it would finish
 in the seconds left, and one that the clock stops before its steps anyway is left out, so a budget that does not
-bind gives the same ensemble on any machine.
+bind gives the same ensemble on any machine. A run that formed no ensemble records ``ensemble_members`` 1: run
+again, it does not try the members again (its budget was spent as it was).
 """
 
 import os
