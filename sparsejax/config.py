@@ -663,14 +663,17 @@ class Config:
     if d.dataset == "files":
       unused["test_fraction"] = "not read with --dataset=files (--test_file is the test set)"
     if d.validation_fraction == 0:
-      unused["early_stopping_patience"] = "needs a validation split (--validation_fraction > 0)"
-      unused["early_stopping_ratio"] = "needs a validation split (--validation_fraction > 0)"
+      for name in ("early_stopping_patience", "early_stopping_ratio", "ensemble_members"):
+        unused[name] = "needs a validation split (--validation_fraction > 0)"
     elif self.budget.max_seconds is None:
       unused["early_stopping_ratio"] = "only read with --max_seconds (a step or epoch budget is trained whole)"
+      # (sparsejax.train.members.reason_not_to_train: members train the time an early stop leaves of a budget)
+      unused["ensemble_members"] = "only read with --max_seconds (a step or epoch budget trains one network)"
     if self.network.model == "dense":
       for name in ("candidates", "num_clusters", "lsh_family", "lsh_projections", "num_tables", "num_bits", "lsh_mips",
                    "lsh_probes", "lsh_rerank"):
         unused[name] = "not read by --model=dense (every output is computed)"
+      unused.setdefault("ensemble_members", "not read by --model=dense (only SLIDE's runs train members)")
     else:
       unused.update(index_kinds.unused_settings(t))
     changed = non_default_settings(self)

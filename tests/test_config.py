@@ -167,6 +167,15 @@ def test_settings_a_run_does_not_read_are_named():
                   test_file=None, kmeans_sample=16)
   assert read.unused_settings() == ["--kmeans_sample=16 has no effect: only read with --candidates=clusters"]
   assert Config().unused_settings() == []
+  # --ensemble_members trains networks with what an early stop leaves of a --max_seconds budget.
+  members = override(Config(), ensemble_members=3, max_steps=100)
+  assert members.unused_settings() == [
+      "--ensemble_members=3 has no effect: only read with --max_seconds (a step or epoch budget trains one network)"]
+  assert override(members, validation_fraction=0.0).unused_settings() == [
+      "--ensemble_members=3 has no effect: needs a validation split (--validation_fraction > 0)"]
+  assert override(members, max_steps=None, max_seconds=60.0, model="dense").unused_settings() == [
+      "--ensemble_members=3 has no effect: not read by --model=dense (only SLIDE's runs train members)"]
+  assert override(members, max_steps=None, max_seconds=60.0).unused_settings() == []
 
 
 def test_help_documents_every_flag_and_lists_every_choice(capsys):
