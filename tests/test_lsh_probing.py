@@ -93,6 +93,37 @@ def test_probed_candidates_are_counted_over_tables_and_probes():
       np.testing.assert_array_equal(got[q], ranked + [-1] * (count - len(ranked)))
 
 
+@pytest.mark.parametrize("family", ["dwta", "simhash"])
+def test_the_kernels_count_of_probed_buckets_is_the_references(family):
+  """counted_by_kernel (the query kernel over the tables repeated once per probe) against the Counter of the
+  probed buckets: distinct ids, by non-increasing count, every id found more often than the last one kept
+  included, -1 after the last found; the same multiset of counts as probed_candidates (ties may order
+  differently)."""
+  rng = np.random.default_rng(7)
+  rows = rng.normal(size=(300, 16)).astype(np.float32)
+  x = rng.normal(size=(12, 16)).astype(np.float32)
+  params, built = _tables_of(rows, family)
+  probes = np.asarray(probing.probe_codes(params, jnp.asarray(x), lsh.lsh_hash(params, jnp.asarray(x)), 3))
+  buckets, counts = np.asarray(built.buckets), np.asarray(built.counts)
+  for count in (5, 40, 300):
+    got = np.asarray(probing.counted_by_kernel(built, jnp.asarray(probes), count, 300, seed=3))
+    reference = np.asarray(probing.probed_candidates(built, jnp.asarray(probes), count))
+    for q in range(len(x)):
+      found = collections.Counter()
+      for table in range(probes.shape[1]):
+        for code in set(probes[q, table]) if family == "simhash" else probes[q, table]:
+          code = code if code >= 0 else probes[q, table, 0]
+          found.update(int(i) for i in buckets[table, code, :min(counts[table, code], buckets.shape[2])] if i >= 0)
+      kept = got[q][got[q] >= 0]
+      assert len(set(kept)) == len(kept) == min(count, len(found)) and np.all(got[q][len(kept):] == -1)
+      times = [found[int(i)] for i in kept]
+      assert times == sorted(times, reverse=True)
+      if kept.size:
+        assert {i for i, n in found.items() if n > times[-1]} <= set(kept.tolist())
+      if family == "simhash":  # no missing probes: the reference counts the same buckets
+        assert sorted(times) == sorted(found[int(i)] for i in reference[q] if i >= 0)
+
+
 def test_rerank_keeps_the_largest_exact_logits():
   rng = np.random.default_rng(3)
   w = rng.normal(size=(50, 8)).astype(np.float32)
@@ -128,8 +159,9 @@ def test_probed_and_reranked_query_against_brute_force():
   k = 24
   cfg, built, active, from_index = _index_query(dict(lsh_probes=3, lsh_rerank=4), w, b, h, k)
   xq = mips.augment_queries(jnp.asarray(h))
-  found = np.asarray(probing.probed_candidates(
-      built.tables, probing.probe_codes(built.hash_functions, xq, lsh.lsh_hash(built.hash_functions, xq), 3), 4 * k))
+  found = np.asarray(probing.counted_by_kernel(
+      built.tables, probing.probe_codes(built.hash_functions, xq, lsh.lsh_hash(built.hash_functions, xq), 3), 4 * k,
+      2000, seed=1))  # the query's seed: the same ids among those found equally often
   for q in range(16):
     assert len(set(active[q])) == k and active[q].max() < 2000
     ids = found[q][found[q] >= 0]

@@ -110,9 +110,10 @@ def lsh_index(config) -> Index:
                               seed=seed)
     codes = probing.probe_codes(state.hash_functions, x, lsh.lsh_hash(state.hash_functions, x), probes)
     if rows is None or not rerank:
-      candidates = probing.probed_candidates(state.tables, codes, k)
+      candidates = probing.counted_by_kernel(state.tables, codes, k, num_rows, seed)
     else:  # the most often found rerank x k, then the best k of them by their exact logits
-      candidates = probing.rerank(probing.probed_candidates(state.tables, codes, rerank * k), h, *rows, k)
+      found = probing.counted_by_kernel(state.tables, codes, min(rerank * k, rows[0].shape[0]), num_rows, seed)
+      candidates = probing.rerank(found, h, *rows, k)
     return clusters.merge_candidates(candidates, k=k, num_rows=num_rows, labels=labels, seed=seed)
 
   def update(state: HashedIndex, w, *, labels, touched, num_rows) -> HashedIndex:

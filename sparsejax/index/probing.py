@@ -9,8 +9,9 @@ projections are closest to zero. The ids of all probed buckets are ranked by how
 tables and probes together), and optionally the best of them re-ranked by their exact logits
 (``O(candidates d)`` per query: a gather, never ``O(N d)``).
 
-This is the reference of a kernel not built yet: ``lsh_query`` reading ``P`` codes per table (it reads one). Here
-the count is a sort of the ``L P S`` probed slots per query in XLA, several times the kernel's query.
+:func:`probed_candidates` counts with a sort of the ``L P S`` probed slots per query in XLA (the reference, lower
+ids first among equals); :func:`counted_by_kernel` gives the same counts from the one-probe query kernel over the
+tables repeated ``P`` times, 4-5x faster (ties in the kernel's seeded order): what the index's queries use.
 """
 
 import math
@@ -21,7 +22,7 @@ import numpy as np
 
 from sparsejax import ops, selection
 from sparsejax.index import lsh
-from sparsejax.index.tables import HashTables
+from sparsejax.index.tables import HashTables, query_codes
 
 _NO_ID = np.iinfo(np.int32).max  # an empty probed slot: sorts after every id
 
@@ -100,6 +101,30 @@ def probed_candidates(tables: HashTables, probes: jax.Array, count: int) -> jax.
     ids = jnp.pad(ids, ((0, 0), (0, count - m)), constant_values=_NO_ID)
   times, column = selection.row_topk(found, count)  # ties to the lower column: the lower id
   return jnp.where(times > 0, jnp.take_along_axis(ids, column, axis=1), -1)
+
+
+def counted_by_kernel(tables: HashTables, probes: jax.Array, count: int, num_rows, seed=0) -> jax.Array:
+  """:func:`probed_candidates` by the table query kernel: the ``L`` tables repeated ``P`` times (a copy of the
+  buckets per call, ``P`` times their bytes), each repetition read at one probe.
+
+  Args:
+    tables: the tables (``buckets [L, 2^K, S]``).
+    probes: ``[B, L, P]`` int32 codes per table (:func:`probe_codes`); -1 (no such probe) reads the table's own
+      bucket again.
+    count: ids kept per query, ``1 <= count <= num_rows``.
+    num_rows: the rows' count (the kernel's bound on ids).
+    seed: the kernel's seed (the order of ids found equally often).
+
+  Returns:
+    ``[B, count]`` int32 distinct ids by decreasing number of probed buckets that hold them; -1 after the last.
+  """
+  num_probes = probes.shape[2]
+  probes = jnp.where(probes >= 0, probes, probes[..., :1])
+  repeated = HashTables(jnp.tile(tables.buckets, (num_probes, 1, 1)), jnp.tile(tables.counts, (num_probes, 1)),
+                        tables.seed, policy=tables.policy)
+  codes = jnp.swapaxes(probes, 1, 2).reshape(probes.shape[0], -1)  # [B, P L]: repetition p reads probe p
+  ids, found = query_codes(repeated, codes, k=count, num_rows=num_rows, seed=seed)
+  return jnp.where(jnp.arange(count) < found[:, None], ids, -1)
 
 
 def rerank(candidates: jax.Array, h: jax.Array, w: jax.Array, b: jax.Array, count: int) -> jax.Array:
