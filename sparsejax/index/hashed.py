@@ -18,7 +18,7 @@ class HashedIndex(NamedTuple):
 
   Attributes:
     hash_functions: :class:`~sparsejax.index.lsh.SimHashParams` or :class:`~sparsejax.index.lsh.DWTAParams`
-      (shared by every shard of a sharded run).
+      (random ones are shared by every shard of a sharded run; hyperplanes drawn from the rows are each shard's).
     tables: the :class:`~sparsejax.index.tables.HashTables` of the rows (a shard's rows: its own tables).
   """
   hash_functions: lsh.LSHParams
@@ -30,10 +30,10 @@ def serving_sizes(params: lsh.LSHConfig, bucket_size: int) -> tuple[lsh.LSHConfi
 
   Their buckets hold about 4x the rows of the training tables' (2 fewer bits for SimHash, 3 for DWTA, whose
   codes pack 3-bit bins), but at least 64 buckets, in 4x the slots: read with several probes and re-ranked by
-  exact logits, these found the largest logit for 0.95x (synthetic 200K labels: 8 bits) and 0.93x (GCIDE cloze,
+  exact logits, these found the largest logit for 0.91x (synthetic 200K labels: 8 bits) and 0.93x (GCIDE cloze,
   21K labels: 6 bits) of the queries that exact scoring does, against 0.50x for the training tables read once;
-  5 bits on cloze (32 buckets of 650 rows, 256 slots) 0.82x (benchmarks/results/HISTORY.md, "Hyperplanes drawn
-  from the rows").
+  5 bits on cloze (32 buckets of 650 rows, 256 slots) about 0.82x (benchmarks/results/HISTORY.md, "Hyperplanes
+  drawn from the rows").
   """
   fewer, floor = (3, 6) if params.family == "dwta" else (2, 6)
   bits = min(params.num_bits, max(params.num_bits - fewer, floor))
@@ -46,10 +46,10 @@ def lsh_index(config) -> Index:
   ``config.lsh_config`` (family, L, K, where SimHash's hyperplanes come from), ``config.table_bucket_size`` and
   ``tables.table_policy`` size the tables;
   with ``tables.lsh_mips`` the rows are centred and norm-augmented before hashing and the queries augmented to
-  match; ``tables.reinsert`` says which rows a step re-inserts. The serving index is the training one rebuilt.
-  ``tables.lsh_probes`` buckets are read per table (more than one: :mod:`sparsejax.index.probing`, in ``jnp``) and,
-  where the query is given the rows, ``tables.lsh_rerank`` x k of the most often found ids are re-ranked by their
-  exact logits.
+  match; ``tables.reinsert`` says which rows a step re-inserts. The serving index is built afresh with sizes of its
+  own (:func:`serving_sizes`). A query without labels (sampled inference) reads ``tables.lsh_probes`` buckets per
+  table (:mod:`sparsejax.index.probing`) and, where it is given the rows, re-ranks ``tables.lsh_rerank`` x k of
+  the most often found ids by their exact logits; a training query, with its labels, reads one bucket per table.
   """
   t_config = config.tables
   params = config.lsh_config
