@@ -172,8 +172,9 @@ def test_probed_and_reranked_query_against_brute_force():
 
 
 def test_a_training_query_reads_one_bucket_per_table_whatever_the_probes():
-  """A query with labels (a training step's) is the one-probe kernel query, labels first, even where
-  --lsh_probes and --lsh_rerank are set for sampled inference: the step cannot afford them."""
+  """A query with labels (a training step's) reads one bucket per table in the kernel, even where --lsh_probes and
+  --lsh_rerank are set for sampled inference: labels first, then the kernel's candidates in its order (at most
+  max_from_index of them: --random_negatives), then distinct random ids."""
   rng = np.random.default_rng(5)
   w = rng.normal(size=(2000, 32)).astype(np.float32)
   b = rng.normal(size=2000).astype(np.float32)
@@ -181,12 +182,24 @@ def test_a_training_query_reads_one_bucket_per_table_whatever_the_probes():
   labels = np.full((16, 2), -1, np.int32)
   labels[:, 0] = rng.choice(2000, 16)
   k = 24
-  cfg, built, active, from_index = _index_query(dict(lsh_probes=3, lsh_rerank=4), w, b, h, k, jnp.asarray(labels))
-  want, want_from = tables.lsh_query(built.tables, built.hash_functions, mips.augment_queries(jnp.asarray(h)),
-                                     k=k, num_rows=2000, labels=jnp.asarray(labels), seed=1)
-  np.testing.assert_array_equal(active, np.asarray(want))
-  np.testing.assert_array_equal(from_index, np.asarray(want_from))
-  assert np.all(active[:, 0] == labels[:, 0])
+  n = 2000
+  cfg = override(model.ModelConfig(10, n), hidden_dims=(32,), active_k=k, candidates="lsh", lsh_probes=3,
+                 lsh_rerank=4)
+  out = model.SparseLayer(jnp.asarray(w), jnp.asarray(b))
+  built = from_config(cfg).init(*jax.random.split(jax.random.key(0)), out.w, out.b)
+  state = model.SlideState(*([None] * len(model.SlideState._fields)))._replace(out=out, index=built)
+  xq = mips.augment_queries(jnp.asarray(h))
+  for cap in (None, 10):
+    active, from_index = (np.asarray(a) for a in model.query_active(
+        state, jnp.asarray(h), config=cfg, k=k, num_rows=n, labels=jnp.asarray(labels), seed=1,
+        max_from_index=cap))
+    found, num_found = (np.asarray(a) for a in tables.lsh_query(built.tables, built.hash_functions, xq,
+                                                                k=cap or k, num_rows=n, seed=1))
+    for q in range(16):
+      assert active[q, 0] == labels[q, 0] and len(set(active[q])) == k and active[q].max() < n
+      want = [i for i in found[q, :num_found[q]] if i != labels[q, 0]][:k - 1]
+      assert from_index[q] == len(want) <= (cap or k)
+      np.testing.assert_array_equal(active[q, 1:1 + len(want)], want)
 
 
 def test_more_probes_find_a_superset_and_the_planted_rows():
