@@ -233,3 +233,23 @@ def test_one_probe_is_the_kernel_query(family):
                                                  400))
   for q in range(8):
     assert set(np.asarray(active[q, :from_tables[q]])) == set(counted[q][counted[q] >= 0])
+
+
+def test_a_reranked_query_over_fewer_valid_rows_than_it_counts():
+  """rerank x k may exceed the valid rows (a padded shard's, traced): the probed count is bounded by the rows'
+  length, and every id found or drawn is a valid row (it had asked the kernel for more ids than num_rows)."""
+  rng = np.random.default_rng(8)
+  n, valid, k = 100, 60, 40
+  w = rng.normal(size=(n, 16)).astype(np.float32)
+  b = rng.normal(size=n).astype(np.float32)
+  cfg = override(model.ModelConfig(10, n), hidden_dims=(16,), active_k=k, candidates="lsh", lsh_probes=3,
+                 lsh_rerank=4)
+  out = model.SparseLayer(jnp.asarray(w), jnp.asarray(b))
+  built = from_config(cfg).init(*jax.random.split(jax.random.key(0)), out.w, out.b, valid)
+  state = model.SlideState(*([None] * len(model.SlideState._fields)))._replace(out=out, index=built)
+  h = jnp.asarray(rng.normal(size=(8, 16)).astype(np.float32))
+  active, _ = jax.jit(lambda s, hh, m: model.query_active(s, hh, config=cfg, k=k, num_rows=m))(
+      state, h, jnp.int32(valid))
+  active = np.asarray(active)
+  assert np.all((active >= 0) & (active < valid))
+  assert all(len(set(row)) == k for row in active)

@@ -35,8 +35,8 @@ def serving_sizes(params: lsh.LSHConfig, bucket_size: int) -> tuple[lsh.LSHConfi
   5 bits on cloze (32 buckets of 650 rows, 256 slots) about 0.82x (benchmarks/results/HISTORY.md, "Hyperplanes
   drawn from the rows").
   """
-  fewer, floor = (3, 6) if params.family == "dwta" else (2, 6)
-  bits = min(params.num_bits, max(params.num_bits - fewer, floor))
+  fewer = 3 if params.family == "dwta" else 2
+  bits = min(params.num_bits, max(params.num_bits - fewer, 6))
   return params._replace(num_bits=bits), 4 * bucket_size
 
 
@@ -121,7 +121,10 @@ def lsh_index(config) -> Index:
     if rows is None or not rerank:
       candidates = probing.counted_by_kernel(state.tables, codes, k, num_rows, seed)
     else:  # the most often found rerank x k, then the best k of them by their exact logits
-      found = probing.counted_by_kernel(state.tables, codes, min(rerank * k, rows[0].shape[0]), num_rows, seed)
+      # The kernel's id bound is the rows' length, not num_rows (a shard's valid rows, possibly traced and fewer
+      # than rerank x k): the tables hold only valid ids, and its random fill past those found is masked.
+      length = rows[0].shape[0]
+      found = probing.counted_by_kernel(state.tables, codes, min(rerank * k, length), length, seed)
       candidates = probing.rerank(found, h, *rows, k)
     return clusters.merge_candidates(candidates, k=k, num_rows=num_rows, labels=labels, seed=seed)
 
