@@ -84,8 +84,7 @@ class ModelConfig:
     # Each shard's tables index its own rows: size them for those.
     rows = shard_rows(self.num_labels, self.num_shards)
     default = tables.default_lsh_config(rows, self.tables.lsh_family, self.tables.num_tables,
-                                        projections=self.tables.lsh_projections if self.tables.lsh_family == "simhash"
-                                        else "random")
+                                        projections=self.tables.lsh_projections)
     if self.tables.num_bits is None:
       return default
     return default._replace(num_bits=self.tables.num_bits)

@@ -11,7 +11,9 @@ tables and probes together), and optionally the best of them re-ranked by their 
 
 :func:`probed_candidates` counts with a sort of the ``L P S`` probed slots per query in XLA (the reference, lower
 ids first among equals); :func:`counted_by_kernel` gives the same counts from the one-probe query kernel over the
-tables repeated ``P`` times, 4-5x faster (ties in the kernel's seeded order): what the index's queries use.
+tables repeated ``P`` times (ties in the kernel's seeded order): what the index's queries use. Either reads all
+``L P S`` slots per query, which is the query's cost (benchmarks/results/HISTORY.md, "Hyperplanes drawn from the
+rows").
 """
 
 import math

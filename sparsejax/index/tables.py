@@ -49,6 +49,10 @@ class HashTables:
     return int(self.buckets.size * 4 + self.counts.size * 4 + 4)
 
 
+# Rows per bucket of tables whose SimHash hyperplanes are drawn from the rows (see default_lsh_config).
+ROWS_PER_BUCKET_DRAWN = 200.0
+
+
 def default_lsh_config(num_rows: int, family: str = "simhash", num_tables: int = 32,
                        rows_per_bucket: float | None = None, projections: str = "random") -> LSHConfig:
   """Hash sizes that scale with the layer: about ``rows_per_bucket`` rows per bucket.
@@ -60,18 +64,17 @@ def default_lsh_config(num_rows: int, family: str = "simhash", num_tables: int =
   (``projections="rows"``), whose codes spread the rows unevenly: with 64
   slots per bucket, 10 bits found the largest logit of 0.50x of the queries
   that exact scoring does on the synthetic 200K-label set, 13 bits 0.36x
-  (benchmarks/results/HISTORY.md, "Hyperplanes drawn from the rows").
+  (benchmarks/results/HISTORY.md, "Hyperplanes drawn from the rows"). DWTA draws
+  no hyperplanes: ``projections`` is read for SimHash only.
   """
+  if family != "simhash":
+    projections = "random"
   if rows_per_bucket is None:
     rows_per_bucket = ROWS_PER_BUCKET_DRAWN if projections == "rows" else 32.0
   bits = max(1, round(math.log2(max(num_rows / rows_per_bucket, 2))))
   if family == "dwta":
     bits = max(3, 3 * round(bits / 3))
   return LSHConfig(family=family, num_tables=num_tables, num_bits=min(bits, 24), projections=projections)
-
-
-# Rows per bucket of tables whose SimHash hyperplanes are drawn from the rows (see default_lsh_config).
-ROWS_PER_BUCKET_DRAWN = 200.0
 
 
 def default_bucket_size(rows_per_bucket: float = 32.0) -> int:
