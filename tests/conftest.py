@@ -200,6 +200,20 @@ def record_cases(request):
   return record
 
 
+def pytest_sessionfinish(session):
+  """Under pytest-xdist, a worker hands its tallies to the controller, which prints the session summary."""
+  workeroutput = getattr(session.config, "workeroutput", None)
+  if workeroutput is not None:
+    workeroutput["sparsejax_tallies"] = [list(t) for t in session.config.stash.get(_TALLIES, [])]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+  """pytest-xdist's controller: a worker's tallies join the session summary."""
+  tallies = getattr(node, "workeroutput", {}).get("sparsejax_tallies", [])
+  node.config.stash.setdefault(_TALLIES, []).extend(tuple(t) for t in tallies)
+
+
 def pytest_terminal_summary(terminalreporter, config):
   tallies = config.stash.get(_TALLIES, [])
   if tallies:
