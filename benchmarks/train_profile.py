@@ -51,6 +51,7 @@ from sparsejax.train.evaluation import Evaluator
 from sparsejax.train.metric_writer import read_records
 
 import harness
+from harness import finished_runs
 
 
 def time_steps(step, state, batch, repeats):
@@ -72,7 +73,7 @@ def base_config(args, N: int, **changes) -> Config:
       if args.dataset == "synthetic" else {}
   return override(Config(), dataset=args.dataset, **sizes, validation_fraction=0.0, batch_size=args.batch_size,
                   max_steps=args.steps, eval_every=args.eval_every, checkpoint_every=10**9, progress=False,
-                  log_every=max(1, args.steps // 10), **changes)
+                  log_every=max(1, args.steps // 10), **{**finished_runs.parse_settings(args.set), **changes})
 
 
 def loop_seconds_per_step(config: Config, first_refresh: int = 0) -> tuple[float, dict]:
@@ -288,6 +289,8 @@ def main():
   parser.add_argument("--compare_epochs", type=float, default=1.0)
   parser.add_argument("--short", action="store_true",
                       help="a quick check: N = 2e4 only, 60 steps, 3 repeats, small data (no acceptance figures)")
+  parser.add_argument("--set", action="append", metavar="NAME=VALUE",
+                      help="a sparsejax setting of every run (repeatable), e.g. --set candidates=lsh")
   harness.add_json_flag(parser)
   args = parser.parse_args()
   if args.short:
