@@ -341,7 +341,10 @@ class TablesConfig(Section):
       "rows", "SimHash's hyperplanes (dwta has none): random (sparse +-1 projections) or rows (normals of rows "
       "drawn from the layer in proportion to their squared norms, jittered, and drawn again at each rebuild: they "
       "split the rows where the largest logits lie; benchmarks/lsh_retrieval.py).", choices=("random", "rows"))
-  num_tables: int = option(64, "Hash tables (L); more find more candidates at a higher query and rebuild cost.",
+  num_tables: int = option(
+      16, "Hash tables (L) of training; sampled inference and the evaluations build 4x as many (fuller buckets, "
+      "read with --lsh_probes): more find more candidates at a higher query and rebuild cost. 16 trained as well "
+      "per step as 64 on the synthetic 200K-label set at a third of the step time (benchmarks/train_profile.py).",
                            bounds=AT_LEAST_ONE)
   lsh_probes: int = option(
       3, "LSH: buckets each query of sampled inference and of the evaluations reads per table: its own and its "
@@ -647,7 +650,8 @@ class Config:
       name = "num_bits"
     else:
       name = "num_tables"
-    raise ConfigError(name, getattr(t, name), f"LSH tables of {t.num_tables} x 2^{bits} buckets x {slots} ids need "
+    raise ConfigError(name, getattr(t, name), f"LSH tables of {t.num_tables} x 2^{bits} buckets x {slots} ids "
+                      "and the evaluations' (4x as large) need "
                       f"{_gib(need)} of memory; this machine has {_gib(have)}. Lower --num_bits, --num_tables or "
                       "--bucket_size")
 

@@ -281,7 +281,8 @@ def test_refresh_cost_in_steps_from_the_sizes():
   assert model.refresh_cost_in_steps(every_row) == pytest.approx(3 * 1000 * 1_000_000 / (128 * 1024 * 50.0))
   assert model.refresh_cost_in_steps(override(big, batch_size=1024)) == pytest.approx(want / 8)
   lsh_cfg = override(model.ModelConfig(10, 100_000), candidates="lsh", num_tables=8, num_bits=12)
-  assert model.refresh_cost_in_steps(lsh_cfg) == pytest.approx(100_000 * 12 * 8 / (128 * 1024 * 50.0))
+  # K L projections per row and 4 d products' worth of centring and bucketing (d = 128 + MIPS's 2 coordinates)
+  assert model.refresh_cost_in_steps(lsh_cfg) == pytest.approx(100_000 * (12 * 8 + 4 * 130) / (128 * 1024 * 50.0))
   assert model.refresh_cost_in_steps(model.ModelConfig(10, 2000)) == 0.0  # exact step: no training index
 
 

@@ -17,7 +17,8 @@ from sparsejax.train import train_and_evaluate
 ])
 def test_lsh_tables_larger_than_the_machine_are_refused_at_validation(settings, flag):
   config = override(Config(), candidates="lsh", **settings)
-  with pytest.raises(ConfigError, match=rf"^--{flag}: LSH tables of \d+ x 2\^\d+ buckets x \d+ ids need [\d,.]+ GiB "
+  with pytest.raises(ConfigError, match=rf"^--{flag}: LSH tables of \d+ x 2\^\d+ buckets x \d+ ids and the "
+                                        r"evaluations' \(4x as large\) need [\d,.]+ GiB "
                                         r"of memory; this machine has [\d,.]+ GiB\. Lower --num_bits, --num_tables "
                                         r"or --bucket_size$"):
     config.validate()
@@ -31,18 +32,20 @@ def test_the_oversized_lsh_command_ends_with_a_named_error_not_an_abort(tmp_path
                         "--num_tables=1", "--noprogress", f"--workdir={tmp_path / 'run'}"],
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 2, out.stderr[-3000:]
-  assert re.fullmatch(r"sparsejax-train: error: --num_bits=30: LSH tables of 1 x 2\^30 buckets x 64 ids need "
-                      r"260\.0 GiB of memory; this machine has [\d,.]+ GiB\. .*", out.stderr.strip().splitlines()[-1])
+  assert re.fullmatch(r"sparsejax-train: error: --num_bits=30: LSH tables of 1 x 2\^30 buckets x 64 ids and the "
+                      r"evaluations' \(4x as large\) need 1,288\.0 GiB of memory; this machine has [\d,.]+ GiB\. .*",
+                      out.stderr.strip().splitlines()[-1])
   assert not (tmp_path / "run").exists()
 
 
 def test_tables_sized_by_the_labels_are_checked_once_the_data_is_loaded(small_config, tmp_path, monkeypatch):
   """--num_bits=none: the bits come from the number of labels (3 for 200 with random hyperplanes: about 32 rows
   per bucket), known only after loading the data."""
-  monkeypatch.setattr(memory, "machine_memory_bytes", lambda: 32 << 10)  # 32 KiB: fits 1 bit, not 3
+  # 512 KiB: fits 1 bit (17 KiB of training tables, 257 KiB of serving ones), not 3 (66 + 1,028 KiB)
+  monkeypatch.setattr(memory, "machine_memory_bytes", lambda: 512 << 10)
   config = override(small_config, num_tables=32, lsh_projections="random")
   config.validate()
-  with pytest.raises(ConfigError, match=r"--num_tables=32: LSH tables of 32 x 2\^3 buckets x 64 ids need"):
+  with pytest.raises(ConfigError, match=r"--num_tables=32: LSH tables of 32 x 2\^3 buckets x 64 ids and"):
     train_and_evaluate(config, str(tmp_path / "run"))
   assert not (tmp_path / "run").exists()
 

@@ -25,11 +25,17 @@ class HashedIndex(NamedTuple):
   tables: tables.HashTables
 
 
+# Tables of sampled inference and the evaluations per table of training (serving_sizes).
+SERVING_TABLES = 4
+
+
 def serving_sizes(params: lsh.LSHConfig, bucket_size: int) -> tuple[lsh.LSHConfig, int]:
   """The sizes of the tables that sampled inference and the evaluations build: ``(LSH config, slots per bucket)``.
 
-  Their buckets hold about 4x the rows of the training tables' (2 fewer bits for SimHash, 3 for DWTA, whose
-  codes pack 3-bit bins), but at least 64 buckets, in 4x the slots: read with several probes and re-ranked by
+  4x as many tables as training's (which need only some hard negatives per sample: 16 of them train as well per
+  step as 64 did, at a third of the step's time), whose buckets hold about 4x the rows of the training tables' (2
+  fewer bits for SimHash, 3 for DWTA, whose codes pack 3-bit bins), but at least 64 buckets, in 4x the slots: 4x
+  the training tables' memory. With 64 tables, read with several probes and re-ranked by
   exact logits, these found the largest logit for 0.91x (synthetic 200K labels: 8 bits) and 0.93x (GCIDE cloze,
   21K labels: 6 bits) of the queries that exact scoring does, against 0.50x for the training tables read once;
   5 bits on cloze (32 buckets of 650 rows, 256 slots) about 0.82x (benchmarks/results/HISTORY.md, "Hyperplanes
@@ -37,7 +43,7 @@ def serving_sizes(params: lsh.LSHConfig, bucket_size: int) -> tuple[lsh.LSHConfi
   """
   fewer = 3 if params.family == "dwta" else 2
   bits = min(params.num_bits, max(params.num_bits - fewer, 6))
-  return params._replace(num_bits=bits), 4 * bucket_size
+  return params._replace(num_tables=SERVING_TABLES * params.num_tables, num_bits=bits), 4 * bucket_size
 
 
 def lsh_index(config) -> Index:
@@ -170,4 +176,7 @@ def lsh_index(config) -> Index:
       partition=partition, to_shard=lambda state: reshape_seed(state, ()),
       from_shard=lambda state: reshape_seed(state, (1,)), query_shards=query_shards, merge_shards=None,
       from_arrays=from_arrays,
-      refresh_products=shard_rows(config.num_labels, config.num_shards) * params.num_bits * params.num_tables)
+      # K L projections of every row, and about 4 d products' worth for centring, norms and bucketing (N = 2e5,
+      # d = 128: a refresh of 16 tables took 0.50 s, of 64 0.73 s; benchmarks/train_profile.py).
+      refresh_products=shard_rows(config.num_labels, config.num_shards) * (params.num_bits * params.num_tables
+                                                                            + 4 * width))

@@ -38,7 +38,10 @@ def _lsh(config):
 def _lsh_table_bytes(t, num_bits: int | None, bucket_size: int | None) -> tuple[int, int, int]:
   bits = num_bits or t.num_bits or (3 if t.lsh_family == "dwta" else 1)
   slots = bucket_size or t.bucket_size or 64  # tables.default_bucket_size()
-  return bits, slots, t.num_tables * 2**bits * (slots + 1) * 4  # the ids and each bucket's count
+  training = t.num_tables * 2**bits * (slots + 1) * 4  # the ids and each bucket's count
+  # The evaluations' serving tables (hashed.serving_sizes: 4x the tables, 2-3 fewer bits, 4x the slots) beside.
+  serving = 4 * t.num_tables * 2**max(bits - 2, min(bits, 6)) * (4 * slots + 1) * 4
+  return bits, slots, training + serving
 
 
 KINDS = {

@@ -135,6 +135,25 @@ def init_lsh(key: jax.Array, config: LSHConfig, dim: int) -> LSHParams:
 ROW_JITTER = 0.3
 
 
+def draw_weighted(key: jax.Array, weights: jax.Array, count: int) -> jax.Array:
+  """``count`` ids in ``[0, N)`` drawn with replacement in proportion to ``weights`` ``[N]`` (negative or non-finite
+  ones count as 0; all 0: uniformly), as ``[count]`` int32.
+
+  By the inverse of the weights' cumulative sum: O(N + count log N). (``jax.random.categorical`` draws a Gumbel
+  per row and draw, O(N count): 455 of a 790 ms refresh of 16 tables at N = 2e5.)
+  """
+  weights = jnp.where(jnp.isfinite(weights), jnp.maximum(weights, 0.0), 0.0).astype(jnp.float32)
+  weights = jnp.where(jnp.sum(weights) > 0, weights, jnp.ones_like(weights))
+  # Scaled below 1 by a power of two first (exact; a division by the largest weight flushed weights near float32's
+  # largest to 0): their cumulative sum stays finite.
+  cumulative = jnp.cumsum(jnp.ldexp(weights, -jnp.frexp(jnp.max(weights))[1]), dtype=jnp.float32)
+  # Targets below the total (a product rounded up to it would pass the last row of weight > 0).
+  targets = jnp.minimum(jax.random.uniform(key, (count,), jnp.float32) * cumulative[-1],
+                        jnp.nextafter(cumulative[-1], jnp.float32(0)))
+  # The first id whose cumulative sum exceeds its target: ids of weight 0 never are.
+  return jnp.searchsorted(cumulative, targets, side="right", method="scan_unrolled").astype(jnp.int32)
+
+
 def simhash_from_rows(key: jax.Array, config: LSHConfig, rows: jax.Array, weights: jax.Array, *,
                       completion: bool) -> SimHashParams:
   """SimHash hyperplanes drawn from the data: the normals of ``L K`` sampled rows, jittered.
@@ -158,10 +177,7 @@ def simhash_from_rows(key: jax.Array, config: LSHConfig, rows: jax.Array, weight
   L, K = config.num_tables, config.num_bits
   n, dim = rows.shape
   k_pick, k_jitter = jax.random.split(key)
-  weights = jnp.where(jnp.isfinite(weights), jnp.maximum(weights, 0.0), 0.0)
-  # All weights zero (an untrained or empty layer): draw rows uniformly.
-  logits = jnp.where(jnp.sum(weights) > 0, jnp.log(weights), jnp.zeros_like(weights))
-  picked = jnp.take(rows, jax.random.categorical(k_pick, logits, shape=(L * K,)), axis=0).astype(jnp.float32)
+  picked = jnp.take(rows, draw_weighted(k_pick, weights, L * K), axis=0).astype(jnp.float32)
   if completion:
     picked = picked.at[:, dim - 1].set(0.0)
   scale = jnp.maximum(jnp.std(picked), 1e-30)
