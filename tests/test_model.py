@@ -52,6 +52,48 @@ def test_all_rows_label_targets_match_the_comparison_with_every_row_active():
                                 np.eye(n, dtype=np.float32)[[7]] * 0.25)
 
 
+def _label_target_sized_arrays(hlo: str, B: int, N: int, M: int) -> list[str]:
+  """The shapes in ``hlo`` (StableHLO ``tensor<8x5000x7xi1>`` or HLO ``pred[8,5000,7]``) holding a ``[B, N, M]``
+  array, in any layout: both N and M as dimensions, or B·N·M elements."""
+  shapes = re.findall(r"tensor<((?:\d+x)+)[a-z]", hlo) + re.findall(r"[a-z]\d*\[([\d,]+)\]", hlo)
+  found = []
+  for text in shapes:
+    dims = [int(x) for x in re.split("[x,]", text) if x]
+    if (N in dims and M in dims) or math.prod(dims) == B * N * M:
+      found.append(text)
+  return found
+
+
+def test_all_active_label_targets_never_build_a_batch_by_rows_by_labels_array():
+  """Issue 34: with every output active (the dense model, the exact step, all rows' targets), the targets cost
+  O(B·M), not the [B, N, M] comparison that ran --model=dense at 0.17x a plain jnp model on multi-label data. The
+  programs, as lowered and as compiled, hold no array with N and M among its dimensions or B·N·M elements; the
+  comparison's program (label_targets over every row) does, so the check is not vacuous."""
+  B, N, M, F = 8, 5000, 7, 300  # B·N·M = 280,000: no other array of these programs has that many elements
+  cfg = override(model.ModelConfig(F, N), hidden_dims=(16,), active_k=N)
+  labels = jnp.asarray(np.random.default_rng(0).integers(-1, N, size=(B, M)), jnp.int32)
+  batch = {"feat_ids": jnp.zeros((B, 5), jnp.int32), "feat_vals": jnp.ones((B, 5)), "labels": labels}
+
+  def hlos(fn, *args):
+    lowered = jax.jit(fn).lower(*args)
+    return {"lowered": lowered.as_text(), "compiled": lowered.compile().as_text()}
+
+  comparison = hlos(lambda lab: model.label_targets(jnp.broadcast_to(jnp.arange(N, dtype=jnp.int32), (B, N)), lab),
+                    labels)
+  assert all(_label_target_sized_arrays(text, B, N, M) for text in comparison.values())
+  programs = {"all_rows_label_targets": hlos(lambda lab: model.all_rows_label_targets(lab, N), labels),
+              "dense step": hlos(functools.partial(dense.train_step, config=cfg),
+                                 dense.init(jax.random.key(0), cfg), batch)}
+  for softmax, active_k in (("auto", N), ("exact", 64)):  # every row active; the exact step forced
+    exact = override(cfg, active_k=active_k, softmax=softmax)
+    assert model.uses_exact_path(exact)
+    programs[f"exact step ({softmax})"] = hlos(functools.partial(model.train_step, config=exact),
+                                               model.init(jax.random.key(0), exact), batch)
+  for name, texts in programs.items():
+    for stage, text in texts.items():
+      assert not _label_target_sized_arrays(text, B, N, M), (name, stage, _label_target_sized_arrays(text, B, N, M))
+
+
 def test_sharded_softmax_gradient_matches_autodiff():
   rng = np.random.default_rng(0)
   logits = jnp.asarray(rng.normal(size=(5, 7)), jnp.float32).at[1, 3].set(-jnp.inf)  # padding
