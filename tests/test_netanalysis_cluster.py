@@ -158,3 +158,19 @@ def test_the_recorded_p4_validation_is_judged_as_it_was(cluster, root):
   assert [(c["check"], c["value"], c["passed"]) for c in checks] == [
       (c["check"], c["value"], c["passed"]) for c in val["acceptance"]]
   assert len(checks) == 23
+
+
+@pytest.mark.parametrize("processes,workers", [(2, [2, 8, 16]), (4, [2, 4, 8, 16])])
+def test_netanalysis_cluster_tables_name_each_worker_count_once(benchmark_module, processes, workers):
+  assert benchmark_module("netanalysis_cluster").whatif_workers(processes) == workers
+
+
+def test_netanalysis_cluster_shows_a_check_not_judged_with_its_reason(cluster, benchmark_module):
+  table, transfers, probes, runs = _inputs(processes=2, workers=[3, 4], transfer_error=0.3)
+  transfers = transfers[:1]
+  checks = cluster.acceptance_checks(table, transfers, probes, runs, RATES, "100mbit", [3, 4])
+  rows = benchmark_module("netanalysis_cluster").acceptance_rows(checks)
+  assert len(rows) == 23
+  assert rows[-2:] == [["dense P=3 100mbit: |predicted / measured transfer - 1|", "0.3", "<= 0.2", "FAIL"],
+                       ["dense P=4 100mbit: |predicted / measured transfer - 1|", "-", "<= 0.2",
+                        "NOT JUDGED: no dense P=4 run at 100mbit"]]
