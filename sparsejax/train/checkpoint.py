@@ -34,8 +34,11 @@ from absl import logging
 from sparsejax.config import Config, ConfigError, flat_items, format_value, identity_fields
 from sparsejax.train.seals import (
   IntegrityError,
+  WriteError,
   check_sealed_directory,
+  failure_reason,
   file_checksums,
+  is_full_disk,
   seal_directory,
   sha256_file,
   write_json_atomically,
@@ -62,11 +65,11 @@ def _save_errors(what: str):
   except CheckpointError:
     raise
   except Exception as e:  # noqa: BLE001 -- orbax and tensorstore raise OSError, ValueError, ...
-    raise CheckpointError(f"saving {what} failed ({_reason(e)}). The checkpoints saved before it are "
+    raise CheckpointError(f"saving {what} failed ({failure_reason(e)}). The checkpoints saved before it are "
                           "intact") from None
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(WriteError):
   """A checkpoint could not be written (e.g. a full disk); the message names it and the reason."""
 
 
@@ -74,18 +77,26 @@ class ResumeError(RuntimeError):
   """The work directory holds a run that this one must not continue (the message says why and what to do)."""
 
 
-class _DropOrbaxInfo:
-  """absl logging filter: orbax logs every step of every save at INFO."""
+class _QuietOrbax:
+  """absl's logger's filter (whichever handler prints: absl's under the commands, Python's under a script): orbax
+  logs every step of every save at INFO, and a save that a full disk stops in each of its threads, with a
+  traceback (4-5 of them, about 350 lines); :class:`CheckpointError` reports that in one line."""
 
   def filter(self, record) -> bool:
-    return record.levelno > 20 or "orbax" not in record.pathname
+    if "orbax" not in record.pathname:
+      return True
+    if record.levelno <= pylogging.INFO:
+      return False
+    error = record.exc_info[1] if record.exc_info else None
+    return not (is_full_disk(record.getMessage()) or (error is not None and is_full_disk(error)))
 
 
 def quiet_orbax_logs() -> None:
-  """Keeps orbax's INFO lines out of the log (warnings and errors still show)."""
-  handler = logging.get_absl_handler()
-  if not any(isinstance(f, _DropOrbaxInfo) for f in handler.filters):
-    handler.addFilter(_DropOrbaxInfo())
+  """Keeps orbax's INFO lines and its threads' reports of a full disk out of the log (other warnings and errors
+  still show)."""
+  logger = logging.get_absl_logger()
+  if not any(isinstance(f, _QuietOrbax) for f in logger.filters):
+    logger.addFilter(_QuietOrbax())
 
 
 @contextlib.contextmanager
@@ -243,8 +254,10 @@ class Checkpoints:
       path = os.path.join(directory, _checksums_name())
       try:
         write_json_atomically(path, file_checksums(directory))
-      except OSError as e:
-        raise CheckpointError(f"cannot write {path}: {e.strerror or e}") from None
+      except WriteError as e:  # the seal itself (a full disk): its message names it
+        raise CheckpointError(str(e)) from None
+      except OSError as e:  # reading the files it covers
+        raise CheckpointError(f"cannot write {path}: {failure_reason(e)}") from None
     self._unsealed = []
 
   def meta(self, step: int | None = None) -> dict[str, Any] | None:
@@ -324,8 +337,8 @@ class Checkpoints:
     except Exception as e:  # noqa: BLE001 -- orbax and tensorstore raise OSError, ValueError, ...
       steps = ", ".join(self._step_dir(s) for s in self._unsealed)
       self._unsealed = []
-      raise CheckpointError(f"saving checkpoint {steps} failed ({_reason(e)}). The checkpoints saved before it "
-                            "are intact") from None
+      raise CheckpointError(f"saving checkpoint {steps} failed ({failure_reason(e)}). The checkpoints saved before "
+                            "it are intact") from None
     self._seal()
 
 
@@ -397,15 +410,6 @@ def is_optimizer_state(field: str) -> bool:
 def _parameters_first(name: str) -> tuple[bool, str]:
   """Sort key: the layers' arrays before the optimizer states'."""
   return any(is_optimizer_state(part) for part in name.split(".")), name
-
-
-def _reason(error: Exception) -> str:
-  """A failed save's cause in a few words (a full disk says so)."""
-  text = str(error)
-  if getattr(error, "errno", None) == 28 or "No space left on device" in text:
-    return "no space left on device: the disk is full"
-  first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-  return first if len(first) <= 300 else first[:300] + "..."
 
 
 def _checksums_name() -> str:
@@ -586,5 +590,7 @@ class BestCheckpoint:
       if step in kept and self.run_id is not None:
         try:
           seal_directory(self.step_directory(step), _checksums_name(), self.run_id, step)
+        except WriteError as e:
+          raise CheckpointError(str(e)) from None
         except OSError as e:
           raise CheckpointError(f"cannot seal the best state {self.step_directory(step)}: {e.strerror or e}") from None

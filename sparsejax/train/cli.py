@@ -441,7 +441,7 @@ def train(argv: list[str]) -> None:
   from sparsejax.train import checkpoint, train_and_evaluate
   from sparsejax.train.metric_writer import MetricsFileError
   from sparsejax.train.nonfinite import NonFiniteError
-  from sparsejax.train.seals import IntegrityError
+  from sparsejax.train.seals import IntegrityError, WriteError
   from sparsejax.train.stopping import Interrupted, raise_on_signals
 
   try:
@@ -482,7 +482,7 @@ def train(argv: list[str]) -> None:
     usage_error(str(e))
   except checkpoint.ResumeError as e:
     fail(str(e), USAGE_ERROR)
-  except checkpoint.CheckpointError as e:  # orbax's save threads, failing too, would print pages at shutdown
+  except WriteError as e:  # a checkpoint or other file (a full disk): orbax's threads would print pages at shutdown
     fail_now(str(e))
   except (NonFiniteError, MetricsFileError, IntegrityError) as e:  # IntegrityError: a changed best state
     fail(str(e))

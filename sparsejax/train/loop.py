@@ -244,8 +244,7 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
   run_id = (meta or {}).get("run_id") or seals.new_run_id()
   is_chief = jax.process_index() == 0
   if is_chief:  # only now: a refused or failed start leaves the work directory as it was
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      json.dump(config.to_dict(), f, indent=1)
+    seals.write_json_atomically(os.path.join(workdir, "config.json"), config.to_dict(), indent=1)
     trained.save_assets(workdir, data._replace(train=train), run_id)  # the samples trained on (PSP@k's propensities)
   logging.info("%s model: %s parameters%s; %s", config.network.model, f"{model.num_params(state):,}",
                f" over {num_shards} processes" if num_shards > 1 else "",
@@ -349,7 +348,8 @@ def _data_shape(config: Config, train) -> search.DataShape:
 def _append_record(workdir: str, record: dict) -> None:
   """Appends ``record`` to ``WORKDIR/metrics.jsonl`` (the recipe search's records, written between runs)."""
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, METRICS_FILE), "a") as f:
+    path = os.path.join(workdir, METRICS_FILE)
+    with seals.writing(path), open(path, "a") as f:
       f.write(json.dumps(record) + "\n")
 
 
@@ -359,8 +359,7 @@ def _restore_config_file(workdir: str, meta: dict | None, step: int) -> None:
   path = os.path.join(workdir, "config.json")
   if meta is None or os.path.exists(path) or jax.process_index() != 0:
     return
-  with open(path, "w") as f:
-    json.dump(meta["config"], f, indent=1)
+  seals.write_json_atomically(path, meta["config"], indent=1)
   logging.warning("%s was missing: written again from the settings of checkpoint %d", path, step)
 
 

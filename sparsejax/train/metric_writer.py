@@ -16,6 +16,8 @@ from collections.abc import Iterable
 
 from absl import logging
 
+from sparsejax.train import seals
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -74,9 +76,10 @@ class MetricWriter:
     kept = [r for r in read_records(workdir) if r["step"] <= resume_step]
     if os.path.exists(self.path):
       tmp = self.path + ".tmp"
-      with open(tmp, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in kept)
-      os.replace(tmp, self.path)
+      with seals.writing(self.path, tmp):
+        with open(tmp, "w") as f:
+          f.writelines(json.dumps(r) + "\n" for r in kept)
+        os.replace(tmp, self.path)
     self.tb = None
     if tensorboard:
       try:
@@ -97,7 +100,7 @@ class MetricWriter:
       record: JSON-ready values.
       curves: the keys drawn in TensorBoard (default: every number but ``step``).
     """
-    with open(self.path, "a") as f:
+    with seals.writing(self.path), open(self.path, "a") as f:  # a partial last line is dropped when read
       f.write(json.dumps(record) + "\n")
     if self.tb is None:
       return

@@ -12,6 +12,8 @@ read a byte of what they cover, so that a flipped bit, a truncated file or anoth
 refused by name (:class:`IntegrityError`) instead of served.
 """
 
+import contextlib
+import errno
 import glob
 import hashlib
 import json
@@ -25,6 +27,11 @@ import numpy as np
 class IntegrityError(ValueError):
   """A work directory's file is damaged, missing or not this run's (another run's, another step's); the message
   names the file and what is wrong with it."""
+
+
+class WriteError(RuntimeError):
+  """A file of the work directory could not be written (e.g. a full disk); the message names it and why. What was
+  saved before it stays as it was (files are replaced whole, by a rename)."""
 
 
 class UnverifiedWarning(UserWarning):
@@ -56,14 +63,47 @@ def file_entry(path: str) -> list:
   return [os.path.getsize(path), sha256_file(path)]
 
 
-def write_json_atomically(path: str, value: Any) -> None:
-  """Writes ``value`` as JSON to ``path`` whole or not at all (a rename): a crash leaves the old file or the new."""
+def is_full_disk(error: BaseException | str) -> bool:
+  """Whether an error (or its message: TensorStore's name the errno in words) is a full disk's."""
+  return getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error)
+
+
+def failure_reason(error: Exception) -> str:
+  """Why a write failed, in a few words (a full disk says so)."""
+  text = str(error)
+  if is_full_disk(error):
+    return "no space left on device: the disk is full"
+  if isinstance(error, OSError) and error.strerror:
+    return error.strerror
+  first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+  return first if len(first) <= 300 else first[:300] + "..."
+
+
+@contextlib.contextmanager
+def writing(path: str, partial: str | None = None):
+  """Turns an OSError while ``path`` is written into one :class:`WriteError` line naming it (a full disk, a
+  read-only directory: numpy and ``open`` raise it bare, with no path); removes ``partial``, the file that was to
+  replace ``path``."""
+  try:
+    yield
+  except OSError as e:
+    if partial is not None:
+      with contextlib.suppress(OSError):
+        os.remove(partial)
+    raise WriteError(f"saving {path} failed ({failure_reason(e)}). The checkpoints and files saved before it are "
+                     "intact") from None
+
+
+def write_json_atomically(path: str, value: Any, indent: int | None = None) -> None:
+  """Writes ``value`` as JSON to ``path`` whole or not at all (a rename): a crash leaves the old file or the new, a
+  failed write (:class:`WriteError`) the old."""
   partial = path + ".partial"
-  with open(partial, "w") as f:
-    json.dump(value, f)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(partial, path)
+  with writing(path, partial):
+    with open(partial, "w") as f:
+      json.dump(value, f, indent=indent)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(partial, path)
 
 
 def file_checksums(directory: str) -> dict[str, list]:

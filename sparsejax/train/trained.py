@@ -61,7 +61,8 @@ def save_assets(workdir: str, data: LoadedData, run_id: str | None = None) -> No
   serving index, label names) is removed: it would describe another model.
   """
   directory = os.path.join(workdir, ASSETS)
-  os.makedirs(directory, exist_ok=True)
+  with seals.writing(directory):
+    os.makedirs(directory, exist_ok=True)
   files = {_FREQUENCIES: _write_asset(directory, _FREQUENCIES,
                                       lambda path: np.save(path, data.train.label_frequencies()))}
   if data.label_names is not None:
@@ -86,9 +87,11 @@ def _write_asset(directory: str, name: str, write) -> list:
   """Writes ``name`` in ``directory`` whole or not at all (``write(path)`` writes a partial file, then renamed);
   returns its seal entry (``[size, sha256]`` of the bytes written, computed before the rename)."""
   partial = os.path.join(directory, f".partial.{name}")  # the same suffix: numpy adds none
-  write(partial)
-  entry = seals.file_entry(partial)
-  os.replace(partial, os.path.join(directory, name))
+  path = os.path.join(directory, name)
+  with seals.writing(path, partial):  # a full disk: one line naming the file (numpy's OSError names none)
+    write(partial)
+    entry = seals.file_entry(partial)
+    os.replace(partial, path)
   return entry
 
 
