@@ -2,6 +2,7 @@
 to the previous good one, with a warning naming the bad one), and a full disk during a save stops the run with a
 clear error while the last good checkpoint stays intact."""
 
+import asyncio
 import errno
 import glob
 import json
@@ -10,6 +11,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import types
 import uuid
 
 import jax
@@ -176,8 +179,9 @@ def test_a_full_disk_ends_the_command_with_one_line_also_while_the_best_state_is
   first = subprocess.run([*args, "--max_steps=15"], capture_output=True, text=True, timeout=300)
   assert first.returncode == 0, first.stderr[-3000:]
   # (the run's own serving index and label frequencies are kept on resume; the fusion is chosen again)
-  kept = {path: open(path, "rb").read() for path in [workdir / "config.json", workdir / "assets/label_frequencies.npy",
+  kept = {path: open(path, "rb").read() for path in [workdir / "assets/label_frequencies.npy",
                                                     workdir / "assets/serving_index.npz"]}
+  settings = json.loads((workdir / "config.json").read_text())
   _fill(small_disk, leave_bytes=leave_bytes)
   out = subprocess.run([*args, "--max_steps=30"], capture_output=True, text=True, timeout=300)
   assert out.returncode == 1, out.stderr[-3000:]
@@ -187,6 +191,11 @@ def test_a_full_disk_ends_the_command_with_one_line_also_while_the_best_state_is
   assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr[-3000:]
   assert Checkpoints(str(workdir), writable=False).latest_good_step() == 15
   assert {path: open(path, "rb").read() for path in kept} == kept  # replaced whole or not at all
+  # config.json: the settings of the first run (no room for them) or, written whole, of this one
+  written = json.loads((workdir / "config.json").read_text())
+  assert written["budget"]["max_steps"] in (15, 30), written["budget"]
+  written["budget"]["max_steps"] = 15
+  assert written == settings
   assert not glob.glob(f"{workdir}/**/*partial*", recursive=True)
 
 
@@ -249,3 +258,29 @@ def test_a_metrics_line_written_on_a_full_disk_is_named(tmp_path, monkeypatch):
     writer.write({"step": 2, "loss": 0.4})
   monkeypatch.undo()
   assert [r["step"] for r in read_records(str(tmp_path))] == [1]
+
+
+def test_a_closed_event_loop_reported_by_a_failed_save_is_dropped_and_other_reports_kept(monkeypatch):
+  """Issue 35: after a save that a full disk stopped, TensorStore's late writes called ``call_soon_threadsafe`` on
+  orbax's closed event loop: 'Exception ignored in: None' and a traceback on stderr around the one error line."""
+  from sparsejax.train.checkpoint import quiet_orbax_logs
+
+  reports = []
+  monkeypatch.setattr(sys, "unraisablehook", reports.append)
+  quiet_orbax_logs()
+  quiet_orbax_logs()  # once only
+  loop = asyncio.new_event_loop()
+  loop.close()
+
+  def report(call, obj=None):
+    try:
+      call()
+    except Exception as e:  # noqa: BLE001
+      sys.unraisablehook(types.SimpleNamespace(exc_type=type(e), exc_value=e, exc_traceback=e.__traceback__,
+                                               err_msg=None, object=obj))
+
+  report(lambda: loop.call_soon_threadsafe(print))  # as TensorStore's callback raises it
+  assert reports == []
+  report(lambda: loop.call_soon_threadsafe(print), obj="a __del__")  # not from C++: kept
+  report(lambda: 1 / 0)
+  assert [(type(r.exc_value), r.object) for r in reports] == [(RuntimeError, "a __del__"), (ZeroDivisionError, None)]

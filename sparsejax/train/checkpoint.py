@@ -24,8 +24,10 @@ import importlib.metadata
 import json
 import logging as pylogging
 import os
+import sys
 import tempfile
 import time
+import traceback
 import weakref
 from typing import Any
 
@@ -93,10 +95,29 @@ class _QuietOrbax:
 
 def quiet_orbax_logs() -> None:
   """Keeps orbax's INFO lines and its threads' reports of a full disk out of the log (other warnings and errors
-  still show)."""
+  still show), and the closed event loop of a save that failed out of stderr (:func:`_drop_closed_loop_reports`)."""
   logger = logging.get_absl_logger()
   if not any(isinstance(f, _QuietOrbax) for f in logger.filters):
     logger.addFilter(_QuietOrbax())
+  if not getattr(sys.unraisablehook, "drops_closed_loop_reports", False):
+    sys.unraisablehook = _drop_closed_loop_reports(sys.unraisablehook)
+
+
+def _drop_closed_loop_reports(hook):
+  """``hook`` (a ``sys.unraisablehook``) but for TensorStore's writes that end after orbax closed the event loop of
+  their failed save (a full disk): each calls ``loop.call_soon_threadsafe`` from C++, which raises "Event loop is
+  closed" as an unraisable error (``Exception ignored in: None`` and a traceback, before or after the one line that
+  reports the failure). Any other report goes to ``hook``."""
+
+  def unraisable(report) -> None:
+    frames = traceback.extract_tb(report.exc_traceback) if report.exc_traceback is not None else []
+    if not (report.object is None and isinstance(report.exc_value, RuntimeError)
+            and str(report.exc_value) == "Event loop is closed"
+            and [frame.name for frame in frames[-2:]] == ["call_soon_threadsafe", "_check_closed"]):
+      hook(report)
+
+  unraisable.drops_closed_loop_reports = True
+  return unraisable
 
 
 @contextlib.contextmanager
