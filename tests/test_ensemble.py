@@ -305,3 +305,23 @@ def test_a_run_whose_members_were_all_left_out_is_not_tried_again(tmp_path, monk
   assert train_and_evaluate(_config(), workdir) == final
   assert tried == [workdir] and os.path.exists(os.path.join(workdir, "assets", "checksums.json"))
   assert "member0_p@1" not in final and not os.path.exists(os.path.join(workdir, "assets", "ensemble.json"))
+
+
+def test_a_run_started_afresh_removes_a_former_runs_members(tmp_path):
+  """A member directory left by an earlier run of the work directory was resumed (a finished one taken as it was)
+  and served with the new run's first network."""
+  from sparsejax.config import override
+  from sparsejax.train import train_and_evaluate
+
+  workdir = tmp_path / "run"
+  former = workdir / "members" / "1"
+  former.mkdir(parents=True)
+  (former / "config.json").write_text("{}")
+  outside = tmp_path / "outside"
+  outside.mkdir()
+  train_and_evaluate(override(_config(ensemble_members=1), max_seconds=None, max_steps=40), str(workdir))
+  assert not (workdir / "members").exists()
+  # Resumed, the run keeps what it has; a link in the members' place is removed, never followed.
+  (workdir / "members").symlink_to(outside)
+  train_and_evaluate(override(_config(ensemble_members=1), max_seconds=None, max_steps=60), str(workdir))
+  assert (workdir / "members").is_symlink() and outside.exists()

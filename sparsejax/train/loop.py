@@ -246,6 +246,8 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
   if is_chief:  # only now: a refused or failed start leaves the work directory as it was
     seals.write_json_atomically(os.path.join(workdir, "config.json"), config.to_dict(), indent=1)
     trained.save_assets(workdir, data._replace(train=train), run_id)  # the samples trained on (PSP@k's propensities)
+    if restored is None:
+      members.remove_former(workdir)
   logging.info("%s model: %s parameters%s; %s", config.network.model, f"{model.num_params(state):,}",
                f" over {num_shards} processes" if num_shards > 1 else "",
                f"training to step {max_steps}" if max_steps is not None else "training on the clock")

@@ -10,10 +10,12 @@ ensemble, and the final record is the ensemble's test evaluation, through the mo
 serves. Members are added while the budget lasts: one is started where the first one's pace says it would finish
 in the seconds left, and one that the clock stops before its steps anyway is left out, so a budget that does not
 bind gives the same ensemble on any machine. A run that formed no ensemble records ``ensemble_members`` 1: run
-again, it does not try the members again (its budget was spent as it was).
+again, it does not try the members again (its budget was spent as it was). A run that starts afresh removes the
+members a former run left in its work directory (:func:`remove_former`).
 """
 
 import os
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +32,17 @@ MEMBERS_DIR = "members"
 # ensemble's record keeps them as they are.
 _RUN_FIELDS = ("step", "last_step", "epoch", "stopped_by", "seconds", "final", "num_processes", "selected_step",
                "selected_by", "bad_evaluations", "recipe", "search_seconds", "search_scores")
+
+
+def remove_former(workdir: str) -> None:
+  """Removes ``WORKDIR/members`` as a run starts afresh (no checkpoint to resume): a former run's members, which
+  would otherwise be resumed (a finished one taken as it is) and served with another first network."""
+  path = os.path.join(workdir, MEMBERS_DIR)
+  if os.path.islink(path):
+    os.remove(path)  # the link only, never what it points to
+  elif os.path.isdir(path):
+    logging.warning("%s holds a former run's ensemble members: removed (the run in %s starts afresh)", path, workdir)
+    shutil.rmtree(path)
 
 
 def reason_not_to_train(config: Config, final: dict[str, Any], num_processes: int) -> str | None:
