@@ -170,3 +170,43 @@ def test_drawn_hyperplanes_find_the_largest_logits_where_random_ones_do_not():
   random_planes = _recall_of_planted(dict(lsh_projections="random", lsh_probes=1, lsh_rerank=0), w, b, h, best, k)
   drawn = _recall_of_planted(dict(lsh_probes=1, lsh_rerank=0), w, b, h, best, k)
   assert drawn >= random_planes + 0.2, (drawn, random_planes)
+
+
+@pytest.mark.parametrize("scale", [3e37, 1e20, 1e-25])
+def test_rows_near_float32s_limits_are_centred_and_reduced_as_in_float64(scale):
+  """Issue 35 (as build_index's cf63902): finite rows near float32's largest overflowed the mean row into inf (every
+  centred row NaN) and the row norms into inf (every reduced row 0); tiny rows underflowed the squared norms to 0
+  (reduced rows far shorter than 1). Against a float64 reference; a spread of values with entries up to 3.4e38."""
+  rng = np.random.default_rng(2)
+  n, d, valid = 40, 6, 36
+  w = (rng.uniform(-1, 1, size=(n, d)) * scale).astype(np.float32)
+  b = (rng.uniform(-1, 1, size=n) * scale).astype(np.float32)
+  if scale > 1e37:
+    w[3, 1] = np.float32(3.4e38)  # the centred value stays within float32's range
+  cw, cb = (np.asarray(x, np.float64) for x in mips.centre_rows(jnp.asarray(w), jnp.asarray(b), valid))
+  w64, b64 = w[:valid].astype(np.float64), b[:valid].astype(np.float64)
+  ref_w, ref_b = w64 - w64.mean(0), b64 - b64.mean()
+  np.testing.assert_allclose(cw[:valid], ref_w, rtol=1e-5, atol=1e-6 * scale)
+  np.testing.assert_allclose(cb[:valid], ref_b, rtol=1e-5, atol=1e-6 * scale)
+  assert not cw[valid:].any() and not cb[valid:].any()
+  x = np.asarray(mips.augment_rows(jnp.asarray(cw, jnp.float32), jnp.asarray(cb, jnp.float32)), np.float64)
+  rows = np.concatenate([ref_w, ref_b[:, None]], axis=1)
+  rows /= np.max(np.linalg.norm(rows, axis=1))
+  reference = np.concatenate([rows, np.sqrt(np.maximum(1 - np.sum(rows**2, axis=1, keepdims=True), 0))], axis=1)
+  np.testing.assert_allclose(x[:valid, :-1], reference[:, :-1], atol=1e-6)
+  np.testing.assert_allclose(x[:valid, -1]**2, reference[:, -1]**2, atol=1e-6)  # sqrt(1 - |x|^2): squared
+  np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, rtol=1e-5)  # padding rows: the completion alone
+
+
+@pytest.mark.parametrize("settings", [dict(), dict(lsh_mips=False)])
+def test_an_lsh_index_of_rows_scaled_near_float32s_largest_is_the_index_of_the_rows(settings):
+  """Rows times 2^120 (about 1.3e36, exact) give the same hyperplanes' tables as the rows themselves: the weights
+  of the draw (squared norms) overflowed into inf, never drawn, and the centring into NaN."""
+  w, b, _, _ = _planted_layer(512, 16, 10)
+  cfg = override(model.ModelConfig(10, 512), hidden_dims=(16,), active_k=32, candidates="lsh", **settings)
+  kind = index.from_config(cfg)
+  keys = jax.random.split(jax.random.key(0))
+  built = kind.init(*keys, jnp.asarray(w), jnp.asarray(b + 0.5))
+  huge = kind.init(*keys, jnp.asarray(np.ldexp(w, 120)), jnp.asarray(np.ldexp(b + 0.5, 120)))
+  assert np.isfinite(np.ldexp(w, 120)).all()
+  jax.tree.map(np.testing.assert_array_equal, huge.tables, built.tables)

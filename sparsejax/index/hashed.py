@@ -68,10 +68,15 @@ def lsh_index(config) -> Index:
   def hashed_rows(w, b, num_valid):
     """The vectors the tables hold and how likely each is to give a hyperplane (``projections="rows"``)."""
     w = w.astype(jnp.float32)  # (bfloat16 rows widened: an O(N d) copy, for builds only)
+    valid = jnp.arange(w.shape[0]) < (w.shape[0] if num_valid is None else num_valid)
+    # Scaled by a power of two (exact) to a largest |value| below 1: the hashes' signs and the draw's relative
+    # weights are the same, but finite rows near float32's largest no longer overflow the squared norms (an inf
+    # weight is never drawn), the centring or the spread of the hyperplanes drawn from them.
+    exponent = mips.largest_exponent(jnp.where(valid[:, None], w, 0.0), jnp.where(valid, b, 0.0))
+    w, b = jnp.ldexp(w, -exponent), jnp.ldexp(b, -exponent)
     if reduced:  # centred as the clustered index's rows are (mips.py)
       centred_w, centred_b = mips.centre_rows(w, b, num_valid)
       return mips.augment_rows(centred_w, centred_b), jnp.sum(centred_w**2, axis=1) + centred_b**2
-    valid = jnp.arange(w.shape[0]) < (w.shape[0] if num_valid is None else num_valid)
     return w, jnp.where(valid, jnp.sum(w**2, axis=1), 0.0)
 
   def draw(sizes: lsh.LSHConfig, key, x, weights) -> lsh.LSHParams:

@@ -15,11 +15,17 @@ ranking stays, but the direction that every trained row shares (one that the
 queries point away from: the raw ``cos(h, label row)`` drifts negative in
 training) is gone, and the best rows' cosines with the query become positive
 (synthetic 200K labels: median 0.33 for the top row, against -0.15 uncentred).
-Rows are centred at build time only; queries are augmented as before.
+Rows are centred at build time only; queries are augmented as before. Both
+functions scale rows by a power of two (exact) before they sum them or their
+squares, so that finite rows near float32's largest give the same unit rows
+as any other scale.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def augment_rows(weight: jax.Array, bias: jax.Array | None = None, max_norm: jax.Array | None = None) -> jax.Array:
@@ -36,8 +42,11 @@ def augment_rows(weight: jax.Array, bias: jax.Array | None = None, max_norm: jax
     completion coordinate, which is then 1).
   """
   x = weight if bias is None else jnp.concatenate([weight, bias[:, None]], axis=1)
-  if max_norm is None:
-    max_norm = jnp.max(jnp.linalg.norm(x, axis=1))
+  # Scaled by a power of two first (exact, so the unit rows are the same): the norms of finite rows near float32's
+  # largest overflowed into inf, and every row divided by it into 0.
+  exponent = largest_exponent(x)
+  x = jnp.ldexp(x.astype(jnp.float32), -exponent)
+  max_norm = jnp.max(jnp.linalg.norm(x, axis=1)) if max_norm is None else jnp.ldexp(max_norm, -exponent)
   x = x / jnp.maximum(max_norm, 1e-30)
   completion = jnp.sqrt(jnp.maximum(1.0 - jnp.sum(x * x, axis=1, keepdims=True), 0.0))
   return jnp.concatenate([x, completion], axis=1).astype(jnp.float32)
@@ -62,8 +71,23 @@ def centre_rows(weight: jax.Array, bias: jax.Array,
   count = jnp.maximum(jnp.sum(valid), 1).astype(jnp.float32)
   w = jnp.where(valid[:, None], weight.astype(jnp.float32), 0.0)
   b = jnp.where(valid, bias.astype(jnp.float32), 0.0)
+  # Summed scaled by a power of two (exact): finite rows near float32's largest overflowed the mean row into inf,
+  # so every centred row into NaN. A centred value beyond float32's range is its largest.
+  exponent = largest_exponent(w, b)
+  w, b = jnp.ldexp(w, -exponent), jnp.ldexp(b, -exponent)
   w_mean, b_mean = jnp.sum(w, axis=0) / count, jnp.sum(b) / count
-  return jnp.where(valid[:, None], w - w_mean, 0.0), jnp.where(valid, b - b_mean, 0.0)
+  limit = np.finfo(np.float32).max
+  unscaled = lambda x: jnp.clip(jnp.ldexp(x, exponent), -limit, limit)
+  return jnp.where(valid[:, None], unscaled(w - w_mean), 0.0), jnp.where(valid, unscaled(b - b_mean), 0.0)
+
+
+def largest_exponent(*arrays: jax.Array) -> jax.Array:
+  """``e`` with the largest finite ``|value|`` of ``arrays`` in ``[2^(e-1), 2^e)`` (0 where none is finite and
+  non-zero): ``jnp.ldexp(x, -e)`` scales them exactly (a power of two) to at most 1, where sums of rows and of
+  squares do not overflow.
+  """
+  largest = functools.reduce(jnp.maximum, [jnp.max(jnp.where(jnp.isfinite(a), jnp.abs(a), 0.0)) for a in arrays])
+  return jnp.frexp(largest.astype(jnp.float32))[1]
 
 
 def augment_queries(h: jax.Array, with_bias: bool = True) -> jax.Array:
