@@ -240,6 +240,13 @@ def _write(path, text):
     ("missing_rank", "{run}/netanalysis: the run had 2 processes but rank files for [0] were found"),
     ("bad_capacity", "rate '10mbps'"),
     ("sparse_export", "the run has no gradient all-reduce"),
+    # issue 35: a clock offset of -1.8e18 ms, a step of inf
+    ("op_end_1e308", "{run}/netanalysis/rank1.json: $.window.ops[0][3]: 1e+308 must be a finite number in [-1e+06, "
+                     "1e+06]"),
+    ("negative_origin", "{run}/netanalysis/rank1.json: $.window.origin: -1.8e+15 must be a finite number in [0, "
+                        "1e+12]"),
+    ("step_ends_first", "{run}/netanalysis/rank0.json: $.window.steps[1][2]: 1 must be a finite number in "),
+    ("negative_bytes", "{run}/netanalysis/rank0.json: $.window.step_io[0][1]: -1000 must be a finite number in [0, "),
 ])
 def test_bad_input(run_dir, tmp_path, capsys, case, expected):
   run = run_dir
@@ -261,6 +268,19 @@ def test_bad_input(run_dir, tmp_path, capsys, case, expected):
     (run_dir / "netanalysis" / "rank1.json").unlink()
   elif case == "bad_capacity":
     args.append("--link_capacity=10mbps")
+  elif case in ("op_end_1e308", "negative_origin", "step_ends_first", "negative_bytes"):
+    path = run_dir / "netanalysis" / ("rank1.json" if case in ("op_end_1e308", "negative_origin") else "rank0.json")
+    d = json.loads(path.read_text())
+    window = d["window"]
+    if case == "op_end_1e308":
+      window["ops"][0][3] = 1e308
+    elif case == "negative_origin":
+      window["origin"] = -1.8e15
+    elif case == "step_ends_first":
+      window["steps"][1][2] = 1.0
+    else:
+      window["step_io"][0][1] = -1000
+    path.write_text(json.dumps(d))
   elif case == "sparse_export":
     args = ["export-bk"]
     for r in (0, 1):

@@ -73,6 +73,45 @@ def _check_keys(path: str, obj, keys, where: str = "$") -> None:
       raise ProfileError(f"{path}: {where}: missing key {key!r}")
 
 
+# A profiled window lasts a few steps: its times (seconds from its first step) lie well within this.
+_WINDOW_SECONDS = 1e6
+
+
+def _check_window_values(path: str, window: dict) -> None:
+  """Refuses a rank's window whose numbers cannot be a profile's (negative or 1e308 values gave a clock offset of
+  -1.8e18 ms or a step of inf): times finite and within ``_WINDOW_SECONDS`` of the first step (a step's from 0
+  on; an instruction, a rebuild or a counter sample may start before it), each end after its start; ``origin``
+  (an epoch time), CPU and wall seconds and byte counts finite and >= 0."""
+
+  def check(where: str, value, low: float, high: float = math.inf) -> None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and low <= value <= high):
+      shown = f"{value:g}" if number else repr(value)
+      raise ProfileError(f"{path}: $.window.{where}: {shown} must be a finite number in [{low:g}, {high:g}]")
+
+  def check_times(where: str, rows, first: int, low: float) -> None:
+    for i, row in enumerate(rows if isinstance(rows, list) else []):
+      if not isinstance(row, list) or len(row) != first + 2:
+        raise ProfileError(f"{path}: $.window.{where}[{i}]: expected a list of {first + 2} values")
+      for j in (first, first + 1):
+        check(f"{where}[{i}][{j}]", row[j], low, _WINDOW_SECONDS)
+      check(f"{where}[{i}][{first + 1}]", row[first + 1], row[first], _WINDOW_SECONDS)  # the end after the start
+
+  for name in ("origin", "cpu_seconds", "wall_seconds"):
+    if name in window:
+      check(name, window[name], 0.0, 1e12)
+  check_times("steps", window.get("steps"), 1, 0.0)
+  check_times("maintenance", window.get("maintenance"), 2, -_WINDOW_SECONDS)
+  check_times("ops", window.get("ops"), 2, -_WINDOW_SECONDS)
+  for i, (t, *counts) in enumerate(window.get("counters") or []):
+    check(f"counters[{i}][0]", t, -_WINDOW_SECONDS, _WINDOW_SECONDS)
+    for j, count in enumerate(counts, 1):
+      check(f"counters[{i}][{j}]", count, 0.0, 2.0**64)
+  for i, counts in enumerate(window.get("step_io") or []):
+    for j, count in enumerate(counts):
+      check(f"step_io[{i}][{j}]", count, 0.0, 2.0**64)
+
+
 def load_run(run: str) -> tuple[list[breakdown.RankWindow], dict, str]:
   """The windows of every rank, the run's settings (scopes merged over ranks) and the directory read.
 
@@ -92,6 +131,7 @@ def load_run(run: str) -> tuple[list[breakdown.RankWindow], dict, str]:
                          f"{collect.RANK_SCHEMA!r})")
     _check_keys(path, doc["run"], _RUN_KEYS, "$.run")
     _check_keys(path, doc["window"], ("rank", "steps", "ops"), "$.window")
+    _check_window_values(path, doc["window"])
     try:
       windows.append(breakdown.RankWindow.from_json(doc["window"]))
     except TypeError as e:
