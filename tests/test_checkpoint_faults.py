@@ -284,3 +284,29 @@ def test_a_closed_event_loop_reported_by_a_failed_save_is_dropped_and_other_repo
   report(lambda: loop.call_soon_threadsafe(print), obj="a __del__")  # not from C++: kept
   report(lambda: 1 / 0)
   assert [(type(r.exc_value), r.object) for r in reports] == [(RuntimeError, "a __del__"), (ZeroDivisionError, None)]
+
+
+
+@pytest.mark.parametrize("sealed", [True, False])
+def test_a_non_finite_step_after_resuming_from_a_checkpoint_without_checksums_names_it(tmp_path, small_config,
+                                                                                       monkeypatch, sealed):
+  """Issue 35: a damaged checkpoint without checksums (nothing to verify it by) resumed into NaN, and the error
+  advised only 'Lower --learning_rate' and called the checkpoint finite. The NaN step is simulated (a flipped byte
+  of a compressed file mostly fails to decompress, which is named already)."""
+  from sparsejax.train import nonfinite
+
+  config = override(small_config, max_steps=15, checkpoint_every=15, eval_every=1000)
+  train_and_evaluate(config, str(tmp_path))
+  newest = tmp_path / "checkpoints" / "15"
+  if not sealed:
+    os.remove(newest / "checksums.p0.json")
+
+  def non_finite(self):
+    raise nonfinite.NonFiniteError(16, "the loss or an update is NaN or Inf; stopped. Lower --learning_rate")
+
+  monkeypatch.setattr(nonfinite.NonFiniteWatch, "check", non_finite)
+  expected = (rf"The run resumed from {re.escape(str(newest))}, which has no checksums to verify it by .*: a damaged "
+              r"file there gives this error as well$") if not sealed else \
+      rf"The newest checkpoint, {re.escape(str(tmp_path / 'checkpoints'))}/15, is finite$"
+  with pytest.raises(nonfinite.NonFiniteError, match=expected):
+    train_and_evaluate(override(config, max_steps=30), str(tmp_path))

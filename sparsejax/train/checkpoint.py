@@ -234,6 +234,10 @@ class Checkpoints:
     self._resume_step = good
     return good
 
+  def is_sealed(self, step: int) -> bool:
+    """Whether checkpoint ``step`` holds this process's checksums (else :meth:`verify` could only read it)."""
+    return os.path.exists(os.path.join(self._step_dir(step), _checksums_name()))
+
   def verify(self, step: int) -> str | None:
     """What is wrong with checkpoint ``step`` (empty, a file missing, truncated or changed, unreadable), or None.
 

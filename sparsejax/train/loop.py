@@ -294,8 +294,14 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
   except NonFiniteError as e:  # --on_nonfinite: say which checkpoint the run can go back to
     checkpoints.wait()
     good = checkpoints.latest_step()
-    raise NonFiniteError(e.step, e.reason + (f". The newest checkpoint, {checkpoints.directory}/{good}, is finite"
-                                             if good is not None else ". No checkpoint was saved")) from None
+    if good is not None and good == latest and not checkpoints.is_sealed(good):
+      # Issue 35: a damaged checkpoint without checksums (nothing to verify it by) was blamed on the learning rate.
+      where = (f". The run resumed from {checkpoints.directory}/{good}, which has no checksums to verify it by (an "
+               "older sparsejax, or a crash right after its save): a damaged file there gives this error as well")
+    else:
+      where = (f". The newest checkpoint, {checkpoints.directory}/{good}, is finite" if good is not None
+               else ". No checkpoint was saved")
+    raise NonFiniteError(e.step, e.reason + where) from None
   finally:
     batches.close()
   checkpoints.wait()
