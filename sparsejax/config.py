@@ -285,9 +285,9 @@ class NetworkConfig(Section):
       "logits get + log(tail rows / random rows)), so that the loss estimates the full softmax's.")
   softmax: str = option(
       "auto", "Which softmax the SLIDE model trains: sampled (the active neurons only), exact (every output "
-      "neuron each step, dense matmuls: faster when the active set covers most of the labels) or auto (exact "
-      "when --active_k x 8 >= the labels of a shard, where a batch's active sets touch most rows anyway; the log "
-      "says which).",
+      "neuron each step, dense matmuls: faster when the active set covers most of the labels) or auto (the path "
+      "whose output layer costs less per step by the step-cost model, sparsejax.step_cost: with the default batch, "
+      "exact when --active_k x 4 >= the labels of a shard; the log says which, with both modelled costs).",
       choices=("auto", "sampled", "exact"))
   init_scale: float = option(
       1.0, "Standard deviation of the output layer's initial weights, in units of 1/sqrt(last hidden width).",

@@ -35,7 +35,7 @@ from sparsejax.loss import (  # noqa: F401 (re-exported: the loss's home was thi
 )
 
 # (re-exported: the config, the network and the schedule were defined here)
-from sparsejax.model_config import EXACT_PATH_RATIO, ModelConfig, local_active_k, uses_exact_path  # noqa: F401
+from sparsejax.model_config import ModelConfig, local_active_k, softmax_choice, softmax_costs, uses_exact_path  # noqa: F401
 from sparsejax.network import NetworkParams, SparseLayer, dense_optimizer, dropout, hidden_forward, init_params  # noqa: F401
 from sparsejax.padding import PAD_ID
 from sparsejax.schedule import REFRESH_PRODUCTS_PER_TOUCHED_ROW, TableSchedule, refresh_cost_in_steps  # noqa: F401

@@ -6,9 +6,11 @@ settings know nothing of the model.
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import optax
 
+from sparsejax import step_cost
 from sparsejax.config import ConfigError, NetworkConfig, OptimizerConfig, TablesConfig
 from sparsejax.index import clusters, lsh, tables
 from sparsejax.loss import shard_rows
@@ -177,21 +179,49 @@ def local_active_k(config: ModelConfig, count: int) -> int:
   return max(1, min(-(-config.k // count), smallest))
 
 
-# A gathered dot product (sampled step: B x k of them, plus sorting the ids and the query) costs about as much
-# as about ten dense ones (exact step: B x N in BLAS matmuls) on CPU: with k >= N / EXACT_PATH_RATIO the exact
-# step is the faster one.
-EXACT_PATH_RATIO = 8
+class SoftmaxCosts(NamedTuple):
+  """Modelled seconds per step of one shard's output layer on either path (:func:`step_cost.output_layer_seconds`)."""
+  exact: float
+  sampled: float
+
+
+def softmax_costs(config: ModelConfig) -> SoftmaxCosts:
+  """The output layer's modelled cost per step on the exact and on the sampled path, on one shard (its rows and its
+  share of the active set). The rest of the step is the same on both."""
+  rows = shard_rows(config.num_labels, config.num_shards)
+  sizes = (config.optim.batch_size, rows, local_active_k(config, config.num_shards), config.hidden_dims[-1])
+  return SoftmaxCosts(step_cost.output_layer_seconds(*sizes, exact=True),
+                      step_cost.output_layer_seconds(*sizes, exact=False))
 
 
 def uses_exact_path(config: ModelConfig) -> bool:
   """Whether the SLIDE step computes the exact softmax over all of a shard's rows.
 
   ``network.softmax`` forces it (``exact``) or the sampled one (``sampled``; still exact when ``active_k`` covers
-  every label); ``auto`` takes the exact step where the active set is a large fraction of the rows
-  (``active_k * EXACT_PATH_RATIO >= rows``), where it is cheaper than sampling.
+  every label); ``auto`` takes the path of the lower modelled cost (:func:`softmax_costs`): the exact one where the
+  active set is a large fraction of the rows (with the default batch, about ``4 x active_k >= rows``).
   """
   rows = shard_rows(config.num_labels, config.num_shards)
-  k = local_active_k(config, config.num_shards)
-  if k >= rows or config.network.softmax == "exact":
+  if local_active_k(config, config.num_shards) >= rows or config.network.softmax == "exact":
     return True
-  return config.network.softmax == "auto" and k * EXACT_PATH_RATIO >= rows
+  if config.network.softmax != "auto":
+    return False
+  costs = softmax_costs(config)
+  return costs.exact <= costs.sampled
+
+
+def softmax_choice(config: ModelConfig) -> str:
+  """The log line that says which softmax the step takes and why, with both paths' modelled costs."""
+  rows = shard_rows(config.num_labels, config.num_shards)
+  k = local_active_k(config, config.num_shards)
+  exact, costs = uses_exact_path(config), softmax_costs(config)
+  chosen, other = ("exact", "sampled") if exact else ("sampled", "exact")
+  if k >= rows:
+    why = "every row is active: nothing to sample"
+  elif config.network.softmax != "auto":
+    why = f"--softmax={config.network.softmax}"
+  else:
+    why = f"the cheaper path by the step-cost model; --softmax={other} forces the other"
+  return (f"softmax: {chosen} ({k} active of {rows} rows per shard; the output layer modelled at "
+          f"{1e3 * getattr(costs, chosen):.2f} ms per step against {1e3 * getattr(costs, other):.2f} ms {other}: "
+          f"{why})")

@@ -168,8 +168,8 @@ def test_multiprocess_lsh_sampling_matches_single_process_p_at_1(tmp_path, candi
   """Sampled softmax over LSH (or clustered-index) candidates, sharded over 2 processes, learns what one process
   learns.
 
-  `--softmax=sampled`: with the default (auto) both runs took the exact softmax at this size (64 active of 400
-  rows), and the test compared two exact runs.
+  `--softmax=sampled`: with the rule auto had then (active_k x 8 >= rows) both runs took the exact softmax at
+  this size (64 active of 400 rows), and the test compared two exact runs.
   """
   kw = dict(synthetic_samples=4000, synthetic_labels=400, active_k=64, max_steps=250, eval_every=250,
             eval_samples=None, log_every=50, hidden_dims="32", learning_rate=0.003, softmax="sampled",
@@ -178,11 +178,11 @@ def test_multiprocess_lsh_sampling_matches_single_process_p_at_1(tmp_path, candi
   out = subprocess.run([sys.executable, TRAIN, *_train_args(single, **kw)], capture_output=True, text=True,
                        cwd=ROOT, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
-  assert "softmax: sampled (64 active of 400 rows per shard)" in out.stderr
+  assert "softmax: sampled (64 active of 400 rows per shard; the output layer modelled at " in out.stderr
   proc = _launch(2, _train_args(multi, **kw), timeout=300)
   log, _ = proc.communicate(timeout=400)
   assert proc.returncode == 0, log[-4000:]
-  assert "softmax: sampled (32 active of 200 rows per shard)" in log
+  assert "softmax: sampled (32 active of 200 rows per shard; the output layer modelled at " in log
   final = lambda w: [r for r in map(json.loads, open(os.path.join(w, "metrics.jsonl"))) if r.get("final")][0]
   p_single, p_multi = final(single)["p@1"], final(multi)["p@1"]
   assert p_single > 0.3 and abs(p_multi - p_single) < 0.06, (p_single, p_multi)

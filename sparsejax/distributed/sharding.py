@@ -341,16 +341,11 @@ def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: 
   slide = config.network.model == "slide"
   if slide:
     sharded = dataclasses.replace(config, num_shards=num_shards)
-    rows, k = model.shard_rows(config.num_labels, num_shards), model.local_active_k(sharded, num_shards)
+    logging.info("%s", model.softmax_choice(sharded))
     if model.uses_exact_path(sharded):
       # Nothing to sample: the index is refreshed only for evaluation (sampled inference), not on a schedule.
       schedule = model.TableSchedule(0, 1.0, 1)
-      logging.info("softmax: exact (every output neuron each step: %d active of %d rows per shard%s)", k, rows,
-                   ", --softmax=exact" if config.network.softmax == "exact" else
-                   f"; the sampled step is slower where active_k x {model.EXACT_PATH_RATIO} >= rows; "
-                   "--softmax=sampled forces it")
     else:
-      logging.info("softmax: sampled (%d active of %d rows per shard)", k, rows)
       schedule = _budgeted_schedule(sharded)
   if num_shards == 1:
     run = _single_slide(config, key, schedule, top, sampled_ks) if slide else _single_dense(config, key, schedule, top)

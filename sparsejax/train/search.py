@@ -24,7 +24,14 @@ from typing import Any
 
 from absl import logging
 
+from sparsejax import step_cost
 from sparsejax.config import Config, override
+from sparsejax.step_cost import (  # noqa: F401 (re-exported: the step-cost model's constants were defined here)
+  SECONDS_PER_DENSE_MAC,
+  SECONDS_PER_GATHERED_MAC,
+  SECONDS_PER_ROW_ELEMENT,
+  SECONDS_PER_STEP,
+)
 from sparsejax.train import recipes, seals
 from sparsejax.train.metric_writer import METRICS_FILE
 
@@ -32,17 +39,6 @@ SEARCH_DIR = "search"
 # A round shorter than this tells recipes apart by noise (a few hundred steps of Adam at the default rate): a
 # budget that gives fewer steps to the first round compares fewer recipes, down to none.
 MIN_ROUND_STEPS = 100
-
-# The modelled step time (seconds) of :func:`modelled_step_seconds`: a fixed cost per step, one per multiply-add of
-# dense matmuls (the hidden layers; the output layer on the exact path), a larger one per multiply-add of gathered
-# rows (the input layer, the sampled output layer) and one per element of a row that Adam updates. Fitted to
-# training steps measured on the 2-vCPU VM (benchmarks/RESULTS.md, "Recipes": ICD-10, GCIDE cloze and the 200K-label
-# synthetic set, within 30%). The constants only convert a budget in seconds to steps: a faster machine finishes
-# the search early, it does not choose otherwise.
-SECONDS_PER_STEP = 5e-4
-SECONDS_PER_DENSE_MAC = 1e-11
-SECONDS_PER_GATHERED_MAC = 4e-11
-SECONDS_PER_ROW_ELEMENT = 1e-9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +51,8 @@ class DataShape:
 
 
 def modelled_step_seconds(config: Config, shape: DataShape) -> float:
-  """Modelled wall time of one training step of ``config`` on data of ``shape`` (one process).
+  """Modelled wall time of one training step of ``config`` on data of ``shape`` (one process):
+  :mod:`sparsejax.step_cost`'s model, with the output layer on the path the run takes (``--softmax``).
 
   Multiply-adds: the input layer's ``nnz x d0`` per sample (forward, and its row gradients), the hidden layers'
   ``d_i x d_i+1`` (three products each), the output layer's ``k x d`` gathered (three products), or ``N x d`` in
@@ -65,15 +62,9 @@ def modelled_step_seconds(config: Config, shape: DataShape) -> float:
   from sparsejax.model_config import ModelConfig
 
   model = ModelConfig.from_config(config, shape.num_features, shape.num_labels)
-  dims = model.hidden_dims
-  b = config.optim.batch_size
-  exact = model.exact_softmax
-  dense_macs = 3 * b * (sum(x * y for x, y in zip(dims[:-1], dims[1:])) + (model.num_labels * dims[-1] if exact else 0))
-  gathered_macs = b * (2 * shape.mean_features * dims[0] + (0 if exact else 3 * model.k * dims[-1]))
-  out_rows = model.num_labels if exact else min(b * model.k, model.num_labels)
-  row_elements = min(b * shape.mean_features, shape.num_features) * dims[0] + out_rows * dims[-1]
-  return (SECONDS_PER_STEP + SECONDS_PER_DENSE_MAC * dense_macs + SECONDS_PER_GATHERED_MAC * gathered_macs
-          + SECONDS_PER_ROW_ELEMENT * row_elements)
+  b, dims = config.optim.batch_size, model.hidden_dims
+  return (step_cost.input_and_hidden_seconds(b, dims, shape.mean_features, shape.num_features)
+          + step_cost.output_layer_seconds(b, model.num_labels, model.k, dims[-1], exact=model.exact_softmax))
 
 
 @dataclasses.dataclass(frozen=True)
