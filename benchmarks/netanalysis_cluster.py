@@ -99,7 +99,7 @@ def main() -> int:
   from sparsejax.netanalysis import profiles, report, report_cli, whatif
   from sparsejax.netanalysis.units import parse_rate
 
-  val = json.load(open(args.validation))
+  val = harness.local_paths(json.load(open(args.validation)))  # its run directories, as this machine names them
   runs, directory = val["runs"], val["directory"]
   P = val["args"]["processes"]
   probe_path = lambda rate: os.path.join(directory, rate, f"probe_{rate}_p{P}.json")  # noqa: E731

@@ -3,6 +3,7 @@ imports another."""
 
 import ast
 import json
+import os
 import re
 
 import pytest
@@ -62,6 +63,39 @@ def test_no_benchmark_imports_another_or_edits_sys_path(root):
 @pytest.fixture(scope="module")
 def harness(benchmark_module):
   return benchmark_module("harness")
+
+
+def test_result_files_hold_no_machine_paths(harness, tmp_path):
+  """write_json: absolute paths become relative to the repository, $TMPDIR/... or ~/...; other strings stay."""
+  import tempfile
+
+  repo = harness.REPOSITORY
+  path = tmp_path / "r.json"
+  harness.write_json(str(path), {"run": os.path.join(tempfile.gettempdir(), "acc", "synthetic"),
+                                 "out": [os.path.join(repo, "benchmarks", "results", "x.json")],
+                                 "home": {"cache": os.path.join(os.path.expanduser("~"), ".cache", "sj")},
+                                 "other": "/opt/data/train.txt", "text": "a/b", "figure": 2.5}, record_machine=False)
+  got = json.loads(path.read_text())
+  assert got["run"] == os.path.join("$TMPDIR", "acc", "synthetic")
+  assert got["out"] == [os.path.join("benchmarks", "results", "x.json")]
+  if not os.path.expanduser("~").startswith(tempfile.gettempdir()):
+    assert got["home"]["cache"] == os.path.join("~", ".cache", "sj")
+  assert (got["other"], got["text"], got["figure"]) == ("/opt/data/train.txt", "a/b", 2.5)
+  back = harness.local_paths(got)  # read back on this machine: the run directories it names
+  assert back["run"] == os.path.join(tempfile.gettempdir(), "acc", "synthetic") and back["other"] == got["other"]
+
+
+def test_committed_result_files_hold_no_machine_paths(harness):
+  """Every JSON under benchmarks/results: no string is an absolute path into this machine's repository checkout,
+  temporary directory, home or /work (issue 34: result files with relative paths)."""
+  import pathlib
+
+  found = []
+  for f in pathlib.Path(harness.RESULTS_DIR).rglob("*.json"):
+    for value in re.findall(r'"(/[^"\n]*)"', f.read_text()):
+      if harness.portable_path(value) != value or value.startswith(("/work/", "/root/", "/home/")):
+        found.append(f"{f.name}: {value}")
+  assert not found, found[:10]
 
 
 def test_write_json_records_the_machine_and_the_commit(harness, tmp_path):

@@ -27,6 +27,49 @@ import time
 import numpy as np
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def portable_path(value: str) -> str:
+  """An absolute path as a result file keeps it: relative to the repository where it lies in it, else with the
+  system's temporary directory as ``$TMPDIR`` and the home directory as ``~`` (the machine's own prefixes);
+  anything else unchanged."""
+  import tempfile
+
+  if not os.path.isabs(value):
+    return value
+  path = os.path.normpath(value)
+  for root, name in ((REPOSITORY, None), (tempfile.gettempdir(), "$TMPDIR"), (os.path.expanduser("~"), "~")):
+    root = os.path.normpath(root)
+    if root != os.sep and (path == root or path.startswith(root + os.sep)):
+      rest = os.path.relpath(path, root)
+      return rest if name is None else os.path.join(name, rest) if rest != "." else name
+  return value
+
+
+def local_paths(result):
+  """The inverse of :func:`portable` for this machine: ``$TMPDIR/...`` and ``~/...`` strings expanded (a result
+  read back to find the run directories it names)."""
+  import tempfile
+
+  if isinstance(result, dict):
+    return {key: local_paths(value) for key, value in result.items()}
+  if isinstance(result, list):
+    return [local_paths(value) for value in result]
+  if isinstance(result, str) and (result == "$TMPDIR" or result.startswith("$TMPDIR" + os.sep)):
+    return tempfile.gettempdir() + result[len("$TMPDIR"):]
+  if isinstance(result, str) and (result == "~" or result.startswith("~" + os.sep)):
+    return os.path.expanduser(result)
+  return result
+
+
+def portable(result):
+  """``result`` with every string that is an absolute path made :func:`portable_path` (dicts and lists walked)."""
+  if isinstance(result, dict):
+    return {key: portable(value) for key, value in result.items()}
+  if isinstance(result, (list, tuple)):
+    return [portable(value) for value in result]
+  return portable_path(result) if isinstance(result, str) else result
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
@@ -116,12 +159,14 @@ def write_json(path: str | None, result: dict, *, indent: int = 1, record_machin
   """Writes ``result`` to ``path`` (nothing if None), with :func:`machine` under ``"machine"`` unless it has one
   or ``record_machine`` is False (a summary of results measured elsewhere, each with its own).
 
-  Folders are made as needed; numpy scalars are written as floats.
+  Folders are made as needed; numpy scalars are written as floats; absolute paths are written as
+  :func:`portable_path` gives them (relative to the repository, ``$TMPDIR/...``, ``~/...``).
   """
   if path is None:
     return
   if record_machine and "machine" not in result:
     result = {**result, "machine": machine()}
+  result = portable(result)
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w") as f:
     json.dump(result, f, indent=indent, default=float)
