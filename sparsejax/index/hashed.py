@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsejax.index import clusters, lsh, mips, probing, tables
+from sparsejax.index import clusters, kinds, lsh, mips, probing, tables
 from sparsejax.index.base import Index
 from sparsejax.loss import shard_rows
 
@@ -25,12 +25,9 @@ class HashedIndex(NamedTuple):
   tables: tables.HashTables
 
 
-# Tables of sampled inference and the evaluations per table of training (serving_sizes).
-SERVING_TABLES = 4
-
-
 def serving_sizes(params: lsh.LSHConfig, bucket_size: int) -> tuple[lsh.LSHConfig, int]:
-  """The sizes of the tables that sampled inference and the evaluations build: ``(LSH config, slots per bucket)``.
+  """The sizes of the tables that sampled inference and the evaluations build: ``(LSH config, slots per bucket)``
+  (:func:`sparsejax.index.kinds.serving_table_sizes`, which the memory check reads too).
 
   4x as many tables as training's (which need only some hard negatives per sample: 16 of them train as well per
   step as 64 did, at a third of the step's time), whose buckets hold about 4x the rows of the training tables' (2
@@ -41,9 +38,8 @@ def serving_sizes(params: lsh.LSHConfig, bucket_size: int) -> tuple[lsh.LSHConfi
   5 bits on cloze (32 buckets of 650 rows, 256 slots) about 0.82x (benchmarks/results/HISTORY.md, "Hyperplanes
   drawn from the rows").
   """
-  fewer = 3 if params.family == "dwta" else 2
-  bits = min(params.num_bits, max(params.num_bits - fewer, 6))
-  return params._replace(num_tables=SERVING_TABLES * params.num_tables, num_bits=bits), 4 * bucket_size
+  num_tables, bits, slots = kinds.serving_table_sizes(params.family, params.num_tables, params.num_bits, bucket_size)
+  return params._replace(num_tables=num_tables, num_bits=bits), slots
 
 
 def lsh_index(config) -> Index:

@@ -35,13 +35,25 @@ def _lsh(config):
   return lsh_index(config)
 
 
+# Tables of sampled inference and the evaluations per table of training (serving_table_sizes).
+SERVING_TABLES = 4
+
+
+def serving_table_sizes(family: str, num_tables: int, num_bits: int, slots: int) -> tuple[int, int, int]:
+  """``(tables, bits, slots per bucket)`` of the LSH tables that sampled inference and the evaluations build, from
+  the training tables' (see :func:`sparsejax.index.hashed.serving_sizes`): 4x the tables, 2 fewer bits (3 for
+  DWTA, whose codes pack 3-bit bins) but at least 6, 4x the slots. Here, free of JAX, for the memory check too."""
+  fewer = 3 if family == "dwta" else 2
+  return SERVING_TABLES * num_tables, min(num_bits, max(num_bits - fewer, 6)), 4 * slots
+
+
 def _lsh_table_bytes(t, num_bits: int | None, bucket_size: int | None) -> tuple[int, int, int]:
   bits = num_bits or t.num_bits or (3 if t.lsh_family == "dwta" else 1)
   slots = bucket_size or t.bucket_size or 64  # tables.default_bucket_size()
-  training = t.num_tables * 2**bits * (slots + 1) * 4  # the ids and each bucket's count
-  # The evaluations' serving tables (hashed.serving_sizes: 4x the tables, 2-3 fewer bits, 4x the slots) beside.
-  serving = 4 * t.num_tables * 2**max(bits - 2, min(bits, 6)) * (4 * slots + 1) * 4
-  return bits, slots, training + serving
+  table_bytes = lambda tables, bits, slots: tables * 2**bits * (slots + 1) * 4  # noqa: E731 -- ids and counts
+  # The evaluations' serving tables are built beside the training ones.
+  serving = table_bytes(*serving_table_sizes(t.lsh_family, t.num_tables, bits, slots))
+  return bits, slots, table_bytes(t.num_tables, bits, slots) + serving
 
 
 KINDS = {
