@@ -618,4 +618,5 @@ class BestCheckpoint:
         except WriteError as e:
           raise CheckpointError(str(e)) from None
         except OSError as e:
-          raise CheckpointError(f"cannot seal the best state {self.step_directory(step)}: {e.strerror or e}") from None
+          raise CheckpointError(f"cannot seal the best state {self.step_directory(step)}: "
+                                f"{failure_reason(e)}") from None
