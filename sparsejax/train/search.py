@@ -26,12 +26,6 @@ from absl import logging
 
 from sparsejax import step_cost
 from sparsejax.config import Config, override
-from sparsejax.step_cost import (  # noqa: F401 (re-exported: the step-cost model's constants were defined here)
-  SECONDS_PER_DENSE_MAC,
-  SECONDS_PER_GATHERED_MAC,
-  SECONDS_PER_ROW_ELEMENT,
-  SECONDS_PER_STEP,
-)
 from sparsejax.train import recipes, seals
 from sparsejax.train.metric_writer import METRICS_FILE
 
