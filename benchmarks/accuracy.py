@@ -101,6 +101,11 @@ def write_files(dataset: str, workdir: str, seed: int) -> tuple[str, str]:
     # Scale (issue 34): 10^6 labels (the same generator, 10x the labels and samples), 10K test samples.
     full = xcdata.make_synthetic(1_010_000, 200_000, 1_000_000, seed=seed)
     train, test = full.subset(np.arange(1_000_000)), full.subset(np.arange(1_000_000, 1_010_000))
+  elif dataset == "synthetic_1m_2m":
+    # Scale (issue 34): 10^6 labels with 2 training samples per label on average (2·10^6 samples, one Zipf label
+    # each: the head labels hold most of them, as in real sets), 10K test samples.
+    full = xcdata.make_synthetic(2_010_000, 200_000, 1_000_000, seed=seed)
+    train, test = full.subset(np.arange(2_000_000)), full.subset(np.arange(2_000_000, 2_010_000))
   elif dataset == "gcide":
     train, test, _ = xcdata.load_gcide(seed=seed)
   elif dataset == "gcide_cloze":
