@@ -106,6 +106,11 @@ def write_files(dataset: str, workdir: str, seed: int) -> tuple[str, str]:
     # each: the head labels hold most of them, as in real sets), 10K test samples.
     full = xcdata.make_synthetic(2_010_000, 200_000, 1_000_000, seed=seed)
     train, test = full.subset(np.arange(2_000_000)), full.subset(np.arange(2_000_000, 2_010_000))
+  elif dataset == "synthetic_8m":
+    # 10^9 parameters (issue 34): 8·10^6 labels x (128 + 1) plus 200K x 128 inputs = 1.06·10^9; 10^6 training
+    # samples (a Zipf head, as real data: most labels have none), 5K test samples.
+    full = xcdata.make_synthetic(1_005_000, 200_000, 8_000_000, seed=seed)
+    train, test = full.subset(np.arange(1_000_000)), full.subset(np.arange(1_000_000, 1_005_000))
   elif dataset == "gcide":
     train, test, _ = xcdata.load_gcide(seed=seed)
   elif dataset == "gcide_cloze":
@@ -139,10 +144,11 @@ def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, ar
   from sparsejax.train import train_and_evaluate
 
   num_labels = xcdata.load_xc_file(test_path).num_labels
-  config = override(Config(), dataset="files", train_file=train_path, test_file=test_path,
-                    max_seconds=args.budget, num_epochs=args.num_epochs, eval_samples=args.eval_samples,
-                    checkpoint_every=10**9, progress=False, seed=args.seed)
-  config = override(config, eval_sampled_k=args.sampled_k or sampled_k_for(num_labels), **parse_settings(args.set))
+  settings = dict(dataset="files", train_file=train_path, test_file=test_path, max_seconds=args.budget,
+                  num_epochs=args.num_epochs, eval_samples=args.eval_samples, checkpoint_every=10**9, progress=False,
+                  seed=args.seed, eval_sampled_k=args.sampled_k or sampled_k_for(num_labels),
+                  **parse_settings(args.set))
+  config = override(Config(), **settings)
   if system == "all_active":
     config = override(config, active_k=2**31 - 1)
   elif system in ("dense", "dense_gpu"):
@@ -153,11 +159,15 @@ def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, ar
   # are the acceptance command's. The slower baselines get 4 points per epoch for their curves.
   evals_per_epoch = args.evals_per_epoch or (None if system == "sparsejax" else 4)
   if evals_per_epoch is not None:
-    config = override(config, eval_every=max(1, steps_per_epoch // evals_per_epoch))
+    settings["eval_every"] = max(1, steps_per_epoch // evals_per_epoch)
+    config = override(config, eval_every=settings["eval_every"])
+  peak_rss = None
   if args.collect:  # the run in run_dir finished (its final record written): collect its results only
     from sparsejax.train.metric_writer import read_records
 
     final, wall = [r for r in read_records(run_dir) if r.get("final")][-1], None
+  elif args.processes > 1:
+    final, wall, peak_rss = launch_sparsejax(settings, run_dir, args.processes)
   else:
     if os.path.exists(run_dir):  # a new run: the benchmark never resumes an earlier one
       import shutil
@@ -170,12 +180,79 @@ def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, ar
   with open(os.path.join(run_dir, "config.json")) as f:
     config = Config.from_dict(json.load(f))
   result = {"config": config.to_dict(), "final": final, "wall_seconds": wall, **curve_and_selection(run_dir, final)}
-  if system == "sparsejax":
+  if peak_rss is not None:
+    result["processes"] = {"count": args.processes, "peak_rss_bytes": peak_rss}
+  if system == "sparsejax" and args.processes == 1:  # the served state of one process (P > 1: its shards)
     run, state = selected_state(config, run_dir, test_path)
     result["inference"] = time_inference(config, run, state, test_path, args)
     if args.num_epochs is not None:  # the budget runs leave it out (each invocation stays under ~9 minutes)
       result["sweep"] = sweep_inference_k(config, state, train_path, test_path, args)
   return result
+
+
+def launch_sparsejax(settings: dict, run_dir: str, processes: int) -> tuple[dict, float, list[int]]:
+  """Trains with ``settings`` as ``sparsejax-launch -n processes sparsejax-train`` (the output layer sharded over the
+  processes); returns the final record, the wall seconds and each rank's peak resident memory (VmHWM, bytes),
+  read from /proc while it runs."""
+  import shutil
+  import subprocess
+
+  from sparsejax.train.metric_writer import read_records
+
+  if os.path.exists(run_dir):  # a new run, as in one process
+    shutil.rmtree(run_dir)
+  flags = [f"--{name}={_flag_value(value)}" for name, value in settings.items() if value is not None]
+  command = [sys.executable, "-m", "sparsejax.distributed.launch", "-n", str(processes), _train_command(), *flags,
+             f"--workdir={run_dir}"]
+  peak: dict[int, int] = {}
+  t = time.time()
+  with subprocess.Popen(command) as launcher:
+    while launcher.poll() is None:
+      for pid, rss in _children_peak_rss(launcher.pid).items():
+        peak[pid] = max(peak.get(pid, 0), rss)
+      time.sleep(2)
+  wall = time.time() - t
+  if launcher.returncode:
+    raise SystemExit(f"sparsejax-launch -n {processes} failed (status {launcher.returncode}); logs in {run_dir}/logs")
+  return [r for r in read_records(run_dir) if r.get("final")][-1], wall, sorted(peak.values(), reverse=True)
+
+
+def _train_command() -> str:
+  """``sparsejax-train`` beside this Python (its environment need not be on PATH)."""
+  beside = os.path.join(os.path.dirname(sys.executable), "sparsejax-train")
+  return beside if os.path.exists(beside) else "sparsejax-train"
+
+
+def _flag_value(value) -> str:
+  return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def _children_peak_rss(pid: int) -> dict[int, int]:
+  """``{pid: VmHWM bytes}`` of ``pid``'s child processes (the launcher's ranks)."""
+  out = {}
+  try:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+      children = [int(c) for c in f.read().split()]
+  except OSError:
+    return out
+  for child in children:
+    try:
+      with open(f"/proc/{child}/status") as f:
+        for line in f:
+          if line.startswith("VmHWM:"):
+            out[child] = int(line.split()[1]) * 1024
+    except OSError:
+      pass
+  return out
+
+
+def most_frequent_label_p1(train, test) -> float:
+  """P@1 of answering every sample of ``test`` with ``train``'s most frequent label: the floor a model must beat."""
+  top = int(np.bincount(train.label_indices, minlength=train.num_labels).argmax())
+  has = np.zeros(len(test), bool)
+  rows = np.repeat(np.arange(len(test)), np.diff(test.label_indptr))
+  has[rows[test.label_indices == top]] = True
+  return float(has.mean())
 
 
 def curve_and_selection(run_dir: str, final: dict) -> dict:
@@ -433,6 +510,8 @@ def train_one(args) -> str:
   else:
     result = run_sparsejax(args.system, train_path, test_path, run_dir, args)
   final = result["final"]
+  result["most_frequent_label_p@1"] = most_frequent_label_p1(xcdata.load_xc_file(train_path),
+                                                             xcdata.load_xc_file(test_path))
   report = {
       "dataset": args.dataset, "system": args.system, "budget_seconds": args.budget, "num_epochs": args.num_epochs,
       "settings": args.set or [],
@@ -627,6 +706,9 @@ def main():
   parser.add_argument("--workdir", default=DEFAULT_WORKDIR, help="data files and run directories")
   parser.add_argument("--out", default=DEFAULT_OUT, help="directory of the JSON files (and the plot)")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--processes", type=int, default=1,
+                      help="sparsejax only: train as sparsejax-launch -n P (the output layer sharded over P processes, "
+                      "each one's peak memory recorded); no inference timing")
   parser.add_argument("--pecos_python", default=os.environ.get("PECOS_PYTHON", sys.executable),
                       help="the Python of an environment with libpecos (--system pecos; default $PECOS_PYTHON, else "
                       "this one)")

@@ -6,6 +6,7 @@ import json
 import os
 import re
 
+import numpy as np
 import pytest
 
 # Runs every benchmark's `--help` as `python benchmarks/NAME.py --help` would (its folder first on sys.path, run
@@ -159,3 +160,19 @@ def test_results_md_is_short_each_figure_with_its_command_and_its_links_resolve(
     assert re.search(r"`(sudo |taskset -c [\d,]+ )?python benchmarks/\w+\.py", command), row
   for script in set(re.findall(r"benchmarks/([a-z0-9_]+)\.py", results + history)):
     assert (root / "benchmarks" / f"{script}.py").exists(), f"RESULTS.md or HISTORY.md runs benchmarks/{script}.py"
+
+
+def test_the_most_frequent_label_baseline_scores_the_test_samples_that_hold_it(benchmark_module):
+  """accuracy.py's floor (the 10^9-parameter run reports P@1 against it): label 1 is the training set's most
+  frequent; two of the four test samples hold it (one among other labels), so P@1 is 0.5, counted here by hand."""
+  from sparsejax.data import XCDataset
+
+  def labelled(label_sets):
+    n = len(label_sets)
+    return XCDataset(np.zeros(n + 1), np.zeros(0), np.zeros(0), np.cumsum([0] + [len(s) for s in label_sets]),
+                     [label for s in label_sets for label in s], 1, 4)
+
+  accuracy = benchmark_module("accuracy")
+  train = labelled([[0], [1], [1, 2], [3, 1], [0]])
+  assert accuracy.most_frequent_label_p1(train, labelled([[1], [0], [2, 1], [3]])) == 0.5
+  assert accuracy.most_frequent_label_p1(train, labelled([[0], [2]])) == 0.0

@@ -141,12 +141,14 @@ def machine(**extra) -> dict:
   Returns:
     ``platform``, ``node`` (host name), ``cpu`` (model), ``cpus`` (the machine's), ``usable_cores`` (this
     process's), ``load_average`` (1, 5, 15 min, at the time of writing), ``python``, ``jax``, ``sparsejax``
-    (version) and ``sparsejax_commit``, and ``date`` (UTC, ISO 8601), then ``extra``.
+    (version) and ``sparsejax_commit``, ``date`` (UTC, ISO 8601) and ``device`` (JAX's first device, e.g. an
+    H100 for a benchmark that ran on its GPU; "cpu" otherwise), then ``extra``.
   """
   import jax
 
   import sparsejax
 
+  extra.setdefault("device", jax.devices()[0].device_kind)
   return {"platform": platform.platform(), "node": platform.node(), "cpu": _cpu_model(), "cpus": os.cpu_count(),
           "usable_cores": usable_cores(),
           "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
