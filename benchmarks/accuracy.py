@@ -655,7 +655,7 @@ def report(args) -> None:
     system, tag = name.rsplit("-", 1)
     with open(path) as f:
       (variants if "+" in tag else runs)[(system, tag)] = json.load(f)
-  if not runs:
+  if not runs and not (args.plot_variants and variants):
     raise SystemExit(f"no runs of {args.dataset} in {args.out}: train some first")
   summary = {"dataset": args.dataset, "runs": sorted(f"{s}-{t}" for s, t in runs), "acceptance": summarize(runs),
              # Runs with other settings: listed, never part of the acceptance figures or the plot.
@@ -669,8 +669,8 @@ def report(args) -> None:
     print(f"variant {name}: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
   print(f"wrote {path}")
   try:
-    plot(runs, os.path.join(args.out, f"{args.dataset}.png"), f"{args.dataset}: P@1 against training time "
-         f"({os.cpu_count()} cores)")
+    plot(runs | (variants if args.plot_variants else {}), os.path.join(args.out, f"{args.dataset}.png"),
+         f"{args.dataset}: P@1 against training time ({os.cpu_count()} cores)")
     print(f"wrote {os.path.join(args.out, args.dataset + '.png')}")
   except ImportError:
     print("matplotlib is not installed: no plot")
@@ -685,6 +685,8 @@ def main():
   budget.add_argument("--budget", type=float, default=None, help="training seconds (evaluations excluded)")
   budget.add_argument("--num_epochs", type=float, default=None, help="epochs (the fixed-epoch comparison)")
   parser.add_argument("--report", action="store_true", help="summarize and plot the dataset's runs in --out")
+  parser.add_argument("--plot_variants", action="store_true",
+                      help="with --report: the plot shows the --variant runs too (a set whose runs are all variants)")
   parser.add_argument("--set", action="append", metavar="NAME=VALUE",
                       help="a sparsejax setting for every system's run (repeatable), e.g. --set learning_rate=0.01")
   parser.add_argument("--collect", action="store_true",

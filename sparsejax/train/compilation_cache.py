@@ -27,6 +27,9 @@ AUTO, NONE = "auto", "none"
 DIR_ENV = "JAX_COMPILATION_CACHE_DIR"
 MIN_COMPILE_TIME_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 MIN_ENTRY_SIZE_ENV = "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"
+# JAX's names of a bounded cache's files (jax/_src/lru_cache.py): an entry and its access time (8 bytes, ns, little
+# endian), by which the least recently used entries are evicted.
+_CACHE_SUFFIX, _ATIME_SUFFIX = "-cache", "-atime"
 # The default directory's bound: the least recently used entries go beyond it (where JAX can lock the directory).
 MAX_BYTES = 2 << 30
 
@@ -109,5 +112,34 @@ def configure(setting: str | None) -> tuple[str | None, str | None]:
   if MIN_ENTRY_SIZE_ENV not in os.environ:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: no minimum, whatever the filesystem
   if is_default and importlib.util.find_spec("filelock") is not None:  # JAX needs it to bound a cache
+    restore_access_times(directory)
     jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
   return directory, None
+
+
+def restore_access_times(directory: str) -> list[str]:
+  """Gives each entry of a bounded cache that has no access-time file one (its modification time); returns them.
+
+  JAX writes an entry (``KEY-cache``), then its access time (``KEY-atime``); a process killed between the two
+  (Ctrl-C while a program is being cached) leaves an entry without one, and from then on JAX's eviction, which reads
+  every entry's access time before each write, fails: no program is cached again in that directory, each write a
+  warning ("Error writing persistent compilation cache entry ... FileNotFoundError"). Writing the missing time is
+  safe beside a process that is caching that entry right now (it writes its own time after).
+  """
+  restored = []
+  try:
+    names = set(os.listdir(directory))
+  except OSError:
+    return restored
+  for name in sorted(names):
+    key = name.removesuffix(_CACHE_SUFFIX)
+    if key == name or key + _ATIME_SUFFIX in names:
+      continue
+    try:
+      mtime = os.stat(os.path.join(directory, name)).st_mtime_ns
+      with open(os.path.join(directory, key + _ATIME_SUFFIX), "xb") as f:  # "x": never over another's time
+        f.write(mtime.to_bytes(8, "little"))
+      restored.append(key)
+    except OSError:  # gone, or its time written meanwhile
+      pass
+  return restored
