@@ -8,7 +8,8 @@ import os
 
 from sparsejax import data as xcdata
 
-DATASETS = ("synthetic", "synthetic_1m", "synthetic_1m_2m", "synthetic_8m", "gcide", "gcide_cloze", "icd10", "wordnet", "tiny")
+DATASETS = ("synthetic", "synthetic_1m", "synthetic_1m_2m", "synthetic_8m", "gcide", "gcide_cloze", "icd10", "wordnet",
+            "tiny")
 DEFAULT_WORKDIR = "/tmp/sparsejax_accuracy"
 
 
