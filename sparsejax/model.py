@@ -84,8 +84,20 @@ def init(rng: jax.Array, config: ModelConfig) -> SlideState:
   return init_from_params(rng, config, network.jitted_init_params(rng, config))
 
 
+def init_index(rng: jax.Array, config: ModelConfig, out: SparseLayer,
+               num_valid: int | jax.Array | None = None) -> Any:
+  """The candidate index built over the initial output layer ``out`` (:func:`init_from_params`'s).
+
+  A sharded run builds it by a program of its own before the rest of the state: in one program with the optimizer
+  states, XLA held the build's temporaries beside them (7.5 GB and more per process at 2·10^6 rows per shard, d =
+  128: 4 processes of a 10^9-parameter model were killed for memory on a 24 GB machine).
+  """
+  k_lsh, k_tables, _ = jax.random.split(jax.random.fold_in(rng, 1), 3)
+  return _init_index(k_lsh, k_tables, config, out._replace(w=out.w.astype(config.optim.weight_dtype)), num_valid)
+
+
 def init_from_params(rng: jax.Array, config: ModelConfig, params: NetworkParams,
-                     num_valid: int | jax.Array | None = None) -> SlideState:
+                     num_valid: int | jax.Array | None = None, index_state: Any = None) -> SlideState:
   """The state around given parameters: optimizer states, the built candidate index.
 
   Args:
@@ -93,14 +105,16 @@ def init_from_params(rng: jax.Array, config: ModelConfig, params: NetworkParams,
     config: the model.
     params: the parameters (``params.out`` may be one shard of the layer).
     num_valid: rows of ``params.out`` that are real (the rest padding).
+    index_state: :func:`init_index`'s index of the same arguments, if built already (else built here).
   """
-  k_lsh, k_tables, k_state = jax.random.split(jax.random.fold_in(rng, 1), 3)
+  _, _, k_state = jax.random.split(jax.random.fold_in(rng, 1), 3)
   sparse_opt = optim.row_sparse_adam(config.schedule(), **config.adam_args(),
                                      moment_dtype=jnp.dtype(config.optim.moment_dtype),
                                      second_moment=config.optim.second_moment)
   # The output layer's weights in their training dtype (the index is built from their float32 values).
   params = params._replace(out=params.out._replace(w=params.out.w.astype(config.optim.weight_dtype)))
-  index_state = _init_index(k_lsh, k_tables, config, params.out, num_valid)
+  if index_state is None:
+    index_state = init_index(rng, config, params.out, num_valid)
   return SlideState(
       step=jnp.zeros((), jnp.int32),
       rng=jax.random.key_data(k_state),

@@ -143,11 +143,21 @@ def init(rng: jax.Array, config: model.ModelConfig, mesh: jax.sharding.Mesh) -> 
   with jax.threefry_partitionable(True):
     params = jax.jit(lambda: model.init_params(rng, padded), out_shardings=shardings)()
 
-  def local_init(params):
-    return _stacked_index(config, model.init_from_params(rng, config, params, _num_valid(config, rows)))
+  specs = _abstract_specs(config, mesh)
+  the_index = index.from_config(config)
 
-  fn = _shard_map(local_init, mesh, (param_specs,), _abstract_specs(config, mesh))
-  return jax.jit(fn, donate_argnums=0)(params)  # donated: no second copy of the weights at the peak
+  # The index first, by a program of its own (model.init_index: in one program with the optimizer states, XLA
+  # held the build's temporaries beside them), then the rest of the state around the parameters and the index.
+  def local_index(params):
+    return the_index.from_shard(model.init_index(rng, config, params.out, _num_valid(config, rows)))
+
+  def local_init(params, index_state):
+    return _stacked_index(config, model.init_from_params(rng, config, params, _num_valid(config, rows),
+                                                         index_state=the_index.to_shard(index_state)))
+
+  index_state = jax.jit(_shard_map(local_index, mesh, (param_specs,), specs.index))(params)
+  fn = _shard_map(local_init, mesh, (param_specs, specs.index), specs)
+  return jax.jit(fn, donate_argnums=(0, 1))(params, index_state)  # donated: no second copy of the weights
 
 
 def _broadcast_specs(specs, tree):
