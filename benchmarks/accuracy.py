@@ -88,36 +88,31 @@ SLIDE_SYSTEMS = ("sparsejax", "all_active")
 DEFAULT_OUT = os.path.join(harness.RESULTS_DIR, "accuracy")
 
 
+# The synthetic sets (make_synthetic, one Zipf label per sample): training samples, test samples, features, labels.
+SYNTHETIC_SETS = {
+    "synthetic": (100_000, 10_000, 100_000, 200_000),  # the acceptance set of issue 9
+    # Scale (issue 34): 10^6 labels, 1 and 2 training samples per label on average (the head labels hold most).
+    "synthetic_1m": (1_000_000, 10_000, 200_000, 1_000_000),
+    "synthetic_1m_2m": (2_000_000, 10_000, 200_000, 1_000_000),
+    # 10^9 parameters: 8·10^6 labels x (128 + 1) plus 200K x 128 inputs; most labels have no sample.
+    "synthetic_8m": (1_000_000, 5_000, 200_000, 8_000_000),
+    "tiny": (3_000, 300, 2_000, 2_000),  # smoke tests of the benchmark itself
+}
+
+
 def write_files(dataset: str, workdir: str, seed: int) -> tuple[str, str]:
   """The benchmark's train and test files (written once per workdir)."""
   train_path, test_path = os.path.join(workdir, "train.txt"), os.path.join(workdir, "test.txt")
   if os.path.exists(train_path) and os.path.exists(test_path):
     return train_path, test_path
-  if dataset == "synthetic":
-    # The acceptance set of issue 9: make_synthetic(100_000, 100_000, 200_000) plus 10K test samples.
-    full = xcdata.make_synthetic(110_000, 100_000, 200_000, seed=seed)
-    train, test = full.subset(np.arange(100_000)), full.subset(np.arange(100_000, 110_000))
-  elif dataset == "synthetic_1m":
-    # Scale (issue 34): 10^6 labels (the same generator, 10x the labels and samples), 10K test samples.
-    full = xcdata.make_synthetic(1_010_000, 200_000, 1_000_000, seed=seed)
-    train, test = full.subset(np.arange(1_000_000)), full.subset(np.arange(1_000_000, 1_010_000))
-  elif dataset == "synthetic_1m_2m":
-    # Scale (issue 34): 10^6 labels with 2 training samples per label on average (2·10^6 samples, one Zipf label
-    # each: the head labels hold most of them, as in real sets), 10K test samples.
-    full = xcdata.make_synthetic(2_010_000, 200_000, 1_000_000, seed=seed)
-    train, test = full.subset(np.arange(2_000_000)), full.subset(np.arange(2_000_000, 2_010_000))
-  elif dataset == "synthetic_8m":
-    # 10^9 parameters (issue 34): 8·10^6 labels x (128 + 1) plus 200K x 128 inputs = 1.06·10^9; 10^6 training
-    # samples (a Zipf head, as real data: most labels have none), 5K test samples.
-    full = xcdata.make_synthetic(1_005_000, 200_000, 8_000_000, seed=seed)
-    train, test = full.subset(np.arange(1_000_000)), full.subset(np.arange(1_000_000, 1_005_000))
+  if dataset in SYNTHETIC_SETS:
+    num_train, num_test, num_features, num_labels = SYNTHETIC_SETS[dataset]
+    full = xcdata.make_synthetic(num_train + num_test, num_features, num_labels, seed=seed)
+    train, test = full.subset(np.arange(num_train)), full.subset(np.arange(num_train, num_train + num_test))
   elif dataset == "gcide":
     train, test, _ = xcdata.load_gcide(seed=seed)
   elif dataset == "gcide_cloze":
     train, test, _ = xcdata.load_gcide_cloze(seed=seed)
-  elif dataset == "tiny":  # smoke tests of the benchmark itself
-    full = xcdata.make_synthetic(3_300, 2_000, 2_000, seed=seed)
-    train, test = full.subset(np.arange(3_000)), full.subset(np.arange(3_000, 3_300))
   elif dataset == "icd10":
     train, test, _ = xcdata.load_icd10(seed=seed)
   elif dataset == "wordnet":
