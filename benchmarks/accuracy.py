@@ -143,11 +143,13 @@ def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, ar
                   num_epochs=args.num_epochs, eval_samples=args.eval_samples, checkpoint_every=10**9, progress=False,
                   seed=args.seed, eval_sampled_k=args.sampled_k or sampled_k_for(num_labels),
                   **parse_settings(args.set))
-  config = override(Config(), **settings)
+  # The run's settings in one place: the one-process run overrides Config with them, --processes passes them as
+  # sparsejax-train's flags.
   if system == "all_active":
-    config = override(config, active_k=2**31 - 1)
+    settings["active_k"] = 2**31 - 1
   elif system in ("dense", "dense_gpu"):
-    config = override(config, model="dense")
+    settings["model"] = "dense"
+  config = override(Config(), **settings)
   steps_per_epoch = int(len(xcdata.load_xc_file(train_path)) * (1 - config.data.validation_fraction)) \
       // config.optim.batch_size
   # sparsejax evaluates as `sparsejax-train` does (--eval_every's default), unless told otherwise: its budget runs
@@ -155,7 +157,7 @@ def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, ar
   evals_per_epoch = args.evals_per_epoch or (None if system == "sparsejax" else 4)
   if evals_per_epoch is not None:
     settings["eval_every"] = max(1, steps_per_epoch // evals_per_epoch)
-    config = override(config, eval_every=settings["eval_every"])
+    config = override(Config(), **settings)
   peak_rss = None
   if args.collect:  # the run in run_dir finished (its final record written): collect its results only
     from sparsejax.train.metric_writer import read_records
