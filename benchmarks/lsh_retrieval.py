@@ -15,10 +15,11 @@ the run's training k, and measures, on the same queries:
 
 and, once per run, the cosines that a hash family sees (:func:`cosine_geometry`).
 
-The variants are the LSH settings of ``TablesConfig`` (``lsh_family``, ``lsh_projections``, ``lsh_probes``,
-``lsh_rerank``, ``lsh_mips``, ``num_tables``, ``num_bits``, ``bucket_size``, ``table_policy``), each from today's
-defaults, measured on the serving tables that sampled inference builds; ``training_tables`` measures the tables a
-training step reads instead; ``num_bits_offset`` sets K relative to the default for the layer's size;
+The variants are the LSH settings of ``TablesConfig`` (``lsh_serving``, ``lsh_family``, ``lsh_projections``,
+``lsh_probes``, ``lsh_rerank``, ``lsh_mips``, ``num_tables``, ``num_bits``, ``bucket_size``, ``table_policy``),
+each from today's defaults, measured on the serving tables that sampled inference builds; ``training_tables``
+measures the tables a training step reads instead; ``num_bits_offset`` sets K relative to the default for the
+layer's size;
 ``uncentred`` hashes MIPS-reduced rows without centring them first (the ``--lsh_mips`` of before issue 32, kept
 here only to measure what the centring does).
 
@@ -44,19 +45,26 @@ import harness
 from harness import finished_runs
 
 # name -> settings (TablesConfig fields), each from today's defaults. Every variant is measured on the serving
-# tables that sampled inference builds (index.serving: fuller buckets than training's), but "training tables",
-# which reads the tables a training step queries (index.init: one bucket per table). The variants measured
-# before the hyperplanes drawn from the rows (DWTA and random SimHash with their sizes of then) are in
-# benchmarks/results/HISTORY.md with the commands and commits that measured them.
+# tables that sampled inference builds (index.serving), but "training tables", which reads the tables a training
+# step queries (index.init: one bucket per table). "training" serving tables hash as the training tables do (the
+# MIPS reduction by the longest row; the default before --lsh_serving), "angular" ones the centred rows'
+# directions. The variants measured before the hyperplanes drawn from the rows (DWTA and random SimHash with their
+# sizes of then) and norm-ranging are in benchmarks/results/HISTORY.md with the commands and commits that measured
+# them.
 VARIANTS = {
     "clusters": dict(candidates="clusters"),
-    "dwta, 1 probe (the default before)": dict(candidates="lsh", lsh_family="dwta", lsh_probes=1, lsh_rerank=0),
-    "dwta, 3 probes, rerank 4": dict(candidates="lsh", lsh_family="dwta"),
-    "simhash random, 3 probes, rerank 4": dict(candidates="lsh", lsh_projections="random"),
+    "dwta, 1 probe (the default before 392de11)": dict(candidates="lsh", lsh_family="dwta", lsh_probes=1,
+                                                       lsh_rerank=0, lsh_serving="training"),
     "simhash rows, training tables": dict(candidates="lsh", lsh_probes=1, lsh_rerank=0, training_tables=True),
-    "simhash rows, 1 probe": dict(candidates="lsh", lsh_probes=1, lsh_rerank=0),
-    "simhash rows, 3 probes": dict(candidates="lsh", lsh_rerank=0),
-    "simhash rows, 3 probes, rerank 4 (default)": dict(candidates="lsh"),
+    "training, simhash rows, 3 probes, rerank 4 (the default before)": dict(candidates="lsh", lsh_serving="training",
+                                                                            lsh_rerank=4),
+    "training, simhash random, 3 probes, rerank 4": dict(candidates="lsh", lsh_serving="training",
+                                                         lsh_projections="random", lsh_rerank=4),
+    "angular, 1 probe": dict(candidates="lsh", lsh_probes=1, lsh_rerank=0),
+    "angular, 3 probes": dict(candidates="lsh", lsh_rerank=0),
+    "angular, 3 probes, rerank 4": dict(candidates="lsh", lsh_rerank=4),
+    "angular, 3 probes, rerank 8 (default)": dict(candidates="lsh"),
+    "angular dwta, 3 probes, rerank 8": dict(candidates="lsh", lsh_family="dwta"),
 }
 
 

@@ -210,3 +210,61 @@ def test_an_lsh_index_of_rows_scaled_near_float32s_largest_is_the_index_of_the_r
   huge = kind.init(*keys, jnp.asarray(np.ldexp(w, 120)), jnp.asarray(np.ldexp(b + 0.5, 120)))
   assert np.isfinite(np.ldexp(w, 120)).all()
   jax.tree.map(np.testing.assert_array_equal, huge.tables, built.tables)
+
+
+def test_angular_serving_tables_find_the_short_rows_one_reduction_misses():
+  """Long rows that no query points at, and for each query a planted short row (a sixth of their norm) with its
+  largest logit: reduced by the longest row of all (``--lsh_serving=training``), the planted row's cosine with the
+  query is below 0.2 (hash bits nearly coin flips); reduced by its own norm (``angular``, the default), near its
+  direction's (about 0.9). k = 64 of 4,096 rows, the serving tables: measured 0.0 with the training tables'
+  reduction (its hyperplanes, drawn from the long rows, split where no query is), 1.0 angular."""
+  rng = np.random.default_rng(5)
+  n, d, num_queries = 4096, 32, 300
+  w = np.zeros((n, d), np.float32)
+  w[: n // 2, : d // 2] = 10.0 * rng.normal(size=(n // 2, d // 2)) / np.sqrt(d // 2)  # long, off the queries
+  w[n // 2:, d // 2:] = rng.normal(size=(n // 2, d // 2)) / np.sqrt(d // 2)  # short, where the queries are
+  h = np.zeros((num_queries, d), np.float32)
+  h[:, d // 2:] = rng.normal(size=(num_queries, d // 2))
+  h /= np.linalg.norm(h, axis=1, keepdims=True)
+  planted = n // 2 + rng.choice(n // 2, num_queries, replace=False)
+  w[planted] = 1.5 * h + 0.5 * w[planted]
+  b = np.zeros(n, np.float32)
+  best = np.argmax(h @ w.T, axis=1) == planted
+  h, planted = h[best], planted[best]
+  assert len(h) > 250
+  angular = _recall_of_planted(dict(), w, b, h, planted, k=64, serving=True)
+  one_reduction = _recall_of_planted(dict(lsh_serving="training"), w, b, h, planted, k=64, serving=True)
+  assert angular >= 0.9 and one_reduction <= 0.5, (angular, one_reduction)
+
+
+def test_rows_reduced_each_by_its_own_norm_are_their_unit_directions():
+  """``augment_rows`` with one ``M`` per row (what the angular serving tables hash): each row its own direction,
+  the completion coordinate 0 (a row longer than its ``M`` too), against numpy."""
+  rng = np.random.default_rng(6)
+  w = rng.normal(size=(40, 7)).astype(np.float32) * rng.lognormal(0, 2, size=(40, 1)).astype(np.float32)
+  b = rng.normal(size=40).astype(np.float32)
+  x = np.concatenate([w, b[:, None]], axis=1).astype(np.float64)
+  norms = np.linalg.norm(x, axis=1)
+  reduced = np.asarray(mips.augment_rows(jnp.asarray(w), jnp.asarray(b), max_norm=jnp.asarray(norms, jnp.float32)))
+  np.testing.assert_allclose(reduced[:, :8], x / norms[:, None], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(reduced[:, 8], 0.0, atol=2e-3)  # sqrt of a float32 rounding of 1 - 1
+  halved = np.asarray(mips.augment_rows(jnp.asarray(w), jnp.asarray(b), max_norm=jnp.asarray(2 * norms, jnp.float32)))
+  np.testing.assert_allclose(halved[:, 8], np.sqrt(0.75), rtol=1e-5)
+
+
+@pytest.mark.parametrize("settings, bits, slots, projections", [
+    (dict(), 11, 128, "random"),  # angular over drawn training hyperplanes (10 bits): one bit more, 2x the slots
+    (dict(lsh_projections="random"), 11, 128, "random"),  # random training tables (13 bits): 2 fewer
+    (dict(lsh_serving="training"), 8, 256, "rows"),
+    (dict(lsh_family="dwta"), 9, 256, None),  # DWTA's bins: 3 fewer bits (12), 4x the slots
+])
+def test_serving_table_sizes(settings, bits, slots, projections):
+  """The serving tables of 200K rows (64 slots per training bucket): 64 tables, the bits and slots of the rule in
+  kinds.serving_table_sizes, as the index builds them."""
+  from sparsejax.index import hashed
+
+  cfg = override(model.ModelConfig(10, 200_000), candidates="lsh", **settings)
+  sizes, got_slots = hashed.serving_sizes(cfg.tables, cfg.lsh_config, cfg.table_bucket_size)
+  assert (sizes.num_tables, sizes.num_bits, got_slots) == (64, bits, slots)
+  if projections is not None:
+    assert sizes.projections == projections

@@ -18,7 +18,7 @@ from sparsejax.train import train_and_evaluate
 def test_lsh_tables_larger_than_the_machine_are_refused_at_validation(settings, flag):
   config = override(Config(), candidates="lsh", **settings)
   with pytest.raises(ConfigError, match=rf"^--{flag}: LSH tables of \d+ x 2\^\d+ buckets x \d+ ids and the "
-                                        r"evaluations' \(4x as large\) need [\d,.]+ GiB "
+                                        r"evaluations' \(4x as many\) need [\d,.]+ GiB "
                                         r"of memory; this machine has [\d,.]+ GiB\. Lower --num_bits, --num_tables "
                                         r"or --bucket_size$"):
     config.validate()
@@ -33,7 +33,7 @@ def test_the_oversized_lsh_command_ends_with_a_named_error_not_an_abort(tmp_path
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 2, out.stderr[-3000:]
   assert re.fullmatch(r"sparsejax-train: error: --num_bits=30: LSH tables of 1 x 2\^30 buckets x 64 ids and the "
-                      r"evaluations' \(4x as large\) need 1,288\.0 GiB of memory; this machine has [\d,.]+ GiB\. .*",
+                      r"evaluations' \(4x as many\) need 2,324\.0 GiB of memory; this machine has [\d,.]+ GiB\. .*",
                       out.stderr.strip().splitlines()[-1])
   assert not (tmp_path / "run").exists()
 

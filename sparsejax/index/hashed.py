@@ -25,21 +25,21 @@ class HashedIndex(NamedTuple):
   tables: tables.HashTables
 
 
-def serving_sizes(params: lsh.LSHConfig, bucket_size: int) -> tuple[lsh.LSHConfig, int]:
+def serving_sizes(t_config, params: lsh.LSHConfig, bucket_size: int) -> tuple[lsh.LSHConfig, int]:
   """The sizes of the tables that sampled inference and the evaluations build: ``(LSH config, slots per bucket)``
-  (:func:`sparsejax.index.kinds.serving_table_sizes`, which the memory check reads too).
+  (:func:`sparsejax.index.kinds.serving_table_sizes`, which the memory check reads too), from the settings
+  ``t_config`` and the training tables' sizes.
 
   4x as many tables as training's (which need only some hard negatives per sample: 16 of them train as well per
-  step as 64 did, at a third of the step's time), whose buckets hold about 4x the rows of the training tables' (2
-  fewer bits for SimHash, 3 for DWTA, whose codes pack 3-bit bins), but at least 64 buckets, in 4x the slots: 4x
-  the training tables' memory. With 64 tables, read with several probes and re-ranked by
-  exact logits, these found the largest logit for 0.91x (synthetic 200K labels: 8 bits) and 0.93x (GCIDE cloze,
-  21K labels: 6 bits) of the queries that exact scoring does, against 0.50x for the training tables read once;
-  5 bits on cloze (32 buckets of 650 rows, 256 slots) about 0.82x (benchmarks/results/HISTORY.md, "Hyperplanes
-  drawn from the rows").
+  step as 64 did, at a third of the step's time). ``--lsh_serving=angular`` (SimHash): random hyperplanes over the
+  rows' directions, about 100 rows per bucket in 2x the slots (synthetic 200K labels: 11 bits, 128 slots, 65 MiB;
+  the same in 256 slots found as many). ``training``: the training tables' functions in buckets of about 4x
+  their rows, in 4x the slots (with 64 tables, 3 probes and re-ranking, 0.91x of exact P@1 on the clustered
+  runs' layers, 0.34x on the LSH run's: benchmarks/results/HISTORY.md, "Hyperplanes drawn from the rows").
   """
-  num_tables, bits, slots = kinds.serving_table_sizes(params.family, params.num_tables, params.num_bits, bucket_size)
-  return params._replace(num_tables=num_tables, num_bits=bits), slots
+  num_tables, bits, slots = kinds.serving_table_sizes(t_config, params.num_bits, bucket_size)
+  projections = "random" if t_config.lsh_serving == "angular" else params.projections
+  return params._replace(num_tables=num_tables, num_bits=bits, projections=projections), slots
 
 
 def lsh_index(config) -> Index:
@@ -49,20 +49,29 @@ def lsh_index(config) -> Index:
   ``tables.table_policy`` size the tables;
   with ``tables.lsh_mips`` the rows are centred and norm-augmented before hashing and the queries augmented to
   match; ``tables.reinsert`` says which rows a step re-inserts. The serving index is built afresh with sizes of its
-  own (:func:`serving_sizes`). A query without labels (sampled inference) reads ``tables.lsh_probes`` buckets per
-  table (:mod:`sparsejax.index.probing`) and, where it is given the rows, re-ranks ``tables.lsh_rerank`` x k of
-  the most often found ids by their exact logits; a training query, with its labels, reads one bucket per table.
+  own (:func:`serving_sizes`), by default (``tables.lsh_serving="angular"``) over the directions of the centred
+  rows, each reduced by its own norm, with random hyperplanes. A query without labels (sampled inference) reads
+  ``tables.lsh_probes`` buckets per table (:mod:`sparsejax.index.probing`) and, where it is given the rows,
+  re-ranks ``tables.lsh_rerank`` x k of the most often found ids by their exact logits; a training query, with its
+  labels, reads one bucket per table.
   """
   t_config = config.tables
   params = config.lsh_config
   bucket_size = config.table_bucket_size
   reduced = t_config.lsh_mips
   probes, rerank = t_config.lsh_probes, t_config.lsh_rerank
+  angular = t_config.lsh_serving == "angular"
+  serving_params, serving_slots = serving_sizes(t_config, params, bucket_size)
+  # Queries are reduced as the rows are (mips.augment_queries): [h, 1] scaled to unit length, one 0 more.
   width = config.hidden_dims[-1] + 2 if reduced else config.hidden_dims[-1]
-  serving_params, serving_slots = serving_sizes(params, bucket_size)
 
-  def hashed_rows(w, b, num_valid):
-    """The vectors the tables hold and how likely each is to give a hyperplane (``projections="rows"``)."""
+  def is_serving(state: HashedIndex) -> bool:
+    """Whether ``state`` is a serving index (:func:`serving_sizes`: more tables than training's)."""
+    return lsh.num_tables(state.hash_functions) == serving_params.num_tables
+
+  def hashed_rows(w, b, num_valid, unit=False):
+    """The vectors the tables hold and how likely each is to give a hyperplane (``projections="rows"``); ``unit``:
+    the centred rows' directions (``--lsh_serving=angular``)."""
     w = w.astype(jnp.float32)  # (bfloat16 rows widened: an O(N d) copy, for builds only)
     valid = jnp.arange(w.shape[0]) < (w.shape[0] if num_valid is None else num_valid)
     # Scaled by a power of two (exact) to a largest |value| below 1: the hashes' signs and the draw's relative
@@ -70,18 +79,24 @@ def lsh_index(config) -> Index:
     # weight is never drawn), the centring or the spread of the hyperplanes drawn from them.
     exponent = mips.largest_exponent(jnp.where(valid[:, None], w, 0.0), jnp.where(valid, b, 0.0))
     w, b = jnp.ldexp(w, -exponent), jnp.ldexp(b, -exponent)
-    if reduced:  # centred as the clustered index's rows are (mips.py)
+    if reduced or unit:  # centred as the clustered index's rows are (mips.py)
       centred_w, centred_b = mips.centre_rows(w, b, num_valid)
-      return mips.augment_rows(centred_w, centred_b), jnp.sum(centred_w**2, axis=1) + centred_b**2
+      squared = jnp.sum(centred_w**2, axis=1) + centred_b**2
+      # Angular: each row reduced by its own norm (unit rows, completion 0). A query's best rows point its way (the
+      # synthetic set's trained LSH layer: median cosine 0.71, against -0.11 +- 0.21 for all rows), but reduced by
+      # the longest row of all the cosines shrink with the rows' norms (to 0.42, most rows' to near 0): the
+      # exact re-ranking restores the logits' order among the rows found.
+      return mips.augment_rows(centred_w, centred_b, max_norm=jnp.sqrt(squared) if unit else None), squared
     return w, jnp.where(valid, jnp.sum(w**2, axis=1), 0.0)
 
   def draw(sizes: lsh.LSHConfig, key, x, weights) -> lsh.LSHParams:
     if sizes.projections == "rows":
       return lsh.simhash_from_rows(key, sizes, x, weights, completion=reduced)
-    return lsh.init_lsh(key, sizes, width)
+    return lsh.init_lsh(key, sizes, x.shape[1])
 
-  def new_index(sizes: lsh.LSHConfig, slots: int, function_key, build_key, w, b, num_valid) -> HashedIndex:
-    x, weights = hashed_rows(w, b, num_valid)
+  def new_index(sizes: lsh.LSHConfig, slots: int, function_key, build_key, w, b, num_valid,
+                unit=False) -> HashedIndex:
+    x, weights = hashed_rows(w, b, num_valid, unit)
     functions = draw(sizes, function_key, x, weights)
     empty = tables.init_tables(sizes, slots, policy=t_config.table_policy,
                                seed=jax.random.bits(build_key, (), jnp.uint32))
@@ -107,7 +122,7 @@ def lsh_index(config) -> Index:
     return HashedIndex(functions, tables.build_tables(state.tables, functions, x, num_valid))
 
   def query(state: HashedIndex, h, *, k, num_rows, labels=None, seed=0, max_from_index=None, rows=None):
-    x = mips.augment_queries(h) if reduced else h
+    x = mips.augment_queries(h) if reduced or (angular and is_serving(state)) else h
     if labels is not None:
       # A training query reads one bucket per table, in the kernel (the step cannot afford more); at most
       # max_from_index of its candidates are kept, the rest of the k slots after the labels random
@@ -146,10 +161,11 @@ def lsh_index(config) -> Index:
     return state._replace(tables=tables.insert_rows(state.tables, state.hash_functions, rows, ids, num_rows))
 
   def serving(state: HashedIndex | None, w, b, num_valid=None) -> HashedIndex:
-    # Serving tables of their own sizes (serving_sizes), built afresh from the final rows: fuller buckets than
-    # training's, read with probes and re-ranked. Fixed keys: the same rows give the same index.
+    # Serving tables of their own sizes (serving_sizes), built afresh from the final rows, read with probes and
+    # re-ranked; angular: over the rows' directions. Fixed keys: the same rows give the same index (and every
+    # shard the same random hyperplanes).
     del state
-    return new_index(serving_params, serving_slots, *jax.random.split(jax.random.key(0)), w, b, num_valid)
+    return new_index(serving_params, serving_slots, *jax.random.split(jax.random.key(0)), w, b, num_valid, angular)
 
   def partition(state: HashedIndex, split, replicated) -> HashedIndex:
     # Hyperplanes drawn from the rows are each shard's own, as its tables are.

@@ -39,12 +39,21 @@ def _lsh(config):
 SERVING_TABLES = 4
 
 
-def serving_table_sizes(family: str, num_tables: int, num_bits: int, slots: int) -> tuple[int, int, int]:
+def serving_table_sizes(t, num_bits: int, slots: int) -> tuple[int, int, int]:
   """``(tables, bits, slots per bucket)`` of the LSH tables that sampled inference and the evaluations build, from
-  the training tables' (see :func:`sparsejax.index.hashed.serving_sizes`): 4x the tables, 2 fewer bits (3 for
-  DWTA, whose codes pack 3-bit bins) but at least 6, 4x the slots. Here, free of JAX, for the memory check too."""
-  fewer = 3 if family == "dwta" else 2
-  return SERVING_TABLES * num_tables, min(num_bits, max(num_bits - fewer, 6)), 4 * slots
+  the settings ``t`` (a :class:`sparsejax.config.TablesConfig`) and the training tables' bits and slots (see
+  :func:`sparsejax.index.hashed.serving_sizes`). Here, free of JAX, for the memory check too.
+
+  4x the tables. ``--lsh_serving=angular`` with SimHash: random hyperplanes over about 100 rows per bucket (one
+  bit more than tables of hyperplanes drawn from the rows, at about 200 rows per bucket; 2 fewer than random
+  ones, at 32), in 2x the slots. Otherwise (and DWTA) buckets of about 4x the rows of the training tables' (2
+  fewer bits, 3 for DWTA, whose codes pack 3-bit bins), in 4x the slots. At least 6 bits.
+  """
+  if t.lsh_serving == "angular" and t.lsh_family == "simhash":
+    bits, slots = num_bits + (1 if t.lsh_projections == "rows" else -2), 2 * slots
+  else:
+    bits, slots = num_bits - (3 if t.lsh_family == "dwta" else 2), 4 * slots
+  return SERVING_TABLES * t.num_tables, min(max(bits, min(num_bits, 6)), 30), slots
 
 
 def _lsh_table_bytes(t, num_bits: int | None, bucket_size: int | None) -> tuple[int, int, int]:
@@ -52,7 +61,7 @@ def _lsh_table_bytes(t, num_bits: int | None, bucket_size: int | None) -> tuple[
   slots = bucket_size or t.bucket_size or 64  # tables.default_bucket_size()
   table_bytes = lambda tables, bits, slots: tables * 2**bits * (slots + 1) * 4  # noqa: E731 -- ids and counts
   # The evaluations' serving tables are built beside the training ones.
-  serving = table_bytes(*serving_table_sizes(t.lsh_family, t.num_tables, bits, slots))
+  serving = table_bytes(*serving_table_sizes(t, bits, slots))
   return bits, slots, table_bytes(t.num_tables, bits, slots) + serving
 
 
@@ -61,7 +70,7 @@ KINDS = {
                      # its rows are centred and clustered together: refreshed as a whole
                      reinserts=lambda t: False, table_bytes=lambda t, bits, slots: None),
     "lsh": Kind(_lsh, ("lsh_family", "lsh_projections", "num_tables", "num_bits", "lsh_mips", "lsh_probes",
-                       "lsh_rerank"),
+                       "lsh_rerank", "lsh_serving"),
                 # MIPS-reduced rows are centred and scaled together: refreshed as a whole
                 reinserts=lambda t: not t.lsh_mips, table_bytes=_lsh_table_bytes),
 }

@@ -34,8 +34,8 @@ def augment_rows(weight: jax.Array, bias: jax.Array | None = None, max_norm: jax
   Args:
     weight: ``[N, d]`` rows.
     bias: optional ``[N]`` biases (appended as a coordinate).
-    max_norm: ``M``; default: the largest row norm (rows longer than ``M``
-      get a completion coordinate of 0).
+    max_norm: ``M``, a scalar or one per row ``[N]`` (norm-ranging: each row reduced by the largest norm of
+      its range); default: the largest row norm (rows longer than ``M`` get a completion coordinate of 0).
 
   Returns:
     ``[N, d + 2]`` float32 unit vectors (zero rows stay zero but for the
@@ -47,7 +47,7 @@ def augment_rows(weight: jax.Array, bias: jax.Array | None = None, max_norm: jax
   exponent = largest_exponent(x)
   x = jnp.ldexp(x.astype(jnp.float32), -exponent)
   max_norm = jnp.max(jnp.linalg.norm(x, axis=1)) if max_norm is None else jnp.ldexp(max_norm, -exponent)
-  x = x / jnp.maximum(max_norm, 1e-30)
+  x = x / jnp.reshape(jnp.maximum(max_norm, 1e-30), (-1, 1))
   completion = jnp.sqrt(jnp.maximum(1.0 - jnp.sum(x * x, axis=1, keepdims=True), 0.0))
   return jnp.concatenate([x, completion], axis=1).astype(jnp.float32)
 
