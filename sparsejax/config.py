@@ -340,29 +340,32 @@ class TablesConfig(Section):
   lsh_projections: str = option(
       "rows", "SimHash's hyperplanes (dwta has none): random (sparse +-1 projections) or rows (normals of rows "
       "drawn from the layer in proportion to their squared norms, jittered, and drawn again at each rebuild: they "
-      "split the rows where the largest logits lie; benchmarks/lsh_retrieval.py).", choices=("random", "rows"))
+      "split the rows where the largest logits lie; benchmarks/lsh_retrieval.py). The training tables'; the "
+      "angular serving tables' (--lsh_serving) are random.", choices=("random", "rows"))
   num_tables: int = option(
-      16, "Hash tables (L) of training; sampled inference and the evaluations build 4x as many (fuller buckets, "
+      16, "Hash tables (L) of training; sampled inference and the evaluations build 4x as many (--lsh_serving, "
       "read with --lsh_probes): more find more candidates at a higher query and rebuild cost. 16 trained as well "
       "per step as 64 on the synthetic 200K-label set at a third of the step time (benchmarks/train_profile.py).",
                            bounds=AT_LEAST_ONE)
   lsh_probes: int = option(
       3, "LSH: buckets each query of sampled inference and of the evaluations reads per table: its own and its "
       "nearest other codes (simhash: one bit flipped, the least certain first; dwta: a bin's runner-up). Training "
-      "queries read one (their labels are forced in; the rest are negatives). With --lsh_rerank=4, 3 probes found "
-      "the exact top label for 0.91x (synthetic 200K) and 0.93x (GCIDE cloze) of the queries exact scoring does, "
-      "the training tables read once 0.50x and 0.61x (benchmarks/lsh_retrieval.py).", bounds=AT_LEAST_ONE)
+      "queries read one (their labels are forced in; the rest are negatives). The angular serving tables with "
+      "--lsh_rerank=8 found the exact top label for 0.94x (synthetic 200K) and 0.97x (GCIDE cloze) of the queries "
+      "exact scoring does with 3 probes, 0.73x and 0.63x with one and no re-ranking (benchmarks/lsh_retrieval.py).",
+      bounds=AT_LEAST_ONE)
   lsh_rerank: int = option(
       8, "LSH: sampled inference re-ranks this many times k of the ids found most often by their exact logits and "
       "keeps the best k (a gather of rerank x k rows per query, O(rerank k d)); 0: none (the k found most often). "
-      "8 against 4 on the synthetic 200K-label set: 0.94x against 0.93x of exact P@1, topk_recall@10 0.58 against "
-      "0.50, 9% slower queries (benchmarks/lsh_retrieval.py).",
+      "8 against 4 on the synthetic 200K-label set's LSH layer: 0.943x against 0.926x of exact P@1, "
+      "topk_recall@10 0.546 against 0.461, 14% slower queries (benchmarks/lsh_retrieval.py).",
       bounds=NON_NEGATIVE)
   lsh_serving: str = option(
       "angular", "LSH: how the tables of sampled inference and of the evaluations hash the rows. angular: rows "
-      "centred on their mean row, each scaled to unit length, random SimHash hyperplanes (dwta: its bins), about "
-      "100 rows per bucket: a query's candidates are the rows nearest its direction, re-ranked by their exact "
-      "logits (--lsh_rerank). training: as the training tables (--lsh_mips, --lsh_projections), in fuller buckets. "
+      "centred on their mean row, each scaled to unit length, random SimHash hyperplanes (about 100 rows per "
+      "bucket; dwta: its bins, sized as training's): a query's candidates are the rows nearest its direction, "
+      "re-ranked by their exact logits (--lsh_rerank). training: as the training tables (--lsh_mips, "
+      "--lsh_projections), in fuller buckets. "
       "On the synthetic 200K-label set's trained LSH layer angular found the top label for 0.94x of the queries "
       "exact scoring does, training 0.34x: one reduction by the longest row leaves the others' cosines with a "
       "query small, where hash bits are nearly coin flips (benchmarks/lsh_retrieval.py).",
@@ -370,7 +373,9 @@ class TablesConfig(Section):
   num_bits: int | None = option(
       None, "Bits per hash code of the training tables (K; dwta: a multiple of 3); none: chosen from the number of "
       "labels (about 200 rows per bucket with --lsh_projections=rows, else 32). Sampled inference builds tables of "
-      "its own with 2 fewer bits (dwta: 3), at least 6, and 4x the slots.", bounds=Range(1, 30))
+      "its own (--lsh_serving): angular simhash about 100 rows per bucket (one bit more than drawn hyperplanes', "
+      "2 fewer than random ones') in 2x the slots; else 2 fewer bits (dwta: 3), at least 6, in 4x the slots.",
+      bounds=Range(1, 30))
   bucket_size: int | None = option(
       None, "Row ids a bucket of the training tables holds; none: 64.", bounds=AT_LEAST_ONE)
   table_policy: str = option(
@@ -664,7 +669,7 @@ class Config:
     raise ConfigError(name, getattr(t, name), f"LSH tables of {t.num_tables} x 2^{bits} buckets x {slots} ids "
                       "and the evaluations' (4x as many) need "
                       f"{_gib(need)} of memory; this machine has {_gib(have)}. Lower --num_bits, --num_tables or "
-                      "--bucket_size")
+                      "--bucket_size (or --lsh_serving=training: smaller evaluation tables)")
 
   def unused_settings(self) -> list[str]:
     """Settings changed from their defaults that this run does not read, one line each (logged as warnings)."""

@@ -20,7 +20,8 @@ def test_lsh_tables_larger_than_the_machine_are_refused_at_validation(settings, 
   with pytest.raises(ConfigError, match=rf"^--{flag}: LSH tables of \d+ x 2\^\d+ buckets x \d+ ids and the "
                                         r"evaluations' \(4x as many\) need [\d,.]+ GiB "
                                         r"of memory; this machine has [\d,.]+ GiB\. Lower --num_bits, --num_tables "
-                                        r"or --bucket_size$"):
+                                        r"or --bucket_size \(or --lsh_serving=training: smaller evaluation "
+                                        r"tables\)$"):
     config.validate()
   override(config, candidates="clusters").validate()  # no hash tables: nothing to refuse
 

@@ -189,7 +189,9 @@ def lsh_index(config) -> Index:
   return Index(
       init=init, refresh=refresh, renew=renew, query=query, update=update, serving=serving,
       occupancy=lambda state: state.tables.counts,
-      fill=lambda counts: tables.table_fill(np.asarray(counts), bucket_size),
+      # The serving tables' buckets have slots of their own (occupancy [..., L, 2^K]: a sharded run's gathered too).
+      fill=lambda counts: tables.table_fill(
+          np.asarray(counts), serving_slots if np.shape(counts)[-2] == serving_params.num_tables else bucket_size),
       partition=partition, to_shard=lambda state: reshape_seed(state, ()),
       from_shard=lambda state: reshape_seed(state, (1,)), query_shards=query_shards, merge_shards=None,
       from_arrays=from_arrays,

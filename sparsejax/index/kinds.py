@@ -46,8 +46,8 @@ def serving_table_sizes(t, num_bits: int, slots: int) -> tuple[int, int, int]:
 
   4x the tables. ``--lsh_serving=angular`` with SimHash: random hyperplanes over about 100 rows per bucket (one
   bit more than tables of hyperplanes drawn from the rows, at about 200 rows per bucket; 2 fewer than random
-  ones, at 32), in 2x the slots. Otherwise (and DWTA) buckets of about 4x the rows of the training tables' (2
-  fewer bits, 3 for DWTA, whose codes pack 3-bit bins), in 4x the slots. At least 6 bits.
+  ones, at 32), in 2x the slots. Otherwise (and DWTA) 2 fewer bits than the training tables (4x their rows per
+  bucket; DWTA 3 fewer, 8x: its codes pack 3-bit bins), in 4x the slots. At least 6 bits.
   """
   if t.lsh_serving == "angular" and t.lsh_family == "simhash":
     bits, slots = num_bits + (1 if t.lsh_projections == "rows" else -2), 2 * slots
