@@ -352,23 +352,23 @@ class TablesConfig(Section):
       "nearest other codes (simhash: one bit flipped, the least certain first; dwta: a bin's runner-up). Training "
       "queries read one (their labels are forced in; the rest are negatives). The angular serving tables with "
       "--lsh_rerank=8 found the exact top label for 0.94x (synthetic 200K) and 0.97x (GCIDE cloze) of the queries "
-      "exact scoring does with 3 probes, 0.73x and 0.63x with one and no re-ranking (benchmarks/lsh_retrieval.py).",
+      "exact scoring does with 3 probes, 0.72x and 0.63x with one and no re-ranking (benchmarks/lsh_retrieval.py).",
       bounds=AT_LEAST_ONE)
   lsh_rerank: int = option(
       8, "LSH: sampled inference re-ranks this many times k of the ids found most often by their exact logits and "
       "keeps the best k (a gather of rerank x k rows per query, O(rerank k d)); 0: none (the k found most often). "
-      "8 against 4 on the synthetic 200K-label set's LSH layer: 0.943x against 0.926x of exact P@1, "
-      "topk_recall@10 0.546 against 0.461, 14% slower queries (benchmarks/lsh_retrieval.py).",
+      "8 against 4 on the synthetic 200K-label set's LSH layer: 0.940x against 0.923x of exact P@1, "
+      "topk_recall@10 0.542 against 0.455, 22% slower queries (benchmarks/lsh_retrieval.py).",
       bounds=NON_NEGATIVE)
   lsh_serving: str = option(
       "angular", "LSH: how the tables of sampled inference and of the evaluations hash the rows. angular: rows "
       "centred on their mean row, each scaled to unit length, random SimHash hyperplanes (about 100 rows per "
       "bucket; dwta: its bins, sized as training's): a query's candidates are the rows nearest its direction, "
       "re-ranked by their exact logits (--lsh_rerank). training: as the training tables (--lsh_mips, "
-      "--lsh_projections), in fuller buckets. "
-      "On the synthetic 200K-label set's trained LSH layer angular found the top label for 0.94x of the queries "
-      "exact scoring does, training 0.34x: one reduction by the longest row leaves the others' cosines with a "
-      "query small, where hash bits are nearly coin flips (benchmarks/lsh_retrieval.py).",
+      "--lsh_projections), in fuller buckets. On the synthetic 200K-label set's trained LSH layers angular found "
+      "the top label for 0.94x of the queries exact scoring does, training 0.34-0.52x: one reduction by the longest "
+      "row leaves the others' cosines with a query small, where hash bits are nearly coin flips "
+      "(benchmarks/lsh_retrieval.py).",
       choices=("angular", "training"))
   num_bits: int | None = option(
       None, "Bits per hash code of the training tables (K; dwta: a multiple of 3); none: chosen from the number of "
