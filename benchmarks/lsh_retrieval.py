@@ -19,9 +19,8 @@ The variants are the LSH settings of ``TablesConfig`` (``lsh_serving``, ``lsh_fa
 ``lsh_probes``, ``lsh_rerank``, ``lsh_mips``, ``num_tables``, ``num_bits``, ``bucket_size``, ``table_policy``),
 each from today's defaults, measured on the serving tables that sampled inference builds; ``training_tables``
 measures the tables a training step reads instead; ``num_bits_offset`` sets K relative to the default for the
-layer's size;
-``uncentred`` hashes MIPS-reduced rows without centring them first (the ``--lsh_mips`` of before issue 32, kept
-here only to measure what the centring does).
+layer's size; ``uncentred`` hashes MIPS-reduced rows without centring them first (the ``--lsh_mips`` of before
+issue 32, kept here only to measure what the centring does).
 
     python benchmarks/lsh_retrieval.py --dataset synthetic     # -> benchmarks/results/lsh/synthetic.json
     python benchmarks/lsh_retrieval.py --dataset gcide_cloze

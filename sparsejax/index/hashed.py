@@ -65,9 +65,9 @@ def lsh_index(config) -> Index:
   # Queries are reduced as the rows are (mips.augment_queries): [h, 1] scaled to unit length, one 0 more.
   width = config.hidden_dims[-1] + 2 if reduced else config.hidden_dims[-1]
 
-  def is_serving(state: HashedIndex) -> bool:
-    """Whether ``state`` is a serving index (:func:`serving_sizes`: more tables than training's)."""
-    return lsh.num_tables(state.hash_functions) == serving_params.num_tables
+  def serves(num_tables: int) -> bool:
+    """Whether tables of this count are a serving index's (:func:`serving_sizes`: 4x training's)."""
+    return num_tables == serving_params.num_tables
 
   def hashed_rows(w, b, num_valid, unit=False):
     """The vectors the tables hold and how likely each is to give a hyperplane (``projections="rows"``); ``unit``:
@@ -122,7 +122,7 @@ def lsh_index(config) -> Index:
     return HashedIndex(functions, tables.build_tables(state.tables, functions, x, num_valid))
 
   def query(state: HashedIndex, h, *, k, num_rows, labels=None, seed=0, max_from_index=None, rows=None):
-    x = mips.augment_queries(h) if reduced or (angular and is_serving(state)) else h
+    x = mips.augment_queries(h) if reduced or (angular and serves(lsh.num_tables(state.hash_functions))) else h
     if labels is not None:
       # A training query reads one bucket per table, in the kernel (the step cannot afford more); at most
       # max_from_index of its candidates are kept, the rest of the k slots after the labels random
@@ -190,8 +190,8 @@ def lsh_index(config) -> Index:
       init=init, refresh=refresh, renew=renew, query=query, update=update, serving=serving,
       occupancy=lambda state: state.tables.counts,
       # The serving tables' buckets have slots of their own (occupancy [..., L, 2^K]: a sharded run's gathered too).
-      fill=lambda counts: tables.table_fill(
-          np.asarray(counts), serving_slots if np.shape(counts)[-2] == serving_params.num_tables else bucket_size),
+      fill=lambda counts: tables.table_fill(np.asarray(counts),
+                                            serving_slots if serves(np.shape(counts)[-2]) else bucket_size),
       partition=partition, to_shard=lambda state: reshape_seed(state, ()),
       from_shard=lambda state: reshape_seed(state, (1,)), query_shards=query_shards, merge_shards=None,
       from_arrays=from_arrays,

@@ -34,8 +34,9 @@ def augment_rows(weight: jax.Array, bias: jax.Array | None = None, max_norm: jax
   Args:
     weight: ``[N, d]`` rows.
     bias: optional ``[N]`` biases (appended as a coordinate).
-    max_norm: ``M``, a scalar or one per row ``[N]`` (norm-ranging: each row reduced by the largest norm of
-      its range); default: the largest row norm (rows longer than ``M`` get a completion coordinate of 0).
+    max_norm: ``M``, a scalar or one per row ``[N]`` (the angular serving tables: each row's own norm, so
+      each row its unit direction); default: the largest row norm (rows longer than ``M`` get a completion
+      coordinate of 0).
 
   Returns:
     ``[N, d + 2]`` float32 unit vectors (zero rows stay zero but for the
