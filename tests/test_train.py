@@ -189,6 +189,25 @@ def test_a_continued_run_selects_against_every_evaluation_before_it(tmp_path, sm
   assert "--batch_size changed at step 300: the epochs that metrics.jsonl records" in caplog.text
 
 
+def test_a_best_state_that_is_the_last_one_is_not_read_back(tmp_path, small_config, monkeypatch):
+  """Issue 47: restoring the best state beside the live one held two copies of the state at the end (the 10^9-
+  parameter run swapped and aborted there). Where the last evaluation is the best, the live state is used: same
+  test metrics as reading it back, and the kept state is never restored."""
+  from sparsejax.train.checkpoint import BestCheckpoint
+
+  config = override(_selecting(small_config, max_steps=30), eval_every=1000)  # one evaluation, the last: the best
+  restores = []
+  original = BestCheckpoint.restore
+  monkeypatch.setattr(BestCheckpoint, "restore", lambda self, *a: restores.append(1) or original(self, *a))
+  live = train_and_evaluate(config, str(tmp_path / "live"))
+  assert live["selected_step"] == live["last_step"] == 30 and restores == []
+  monkeypatch.setattr("sparsejax.train.loop._Selection.is_live", lambda self, step: False)  # read it back
+  read_back = train_and_evaluate(config, str(tmp_path / "read_back"))
+  assert restores == [1]
+  assert {k: v for k, v in live.items() if "seconds" not in k and k != "samples_per_sec"} == \
+      {k: v for k, v in read_back.items() if "seconds" not in k and k != "samples_per_sec"}
+
+
 def test_an_early_stopped_run_is_finished_until_its_patience_is_raised(tmp_path, small_config, caplog):
   config = _selecting(small_config, max_steps=400, early_stopping_patience=1)
   final = train_and_evaluate(config, str(tmp_path))

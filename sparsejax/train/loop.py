@@ -588,7 +588,11 @@ class _Loop:
       if self.selection.last_step != step:  # the last state competes too (the loop evaluated it, if it trained)
         self._write(self.selection.evaluate(self.run, self._evaluated(state), step,
                                             self.config.run.eval_samples))
-      state, step = self.selection.restore_best(self.run, state)  # saved as evaluated: averaged
+      if self.selection.is_live(step):  # not a second copy of the state read back from disk
+        self.selection.best.wait()
+        state = self._evaluated(state)
+      else:
+        state, step = self.selection.restore_best(self.run, state)  # saved as evaluated: averaged
       logging.info("selected the state of step %d (validation %s %.4f) of %d steps", step,
                    self.selection.metric, self.selection.best_value, self.step)
     else:
@@ -697,6 +701,10 @@ class _Selection:
       return (f"no better validation {self.metric} since step {self.best_step}, {step - self.best_step} steps ago "
               f"(--early_stopping_ratio={self.stale_ratio:g}; none trains the whole budget)")
     return None
+
+  def is_live(self, step: int) -> bool:
+    """Whether the best state is the live one, ``step``'s (evaluated as the last): then it is not restored."""
+    return self.best_step == step == self.last_step
 
   def restore_best(self, run: sharding.Run, state):
     """``(best state, its step)``; the given state if none was saved. The best state is kept without optimizer
