@@ -10,8 +10,9 @@ and sparsejax/config.py; the training loop is sparsejax.train.train_and_evaluate
 
 from absl import app
 
-from sparsejax.train import cli
+from sparsejax.train import allocator, cli
 
 if __name__ == "__main__":
+  allocator.adopt()  # as sparsejax-train: large temporaries reused, not page-faulted anew (runs itself again)
   cli.define_flags()
   app.run(cli.train, flags_parser=cli.parse_flags)

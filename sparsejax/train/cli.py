@@ -21,7 +21,7 @@ from absl import app, flags, logging
 
 from sparsejax import flagfiles, rundirs
 from sparsejax.config import Config, ConfigError, field_type, format_value, iter_fields, override
-from sparsejax.train import compilation_cache, console, platforms, recipes
+from sparsejax.train import allocator, compilation_cache, console, platforms, recipes
 
 FLAGS = flags.FLAGS
 USAGE_ERROR = 2
@@ -534,6 +534,7 @@ def _launcher_stop_signal(signum: int) -> int:
 
 def main() -> None:
   """``sparsejax-train``."""
+  allocator.adopt()
   _run(train, TRAIN)
 
 
@@ -726,6 +727,7 @@ def predict(argv: list[str]) -> None:
 
 def predict_main() -> None:
   """``sparsejax-predict``."""
+  allocator.adopt()
   _run(predict, PREDICT)
 
 
