@@ -1,0 +1,163 @@
+"""Issue 48, item 2: a multi-label step costs its batch's label width, not the dataset's longest row.
+
+Batches are padded to their own bucketed widths (``BatchIterator(widths="bucketed")``) and the sampled step's
+targets come from the labels-first active set (``leading_label_targets``) instead of a ``[B, k, M]`` comparison.
+The references: the fixed-width (dataset-wide) batches and ``label_targets``' comparison, which the step used
+before.
+"""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sparsejax import data, model
+from sparsejax.config import override
+from sparsejax.data.batching import batch_widths, bucket_width
+
+
+def _heavy_tailed(n=300, num_features=200, num_labels=400, long_row=300, seed=0):
+  """Synthetic data with 1 + Poisson(1) labels per sample and one sample (row 7) of ``long_row`` labels."""
+  ds = data.make_synthetic(n, num_features, num_labels, labels_per_sample=2.0, features_per_sample=12, seed=seed)
+  counts = np.diff(ds.label_indptr)
+  rows = [ds.label_indices[a:b] for a, b in zip(ds.label_indptr[:-1], ds.label_indptr[1:])]
+  rows[7] = np.sort(np.random.default_rng(seed).choice(num_labels, long_row, replace=False)).astype(np.int32)
+  counts = np.array([len(r) for r in rows])
+  ptr = np.concatenate([[0], np.cumsum(counts)])
+  return data.XCDataset(ds.indptr, ds.indices, ds.values, ptr, np.concatenate(rows), num_features, num_labels)
+
+
+def test_bucket_width_is_the_next_power_of_two_capped():
+  got = {n: bucket_width(n, 310) for n in (0, 1, 2, 3, 4, 5, 8, 9, 129, 200, 256, 257, 300, 310)}
+  assert got == {0: 1, 1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 8: 8, 9: 16, 129: 256, 200: 256, 256: 256, 257: 310,
+                 300: 310, 310: 310}
+  assert bucket_width(5, 0) == 0  # a cap of 0 (no labels at all) stays 0
+  # A heavy tail compiles at most 1 + ceil(log2(max)) widths: 10 for a longest row of 310.
+  assert len({bucket_width(n, 310) for n in range(311)}) == 1 + math.ceil(math.log2(310)) == 10
+
+
+def test_bucketed_batches_are_the_fixed_ones_cut_to_their_own_widths():
+  ds = _heavy_tailed()
+  mf, ml = ds.max_features_per_sample(), ds.max_labels_per_sample()
+  kw = dict(seed=3, num_epochs=2, prefetch=0, max_features=mf, max_labels=ml)
+  fixed = list(data.BatchIterator(ds, 32, widths="fixed", **kw))
+  bucketed = list(data.BatchIterator(ds, 32, **kw))
+  assert len(fixed) == len(bucketed) == 2 * (len(ds) // 32)
+  widths = set()
+  for epoch in range(2):
+    perm = data.epoch_permutation(len(ds), 3, epoch)
+    for i in range(len(ds) // 32):
+      f, b = fixed[epoch * (len(ds) // 32) + i], bucketed[epoch * (len(ds) // 32) + i]
+      rows = perm[32 * i: 32 * (i + 1)]
+      longest = max(len(ds.label_indices[ds.label_indptr[r]:ds.label_indptr[r + 1]]) for r in rows)
+      wf, wl = b["feat_ids"].shape[1], b["labels"].shape[1]
+      assert (wf, wl) == batch_widths(ds, rows, mf, ml)
+      assert wl == (ml if longest > 256 else max(1, 2 ** math.ceil(math.log2(max(longest, 1)))))
+      widths.add(wl)
+      for key, pad in (("feat_ids", -1), ("feat_vals", 0), ("labels", -1)):
+        w = b[key].shape[1]
+        np.testing.assert_array_equal(b[key], f[key][:, :w])
+        assert np.all(f[key][:, w:] == pad)  # nothing is cut: the rest of the fixed batch is padding
+  assert ml in widths and min(widths) <= 4  # the long row's batches at 300, the others narrow
+
+
+def test_bucketed_iterator_resumes_exactly_with_its_widths():
+  ds = _heavy_tailed()
+  kw = dict(seed=1, num_epochs=3, prefetch=2)
+  whole = list(data.BatchIterator(ds, 16, **kw))
+  it = data.BatchIterator(ds, 16, **kw)
+  head = [next(it) for _ in range(23)]  # into the second epoch
+  state = it.state()
+  it.close()
+  rest = list(data.BatchIterator.from_state(ds, 16, state, **kw))
+  assert len(head) + len(rest) == len(whole)
+  for a, b in zip(head + rest, whole):
+    for key in a:
+      assert a[key].shape == b[key].shape and a[key].dtype == b[key].dtype
+      np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_widths_are_checked():
+  with pytest.raises(ValueError, match="widths"):
+    data.BatchIterator(_heavy_tailed(n=40), 8, widths="ragged")
+
+
+def _config(candidates):
+  extra = dict(candidates="lsh", lsh_mips=False) if candidates == "lsh" else {}
+  return override(model.ModelConfig(200, 400), hidden_dims=(16,), active_k=320, learning_rate=1e-2,
+                  softmax="sampled", **extra)
+
+
+@pytest.mark.parametrize("candidates", ["clusters", "lsh"])
+def test_leading_label_targets_equal_the_comparison_on_real_queries(candidates):
+  """The index puts each sample's distinct labels first (repeated ids, padding, a 300-label row): the targets read
+  from the leading slots are label_targets' comparison, float for float."""
+  cfg = _config(candidates)
+  state = model.init(jax.random.key(0), cfg)
+  ds = _heavy_tailed()
+  rows = np.arange(40)  # row 7 holds 300 labels
+  fi, fv, lab = ds.to_padded(rows, None, None)
+  lab[3, :4] = [5, 5, -1, 5]  # a repeated label, padding between
+  lab[4] = -1  # an unlabeled sample
+  labels = jnp.asarray(lab)
+  h = model.hidden(state, jnp.asarray(fi), jnp.asarray(fv))
+  active, _ = model.query_active(state, h, config=cfg, k=cfg.network.active_k, num_rows=400, labels=labels, seed=3)
+  count = model.num_distinct_labels(labels)
+  want = model.label_targets(active, labels, count)
+  got = model.leading_label_targets(active, labels, count)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(model.leading_label_targets(active, labels), model.label_targets(active, labels))
+  assert float(jnp.sum(got[7] > 0)) == 300 and float(got[3, 0]) == 1.0 and not np.any(np.asarray(got[4]))
+
+
+def _steps(cfg, batches, targets=None):
+  """States and losses after stepping a fresh state through ``batches`` (``targets``: the step's target function)."""
+  state = model.init(jax.random.key(1), cfg)
+  step = jax.jit(functools.partial(model.train_step, config=cfg))
+  losses = []
+  with pytest.MonkeyPatch.context() as mp:
+    if targets is not None:
+      mp.setattr(model, "leading_label_targets", targets)
+    for batch in batches:
+      state, m = step(state, batch)
+      losses.append(np.asarray(m["loss"]))
+  return state, losses
+
+
+@pytest.mark.parametrize("candidates", ["clusters", "lsh"])
+def test_steps_give_the_same_floats_at_any_width(candidates):
+  """Steps on batches of the bucketed widths, and on the same batches padded to the dataset's widths (the longest
+  row: 300 labels) with the step's former [B, k, M] targets: the same losses and the same states, bit for bit."""
+  cfg = _config(candidates)
+  ds = _heavy_tailed()
+  mf, ml = ds.max_features_per_sample(), ds.max_labels_per_sample()
+  kw = dict(seed=0, num_epochs=1, prefetch=0, max_features=mf, max_labels=ml)
+  narrow = list(data.BatchIterator(ds, 32, **kw))[:6]
+  wide = list(data.BatchIterator(ds, 32, widths="fixed", **kw))[:6]
+  assert {b["labels"].shape[1] for b in narrow} != {ml} and all(b["labels"].shape[1] == ml for b in wide)
+  got_state, got_losses = _steps(cfg, narrow)
+  want_state, want_losses = _steps(cfg, wide, targets=model.label_targets)
+  np.testing.assert_array_equal(got_losses, want_losses)
+  for a, b in zip(jax.tree.leaves(got_state), jax.tree.leaves(want_state)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_loss_and_gradients_agree_between_width_8_and_310():
+  """One batch padded to 8 labels and to 310: the loss and the gradient of the output layer's rows (the change of
+  out.w after one step with the Adam state fresh) are the same floats."""
+  cfg = _config("clusters")
+  ds = _heavy_tailed(long_row=8)
+  rows = np.arange(32)
+  batches = []
+  for width in (8, 310):
+    fi, fv, lab = ds.to_padded(rows, 32, width)
+    batches.append({"feat_ids": jnp.asarray(fi), "feat_vals": jnp.asarray(fv), "labels": jnp.asarray(lab)})
+  assert batches[0]["labels"].shape == (32, 8) and batches[1]["labels"].shape == (32, 310)
+  (s8, l8), (s310, l310) = _steps(cfg, batches[:1]), _steps(cfg, batches[1:], targets=model.label_targets)
+  np.testing.assert_array_equal(l8, l310)
+  np.testing.assert_array_equal(np.asarray(s8.out.w), np.asarray(s310.out.w))
+  np.testing.assert_array_equal(np.asarray(s8.out_w_opt.mu), np.asarray(s310.out_w_opt.mu))  # (1 - b1) * grad
+  assert np.any(np.asarray(s8.out_w_opt.mu))
