@@ -19,24 +19,35 @@ from sparsejax.config import override
 from sparsejax.data.batching import batch_widths, bucket_width
 
 
-def _heavy_tailed(n=300, num_features=200, num_labels=400, long_row=300, seed=0):
-  """Synthetic data with 1 + Poisson(1) labels per sample and one sample (row 7) of ``long_row`` labels."""
+def _heavy_tailed(n=300, num_features=200, num_labels=400, long_row=300, long_features=100, seed=0):
+  """Synthetic data with 1 + Poisson(1) labels and about 12 features per sample, one sample (row 7) of
+  ``long_row`` labels and one (row 11) of ``long_features`` features."""
   ds = data.make_synthetic(n, num_features, num_labels, labels_per_sample=2.0, features_per_sample=12, seed=seed)
-  counts = np.diff(ds.label_indptr)
+  rng = np.random.default_rng(seed)
   rows = [ds.label_indices[a:b] for a, b in zip(ds.label_indptr[:-1], ds.label_indptr[1:])]
-  rows[7] = np.sort(np.random.default_rng(seed).choice(num_labels, long_row, replace=False)).astype(np.int32)
-  counts = np.array([len(r) for r in rows])
-  ptr = np.concatenate([[0], np.cumsum(counts)])
-  return data.XCDataset(ds.indptr, ds.indices, ds.values, ptr, np.concatenate(rows), num_features, num_labels)
+  rows[7] = np.sort(rng.choice(num_labels, long_row, replace=False)).astype(np.int32)
+  ids = [ds.indices[a:b] for a, b in zip(ds.indptr[:-1], ds.indptr[1:])]
+  vals = [ds.values[a:b] for a, b in zip(ds.indptr[:-1], ds.indptr[1:])]
+  ids[11] = np.sort(rng.choice(num_features, long_features, replace=False)).astype(np.int32)
+  vals[11] = (rng.random(long_features) / np.sqrt(long_features)).astype(np.float32)
+
+  def pointers(parts):
+    return np.concatenate([[0], np.cumsum([len(p) for p in parts])])
+
+  return data.XCDataset(pointers(ids), np.concatenate(ids), np.concatenate(vals), pointers(rows),
+                        np.concatenate(rows), num_features, num_labels)
 
 
-def test_bucket_width_is_the_next_power_of_two_capped():
-  got = {n: bucket_width(n, 310) for n in (0, 1, 2, 3, 4, 5, 8, 9, 129, 200, 256, 257, 300, 310)}
-  assert got == {0: 1, 1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 8: 8, 9: 16, 129: 256, 200: 256, 256: 256, 257: 310,
-                 300: 310, 310: 310}
+def test_bucket_width_is_the_next_power_of_two_between_the_floor_and_the_cap():
+  got = {n: bucket_width(n, 310) for n in (0, 1, 5, 31, 32, 33, 64, 65, 129, 200, 256, 257, 300, 310)}
+  assert got == {0: 32, 1: 32, 5: 32, 31: 32, 32: 32, 33: 64, 64: 64, 65: 128, 129: 256, 200: 256, 256: 256,
+                 257: 310, 300: 310, 310: 310}
+  assert bucket_width(1, 1) == 1 and bucket_width(5, 5) == 5 and bucket_width(3, 20) == 20  # below the floor: cap
   assert bucket_width(5, 0) == 0  # a cap of 0 (no labels at all) stays 0
-  # A heavy tail compiles at most 1 + ceil(log2(max)) widths: 10 for a longest row of 310.
-  assert len({bucket_width(n, 310) for n in range(311)}) == 1 + math.ceil(math.log2(310)) == 10
+  assert {n: bucket_width(n, 310, floor=1) for n in (0, 1, 2, 3, 5, 9)} == {0: 1, 1: 1, 2: 2, 3: 4, 5: 8, 9: 16}
+  # A heavy tail compiles at most 1 + ceil(log2(max / 32)) widths: 5 for a longest row of 310.
+  assert len({bucket_width(n, 310) for n in range(311)}) == 1 + math.ceil(math.log2(310 / 32)) == 5
+  assert len({bucket_width(n, 1000) for n in range(1001)}) == 6  # 1,000 features: 32, 64, ..., 512, 1000
 
 
 def test_bucketed_batches_are_the_fixed_ones_cut_to_their_own_widths():
@@ -55,13 +66,13 @@ def test_bucketed_batches_are_the_fixed_ones_cut_to_their_own_widths():
       longest = max(len(ds.label_indices[ds.label_indptr[r]:ds.label_indptr[r + 1]]) for r in rows)
       wf, wl = b["feat_ids"].shape[1], b["labels"].shape[1]
       assert (wf, wl) == batch_widths(ds, rows, mf, ml)
-      assert wl == (ml if longest > 256 else max(1, 2 ** math.ceil(math.log2(max(longest, 1)))))
+      assert wl == (ml if longest > 256 else max(32, 2 ** math.ceil(math.log2(max(longest, 1)))))
       widths.add(wl)
       for key, pad in (("feat_ids", -1), ("feat_vals", 0), ("labels", -1)):
         w = b[key].shape[1]
         np.testing.assert_array_equal(b[key], f[key][:, :w])
         assert np.all(f[key][:, w:] == pad)  # nothing is cut: the rest of the fixed batch is padding
-  assert ml in widths and min(widths) <= 4  # the long row's batches at 300, the others narrow
+  assert widths == {32, ml}  # the long row's batches at 300, the others (1 + Poisson(1) labels) at the floor
 
 
 def test_bucketed_iterator_resumes_exactly_with_its_widths():
@@ -134,10 +145,11 @@ def test_steps_give_the_same_floats_at_any_width(candidates):
   cfg = _config(candidates)
   ds = _heavy_tailed()
   mf, ml = ds.max_features_per_sample(), ds.max_labels_per_sample()
-  kw = dict(seed=0, num_epochs=1, prefetch=0, max_features=mf, max_labels=ml)
-  narrow = list(data.BatchIterator(ds, 32, **kw))[:6]
-  wide = list(data.BatchIterator(ds, 32, widths="fixed", **kw))[:6]
-  assert {b["labels"].shape[1] for b in narrow} != {ml} and all(b["labels"].shape[1] == ml for b in wide)
+  kw = dict(seed=0, num_epochs=1, prefetch=0, max_features=mf, max_labels=ml, drop_remainder=False)
+  narrow = list(data.BatchIterator(ds, 32, **kw))  # one epoch: 10 batches, the last one partial
+  wide = list(data.BatchIterator(ds, 32, widths="fixed", **kw))
+  assert mf == 100 and ml == 300 and all(b["labels"].shape == (32, ml) for b in wide)
+  assert {b["feat_ids"].shape[1] for b in narrow} == {32, mf} and {b["labels"].shape[1] for b in narrow} == {32, ml}
   got_state, got_losses = _steps(cfg, narrow)
   want_state, want_losses = _steps(cfg, wide, targets=model.label_targets)
   np.testing.assert_array_equal(got_losses, want_losses)

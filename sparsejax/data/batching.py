@@ -6,12 +6,12 @@ So the batch sequence is a pure function of ``(seed, epoch, index)``, which is
 what makes :meth:`BatchIterator.state` a complete checkpoint.
 
 Widths: by default each batch is padded to its own longest feature and label
-rows, rounded up to a power of two and capped at ``max_features`` /
-``max_labels`` (:func:`bucket_width`). A heavy-tailed multi-label set (mean 5
-labels, one row of 310) then steps at ``[B, 8..64]`` labels and pays the long
-row only in the batches that hold it, and the step compiles at most
-``1 + ceil(log2(max))`` widths per array. The widths are a pure function of the
-batch's rows, so resuming keeps them too.
+rows, rounded up to a power of two (at least 32) and capped at
+``max_features`` / ``max_labels`` (:func:`bucket_width`). A heavy-tailed
+multi-label set (mean 5 labels, one row of 310) then steps at ``[B, 32..64]``
+labels and pays the long row only in the batches that hold it, and the step
+compiles at most ``1 + ceil(log2(max / 32))`` widths per array. The widths are
+a pure function of the batch's rows, so resuming keeps them too.
 """
 
 from __future__ import annotations
@@ -36,20 +36,28 @@ def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
 
 WIDTHS = ("bucketed", "fixed")
 
+# The narrowest bucketed width: below it a batch's width costs the step next to nothing (B 128, k 1,024: the
+# output layer's B k d work is 30x an embedding bag of 32 features, label rows of 32 cost a [B, 32] sort), and
+# each narrower bucket would be one more compiled program.
+MIN_WIDTH = 32
 
-def bucket_width(longest: int, cap: int) -> int:
-  """The padded width of a batch whose longest row has ``longest`` entries: the next power of two, at most ``cap``.
+
+def bucket_width(longest: int, cap: int, floor: int = MIN_WIDTH) -> int:
+  """The padded width of a batch whose longest row has ``longest`` entries: the next power of two, at least
+  ``floor``, at most ``cap``.
 
   Args:
     longest: the batch's longest row (features or labels), >= 0.
     cap: the widest batch (``max_features`` / ``max_labels``); rows longer are cut to it as before.
+    floor: the narrowest width below ``cap``.
 
   Returns:
-    ``min(cap, 2 ** ceil(log2(max(longest, 1))))``; so at most ``1 + ceil(log2(cap))`` distinct widths (each a
-    compiled step), and the dataset-wide width only for batches that need more than half of it.
+    ``min(cap, max(floor, 2 ** ceil(log2(longest))))``: so at most ``1 + ceil(log2(cap / floor))`` distinct
+    widths (each a compiled step; a longest row of 310: 32, 64, 128, 256 and 310), and the dataset-wide width
+    only for batches that need more than half of it.
   """
   width = 1 << max(int(longest) - 1, 0).bit_length()
-  return min(int(cap), width)
+  return min(int(cap), max(int(floor), width))
 
 
 def batch_widths(dataset: XCDataset, rows: np.ndarray, max_features: int, max_labels: int) -> tuple[int, int]:
@@ -191,8 +199,8 @@ class BatchIterator:
       per sample.
     max_labels: the widest ``M_l`` (longer rows keep their first labels); default: dataset-wide max labels per
       sample.
-    widths: ``"bucketed"``: each batch padded to its longest rows rounded up to a power of two (at most the
-      maximum); ``"fixed"``: every batch padded to the maximum.
+    widths: ``"bucketed"``: each batch padded to its longest rows rounded up to a power of two (at least 32, at
+      most the maximum: :func:`bucket_width`); ``"fixed"``: every batch padded to the maximum.
     drop_remainder: drop each epoch's final partial batch.
     num_epochs: stop when the epoch counter reaches this (absolute, so a
       resumed iterator stops at the same place); None: never stop.
