@@ -16,7 +16,7 @@ import pytest
 
 from sparsejax import data, model
 from sparsejax.config import override
-from sparsejax.data.batching import batch_widths, bucket_width
+from sparsejax.data.batching import batch_widths, bucket_width, bucket_widths
 
 
 def _heavy_tailed(n=300, num_features=200, num_labels=400, long_row=300, long_features=100, seed=0):
@@ -48,6 +48,8 @@ def test_bucket_width_is_the_next_power_of_two_between_the_floor_and_the_cap():
   # A heavy tail compiles at most 1 + ceil(log2(max / 32)) widths: 5 for a longest row of 310.
   assert len({bucket_width(n, 310) for n in range(311)}) == 1 + math.ceil(math.log2(310 / 32)) == 5
   assert len({bucket_width(n, 1000) for n in range(1001)}) == 6  # 1,000 features: 32, 64, ..., 512, 1000
+  for cap in (0, 1, 5, 21, 32, 33, 64, 310, 1000):  # the widths the loop logs are every width there is
+    assert bucket_widths(cap) == sorted({bucket_width(n, cap) for n in range(cap + 1)}), cap
 
 
 def test_bucketed_batches_are_the_fixed_ones_cut_to_their_own_widths():

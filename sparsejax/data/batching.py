@@ -60,6 +60,12 @@ def bucket_width(longest: int, cap: int, floor: int = MIN_WIDTH) -> int:
   return min(int(cap), max(int(floor), width))
 
 
+def bucket_widths(cap: int, floor: int = MIN_WIDTH) -> list[int]:
+  """Every width :func:`bucket_width` gives below ``cap``, ascending (a run compiles its step at most once per
+  pair of feature and label widths)."""
+  return sorted({bucket_width(1 << e, cap, floor) for e in range(max(int(cap), 1).bit_length() + 1)})
+
+
 def batch_widths(dataset: XCDataset, rows: np.ndarray, max_features: int, max_labels: int) -> tuple[int, int]:
   """``(M_f, M_l)`` of the batch of ``rows``: :func:`bucket_width` of its longest feature and label rows."""
   longest_f = int(np.max(dataset.indptr[rows + 1] - dataset.indptr[rows], initial=0))
