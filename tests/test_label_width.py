@@ -175,3 +175,45 @@ def test_loss_and_gradients_agree_between_width_8_and_310():
   np.testing.assert_array_equal(np.asarray(s8.out.w), np.asarray(s310.out.w))
   np.testing.assert_array_equal(np.asarray(s8.out_w_opt.mu), np.asarray(s310.out_w_opt.mu))  # (1 - b1) * grad
   assert np.any(np.asarray(s8.out_w_opt.mu))
+
+
+SHARDED_WIDTHS = """
+    import dataclasses, functools, json, sys, jax, numpy as np
+    sys.path.insert(0, {tests!r})
+    from test_label_width import _config, _heavy_tailed
+    from sparsejax import data, model
+    from sparsejax.distributed import sharding
+    ds = _heavy_tailed(long_row=150)  # (a shard's k is 160: more of its labels in a row fail its query)
+    cfg = dataclasses.replace(_config({candidates!r}), num_shards=2)
+    mesh = sharding.make_mesh(2)
+    kw = dict(seed=0, num_epochs=1, prefetch=0, drop_remainder=False)
+    results = []
+    for widths, targets in (("bucketed", model.leading_label_targets), ("fixed", model.label_targets)):
+      model.leading_label_targets = targets  # (traced below: each make_train_step compiles its own programs)
+      state, step = sharding.init(jax.random.key(0), cfg, mesh), sharding.make_train_step(cfg, mesh)
+      losses, label_widths = [], set()
+      for b in data.BatchIterator(ds, 32, widths=widths, **kw):
+        label_widths.add(b["labels"].shape[1])
+        state, m = step(state, sharding.to_global(b, mesh))
+        losses.append(float(m["loss"]))
+      leaves = [np.asarray(x) for x in jax.tree.leaves((state.out, state.embed, state.hidden))]
+      results.append((losses, sorted(label_widths), leaves))
+    (l1, w1, s1), (l2, w2, s2) = results
+    print(json.dumps(dict(losses=[l1, l2], widths=[w1, w2],
+                          same_state=all(np.array_equal(a, b) for a, b in zip(s1, s2)))))
+"""
+
+
+@pytest.mark.parametrize("candidates", ["clusters", "lsh"])
+def test_sharded_steps_give_the_same_floats_at_any_width(run_python, candidates):
+  """2 shards (each queries its own labels first): bucketed batches with the labels-first targets, and the
+  dataset-wide padding with the former comparison, give the same losses and states."""
+  import json
+  import os
+
+  tests = os.path.dirname(os.path.abspath(__file__))
+  out = json.loads(run_python(code=SHARDED_WIDTHS.format(tests=tests, candidates=candidates),
+                              devices=2).stdout.splitlines()[-1])
+  assert out["widths"] == [[32, 150], [150]]
+  assert out["losses"][0] == out["losses"][1] and all(np.isfinite(out["losses"][0]))
+  assert out["same_state"]
