@@ -232,10 +232,12 @@ class DataConfig(Section):
       "no validation split (periodic evaluations score the test set and the last step is reported).",
       bounds=Range(0, 1, hi_open=True))
   max_features: int | None = option(
-      None, "Features kept per sample (those of largest |value|); none: the training set's maximum.",
+      None, "Features kept per sample (those of largest |value|); none: the training set's maximum. Each batch "
+      "is padded to its own longest row rounded up to a power of two (at least 32), at most this.",
       bounds=AT_LEAST_ONE)
   max_labels: int | None = option(
-      None, "Labels kept per training sample; none: the training set's maximum.", bounds=AT_LEAST_ONE)
+      None, "Labels kept per training sample; none: the training set's maximum. Each batch is padded to its own "
+      "longest row rounded up to a power of two (at least 32), at most this.", bounds=AT_LEAST_ONE)
 
   def check_combinations(self) -> None:
     if self.dataset == "files":

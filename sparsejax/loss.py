@@ -28,6 +28,29 @@ def label_targets(active: jax.Array, labels: jax.Array, num_labels: jax.Array | 
   return jnp.where(is_label, 1.0 / jnp.maximum(count, 1)[:, None], 0.0).astype(jnp.float32)
 
 
+def leading_label_targets(active: jax.Array, labels: jax.Array, num_labels: jax.Array | None = None) -> jax.Array:
+  """:func:`label_targets` of an active set that holds each sample's distinct labels first, in O(B (k + M log M)).
+
+  The index's queries put a sample's distinct labels in its first slots and never again
+  (:attr:`sparsejax.index.Index.query`), so the labels among the active ids are the first ``min(|labels|, k)``:
+  no ``[B, k, M]`` comparison, whose cost followed the batch's longest label row (310 labels: 38 ms of a 15 ms
+  step at B 128, k 1,024). The same floats as :func:`label_targets` for such an active set.
+
+  Args:
+    active: ``[B, k]`` int32 active ids, each row starting with the distinct non-padding ids of its ``labels`` row.
+    labels: ``[B, M]`` int32 the labels given to the query, -1 padded.
+    num_labels: ``[B]`` |y| per sample, as in :func:`label_targets`; default: the labels found in ``active``.
+
+  Returns:
+    ``[B, k]`` float32 target distribution (rows of unlabeled samples are 0).
+  """
+  k = active.shape[1]
+  leading = jnp.minimum(num_distinct_labels(labels), k)
+  is_label = jnp.arange(k)[None, :] < leading[:, None]
+  count = leading if num_labels is None else num_labels
+  return jnp.where(is_label, 1.0 / jnp.maximum(count, 1)[:, None], 0.0).astype(jnp.float32)
+
+
 def all_rows_label_targets(labels: jax.Array, num_rows: int, num_labels: jax.Array | None = None) -> jax.Array:
   """:func:`label_targets` where every row is active (``active = arange(num_rows)``), in O(B·M), not O(B·N·M).
 

@@ -27,6 +27,7 @@ from sparsejax.loss import (  # noqa: F401 (re-exported: the loss's home was thi
   all_rows_label_targets,
   label_ids_in_layer,
   label_targets,
+  leading_label_targets,
   num_distinct_labels,
   shard_rows,
   sharded_softmax_cross_entropy,
@@ -251,7 +252,8 @@ def sampled_output(state: SlideState, h: jax.Array, labels: jax.Array, local_lab
         state, h, config=config, k=local_active_k(config, config.num_shards), num_rows=n_valid,
         labels=local_labels, seed=jax.random.bits(seed, (), jnp.uint32), max_from_index=config.max_from_index)
   with jax.named_scope("out_logits"):
-    targets = label_targets(active, local_labels, num_distinct_labels(labels))
+    # The query put the labels first: O(B k), not the O(B k M) comparison of label_targets.
+    targets = leading_label_targets(active, local_labels, num_distinct_labels(labels))
     logits = jnp.where(active >= 0, ops.sparse_logits(h, state.out.w, state.out.b, active), -jnp.inf)
     if config.network.tail_correction:
       logits = logits + tail_log_weights(jnp.sum(targets > 0, axis=1) + from_tables, active.shape[1], n_valid)

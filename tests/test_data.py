@@ -455,7 +455,10 @@ def test_batches_deterministic_and_seed_dependent():
   c = _collect(BatchIterator(ds, 32, seed=12, **kw))
   assert _batches_equal(a, b)
   assert not _batches_equal(a, c)
+  # Widths below 32 are bucketed to the maximum (bucket_width's floor), as widths="fixed" pads them.
   assert a[0]["feat_ids"].shape == (32, 16) and a[0]["labels"].shape == (32, 3)
+  fixed = next(BatchIterator(ds, 32, seed=11, widths="fixed", **kw))
+  assert fixed["feat_ids"].shape == (32, 16) and fixed["labels"].shape == (32, 3)
 
 
 @pytest.mark.parametrize("stop_after", [1, 9, 10, 17])

@@ -1,9 +1,17 @@
-"""Shuffled, fixed-shape, resumable mini-batches with background prefetching.
+"""Shuffled, bucketed-shape, resumable mini-batches with background prefetching.
 
 Order: epoch ``e`` visits the samples in the permutation drawn from
 ``np.random.default_rng((seed, e))``, in consecutive slices of ``batch_size``.
 So the batch sequence is a pure function of ``(seed, epoch, index)``, which is
 what makes :meth:`BatchIterator.state` a complete checkpoint.
+
+Widths: by default each batch is padded to its own longest feature and label
+rows, rounded up to a power of two (at least 32) and capped at
+``max_features`` / ``max_labels`` (:func:`bucket_width`). A heavy-tailed
+multi-label set (mean 5 labels, one row of 310) then steps at ``[B, 32..64]``
+labels and pays the long row only in the batches that hold it, and the step
+compiles at most ``1 + ceil(log2(max / 32))`` widths per array. The widths are
+a pure function of the batch's rows, so resuming keeps them too.
 """
 
 from __future__ import annotations
@@ -26,13 +34,55 @@ def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
   return np.random.default_rng((seed, epoch)).permutation(num_samples)
 
 
+WIDTHS = ("bucketed", "fixed")
+
+# The narrowest bucketed width: below it a batch's width costs the step next to nothing (B 128, k 1,024: the
+# output layer's B k d work is 30x an embedding bag of 32 features, label rows of 32 cost a [B, 32] sort), and
+# each narrower bucket would be one more compiled program.
+MIN_WIDTH = 32
+
+
+def bucket_width(longest: int, cap: int, floor: int = MIN_WIDTH) -> int:
+  """The padded width of a batch whose longest row has ``longest`` entries: the next power of two, at least
+  ``floor``, at most ``cap``.
+
+  Args:
+    longest: the batch's longest row (features or labels), >= 0.
+    cap: the widest batch (``max_features`` / ``max_labels``); rows longer are cut to it as before.
+    floor: the narrowest width below ``cap``.
+
+  Returns:
+    ``min(cap, max(floor, 2 ** ceil(log2(longest))))``: so at most ``1 + ceil(log2(cap / floor))`` distinct
+    widths (each a compiled step; a longest row of 310: 32, 64, 128, 256 and 310), and the dataset-wide width
+    only for batches that need more than half of it.
+  """
+  width = 1 << max(int(longest) - 1, 0).bit_length()
+  return min(int(cap), max(int(floor), width))
+
+
+def bucket_widths(cap: int, floor: int = MIN_WIDTH) -> list[int]:
+  """Every width :func:`bucket_width` gives below ``cap``, ascending (a run compiles its step at most once per
+  pair of feature and label widths)."""
+  return sorted({bucket_width(1 << e, cap, floor) for e in range(max(int(cap), 1).bit_length() + 1)})
+
+
+def batch_widths(dataset: XCDataset, rows: np.ndarray, max_features: int, max_labels: int) -> tuple[int, int]:
+  """``(M_f, M_l)`` of the batch of ``rows``: :func:`bucket_width` of its longest feature and label rows."""
+  longest_f = int(np.max(dataset.indptr[rows + 1] - dataset.indptr[rows], initial=0))
+  longest_l = int(np.max(dataset.label_indptr[rows + 1] - dataset.label_indptr[rows], initial=0))
+  return bucket_width(longest_f, max_features), bucket_width(longest_l, max_labels)
+
+
 def _make_batch(
     dataset: XCDataset,
     rows: np.ndarray,
     batch_size: int,
     max_features: int,
     max_labels: int,
+    widths: str = "fixed",
 ) -> Batch:
+  if widths == "bucketed":
+    max_features, max_labels = batch_widths(dataset, rows, max_features, max_labels)
   feat_ids, feat_vals, labels = dataset.to_padded(rows, max_features, max_labels)
   if len(rows) < batch_size:  # final partial batch: pad with empty rows
     pad = batch_size - len(rows)
@@ -53,6 +103,7 @@ def _produce(
     max_labels: int,
     drop_remainder: bool,
     transform: Callable[[Batch], Any] | None,
+    widths: str = "fixed",
 ) -> Iterator[tuple[Any, dict[str, int]]]:
   """Yield ``(batch, state_after_batch)`` from position ``(epoch, index)``."""
   n = len(dataset)
@@ -65,7 +116,7 @@ def _produce(
     perm = epoch_permutation(n, seed, epoch)
     while index <= last_start:
       rows = perm[index : index + batch_size]
-      batch = _make_batch(dataset, rows, batch_size, max_features, max_labels)
+      batch = _make_batch(dataset, rows, batch_size, max_features, max_labels, widths)
       if transform is not None:
         batch = transform(batch)
       index += batch_size
@@ -123,13 +174,15 @@ def _shutdown(thread: threading.Thread | None, out: queue.Queue, stop: threading
 
 
 class BatchIterator:
-  """Iterator over shuffled fixed-shape mini-batches of an :class:`XCDataset`.
+  """Iterator over shuffled mini-batches of an :class:`XCDataset`, of a few bucketed shapes.
 
   Each item is ``{"feat_ids": [B, M_f] int32 (pad -1), "feat_vals": [B, M_f]
   float32 (pad 0), "labels": [B, M_l] int32 (pad -1)}`` (see
-  :meth:`XCDataset.to_padded`), or ``transform`` of that dict. With
+  :meth:`XCDataset.to_padded`), or ``transform`` of that dict. ``M_f`` and
+  ``M_l`` are the batch's own (``widths="bucketed"``, :func:`bucket_width`) or
+  always ``max_features`` / ``max_labels`` (``widths="fixed"``). With
   ``drop_remainder=False`` the last batch of an epoch is padded with empty
-  rows (all ids -1) to keep shapes fixed.
+  rows (all ids -1) to keep ``B`` fixed.
 
   Batches are prepared by a daemon thread into a bounded queue of
   ``prefetch`` items (``prefetch=0``: prepared synchronously). Exceptions
@@ -148,8 +201,12 @@ class BatchIterator:
     epoch: epoch to start in.
     index: offset into that epoch's permutation (a multiple of ``B`` when it
       comes from :meth:`state`).
-    max_features: ``M_f``; default: dataset-wide max features per sample.
-    max_labels: ``M_l``; default: dataset-wide max labels per sample.
+    max_features: the widest ``M_f`` (longer rows keep their largest values); default: dataset-wide max features
+      per sample.
+    max_labels: the widest ``M_l`` (longer rows keep their first labels); default: dataset-wide max labels per
+      sample.
+    widths: ``"bucketed"``: each batch padded to its longest rows rounded up to a power of two (at least 32, at
+      most the maximum: :func:`bucket_width`); ``"fixed"``: every batch padded to the maximum.
     drop_remainder: drop each epoch's final partial batch.
     num_epochs: stop when the epoch counter reaches this (absolute, so a
       resumed iterator stops at the same place); None: never stop.
@@ -173,6 +230,7 @@ class BatchIterator:
       num_epochs: int | None = None,
       prefetch: int = 2,
       transform: Callable[[Batch], Any] | None = None,
+      widths: str = "bucketed",
   ):
     if batch_size <= 0:
       raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -180,6 +238,8 @@ class BatchIterator:
       raise ValueError("epoch and index must be >= 0")
     if prefetch < 0:
       raise ValueError("prefetch must be >= 0")
+    if widths not in WIDTHS:
+      raise ValueError(f"widths must be one of {WIDTHS}, got {widths!r}")
     self.dataset = dataset
     self.batch_size = int(batch_size)
     self.seed = int(seed)
@@ -188,6 +248,7 @@ class BatchIterator:
     self.drop_remainder = bool(drop_remainder)
     self.num_epochs = num_epochs
     self.prefetch = int(prefetch)
+    self.widths = widths
     self._state = {"epoch": int(epoch), "index": int(index)}
     self._producer = _produce(
         dataset,
@@ -200,6 +261,7 @@ class BatchIterator:
         self.max_labels,
         self.drop_remainder,
         transform,
+        widths,
     )
     self._queue: queue.Queue = queue.Queue(maxsize=max(1, self.prefetch))
     self._stop = threading.Event()

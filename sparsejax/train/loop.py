@@ -32,6 +32,7 @@ from absl import logging
 from sparsejax import averaging, dense, fusion, memory, model, retrieval
 from sparsejax.config import MIN_STALE_EVALUATIONS, Config, ConfigError, DataConfig, override
 from sparsejax.data import BatchIterator, LoadedData, load_dataset, train_test_split
+from sparsejax.data.batching import bucket_widths
 from sparsejax.distributed import sharding
 from sparsejax.model_config import ModelConfig
 from sparsejax.netanalysis.collect import StepProfiler
@@ -287,6 +288,10 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
   batches = BatchIterator(train, config.optim.batch_size, seed=config.run.seed, epoch=position["epoch"],
                           index=position["index"], max_features=sizes["max_features"],
                           max_labels=sizes["max_labels"])
+  # Each batch is padded to its own bucketed widths: a new pair of widths compiles the step again (once).
+  feature_widths, label_widths = (bucket_widths(sizes[name]) for name in ("max_features", "max_labels"))
+  logging.info("batches padded to their own widths: features %s, labels %s (at most %d compiled steps)",
+               feature_widths, label_widths, len(feature_widths) * len(label_widths))
   try:
     state = loop.train(state, batches, position.get("seconds", 0.0), show_progress=is_chief)
     if checkpoints.latest_step() != loop.step:
