@@ -209,9 +209,13 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
   t_start = _clock()
   # Each round continues the candidate's own directory: under --resume=force too (a changed setting), else auto.
   resume = "force" if config.checkpoint.resume == "force" else "auto"
-  candidate_config = lambda recipe, steps: override(
-      recipes.apply(config, recipe), max_steps=steps, num_epochs=None, max_seconds=None,
-      early_stopping_patience=None, resume=resume, plan_from=None)
+  # A candidate trains its steps; under --max_seconds the search's seconds left cap it too, which binds only where
+  # its steps run much slower than measured (they then stop short, as logged and recorded).
+  # (No early stop by --early_stopping_ratio there: a candidate trains its steps.)
+  candidate_config = lambda recipe, steps, cap=None: override(
+      recipes.apply(config, recipe), max_steps=steps, num_epochs=None, max_seconds=cap,
+      early_stopping_patience=None, resume=resume, plan_from=None,
+      **({"early_stopping_ratio": None} if cap is not None else {}))
   measured = None
   if config.budget.max_seconds is not None:
     measured = _measure(config, workdir, candidates, candidate_config, train_fn, write_record)
@@ -236,13 +240,16 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
   clock = _Budget(config, measured, t_start)
   ended_early = False
   for round_index in range(the_plan.rounds):
+    if len(alive) < 2:  # the others were left out of the rounds by the clock
+      break
     if round_index < len(done):
       results = done[round_index]
       logging.info("recipe search, round %d: done before (%s)", round_index + 1,
                    ", ".join(f"{n} {r['score']:.4f}" for n, r in results.items()))
     else:
       results = {}
-      trained_to = {r.name: the_plan.steps[r.name] * 2 ** (round_index - 1) if round_index else
+      before = done[round_index - 1] if round_index else {}
+      trained_to = {r.name: before[r.name]["steps"] if r.name in before else
                     (CALIBRATION_STEPS if measured is not None else 0) for r in alive}
       targets = {r.name: the_plan.steps[r.name] * 2 ** round_index for r in alive}
       if round_index > 0 and not clock.fits(alive, trained_to, targets):
@@ -253,21 +260,29 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
         write_record({"step": 0, "search_ended_early": round_index + 1, "search_seconds_left": round(clock.left(), 2)})
         ended_early = True
         break
-      for recipe in alive:
-        if round_index == 0 and results and not clock.fits([recipe], trained_to, targets):
-          logging.warning("recipe search, round 1: %s left out: it would take about %.0f s, %.0f s of the search's "
-                          "%.0f s are left", recipe.name, clock.cost([recipe], trained_to, targets), clock.left(),
-                          clock.budget)
-          continue
+      for position, recipe in enumerate(alive):
         steps = targets[recipe.name]
+        # Round 1 shares the seconds left equally (as planned, where the steps run as measured): a candidate whose
+        # part cannot buy a round's least steps is left out (the others are compared).
+        cap = clock.cap(len(alive) - position)
+        affordable = clock.affordable(recipe.name, trained_to[recipe.name], cap)
+        if round_index == 0 and results and affordable < min(steps, MIN_ROUND_STEPS):
+          logging.warning("recipe search, round 1: %s left out: the %.0f s left of the search's %.0f s buy it %d "
+                          "steps at the pace seen so far (a round takes at least %d)", recipe.name, clock.left(),
+                          clock.budget, affordable, MIN_ROUND_STEPS)
+          continue
         t_call = _clock()
-        result = train_fn(candidate_config(recipe, steps), os.path.join(workdir, SEARCH_DIR, recipe.name),
+        result = train_fn(candidate_config(recipe, steps, cap), os.path.join(workdir, SEARCH_DIR, recipe.name),
                           evaluate_test=False)
-        clock.observed(recipe.name, trained_to[recipe.name], steps, _clock() - t_call)
-        results[recipe.name] = {"steps": steps, "score": result["score"],
+        trained = result.get("step", steps)
+        clock.observed(recipe.name, trained_to[recipe.name], trained, _clock() - t_call)
+        results[recipe.name] = {"steps": trained, "score": result["score"],
                                 "train_seconds": round(result["train_seconds"], 2)}
+        if trained < steps:
+          logging.warning("recipe search, round %d: %s stopped by the search's clock at step %d of %d (its steps "
+                          "ran slower than measured)", round_index + 1, recipe.name, trained, steps)
         logging.info("recipe search, round %d: %s (%s) after %d steps: validation %s %.4f", round_index + 1,
-                     recipe.name, recipe.summary, steps, metric, result["score"])
+                     recipe.name, recipe.summary, trained, metric, result["score"])
     for name, result in results.items():
       scores[name] = result["score"]
       search_seconds += result["train_seconds"]
@@ -330,8 +345,9 @@ def _measure(config: Config, workdir: str, candidates, candidate_config, train_f
       continue
     # The steps are trained even where the plan is replayed: the candidates' states are those of a measured run.
     t_call = _clock()
-    result = train_fn(candidate_config(recipe, CALIBRATION_STEPS), os.path.join(workdir, SEARCH_DIR, recipe.name),
-                      evaluate_test=False)
+    cap = max(limit - (_clock() - t_start), 1.0)  # binds only on a step far slower than any recipe's here
+    result = train_fn(candidate_config(recipe, CALIBRATION_STEPS, cap),
+                      os.path.join(workdir, SEARCH_DIR, recipe.name), evaluate_test=False)
     wall = _clock() - t_call
     seconds = result.get("step_seconds")
     step_seconds[recipe.name] = None if seconds is None else round(seconds, 6)
@@ -387,18 +403,35 @@ class _Budget:
   def left(self) -> float:
     return self.budget - (_clock() - self.t_start)
 
+  def cap(self, still_to_train: int) -> float | None:
+    """The seconds a candidate's training may take: its part of those left, shared with the round's others."""
+    if self.budget is None or self.measured is None:
+      return None
+    return max(self.left() / still_to_train, 1.0)
+
   def _expected(self, name: str, start: int, end: int) -> float | None:
     seconds = self.measured.step_seconds.get(name) if self.measured is not None else None
     if seconds is None:
       return None
     return self.measured.call_seconds.get(name, 0.0) + (end - start) * seconds
 
+  def affordable(self, name: str, start: int, seconds: float | None) -> float:
+    """The steps a candidate at step ``start`` would reach in ``seconds`` (infinite: no cap, or unmeasured)."""
+    step_seconds = self.measured.step_seconds.get(name) if self.measured is not None else None
+    if seconds is None or not step_seconds:
+      return math.inf
+    slowdown = self.slowdown.get(name, max(self.slowdown.values(), default=1.0))
+    return start + max(seconds - self.measured.call_seconds.get(name, 0.0) * slowdown, 0.0) / (
+        step_seconds * slowdown)
+
   def cost(self, recipes_: list, start: dict[str, int], end: dict[str, int]) -> float:
     """Expected seconds of training ``recipes_`` from ``start`` to ``end`` steps (0 where unmeasured)."""
     total = 0.0
+    # One not trained yet is expected as slow as the slowest seen: a shared machine slows every candidate.
+    slowest = max(self.slowdown.values(), default=1.0)
     for r in recipes_:
       expected = self._expected(r.name, start[r.name], end[r.name])
-      total += 0.0 if expected is None else expected * self.slowdown.get(r.name, 1.0)
+      total += 0.0 if expected is None else expected * self.slowdown.get(r.name, slowest)
     return total
 
   def fits(self, recipes_: list, start: dict[str, int], end: dict[str, int]) -> bool:
