@@ -254,6 +254,16 @@ def test_resume_never_refuses_an_interrupted_search(tmp_path, search_config):
     train_and_evaluate(override(search_config, resume="never"), str(tmp_path))
 
 
+@pytest.fixture
+def info_logs(caplog):
+  """The search's INFO lines in caplog (absl's verbosity is process-wide: earlier tests may have lowered it)."""
+  verbosity = absl_logging.get_verbosity()
+  absl_logging.set_verbosity(absl_logging.INFO)
+  caplog.set_level("INFO")
+  yield caplog
+  absl_logging.set_verbosity(verbosity)
+
+
 class _Clock:
   """A fake clock for the search (``search._clock``): the fake trainings move it."""
 
@@ -353,10 +363,9 @@ def test_a_recorded_plan_is_replayed_with_the_same_steps(tmp_path, monkeypatch):
     search.read_measurements(str(tmp_path / "b" / "search"))
 
 
-def test_a_search_slower_than_measured_adapts_and_ends_within_its_share(tmp_path, monkeypatch, caplog):
+def test_a_search_slower_than_measured_adapts_and_ends_within_its_share(tmp_path, monkeypatch, info_logs):
   """Steps 10x slower after the calibration (a machine that got busy): the first candidate is stopped by its
   part of the clock, the rest of round 1 that cannot fit is left out, and the search ends within its share."""
-  caplog.set_level("INFO")
   clock = _Clock()
   monkeypatch.setattr(search, "_clock", clock)
   config = override(Config(), max_seconds=300.0)
@@ -365,8 +374,9 @@ def test_a_search_slower_than_measured_adapts_and_ends_within_its_share(tmp_path
   chosen, summary = search.run(config, str(tmp_path), _SHAPE, training, records.append)
   share = config.search.search_fraction * 300
   assert clock.now <= share + 2 * training.call_seconds
-  assert "stopped by the search's clock" in caplog.text
-  assert "left out" in caplog.text or "the search ends with the leader" in caplog.text
+  assert "small stopped by the search's clock" in info_logs.text
+  assert "wide left out" in info_logs.text and "wider left out" in info_logs.text
+  assert chosen.search.recipe == "small"  # the only one compared in the seconds left
   assert chosen.search.recipe == summary["recipe"]
 
 
@@ -378,3 +388,17 @@ def test_step_budgets_are_planned_without_measuring(tmp_path):
   search.run(config, str(tmp_path), search.DataShape(10_000, 1_000, 100, 10), training, records.append)
   assert not any("measured_step_seconds" in r for r in records)
   assert [c[1] for c in training.calls] == [200, 200, 200, 400, 400]  # 0.5 * 2000 / 5 round-0 budgets
+
+
+def test_a_budget_too_small_by_the_measured_step_times_trains_the_cheapest_on(tmp_path, monkeypatch, info_logs):
+  """Steps 100x slower than modelled: the model leaves room for a search, the measurements do not; the cheapest
+  candidate's measured steps are not thrown away: it wins without rounds and the run trains it on."""
+  clock = _Clock()
+  monkeypatch.setattr(search, "_clock", clock)
+  config = override(Config(), max_seconds=300.0)
+  rates = {n: 10 * s for n, s in _ten_times_modelled(config).items()}
+  records = []
+  chosen, summary = search.run(config, str(tmp_path), _SHAPE, _TimedTraining(clock, rates), records.append)
+  assert chosen.search.recipe == summary["recipe"] == "small" and not any("search_round" in r for r in records)
+  assert "small trains on from its 20 measured steps" in info_logs.text
+  assert clock.now <= config.search.search_fraction * 300

@@ -216,22 +216,28 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
       recipes.apply(config, recipe), max_steps=steps, num_epochs=None, max_seconds=cap,
       early_stopping_patience=None, resume=resume, plan_from=None,
       **({"early_stopping_ratio": None} if cap is not None else {}))
-  measured = None
-  if config.budget.max_seconds is not None:
-    measured = _measure(config, workdir, candidates, candidate_config, train_fn, write_record)
+  measured, calibration_scores = None, {}
+  # Measured only where the modelled step time (faster than most machines measure) leaves room for a comparison.
+  if config.budget.max_seconds is not None and plan(config, shape, candidates) is not None:
+    measured, calibration_scores = _measure(config, workdir, candidates, candidate_config, train_fn, write_record)
   the_plan = plan(config, shape, candidates, measured)
+  if the_plan is None and measured is not None and measured.step_seconds.get(candidates[0].name) is not None:
+    # The cheapest candidate's measured steps are kept: it wins, with no rounds (the run trains it on).
+    logging.info("recipe search: by the measured step times the budget is too small to compare recipes (< %d "
+                 "steps each): %s trains on from its %d measured steps", MIN_ROUND_STEPS, candidates[0].name,
+                 CALIBRATION_STEPS)
+    the_plan = Plan((candidates[0],), {candidates[0].name: CALIBRATION_STEPS}, 0)
   if the_plan is None:
     logging.info("recipe search: the budget is too small to compare recipes (< %d steps each): training the "
                  "defaults", MIN_ROUND_STEPS)
-    if measured is not None:  # the calibration's directories: the run trains the defaults afresh in workdir
-      shutil.rmtree(os.path.join(workdir, SEARCH_DIR), ignore_errors=True)
     return None
   metric = config.run.selection_metric
   logging.info("recipe search over %s: %d round(s) of successive halving on validation %s; first round: %s",
                ", ".join(r.name for r in the_plan.candidates), the_plan.rounds, metric,
                ", ".join(f"{n} {s} steps" for n, s in the_plan.steps.items()))
   alive = list(the_plan.candidates)
-  scores: dict[str, float] = {}
+  # (A winner by default is reported with the score of its measured steps.)
+  scores: dict[str, float] = dict(calibration_scores) if the_plan.rounds == 0 else {}
   search_seconds = 0.0
   # Rounds already done (an interrupted search run again): their results, not their training again. A candidate
   # of a later round has trained past an earlier round's steps, so replaying that round would score another state.
@@ -309,7 +315,8 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
              "search_wall_seconds": round(_clock() - t_start, 2),
              "search_scores": {name: round(value, 4) for name, value in scores.items()}}
   logging.info("recipe search: %s wins (validation %s %.4f; %s) after %.0f s of search training (%.0f s in all, "
-               "measuring and evaluating included)", winner.name, metric, scores[winner.name], winner.summary,
+               "measuring and evaluating included)", winner.name, metric, scores.get(winner.name, math.nan),
+               winner.summary,
                search_seconds, summary["search_wall_seconds"])
   write_record({"step": 0, "search_winner": winner.name, **summary})
   # The adoption is several moves: rounds.json says it began (and how long metrics.jsonl was), so that a run
@@ -324,18 +331,19 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
 
 
 def _measure(config: Config, workdir: str, candidates, candidate_config, train_fn: TrainFn,
-             write_record: Callable[[dict], None]) -> Measured:
+             write_record: Callable[[dict], None]) -> tuple[Measured, dict[str, float]]:
   """The candidates' step times: recorded (a continued search; ``--plan_from``) or measured now, by training each
   ``CALIBRATION_STEPS`` steps in its directory (cheapest first, while the calibration's share of the search's
-  seconds lasts), and recorded in ``metrics.jsonl``."""
+  seconds lasts), and recorded in ``metrics.jsonl``; with the validation scores of the measured steps (none where
+  recorded)."""
   recorded = read_measurements(workdir, required=False)
   if recorded is not None:
     logging.info("recipe search: step times as measured before: %s", _describe(recorded))
-    return recorded
+    return recorded, {}
   replayed = read_measurements(config.search.plan_from) if config.search.plan_from else None
   limit = CALIBRATION_SHARE * config.search.search_fraction * config.budget.max_seconds
   t_start = _clock()
-  step_seconds, call_seconds = {}, {}
+  step_seconds, call_seconds, scores = {}, {}, {}
   for recipe in candidates:
     if replayed is not None and recipe.name not in replayed.step_seconds:
       continue  # the recorded run did not measure it (its calibration ran out of time): the plan leaves it out
@@ -349,6 +357,7 @@ def _measure(config: Config, workdir: str, candidates, candidate_config, train_f
     result = train_fn(candidate_config(recipe, CALIBRATION_STEPS, cap),
                       os.path.join(workdir, SEARCH_DIR, recipe.name), evaluate_test=False)
     wall = _clock() - t_call
+    scores[recipe.name] = result["score"]
     seconds = result.get("step_seconds")
     step_seconds[recipe.name] = None if seconds is None else round(seconds, 6)
     steps = (CALIBRATION_STEPS - 1) * (seconds or 0.0)
@@ -359,10 +368,10 @@ def _measure(config: Config, workdir: str, candidates, candidate_config, train_f
                  config.search.plan_from, _describe(replayed), _describe(measured))
     write_record({"step": 0, **replayed.record(), "plan_from": config.search.plan_from,
                   "measured_here": measured.record()})
-    return replayed
+    return replayed, scores
   logging.info("recipe search: measured %s", _describe(measured))
   write_record({"step": 0, **measured.record()})
-  return measured
+  return measured, scores
 
 
 def _describe(measured: Measured) -> str:
