@@ -113,15 +113,14 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
         checkpoint.check_writable(workdir)
         read_records(workdir)
         data = data if data is not None else _load_data(config)
-        t_search = time.time()
         chosen = search.run(config, workdir, _data_shape(config, data.train),
                             functools.partial(_train, data=data), functools.partial(_append_record, workdir))
-        # The search's wall time, measuring, compiling and evaluating included, counts against --max_seconds (a
-        # search that found no room for a comparison spent its measurements).
-        search_wall_seconds = time.time() - t_search
       if chosen is not None:
         config, search_summary = chosen
-      config = _charged_for_search(config, search_wall_seconds)
+        # The search's wall time, measuring, compiling and evaluating included, counts against --max_seconds (the
+        # startup of its first training aside: a run without a search spends it as well).
+        search_wall_seconds = search_summary["search_wall_seconds"]
+        config = _charged_for_search(config, search_wall_seconds)
     else:
       logging.info("recipe: the defaults, no search (%s)", why_not)
   final = _train(config, workdir, data=data, search_summary=search_summary)

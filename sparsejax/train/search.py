@@ -55,22 +55,27 @@ class Measured:
 
   Attributes:
     step_seconds: each measured candidate's steady step time (its first step, compiled, excluded).
-    call_seconds: each one's seconds of a round besides its steps: loading the split and state, compiling, the
-      validation evaluation, the checkpoints (the calibration's wall time less its steady steps).
-    calibration_seconds: the wall time the calibration took, all candidates together.
+    call_seconds: each one's seconds of a round besides its steps: the split, building and restoring the state,
+      the validation evaluation, the checkpoints (the calibration's wall time less its training, whose first step
+      compiled).
+    calibration_seconds: the wall time the calibration took, all candidates together, less ``startup_seconds``.
+    startup_seconds: the first training's seconds besides its steps, which a run without a search spends as well
+      (the process's first compilations, the first checkpoint): not charged to the search.
   """
   step_seconds: dict[str, float]
   call_seconds: dict[str, float]
   calibration_seconds: float
+  startup_seconds: float = 0.0
 
   def record(self) -> dict[str, Any]:
     return {"measured_step_seconds": self.step_seconds, "measured_call_seconds": self.call_seconds,
-            "calibration_seconds": self.calibration_seconds, "calibration_steps": CALIBRATION_STEPS}
+            "calibration_seconds": self.calibration_seconds, "startup_seconds": self.startup_seconds,
+            "calibration_steps": CALIBRATION_STEPS}
 
   @classmethod
   def from_record(cls, record: dict[str, Any]) -> "Measured":
     return cls(dict(record["measured_step_seconds"]), dict(record.get("measured_call_seconds", {})),
-               float(record.get("calibration_seconds", 0.0)))
+               float(record.get("calibration_seconds", 0.0)), float(record.get("startup_seconds", 0.0)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,10 +221,11 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
       recipes.apply(config, recipe), max_steps=steps, num_epochs=None, max_seconds=cap,
       early_stopping_patience=None, resume=resume, plan_from=None,
       **({"early_stopping_ratio": None} if cap is not None else {}))
-  measured, calibration_scores = None, {}
+  measured, calibration_scores, startup = None, {}, 0.0
   # Measured only where the modelled step time (faster than most machines measure) leaves room for a comparison.
   if config.budget.max_seconds is not None and plan(config, shape, candidates) is not None:
-    measured, calibration_scores = _measure(config, workdir, candidates, candidate_config, train_fn, write_record)
+    measured, calibration_scores, startup = _measure(config, workdir, candidates, candidate_config, train_fn,
+                                                     write_record)
   the_plan = plan(config, shape, candidates, measured)
   if the_plan is None and measured is not None and measured.step_seconds.get(candidates[0].name) is not None:
     # The cheapest candidate's measured steps are kept: it wins, with no rounds (the run trains it on).
@@ -243,7 +249,7 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
   # of a later round has trained past an earlier round's steps, so replaying that round would score another state.
   done_path = os.path.join(workdir, SEARCH_DIR, _ROUNDS_FILE)
   done = _read_rounds(done_path)
-  clock = _Budget(config, measured, t_start)
+  clock = _Budget(config, measured, t_start + startup)
   ended_early = False
   for round_index in range(the_plan.rounds):
     if len(alive) < 2:  # the others were left out of the rounds by the clock
@@ -312,7 +318,7 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
         _remove_states(os.path.join(workdir, SEARCH_DIR, recipe.name))
   winner = alive[0]
   summary = {"recipe": winner.name, "search_seconds": round(search_seconds, 2),
-             "search_wall_seconds": round(_clock() - t_start, 2),
+             "search_wall_seconds": round(_clock() - t_start - startup, 2),
              "search_scores": {name: round(value, 4) for name, value in scores.items()}}
   logging.info("recipe search: %s wins (validation %s %.4f; %s) after %.0f s of search training (%.0f s in all, "
                "measuring and evaluating included)", winner.name, metric, scores.get(winner.name, math.nan),
@@ -331,47 +337,55 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
 
 
 def _measure(config: Config, workdir: str, candidates, candidate_config, train_fn: TrainFn,
-             write_record: Callable[[dict], None]) -> tuple[Measured, dict[str, float]]:
+             write_record: Callable[[dict], None]) -> tuple[Measured, dict[str, float], float]:
   """The candidates' step times: recorded (a continued search; ``--plan_from``) or measured now, by training each
   ``CALIBRATION_STEPS`` steps in its directory (cheapest first, while the calibration's share of the search's
   seconds lasts), and recorded in ``metrics.jsonl``; with the validation scores of the measured steps (none where
-  recorded)."""
+  recorded) and the startup seconds of this invocation's first training (not charged to the search)."""
   recorded = read_measurements(workdir, required=False)
   if recorded is not None:
     logging.info("recipe search: step times as measured before: %s", _describe(recorded))
-    return recorded, {}
+    return recorded, {}, 0.0
   replayed = read_measurements(config.search.plan_from) if config.search.plan_from else None
   limit = CALIBRATION_SHARE * config.search.search_fraction * config.budget.max_seconds
   t_start = _clock()
-  step_seconds, call_seconds, scores = {}, {}, {}
+  step_seconds, call_seconds, scores, startup, first_wall = {}, {}, {}, 0.0, 0.0
   for recipe in candidates:
     if replayed is not None and recipe.name not in replayed.step_seconds:
       continue  # the recorded run did not measure it (its calibration ran out of time): the plan leaves it out
-    if replayed is None and step_seconds and _clock() - t_start >= limit:
-      logging.warning("recipe search: measuring the candidates took %.0f s (at most %.0f s): %s not compared",
-                      _clock() - t_start, limit, recipe.name)
+    # A candidate's first training compiles its network as the process's first did: expected as long as that one.
+    if replayed is None and step_seconds and _clock() - t_start - startup + first_wall >= limit:
+      logging.warning("recipe search: measuring %s would take about %.0f s, %.0f s of the %.0f s for measuring "
+                      "are left: not compared", recipe.name, first_wall, limit - (_clock() - t_start - startup), limit)
       continue
     # The steps are trained even where the plan is replayed: the candidates' states are those of a measured run.
     t_call = _clock()
-    cap = max(limit - (_clock() - t_start), 1.0)  # binds only on a step far slower than any recipe's here
+    cap = max(limit - (_clock() - t_start - startup), 1.0)  # binds only on a step far slower than any here
     result = train_fn(candidate_config(recipe, CALIBRATION_STEPS, cap),
                       os.path.join(workdir, SEARCH_DIR, recipe.name), evaluate_test=False)
     wall = _clock() - t_call
     scores[recipe.name] = result["score"]
     seconds = result.get("step_seconds")
     step_seconds[recipe.name] = None if seconds is None else round(seconds, 6)
-    steps = (CALIBRATION_STEPS - 1) * (seconds or 0.0)
-    call_seconds[recipe.name] = round(max(wall - steps, 0.0), 3)
-  measured = Measured(step_seconds, call_seconds, round(_clock() - t_start, 3))
+    # A round's seconds besides its steps: the call's wall time less its training (the first step's compilation
+    # with it: the first call compiles what later ones mostly find compiled; slower later rounds are seen by the
+    # clock as they run).
+    call_seconds[recipe.name] = round(max(wall - result["train_seconds"], 0.0), 3)
+    if len(call_seconds) == 1:  # the process's first training: its startup is any run's, not the search's
+      startup, first_wall = call_seconds[recipe.name], wall
+  first = next(iter(call_seconds), None)
+  if len(call_seconds) > 1:  # the first candidate's rounds cost what the others' do (its startup aside)
+    call_seconds[first] = max(v for n, v in call_seconds.items() if n != first)
+  measured = Measured(step_seconds, call_seconds, round(_clock() - t_start - startup, 3), round(startup, 3))
   if replayed is not None:
     logging.info("recipe search: planned from the step times recorded in %s (%s); measured here: %s",
                  config.search.plan_from, _describe(replayed), _describe(measured))
     write_record({"step": 0, **replayed.record(), "plan_from": config.search.plan_from,
                   "measured_here": measured.record()})
-    return replayed, scores
-  logging.info("recipe search: measured %s", _describe(measured))
+    return replayed, scores, startup
+  logging.info("recipe search: measured %s (%.1f s of startup in the first)", _describe(measured), startup)
   write_record({"step": 0, **measured.record()})
-  return measured, scores
+  return measured, scores, startup
 
 
 def _describe(measured: Measured) -> str:
@@ -448,10 +462,11 @@ class _Budget:
     return self.budget is None or self.measured is None or self.cost(recipes_, start, end) <= self.left()
 
   def observed(self, name: str, start: int, end: int, wall: float) -> None:
-    """Notes a training's wall time: later rounds expect the candidate as much slower than measured."""
+    """Notes a training's wall time: later rounds expect the candidate as much slower (or faster: a first
+    training's compilations are not repeated) than measured."""
     expected = self._expected(name, start, end)
     if expected:
-      self.slowdown[name] = max(1.0, wall / expected)
+      self.slowdown[name] = wall / expected
 
 
 def finish_adoption(workdir: str) -> dict | None:
