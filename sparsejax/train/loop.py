@@ -540,9 +540,9 @@ class _Loop:
           self.train_seconds = time.time() - t_loop - eval_seconds
           last = self.step == self.max_steps
           # Every process must take the same steps: the wall-clock budget is checked every
-          # log_every steps and process 0's verdict is followed by all.
+          # log_every steps and process 0's verdict is followed by all (one process: every step, a clock reading).
           reserve = last_eval_seconds if self.selection is not None else 0.0
-          if (not last and max_seconds is not None and self.step % log_every == 0
+          if (not last and max_seconds is not None and (self.step % log_every == 0 or jax.process_count() == 1)
               and sharding.agree(time.time() - t_loop + reserve >= max_seconds)):
             logging.info("wall-clock budget of %.0f s reached at step %d", max_seconds, self.step)
             self.stopped_by, last = "max_seconds", True
@@ -581,6 +581,11 @@ class _Loop:
               logging.info("early stopping at step %d: %s", self.step, self.selection.stop_reason(self.step))
               self.stopped_by = "early_stopping"
               break
+            # An evaluation that spent the rest of the budget ends the run on the state it scored.
+            if not last and max_seconds is not None and sharding.agree(time.time() - t_loop >= max_seconds):
+              logging.info("wall-clock budget of %.0f s reached at step %d (its evaluation included)", max_seconds,
+                           self.step)
+              self.stopped_by, last = "max_seconds", True
           if record:
             self._write(record)
           if self.step % config.checkpoint.checkpoint_every == 0 and not last:  # the last: after the loop
