@@ -236,6 +236,8 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
   if the_plan is None:
     logging.info("recipe search: the budget is too small to compare recipes (< %d steps each): training the "
                  "defaults", MIN_ROUND_STEPS)
+    if measured is not None:  # the measured directories: the run trains the defaults afresh in workdir
+      shutil.rmtree(os.path.join(workdir, SEARCH_DIR), ignore_errors=True)
     return None
   metric = config.run.selection_metric
   logging.info("recipe search over %s: %d round(s) of successive halving on validation %s; first round: %s",
@@ -360,8 +362,8 @@ def _measure(config: Config, workdir: str, candidates, candidate_config, train_f
       continue
     # The steps are trained even where the plan is replayed: the candidates' states are those of a measured run.
     t_call = _clock()
-    cap = max(limit - (_clock() - t_start - startup), 1.0)  # binds only on a step far slower than any here
-    result = train_fn(candidate_config(recipe, CALIBRATION_STEPS, cap),
+    # (No cap: the clock would count the first step's compilation against it and stop before a step was timed.)
+    result = train_fn(candidate_config(recipe, CALIBRATION_STEPS),
                       os.path.join(workdir, SEARCH_DIR, recipe.name), evaluate_test=False)
     wall = _clock() - t_call
     scores[recipe.name] = result["score"]
