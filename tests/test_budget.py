@@ -73,3 +73,23 @@ def test_a_timed_search_records_its_measurements_and_a_replay_takes_the_same_rou
     assert again.get("search_scores") == first.get("search_scores")
   assert [r for r in replayed if "measured_step_seconds" in r][0]["measured_step_seconds"] == \
       measured[0]["measured_step_seconds"]
+
+
+def test_ensemble_members_count_evaluations_against_the_budget(tmp_path):
+  """The first network trained 40 s and evaluated 20 s: the budget has 60 s less, and a member is expected to need
+  60 s (its evaluations' share included), not 40 s; each member's evaluations come off what is left as well."""
+  from sparsejax.config import Config
+  from sparsejax.train import members
+
+  batch = Config().optim.batch_size
+  final = {"step": 50, "train_seconds": 40.0, "budget_seconds": 60.0, "samples_per_sec": 50 * batch / 40.0}
+  budgets = []
+
+  def train_fn(config, workdir, evaluate_test, validation_seed):
+    budgets.append(config.budget.max_seconds)
+    return {"score": 0.5, "step": 50, "train_seconds": 40.0, "budget_seconds": 65.0, "samples": 50 * batch}
+
+  config = override(Config(), max_seconds=100.0, ensemble_members=3)
+  assert members.train(config, final, str(tmp_path), train_fn, 1) == {} and budgets == []  # 40 s left, 60 needed
+  done = members.train(override(config, max_seconds=200.0), final, str(tmp_path), train_fn, 1)
+  assert budgets == [140.0, 75.0] and len(done) == 2 and done["members/1"]["budget_seconds"] == 65.0
