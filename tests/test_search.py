@@ -325,8 +325,9 @@ def test_a_search_whose_steps_are_ten_times_slower_than_modelled_ends_within_its
                                                                                 abs=0.01)
   assert measured[0]["measured_step_seconds"] == {n: pytest.approx(s, rel=1e-4) for n, s in rates.items()}
   assert measured[0]["calibration_steps"] == search.CALIBRATION_STEPS
-  # Each candidate measured (its calibration steps kept: round 1 trains on from them), then the rounds.
-  assert training.calls[:3] == [(n, search.CALIBRATION_STEPS) for n in ("small", "wide", "wider")]
+  # Each candidate measured (its calibration steps kept: round 1 trains on from them; the first one's directory
+  # trained again at its steps, which times a round's fixed seconds), then the rounds.
+  assert training.calls[:4] == [(n, search.CALIBRATION_STEPS) for n in ("small", "small", "wide", "wider")]
   rounds = [r for r in records if "search_round" in r]
   assert len(rounds) == 2 and chosen.search.recipe == "wide"
   plan = search.plan(config, _SHAPE, recipes.RECIPES, search.Measured.from_record(measured[0]))
@@ -353,7 +354,7 @@ def test_a_recorded_plan_is_replayed_with_the_same_steps(tmp_path, monkeypatch):
              again_records.append)
   steps = lambda records: [{n: r["steps"] for n, r in x["search"].items()} for x in records if "search_round" in x]
   assert steps(again_records) == steps(first_records)
-  assert [c for c in training.calls[:3]] == [(n, search.CALIBRATION_STEPS) for n in ("small", "wide", "wider")]
+  assert training.calls[:4] == [(n, search.CALIBRATION_STEPS) for n in ("small", "small", "wide", "wider")]
   replayed = [r for r in again_records if "measured_step_seconds" in r][0]
   assert replayed["measured_step_seconds"] == [r for r in first_records if "measured_step_seconds" in r][0][
       "measured_step_seconds"] and replayed["plan_from"] == str(tmp_path / "a.jsonl")

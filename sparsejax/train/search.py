@@ -56,8 +56,8 @@ class Measured:
   Attributes:
     step_seconds: each measured candidate's steady step time (its first step, compiled, excluded).
     call_seconds: each one's seconds of a round besides its steps: the split, building and restoring the state,
-      the validation evaluation, the checkpoints (the calibration's wall time less its training, whose first step
-      compiled).
+      the validation evaluation, the checkpoints (measured by training the first candidate's directory once more,
+      in proportion to each one's step time, at most its first training's seconds besides its steps).
     calibration_seconds: the wall time the calibration took, all candidates together, less ``startup_seconds``.
     startup_seconds: the first training's seconds besides its steps, which a run without a search spends as well
       (the process's first compilations, the first checkpoint): not charged to the search.
@@ -351,7 +351,7 @@ def _measure(config: Config, workdir: str, candidates, candidate_config, train_f
   replayed = read_measurements(config.search.plan_from) if config.search.plan_from else None
   limit = CALIBRATION_SHARE * config.search.search_fraction * config.budget.max_seconds
   t_start = _clock()
-  step_seconds, call_seconds, scores, startup, first_wall = {}, {}, {}, 0.0, 0.0
+  step_seconds, call_seconds, scores, startup, first_wall, repeat = {}, {}, {}, 0.0, 0.0, 0.0
   for recipe in candidates:
     if replayed is not None and recipe.name not in replayed.step_seconds:
       continue  # the recorded run did not measure it (its calibration ran out of time): the plan leaves it out
@@ -375,9 +375,20 @@ def _measure(config: Config, workdir: str, candidates, candidate_config, train_f
     call_seconds[recipe.name] = round(max(wall - result["train_seconds"], 0.0), 3)
     if len(call_seconds) == 1:  # the process's first training: its startup is any run's, not the search's
       startup, first_wall = call_seconds[recipe.name], wall
+      # Its directory once more, at its steps already: what a round costs besides its steps once the programs
+      # are compiled (the split, the state restored, the validation evaluation); a first training's compilations
+      # took 2-5x that on 2 busy cores. Run in a replay as well: the candidates' states stay a measured run's.
+      t_again = _clock()
+      train_fn(candidate_config(recipe, CALIBRATION_STEPS), os.path.join(workdir, SEARCH_DIR, recipe.name),
+               evaluate_test=False)
+      repeat = _clock() - t_again
   first = next(iter(call_seconds), None)
-  if len(call_seconds) > 1:  # the first candidate's rounds cost what the others' do (its startup aside)
-    call_seconds[first] = max(v for n, v in call_seconds.items() if n != first)
+  if first is not None:  # a round's fixed seconds: the repeat's, in proportion to a step's (a bigger network
+    # evaluates and restores more), at most what a candidate's first training took besides its steps
+    for name in call_seconds:
+      ratio = (step_seconds[name] / step_seconds[first]) if step_seconds[name] and step_seconds[first] else 1.0
+      call_seconds[name] = round(repeat * max(ratio, 1.0) if name == first else
+                                 min(call_seconds[name], repeat * max(ratio, 1.0)), 3)
   measured = Measured(step_seconds, call_seconds, round(_clock() - t_start - startup, 3), round(startup, 3))
   if replayed is not None:
     logging.info("recipe search: planned from the step times recorded in %s (%s); measured here: %s",
