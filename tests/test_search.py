@@ -406,3 +406,21 @@ def test_a_budget_too_small_by_the_measured_step_times_trains_the_cheapest_on(tm
   assert chosen.search.recipe == summary["recipe"] == "small" and not any("search_round" in r for r in records)
   assert "small trains on from its 20 measured steps" in info_logs.text
   assert clock.now <= config.search.search_fraction * 300
+
+
+def test_the_measured_plan_counts_each_rounds_evaluations():
+  """A round evaluates every --eval_every steps: its step time is the step's and its share of an evaluation (the
+  300 s run's rounds ran 30% past their plan without it)."""
+  import dataclasses
+
+  config = override(Config(), max_seconds=300.0)
+  measured = search.Measured({"small": 0.01, "wide": 0.03}, {"small": 1.0, "wide": 2.0}, 5.0)
+  evaluated = dataclasses.replace(measured, eval_seconds={"small": 5.0, "wide": 10.0})
+  candidates = recipes.RECIPES[:2]
+  rates = {"small": 0.01 + 5.0 / 500, "wide": 0.03 + 10.0 / 500}
+  # 2 candidates: one round of 2 trainings (2 s each at most) after the 5 s of measuring.
+  share = (0.5 * 300 - 5.0 - 2 * 2.0) / 2
+  assert search.plan(config, _SHAPE, candidates, evaluated).steps == {
+      n: search.CALIBRATION_STEPS + int(share / rates[n]) for n in rates}
+  assert search.plan(config, _SHAPE, candidates, measured).steps["small"] > 1.9 * \
+      search.plan(config, _SHAPE, candidates, evaluated).steps["small"]

@@ -61,21 +61,29 @@ class Measured:
     calibration_seconds: the wall time the calibration took, all candidates together, less ``startup_seconds``.
     startup_seconds: the first training's seconds besides its steps, which a run without a search spends as well
       (the process's first compilations, the first checkpoint): not charged to the search.
+    eval_seconds: each one's seconds of a validation evaluation (a round evaluates every ``--eval_every`` steps).
   """
   step_seconds: dict[str, float]
   call_seconds: dict[str, float]
   calibration_seconds: float
   startup_seconds: float = 0.0
+  eval_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
   def record(self) -> dict[str, Any]:
     return {"measured_step_seconds": self.step_seconds, "measured_call_seconds": self.call_seconds,
-            "calibration_seconds": self.calibration_seconds, "startup_seconds": self.startup_seconds,
-            "calibration_steps": CALIBRATION_STEPS}
+            "measured_eval_seconds": self.eval_seconds, "calibration_seconds": self.calibration_seconds,
+            "startup_seconds": self.startup_seconds, "calibration_steps": CALIBRATION_STEPS}
 
   @classmethod
   def from_record(cls, record: dict[str, Any]) -> "Measured":
     return cls(dict(record["measured_step_seconds"]), dict(record.get("measured_call_seconds", {})),
-               float(record.get("calibration_seconds", 0.0)), float(record.get("startup_seconds", 0.0)))
+               float(record.get("calibration_seconds", 0.0)), float(record.get("startup_seconds", 0.0)),
+               dict(record.get("measured_eval_seconds", {})))
+
+  def rate(self, name: str, eval_every: int) -> float | None:
+    """Seconds per step of a round: the step's, and its share of the periodic evaluations."""
+    step = self.step_seconds.get(name)
+    return None if step is None else step + self.eval_seconds.get(name, 0.0) / eval_every
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +161,8 @@ def plan(config: Config, shape: DataShape, candidates: tuple[recipes.Recipe, ...
     rounds, units = _round_units(len(candidates))
     configs = {r.name: recipes.apply(config, r) for r in candidates}
     if config.budget.max_seconds is not None and measured is not None:
-      rates = {n: measured.step_seconds[n] or modelled_step_seconds(c, shape) for n, c in configs.items()}
+      rates = {n: measured.rate(n, config.run.eval_every) or modelled_step_seconds(c, shape)
+               for n, c in configs.items()}
       # Each training of a candidate costs its fixed seconds; the rounds after the first train the calibration's
       # steps again (round r trains 2**(r-1) round-0 step counts, those steps included).
       fixed = _round_calls(len(candidates)) * max(measured.call_seconds.get(n, 0.0) for n in configs)
@@ -352,6 +361,7 @@ def _measure(config: Config, workdir: str, candidates, candidate_config, train_f
   limit = CALIBRATION_SHARE * config.search.search_fraction * config.budget.max_seconds
   t_start = _clock()
   step_seconds, call_seconds, scores, startup, first_wall, repeat = {}, {}, {}, 0.0, 0.0, 0.0
+  eval_seconds = {}
   for recipe in candidates:
     if replayed is not None and recipe.name not in replayed.step_seconds:
       continue  # the recorded run did not measure it (its calibration ran out of time): the plan leaves it out
@@ -367,6 +377,7 @@ def _measure(config: Config, workdir: str, candidates, candidate_config, train_f
                       os.path.join(workdir, SEARCH_DIR, recipe.name), evaluate_test=False)
     wall = _clock() - t_call
     scores[recipe.name] = result["score"]
+    eval_seconds[recipe.name] = result.get("eval_seconds") or 0.0
     seconds = result.get("step_seconds")
     step_seconds[recipe.name] = None if seconds is None else round(seconds, 6)
     # A round's seconds besides its steps: the call's wall time less its training (the first step's compilation
@@ -389,7 +400,10 @@ def _measure(config: Config, workdir: str, candidates, candidate_config, train_f
       ratio = (step_seconds[name] / step_seconds[first]) if step_seconds[name] and step_seconds[first] else 1.0
       call_seconds[name] = round(repeat * max(ratio, 1.0) if name == first else
                                  min(call_seconds[name], repeat * max(ratio, 1.0)), 3)
-  measured = Measured(step_seconds, call_seconds, round(_clock() - t_start - startup, 3), round(startup, 3))
+      # (the measured evaluation compiled its programs: at most a round's fixed seconds, which hold one)
+      eval_seconds[name] = round(min(eval_seconds[name], call_seconds[name]), 3)
+  measured = Measured(step_seconds, call_seconds, round(_clock() - t_start - startup, 3), round(startup, 3),
+                      eval_seconds)
   if replayed is not None:
     logging.info("recipe search: planned from the step times recorded in %s (%s); measured here: %s",
                  config.search.plan_from, _describe(replayed), _describe(measured))
@@ -431,7 +445,7 @@ class _Budget:
   scaled by how much slower the candidate's trainings ran than expected."""
 
   def __init__(self, config: Config, measured: Measured | None, t_start: float):
-    self.measured, self.t_start = measured, t_start
+    self.measured, self.t_start, self.eval_every = measured, t_start, config.run.eval_every
     self.budget = (config.search.search_fraction * config.budget.max_seconds
                    if config.budget.max_seconds is not None else None)
     self.slowdown: dict[str, float] = {}
@@ -446,14 +460,14 @@ class _Budget:
     return max(self.left() / still_to_train, 1.0)
 
   def _expected(self, name: str, start: int, end: int) -> float | None:
-    seconds = self.measured.step_seconds.get(name) if self.measured is not None else None
+    seconds = self.measured.rate(name, self.eval_every) if self.measured is not None else None
     if seconds is None:
       return None
     return self.measured.call_seconds.get(name, 0.0) + (end - start) * seconds
 
   def affordable(self, name: str, start: int, seconds: float | None) -> float:
     """The steps a candidate at step ``start`` would reach in ``seconds`` (infinite: no cap, or unmeasured)."""
-    step_seconds = self.measured.step_seconds.get(name) if self.measured is not None else None
+    step_seconds = self.measured.rate(name, self.eval_every) if self.measured is not None else None
     if seconds is None or not step_seconds:
       return math.inf
     slowdown = self.slowdown.get(name, max(self.slowdown.values(), default=1.0))
