@@ -464,7 +464,8 @@ class BudgetConfig(Section):
       None, "Passes over the training set in all (fractions allowed); none: no epoch limit.",
       bounds=Range(0, 1e6, lo_open=True), identity=False)
   max_seconds: float | None = option(
-      None, "Wall-clock seconds of training in this invocation (periodic evaluations excluded); none: no limit.",
+      None, "Wall-clock seconds of training in this invocation, its evaluations and a recipe search's "
+      "candidates included (loading, compiling and the final test evaluation come on top); none: no limit.",
       bounds=POSITIVE, identity=False)
 
   def max_steps_for(self, steps_per_epoch: int) -> int | None:
@@ -607,9 +608,15 @@ class RecipeConfig(Section):
   search_fraction: float = option(
       0.5, "Largest share of the training budget that the recipe search may spend, the winner's own steps "
       "included (they are kept: it trains on from them). With --max_seconds the run's seconds, the search's "
-      "included (planned from a modelled step time: a slower machine may overrun it); with --max_steps or "
-      "--num_epochs the winner still trains all of them, so the other candidates' steps come on top.",
+      "included (planned from step times measured on the first steps of each candidate, and cut short where the "
+      "clock says the rest would overrun); with --max_steps or --num_epochs the winner still trains all of them, so "
+      "the other candidates' steps come on top.",
       bounds=Range(0, 1, lo_open=True, hi_open=True))
+  plan_from: str | None = option(
+      None, "With --max_seconds: plan the recipe search's rounds from the step times that another run measured "
+      "(its metrics.jsonl, or its work directory) instead of measuring them, so that the run takes the same steps "
+      "as that one (a rerun that must match bit for bit). none: measure them (a continued search reuses its own).",
+      identity=False)
   ensemble_members: int = option(
       2, "Most networks in the run's ensemble. A run with --max_seconds that stops early (--early_stopping_ratio) "
       "trains more with the budget left, in WORKDIR/members/M: the same recipe from seed + M, each for as many "
@@ -691,6 +698,7 @@ class Config:
       unused["early_stopping_ratio"] = "only read with --max_seconds (a step or epoch budget is trained whole)"
       # (sparsejax.train.members.reason_not_to_train: members train the time an early stop leaves of a budget)
       unused["ensemble_members"] = "only read with --max_seconds (a step or epoch budget trains one network)"
+      unused["plan_from"] = "only read with --max_seconds (a step or epoch budget plans the search in steps)"
     if self.network.model == "dense":
       for name in ("candidates", "num_clusters", "lsh_family", "lsh_projections", "num_tables", "num_bits", "lsh_mips",
                    "lsh_probes", "lsh_rerank", "lsh_serving"):

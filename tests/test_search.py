@@ -252,3 +252,175 @@ def test_resume_never_refuses_an_interrupted_search(tmp_path, search_config):
   (tmp_path / "search" / "small").mkdir(parents=True)
   with pytest.raises(ResumeError, match="holds an interrupted recipe search and --resume=never"):
     train_and_evaluate(override(search_config, resume="never"), str(tmp_path))
+
+
+@pytest.fixture
+def info_logs(caplog):
+  """The search's INFO lines in caplog (absl's verbosity is process-wide: earlier tests may have lowered it)."""
+  verbosity = absl_logging.get_verbosity()
+  absl_logging.set_verbosity(absl_logging.INFO)
+  caplog.set_level("INFO")
+  yield caplog
+  absl_logging.set_verbosity(verbosity)
+
+
+class _Clock:
+  """A fake clock for the search (``search._clock``): the fake trainings move it."""
+
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self):
+    return self.now
+
+
+class _TimedTraining:
+  """A train_fn whose steps take ``step_seconds[name]`` of a fake clock (``slowdown`` times that after the
+  calibration's steps) and each training ``call_seconds`` besides; a ``--max_seconds`` cap stops it short."""
+
+  def __init__(self, clock, step_seconds, call_seconds=0.5, slowdown=1.0):
+    self.clock, self.step_seconds, self.call_seconds, self.slowdown = clock, step_seconds, call_seconds, slowdown
+    self.trained, self.calls = {}, []
+
+  def __call__(self, config, workdir, evaluate_test):
+    assert not evaluate_test
+    name = workdir.rsplit("/", 1)[-1]
+    start, target, cap = self.trained.get(name, 0), config.budget.max_steps, config.budget.max_seconds
+    rate = self.step_seconds[name] * (self.slowdown if start >= search.CALIBRATION_STEPS else 1.0)
+    steps = target - start if cap is None else min(target - start, int(cap / rate))
+    self.clock.now += self.call_seconds + steps * rate
+    self.trained[name] = start + steps
+    self.calls.append((name, start + steps))
+    score = {"small": 0.3, "wide": 0.5, "wider": 0.4}[name] + 1e-5 * (start + steps)
+    return {"score": score, "train_seconds": steps * rate, "step": start + steps, "step_seconds": rate}
+
+
+_SHAPE = search.DataShape(num_train=130_000, num_features=100_000, num_labels=20_000, mean_features=10)
+
+
+def _ten_times_modelled(config):
+  return {r.name: 10 * search.modelled_step_seconds(recipes.apply(config, r), _SHAPE) for r in recipes.RECIPES}
+
+
+def test_a_search_whose_steps_are_ten_times_slower_than_modelled_ends_within_its_share(tmp_path, monkeypatch):
+  """Issue 48: planned from the modelled step time, a 300 s run's search ran 14 minutes. The measured plan keeps
+  the search within --search_fraction of the budget on a (fake) clock where every step takes 10x the model."""
+  clock = _Clock()
+  monkeypatch.setattr(search, "_clock", clock)
+  config = override(Config(), max_seconds=300.0)
+  share = config.search.search_fraction * 300
+  rates = _ten_times_modelled(config)
+  # The modelled plan on this machine: its rounds' steps at 10x the modelled time overrun the share many times.
+  modelled = search.plan(config, _SHAPE, recipes.RECIPES)
+  modelled_seconds = sum(s * rates[n] for n, s in modelled.steps.items())  # round 1 alone
+  assert modelled_seconds > 5 * share
+  records = []
+  training = _TimedTraining(clock, rates)
+  chosen, summary = search.run(config, str(tmp_path), _SHAPE, training, records.append)
+  measured = [r for r in records if "measured_step_seconds" in r]
+  assert len(measured) == 1 and measured[0]["step"] == 0
+  # Charged: the search's wall time less the first training's startup (a run without a search has it too).
+  assert measured[0]["startup_seconds"] == training.call_seconds
+  assert clock.now <= share and summary["search_wall_seconds"] == pytest.approx(clock.now - training.call_seconds,
+                                                                                abs=0.01)
+  assert measured[0]["measured_step_seconds"] == {n: pytest.approx(s, rel=1e-4) for n, s in rates.items()}
+  assert measured[0]["calibration_steps"] == search.CALIBRATION_STEPS
+  # Each candidate measured (its calibration steps kept: round 1 trains on from them; the first one's directory
+  # trained again at its steps, which times a round's fixed seconds), then the rounds.
+  assert training.calls[:4] == [(n, search.CALIBRATION_STEPS) for n in ("small", "small", "wide", "wider")]
+  rounds = [r for r in records if "search_round" in r]
+  assert len(rounds) == 2 and chosen.search.recipe == "wide"
+  plan = search.plan(config, _SHAPE, recipes.RECIPES, search.Measured.from_record(measured[0]))
+  assert {n: r["steps"] for n, r in rounds[0]["search"].items()} == plan.steps
+  assert plan.steps["small"] > plan.steps["wide"] > plan.steps["wider"] >= search.MIN_ROUND_STEPS
+  # Most of the share is used: the plan is not timid either.
+  assert clock.now > 0.7 * share
+
+
+def test_a_recorded_plan_is_replayed_with_the_same_steps(tmp_path, monkeypatch):
+  """--plan_from takes another run's measured step times: the same rounds, whatever this machine measures; a
+  continued search plans from its own record without measuring again."""
+  clock = _Clock()
+  monkeypatch.setattr(search, "_clock", clock)
+  config = override(Config(), max_seconds=300.0)
+  rates = _ten_times_modelled(config)
+  first_records, again_records = [], []
+  search.run(config, str(tmp_path / "a"), _SHAPE, _TimedTraining(clock, rates), first_records.append)
+  with open(tmp_path / "a.jsonl", "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in first_records)
+  faster = {n: s / 3 for n, s in rates.items()}  # this machine is faster: measuring would plan other steps
+  training = _TimedTraining(clock, faster)
+  search.run(override(config, plan_from=str(tmp_path / "a.jsonl")), str(tmp_path / "b"), _SHAPE, training,
+             again_records.append)
+  steps = lambda records: [{n: r["steps"] for n, r in x["search"].items()} for x in records if "search_round" in x]
+  assert steps(again_records) == steps(first_records)
+  assert training.calls[:4] == [(n, search.CALIBRATION_STEPS) for n in ("small", "small", "wide", "wider")]
+  replayed = [r for r in again_records if "measured_step_seconds" in r][0]
+  assert replayed["measured_step_seconds"] == [r for r in first_records if "measured_step_seconds" in r][0][
+      "measured_step_seconds"] and replayed["plan_from"] == str(tmp_path / "a.jsonl")
+  # A continued search (its metrics.jsonl holds the record) does not measure again.
+  workdir = tmp_path / "c"
+  workdir.mkdir()
+  (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in first_records[:1]))
+  assert search.read_measurements(str(workdir)) == search.read_measurements(str(tmp_path / "a.jsonl"))
+  with pytest.raises(ConfigError, match="--plan_from=.*holds no measured_step_seconds record"):
+    search.read_measurements(str(tmp_path / "b" / "search"))
+
+
+def test_a_search_slower_than_measured_adapts_and_ends_within_its_share(tmp_path, monkeypatch, info_logs):
+  """Steps 10x slower after the calibration (a machine that got busy): the first candidate is stopped by its
+  part of the clock, the rest of round 1 that cannot fit is left out, and the search ends within its share."""
+  clock = _Clock()
+  monkeypatch.setattr(search, "_clock", clock)
+  config = override(Config(), max_seconds=300.0)
+  records = []
+  training = _TimedTraining(clock, _ten_times_modelled(config), slowdown=10.0)
+  chosen, summary = search.run(config, str(tmp_path), _SHAPE, training, records.append)
+  share = config.search.search_fraction * 300
+  assert clock.now <= share + 2 * training.call_seconds
+  assert "small stopped by the search's clock" in info_logs.text
+  assert "wide left out" in info_logs.text and "wider left out" in info_logs.text
+  assert chosen.search.recipe == "small"  # the only one compared in the seconds left
+  assert chosen.search.recipe == summary["recipe"]
+
+
+def test_step_budgets_are_planned_without_measuring(tmp_path):
+  """--max_steps: no calibration, no cap: the rounds are the same steps as before (bit-identical runs)."""
+  config = override(Config(), max_steps=2000)
+  training = _FakeTraining({"small": (0.5, 0.6), "wide": (0.4, 0.7), "wider": (0.1, 0.2)})
+  records = []
+  search.run(config, str(tmp_path), search.DataShape(10_000, 1_000, 100, 10), training, records.append)
+  assert not any("measured_step_seconds" in r for r in records)
+  assert [c[1] for c in training.calls] == [200, 200, 200, 400, 400]  # 0.5 * 2000 / 5 round-0 budgets
+
+
+def test_a_budget_too_small_by_the_measured_step_times_trains_the_cheapest_on(tmp_path, monkeypatch, info_logs):
+  """Steps 100x slower than modelled: the model leaves room for a search, the measurements do not; the cheapest
+  candidate's measured steps are not thrown away: it wins without rounds and the run trains it on."""
+  clock = _Clock()
+  monkeypatch.setattr(search, "_clock", clock)
+  config = override(Config(), max_seconds=300.0)
+  rates = {n: 10 * s for n, s in _ten_times_modelled(config).items()}
+  records = []
+  chosen, summary = search.run(config, str(tmp_path), _SHAPE, _TimedTraining(clock, rates), records.append)
+  assert chosen.search.recipe == summary["recipe"] == "small" and not any("search_round" in r for r in records)
+  assert "small trains on from its 20 measured steps" in info_logs.text
+  assert clock.now <= config.search.search_fraction * 300
+
+
+def test_the_measured_plan_counts_each_rounds_evaluations():
+  """A round evaluates every --eval_every steps: its step time is the step's and its share of an evaluation (the
+  300 s run's rounds ran 30% past their plan without it)."""
+  import dataclasses
+
+  config = override(Config(), max_seconds=300.0)
+  measured = search.Measured({"small": 0.01, "wide": 0.03}, {"small": 1.0, "wide": 2.0}, 5.0)
+  evaluated = dataclasses.replace(measured, eval_seconds={"small": 5.0, "wide": 10.0})
+  candidates = recipes.RECIPES[:2]
+  rates = {"small": 0.01 + 5.0 / 500, "wide": 0.03 + 10.0 / 500}
+  # 2 candidates: one round of 2 trainings (2 s each at most) after the 5 s of measuring.
+  share = (0.5 * 300 - 5.0 - 2 * 2.0) / 2
+  assert search.plan(config, _SHAPE, candidates, evaluated).steps == {
+      n: search.CALIBRATION_STEPS + int(share / rates[n]) for n in rates}
+  assert search.plan(config, _SHAPE, candidates, measured).steps["small"] > 1.9 * \
+      search.plan(config, _SHAPE, candidates, evaluated).steps["small"]

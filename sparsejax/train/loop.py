@@ -44,9 +44,11 @@ from sparsejax.train.nonfinite import NonFiniteError, NonFiniteWatch
 from sparsejax.train.stopping import Interrupted, StopRequests
 
 # Final-record fields that describe the run rather than a point of a curve.
-_SUMMARY_FIELDS = ("step", "epoch", "last_loss", "samples_per_sec", "seconds", "train_seconds", "num_params", "final",
+_SUMMARY_FIELDS = ("step", "epoch", "last_loss", "samples_per_sec", "seconds", "train_seconds", "budget_seconds",
+                   "num_params", "final",
                    "num_processes", "last_step", "selected_step", "selected_by", "stopped_by", "bad_evaluations",
-                   "recipe", "search_seconds", "search_scores", "fusion_weight", "fusion_validation")
+                   "recipe", "search_seconds", "search_wall_seconds", "search_scores", "fusion_weight",
+                   "fusion_validation")
 
 
 def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None = None,
@@ -90,6 +92,7 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
       logging.info("%s", final_line(final, workdir))
       return final
   config.validate()
+  t_invocation, search_wall_seconds = time.time(), 0.0
   # A run stopped while it took over its search's winner finishes that first (the search runs in one process; a
   # refused --resume=never changes nothing); a run continued after its search reports it. --max_seconds counts
   # this invocation's training: the search's seconds were charged to the invocation that searched.
@@ -115,11 +118,29 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
                             functools.partial(_train, data=data), functools.partial(_append_record, workdir))
       if chosen is not None:
         config, search_summary = chosen
-        config = _charged_for_search(config, search_summary)
+        # The search's wall time, measuring, compiling and evaluating included, counts against --max_seconds (the
+        # startup of its first training aside: a run without a search spends it as well).
+        search_wall_seconds = search_summary["search_wall_seconds"]
+        config = _charged_for_search(config, search_wall_seconds)
     else:
       logging.info("recipe: the defaults, no search (%s)", why_not)
   final = _train(config, workdir, data=data, search_summary=search_summary)
-  return _with_members(config, workdir, data, final)
+  final = _with_members(config, workdir, data, final)
+  _log_budget(config, final, search_wall_seconds, time.time() - t_invocation)
+  return final
+
+
+def _log_budget(config: Config, final: dict[str, Any], search_wall_seconds: float, total: float) -> None:
+  """Logs what this invocation's seconds went to: those that --max_seconds counts (the search, the training and its
+  evaluations, the ensemble's members) and the rest (loading, compiling, the final evaluations)."""
+  if final.get("budget_seconds") is None:  # a finished run's record, returned as it was
+    return
+  counted = search_wall_seconds + final["budget_seconds"]
+  budget = config.budget.max_seconds
+  logging.info("seconds: %.1f counted against the budget%s (search %.1f, training and evaluations %.1f), %.1f "
+               "besides (loading, compiling, final evaluation); %.1f in all", counted,
+               f" of {budget + search_wall_seconds:.0f}" if budget is not None else "", search_wall_seconds,
+               final["budget_seconds"], total - counted, total)
 
 
 def _with_members(config: Config, workdir: str, data: LoadedData | None, final: dict[str, Any]) -> dict[str, Any]:
@@ -294,7 +315,7 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
                feature_widths, label_widths, len(feature_widths) * len(label_widths))
   try:
     state = loop.train(state, batches, position.get("seconds", 0.0), show_progress=is_chief)
-    if checkpoints.latest_step() != loop.step:
+    if checkpoints.latest_step() != loop.step and not _stops_on_kept_checkpoint(loop, checkpoints, state):
       loop.save(state, batches, wait=True)
   except NonFiniteError as e:  # --on_nonfinite: say which checkpoint the run can go back to
     checkpoints.wait()
@@ -311,7 +332,7 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
     batches.close()
   checkpoints.wait()
   if loop.stop_signal is not None:
-    raise Interrupted(loop.stop_signal, loop.step, checkpoints.directory)
+    raise Interrupted(loop.stop_signal, checkpoints.latest_step(), checkpoints.directory)
   if not evaluate_test:
     return loop.finish_candidate(state, start_step)
   return loop.finish(state, start_step, search_summary)
@@ -331,11 +352,30 @@ def _check_interface(config: Config) -> None:
                       f"{', '.join(sorted(os.listdir(net)))})")
 
 
-def _charged_for_search(config: Config, search_summary: dict) -> Config:
-  """``config`` with the search's training seconds taken from ``--max_seconds`` (they count against the budget)."""
-  if config.budget.max_seconds is None:
+# A state larger than this is not saved again when a signal stops the run where a periodic checkpoint is kept: a
+# 154M-parameter candidate (1.8 GB with Adam's moments) took 2.5 minutes to save and exit on SIGTERM.
+QUICK_STOP_BYTES = 512 << 20
+
+
+def _stops_on_kept_checkpoint(loop: "_Loop", checkpoints: checkpoint.Checkpoints, state) -> bool:
+  """Whether a run stopped by a signal exits on its newest periodic checkpoint instead of saving its state (too
+  large to save in seconds); the steps after that checkpoint are trained again by the continued run, as logged."""
+  kept = checkpoints.latest_step()
+  if loop.stop_signal is None or kept is None:
+    return False
+  size = sum(leaf.nbytes for leaf in jax.tree.leaves(state))
+  if size <= QUICK_STOP_BYTES:
+    return False
+  logging.warning("stopping at once: the state (%.1f GiB) is not saved again; the run continues from checkpoint %d "
+                  "(the %d steps after it are trained again)", size / 2**30, kept, loop.step - kept)
+  return True
+
+
+def _charged_for_search(config: Config, search_wall_seconds: float) -> Config:
+  """``config`` with the search's wall seconds taken from ``--max_seconds`` (they count against the budget)."""
+  if config.budget.max_seconds is None or not search_wall_seconds:
     return config
-  return override(config, max_seconds=max(config.budget.max_seconds - search_summary["search_seconds"], 1e-3))
+  return override(config, max_seconds=max(config.budget.max_seconds - search_wall_seconds, 1e-3))
 
 
 def _holds_checkpoints(workdir: str) -> bool:
@@ -465,6 +505,9 @@ class _Loop:
     self.step, self.last_loss, self.stop_signal = 0, None, None
     self.stopped_by = config.budget.step_limit_name(steps_per_epoch)  # or "max_seconds", "early_stopping"
     self.train_seconds, self.seconds_before = 0.0, 0.0
+    # What --max_seconds counts (training and evaluations), and the steady step time measured after the first step
+    # (its compilation excluded): the recipe search plans its rounds from it.
+    self.budget_seconds, self.eval_seconds, self.step_seconds = 0.0, 0.0, None
     self.nonfinite = NonFiniteWatch(config.run.on_nonfinite)
 
   def train(self, state, batches: BatchIterator, seconds_before: float, show_progress: bool):
@@ -479,6 +522,10 @@ class _Loop:
     average_every = averaging.period(average_steps) if average_steps else 0
     t_loop, eval_seconds = time.time(), 0.0
     window_start, window_steps, metrics = time.time(), 0, None
+    start_step, first_step_seconds = self.step, None
+    # The last evaluation's seconds: a run that selects on validation evaluates its last state, so the budget stops
+    # training that much earlier (evaluations count against --max_seconds, the last one included).
+    last_eval_seconds = 0.0
     try:
       with StopRequests() as stop:
         while self.max_steps is None or self.step < self.max_steps:
@@ -492,17 +539,22 @@ class _Loop:
           state = prof.maintenance("tables", run.maintain, state, self.step)
           if average_every and self.step % average_every == 0:
             state = prof.maintenance("average", averaging.update_state, state, average_steps)
+          if first_step_seconds is None:  # waits for the first step: its compilation is not the step's time
+            jax.block_until_ready(metrics["loss"])
+            first_step_seconds = time.time() - t_loop
           self.train_seconds = time.time() - t_loop - eval_seconds
           last = self.step == self.max_steps
           # Every process must take the same steps: the wall-clock budget is checked every
-          # log_every steps and process 0's verdict is followed by all.
-          if (not last and max_seconds is not None and self.step % log_every == 0
-              and sharding.agree(time.time() - t_loop - eval_seconds >= max_seconds)):
+          # log_every steps and process 0's verdict is followed by all (one process: every step, a clock reading).
+          reserve = last_eval_seconds if self.selection is not None else 0.0
+          if (not last and max_seconds is not None and (self.step % log_every == 0 or jax.process_count() == 1)
+              and sharding.agree(time.time() - t_loop + reserve >= max_seconds)):
             logging.info("wall-clock budget of %.0f s reached at step %d", max_seconds, self.step)
             self.stopped_by, last = "max_seconds", True
           record = {}
           if self.step % log_every == 0 or last:
             self.last_loss = float(sharding.local_value(metrics["loss"]))  # syncs: only every log_every steps
+            self.train_seconds = time.time() - t_loop - eval_seconds  # the steps done, not only dispatched
             record = {"loss": self.last_loss, "learning_rate": float(sharding.local_value(metrics["learning_rate"])),
                       "samples_per_sec": window_steps * batch_size / max(time.time() - window_start, 1e-9),
                       **prof.log_record()}
@@ -526,13 +578,19 @@ class _Loop:
             logging.info("step %d: %sP@1 %.4f  P@5 %.4f%s", self.step,
                          "validation " if self.selection is not None else "", record["p@1"], record["p@5"],
                          _retrieval_line(record))
-            eval_seconds += time.time() - t_eval
+            last_eval_seconds = time.time() - t_eval
+            eval_seconds += last_eval_seconds
             window_start = time.time()
             if self.selection is not None and not last and sharding.agree(self.selection.should_stop(self.step)):
               self._write(record)
               logging.info("early stopping at step %d: %s", self.step, self.selection.stop_reason(self.step))
               self.stopped_by = "early_stopping"
               break
+            # An evaluation that spent the rest of the budget ends the run on the state it scored.
+            if not last and max_seconds is not None and sharding.agree(time.time() - t_loop >= max_seconds):
+              logging.info("wall-clock budget of %.0f s reached at step %d (its evaluation included)", max_seconds,
+                           self.step)
+              self.stopped_by, last = "max_seconds", True
           if record:
             self._write(record)
           if self.step % config.checkpoint.checkpoint_every == 0 and not last:  # the last: after the loop
@@ -549,6 +607,9 @@ class _Loop:
       if metrics is not None and self.step % log_every:  # the final record's loss: the last step's
         self.last_loss = float(sharding.local_value(metrics["loss"]))
       prof.finish()  # a window the loop cut short (every process gets here together)
+      self.budget_seconds, self.eval_seconds = time.time() - t_loop, eval_seconds
+      if first_step_seconds is not None and self.step - start_step > 1:
+        self.step_seconds = (self.train_seconds - first_step_seconds) / (self.step - start_step - 1)
     finally:
       prof.close()
       progress.close()
@@ -584,7 +645,8 @@ class _Loop:
     if self.writer is not None:
       self.writer.close()
     return {"score": self.selection.best_value, "step": self.step, "train_seconds": self.train_seconds,
-            "samples": (self.step - start_step) * self.config.optim.batch_size}
+            "samples": (self.step - start_step) * self.config.optim.batch_size, "step_seconds": self.step_seconds,
+            "budget_seconds": self.budget_seconds, "eval_seconds": self.eval_seconds}
 
   def finish(self, state, start_step: int, search_summary: dict | None = None) -> dict[str, Any]:
     """The final evaluation on the whole test set, of the selected state, recorded and logged."""
@@ -630,6 +692,8 @@ class _Loop:
         "stopped_by": self.stopped_by,
         "samples_per_sec": (self.step - start_step) * self.config.optim.batch_size / max(self.train_seconds, 1e-9),
         "seconds": self.seconds_before + self.train_seconds, "train_seconds": self.train_seconds,
+        # What --max_seconds counted: the training and its evaluations (the final test evaluation excluded).
+        "budget_seconds": round(self.budget_seconds, 2),
         "num_params": model.num_params(state), "final": True, "num_processes": self.run.num_shards,
         # Where no search ran, config says auto: the record names what trained.
         "recipe": recipes.trained(self.config), **(search_summary or {}), **fusion_record,

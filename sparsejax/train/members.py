@@ -31,7 +31,7 @@ MEMBERS_DIR = "members"
 # Fields of the first network's final record that describe the run (the schedule every member followed): the
 # ensemble's record keeps them as they are.
 _RUN_FIELDS = ("step", "last_step", "epoch", "stopped_by", "seconds", "final", "num_processes", "selected_step",
-               "selected_by", "bad_evaluations", "recipe", "search_seconds", "search_scores")
+               "selected_by", "bad_evaluations", "recipe", "search_seconds", "search_wall_seconds", "search_scores")
 
 
 def remove_former(workdir: str) -> None:
@@ -80,11 +80,14 @@ def train(config: Config, final: dict[str, Any], workdir: str, train_fn: TrainFn
     validation_seed: the seed of the first member's validation split, which every member keeps.
   """
   steps = int(final["step"])
-  left = config.budget.max_seconds - final.get("train_seconds", 0.0)
-  # A member's seconds, at the first one's measured pace: one that would not finish is not started (it would be
-  # left out, its seconds spent for nothing).
+  # Evaluations count against the budget: the first member's training and evaluations, as its loop counted them.
+  spent = final.get("budget_seconds", final.get("train_seconds", 0.0))
+  left = config.budget.max_seconds - spent
+  # A member's seconds, at the first one's measured pace (its evaluations' share included): one that would not
+  # finish is not started (it would be left out, its seconds spent for nothing).
   rate = final.get("samples_per_sec") or 0.0
-  need = steps * config.optim.batch_size / rate if rate > 0 else 0.0
+  with_evaluations = spent / final["train_seconds"] if final.get("train_seconds") else 1.0
+  need = steps * config.optim.batch_size / rate * with_evaluations if rate > 0 else 0.0
   done = {}
   for m in range(1, config.search.ensemble_members):
     if left < need or left <= 0:
@@ -106,12 +109,13 @@ def train(config: Config, final: dict[str, Any], workdir: str, train_fn: TrainFn
     except (NonFiniteError, ResumeError) as e:  # the run stays served by the members it has
       logging.warning("ensemble: member %d left out: %s", m, e)
       break
-    left -= result["train_seconds"]
+    left -= result.get("budget_seconds", result["train_seconds"])
     if result["step"] < steps:
       logging.info("ensemble: member %d stopped by the clock at step %d of %d: left out", m, result["step"], steps)
       break
     logging.info("ensemble: member %d: validation %s %.4f", m, config.run.selection_metric, result["score"])
-    done[member] = {"train_seconds": result["train_seconds"], "samples": result["samples"]}
+    done[member] = {"train_seconds": result["train_seconds"], "samples": result["samples"],
+                    "budget_seconds": result.get("budget_seconds", result["train_seconds"])}
   return done
 
 
@@ -157,6 +161,8 @@ def evaluate(config: Config, final: dict[str, Any], workdir: str, members: dict[
   record["ensemble_members"] = 1 + len(members)
   record["member_train_seconds"] = [final.get("train_seconds", 0.0), *(m["train_seconds"] for m in members.values())]
   record["train_seconds"] = sum(record["member_train_seconds"])
+  record["budget_seconds"] = round(final.get("budget_seconds", 0.0) + sum(
+      m.get("budget_seconds", m["train_seconds"]) for m in members.values()), 2)
   record["seconds"] = final.get("seconds", 0.0) + sum(record["member_train_seconds"][1:])
   samples = final.get("samples_per_sec", 0.0) * final.get("train_seconds", 0.0) + sum(
       m["samples"] for m in members.values())

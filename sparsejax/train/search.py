@@ -8,10 +8,16 @@ took in the search, so they are not lost. ``metrics.jsonl`` gets one ``"search"`
 candidate's steps, training seconds and validation score) and one naming the winner.
 
 Rounds are measured in steps, never in measured seconds, so that the same seed chooses the same recipe and
-yields bit-identical parameters on any machine. With ``--max_seconds`` a candidate's steps are its share of
-the search's seconds over its *modelled* step time (:func:`modelled_step_seconds`: the step's multiply-adds and
-row updates at rates measured on 2 cores); with ``--max_steps`` or ``--num_epochs`` every candidate of a round
-gets the same steps.
+yields bit-identical parameters on any machine. With ``--max_steps`` or ``--num_epochs`` every candidate of a
+round gets the same steps. With ``--max_seconds`` each candidate first trains ``CALIBRATION_STEPS`` steps in its
+directory (kept: round 1 trains on from them), which measures its step time on this machine and data (the first
+step's compilation excluded) and the seconds a round costs besides its steps (compiling, the validation
+evaluation, the checkpoints); a candidate's steps are then its share of the search's seconds over its measured step
+time. ``metrics.jsonl`` records the measurements (``measured_step_seconds``): a continued search plans from them
+again, and ``--plan_from`` makes another run take the same plan, so the same seed takes the same steps. The modelled
+step time (:func:`modelled_step_seconds`) stands in only where a candidate could not be measured. While the
+rounds run, the clock is compared with the plan: a round that the seconds left cannot hold is not started (round
+1: the candidates that do not fit are left out; later: the search ends with the leader so far), as logged.
 """
 
 import dataclasses
@@ -19,6 +25,7 @@ import json
 import math
 import os
 import shutil
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +40,50 @@ SEARCH_DIR = "search"
 # A round shorter than this tells recipes apart by noise (a few hundred steps of Adam at the default rate): a
 # budget that gives fewer steps to the first round compares fewer recipes, down to none.
 MIN_ROUND_STEPS = 100
+# Steps that measure a candidate's step time under --max_seconds (the first, compiled, not counted); kept.
+CALIBRATION_STEPS = 20
+# The largest share of the search's seconds that measuring the candidates may take: those not measured by then are
+# not compared (a step so slow that 20 of them take a tenth of the budget leaves no room for a search anyway).
+CALIBRATION_SHARE = 0.5
+# The search's clock (a test's fake clock replaces it).
+_clock = time.monotonic
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+  """What the calibration measured on this machine and data (or a recorded run's, replayed).
+
+  Attributes:
+    step_seconds: each measured candidate's steady step time (its first step, compiled, excluded).
+    call_seconds: each one's seconds of a round besides its steps: the split, building and restoring the state,
+      the validation evaluation, the checkpoints (measured by training the first candidate's directory once more,
+      in proportion to each one's step time, at most its first training's seconds besides its steps).
+    calibration_seconds: the wall time the calibration took, all candidates together, less ``startup_seconds``.
+    startup_seconds: the first training's seconds besides its steps, which a run without a search spends as well
+      (the process's first compilations, the first checkpoint): not charged to the search.
+    eval_seconds: each one's seconds of a validation evaluation (a round evaluates every ``--eval_every`` steps).
+  """
+  step_seconds: dict[str, float]
+  call_seconds: dict[str, float]
+  calibration_seconds: float
+  startup_seconds: float = 0.0
+  eval_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+
+  def record(self) -> dict[str, Any]:
+    return {"measured_step_seconds": self.step_seconds, "measured_call_seconds": self.call_seconds,
+            "measured_eval_seconds": self.eval_seconds, "calibration_seconds": self.calibration_seconds,
+            "startup_seconds": self.startup_seconds, "calibration_steps": CALIBRATION_STEPS}
+
+  @classmethod
+  def from_record(cls, record: dict[str, Any]) -> "Measured":
+    return cls(dict(record["measured_step_seconds"]), dict(record.get("measured_call_seconds", {})),
+               float(record.get("calibration_seconds", 0.0)), float(record.get("startup_seconds", 0.0)),
+               dict(record.get("measured_eval_seconds", {})))
+
+  def rate(self, name: str, eval_every: int) -> float | None:
+    """Seconds per step of a round: the step's, and its share of the periodic evaluations."""
+    step = self.step_seconds.get(name)
+    return None if step is None else step + self.eval_seconds.get(name, 0.0) / eval_every
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +121,14 @@ class Plan:
   rounds: int
 
 
+def _round_calls(count: int) -> int:
+  """How many candidate trainings successive halving of ``count`` candidates takes (each round's survivors)."""
+  calls, alive = 0, count
+  while alive > 1:
+    calls, alive = calls + alive, -(-alive // 2)
+  return calls
+
+
 def _round_units(count: int) -> tuple[int, int]:
   """``(rounds, units)``: successive halving of ``count`` candidates; ``units`` is the total of round-0 budgets
   it spends (round r trains ``ceil(count / 2**r)`` candidates from ``2**(r-1)`` to ``2**r`` round-0 budgets)."""
@@ -80,16 +139,37 @@ def _round_units(count: int) -> tuple[int, int]:
   return rounds, units
 
 
-def plan(config: Config, shape: DataShape, candidates: tuple[recipes.Recipe, ...]) -> Plan | None:
-  """The rounds that fit ``config``'s budget, or None where no two candidates fit (too small a budget)."""
+def plan(config: Config, shape: DataShape, candidates: tuple[recipes.Recipe, ...],
+         measured: Measured | None = None) -> Plan | None:
+  """The rounds that fit ``config``'s budget, or None where no two candidates fit (too small a budget).
+
+  Args:
+    config: the run.
+    shape: the training data's sizes.
+    candidates: the recipes, cheapest first.
+    measured: with ``--max_seconds``, the calibration's measurements: candidates it did not measure are left out,
+      the seconds it took and the rounds' fixed costs come off the search's seconds, and a candidate's steps (its
+      calibration steps included) are its share over its measured step time. None: the modelled step time.
+  """
   steps_per_epoch = max(shape.num_train // config.optim.batch_size, 1)
   max_steps = config.budget.max_steps_for(steps_per_epoch)
   fraction = config.search.search_fraction
   candidates = tuple(candidates)
+  if measured is not None and config.budget.max_seconds is not None:
+    candidates = tuple(r for r in candidates if r.name in measured.step_seconds)
   while len(candidates) > 1:
     rounds, units = _round_units(len(candidates))
     configs = {r.name: recipes.apply(config, r) for r in candidates}
-    if config.budget.max_seconds is not None:
+    if config.budget.max_seconds is not None and measured is not None:
+      rates = {n: measured.rate(n, config.run.eval_every) or modelled_step_seconds(c, shape)
+               for n, c in configs.items()}
+      # Each training of a candidate costs its fixed seconds; the rounds after the first train the calibration's
+      # steps again (round r trains 2**(r-1) round-0 step counts, those steps included).
+      fixed = _round_calls(len(candidates)) * max(measured.call_seconds.get(n, 0.0) for n in configs)
+      again = (units - len(candidates)) * CALIBRATION_STEPS * max(rates.values())
+      share = (fraction * config.budget.max_seconds - measured.calibration_seconds - fixed - again) / units
+      steps = {n: CALIBRATION_STEPS + max(int(share / rates[n]), 0) for n in configs}
+    elif config.budget.max_seconds is not None:
       share = fraction * config.budget.max_seconds / units  # round-0 seconds of each candidate
       steps = {n: int(share / modelled_step_seconds(c, shape)) for n, c in configs.items()}
       if max_steps is not None:  # a step or epoch limit too: no candidate past its share of those
@@ -131,53 +211,108 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
       to ``workdir`` (its checkpoints, best state, assets, metrics), from where the run continues.
     shape: the training data's sizes.
     train_fn: ``train_fn(config, workdir, evaluate_test=False)`` trains a candidate to its budget (resuming
-      its directory) and returns ``{"score": best validation metric, "train_seconds": ...}``.
+      its directory) and returns ``{"score": best validation metric, "train_seconds": ...}`` (and, measured,
+      ``"step_seconds"``: its steady step time).
     write_record: appends a record to the run's ``metrics.jsonl``.
     candidates: the recipes, cheapest first.
 
   Returns:
-    None where the budget fits no comparison (the log says so; the run trains the defaults).
+    None where the budget fits no comparison (the log says so; the run trains the defaults). The summary's
+    ``search_wall_seconds`` is the wall time the search took (what ``--max_seconds`` is charged).
   """
-  the_plan = plan(config, shape, candidates)
+  t_start = _clock()
+  # Each round continues the candidate's own directory: under --resume=force too (a changed setting), else auto.
+  resume = "force" if config.checkpoint.resume == "force" else "auto"
+  # A candidate trains its steps; under --max_seconds the search's seconds left cap it too, which binds only where
+  # its steps run much slower than measured (they then stop short, as logged and recorded).
+  # (No early stop by --early_stopping_ratio there: a candidate trains its steps.)
+  candidate_config = lambda recipe, steps, cap=None: override(
+      recipes.apply(config, recipe), max_steps=steps, num_epochs=None, max_seconds=cap,
+      early_stopping_patience=None, resume=resume, plan_from=None,
+      **({"early_stopping_ratio": None} if cap is not None else {}))
+  measured, calibration_scores, startup = None, {}, 0.0
+  # Measured only where the modelled step time (faster than most machines measure) leaves room for a comparison.
+  if config.budget.max_seconds is not None and plan(config, shape, candidates) is not None:
+    measured, calibration_scores, startup = _measure(config, workdir, candidates, candidate_config, train_fn,
+                                                     write_record)
+  the_plan = plan(config, shape, candidates, measured)
+  if the_plan is None and measured is not None and measured.step_seconds.get(candidates[0].name) is not None:
+    # The cheapest candidate's measured steps are kept: it wins, with no rounds (the run trains it on).
+    logging.info("recipe search: by the measured step times the budget is too small to compare recipes (< %d "
+                 "steps each): %s trains on from its %d measured steps", MIN_ROUND_STEPS, candidates[0].name,
+                 CALIBRATION_STEPS)
+    the_plan = Plan((candidates[0],), {candidates[0].name: CALIBRATION_STEPS}, 0)
   if the_plan is None:
     logging.info("recipe search: the budget is too small to compare recipes (< %d steps each): training the "
                  "defaults", MIN_ROUND_STEPS)
+    if measured is not None:  # the measured directories: the run trains the defaults afresh in workdir
+      shutil.rmtree(os.path.join(workdir, SEARCH_DIR), ignore_errors=True)
     return None
   metric = config.run.selection_metric
   logging.info("recipe search over %s: %d round(s) of successive halving on validation %s; first round: %s",
                ", ".join(r.name for r in the_plan.candidates), the_plan.rounds, metric,
                ", ".join(f"{n} {s} steps" for n, s in the_plan.steps.items()))
   alive = list(the_plan.candidates)
-  scores: dict[str, float] = {}
+  # (A winner by default is reported with the score of its measured steps.)
+  scores: dict[str, float] = dict(calibration_scores) if the_plan.rounds == 0 else {}
   search_seconds = 0.0
   # Rounds already done (an interrupted search run again): their results, not their training again. A candidate
   # of a later round has trained past an earlier round's steps, so replaying that round would score another state.
   done_path = os.path.join(workdir, SEARCH_DIR, _ROUNDS_FILE)
   done = _read_rounds(done_path)
-  # Each round continues the candidate's own directory: under --resume=force too (a changed setting), else auto.
-  resume = "force" if config.checkpoint.resume == "force" else "auto"
+  clock = _Budget(config, measured, t_start + startup)
+  ended_early = False
   for round_index in range(the_plan.rounds):
+    if len(alive) < 2:  # the others were left out of the rounds by the clock
+      break
     if round_index < len(done):
       results = done[round_index]
       logging.info("recipe search, round %d: done before (%s)", round_index + 1,
                    ", ".join(f"{n} {r['score']:.4f}" for n, r in results.items()))
     else:
       results = {}
-      for recipe in alive:
-        steps = the_plan.steps[recipe.name] * 2 ** round_index
-        candidate = override(recipes.apply(config, recipe), max_steps=steps, num_epochs=None, max_seconds=None,
-                             early_stopping_patience=None, resume=resume)
-        result = train_fn(candidate, os.path.join(workdir, SEARCH_DIR, recipe.name), evaluate_test=False)
-        results[recipe.name] = {"steps": steps, "score": result["score"],
+      before = done[round_index - 1] if round_index else {}
+      trained_to = {r.name: before[r.name]["steps"] if r.name in before else
+                    (CALIBRATION_STEPS if measured is not None else 0) for r in alive}
+      targets = {r.name: the_plan.steps[r.name] * 2 ** round_index for r in alive}
+      if round_index > 0 and not clock.fits(alive, trained_to, targets):
+        logging.warning("recipe search: round %d would take about %.0f s, %.0f s of the search's %.0f s are left "
+                        "(its steps ran slower than measured): the search ends with the leader so far",
+                        round_index + 1, clock.cost(alive, trained_to, targets), clock.left(),
+                        clock.budget)
+        write_record({"step": 0, "search_ended_early": round_index + 1, "search_seconds_left": round(clock.left(), 2)})
+        ended_early = True
+        break
+      for position, recipe in enumerate(alive):
+        steps = targets[recipe.name]
+        # Round 1 shares the seconds left equally (as planned, where the steps run as measured): a candidate whose
+        # part cannot buy a round's least steps is left out (the others are compared).
+        cap = clock.cap(len(alive) - position)
+        affordable = clock.affordable(recipe.name, trained_to[recipe.name], cap)
+        if round_index == 0 and results and affordable < min(steps, MIN_ROUND_STEPS):
+          logging.warning("recipe search, round 1: %s left out: the %.0f s left of the search's %.0f s buy it %d "
+                          "steps at the pace seen so far (a round takes at least %d)", recipe.name, clock.left(),
+                          clock.budget, affordable, MIN_ROUND_STEPS)
+          continue
+        t_call = _clock()
+        result = train_fn(candidate_config(recipe, steps, cap), os.path.join(workdir, SEARCH_DIR, recipe.name),
+                          evaluate_test=False)
+        trained = result.get("step", steps)
+        clock.observed(recipe.name, trained_to[recipe.name], trained, _clock() - t_call)
+        results[recipe.name] = {"steps": trained, "score": result["score"],
                                 "train_seconds": round(result["train_seconds"], 2)}
+        if trained < steps:
+          logging.warning("recipe search, round %d: %s stopped by the search's clock at step %d of %d (its steps "
+                          "ran slower than measured)", round_index + 1, recipe.name, trained, steps)
         logging.info("recipe search, round %d: %s (%s) after %d steps: validation %s %.4f", round_index + 1,
-                     recipe.name, recipe.summary, steps, metric, result["score"])
+                     recipe.name, recipe.summary, trained, metric, result["score"])
     for name, result in results.items():
       scores[name] = result["score"]
       search_seconds += result["train_seconds"]
     # The better half goes on; ties keep the cheaper recipe (the candidates' order), for a deterministic choice; a
-    # non-finite score (a diverged candidate) ranks last.
-    ranked = sorted(alive, key=lambda r: -scores[r.name] if math.isfinite(scores[r.name]) else math.inf)
+    # non-finite score (a diverged candidate) ranks last; one left out of the round (the clock) goes no further.
+    ranked = sorted((r for r in alive if r.name in results),
+                    key=lambda r: -scores[r.name] if math.isfinite(scores[r.name]) else math.inf)
     alive = ranked[:-(-len(alive) // 2)]
     if round_index >= len(done):
       done.append(results)
@@ -187,11 +322,19 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
     for recipe in the_plan.candidates:  # the eliminated ones' states are not needed again (their records stay)
       if recipe not in alive:
         _remove_states(os.path.join(workdir, SEARCH_DIR, recipe.name))
+  if ended_early:  # the leader of the last round trained: the others' states go
+    alive = alive[:1]
+    for recipe in the_plan.candidates:
+      if recipe not in alive:
+        _remove_states(os.path.join(workdir, SEARCH_DIR, recipe.name))
   winner = alive[0]
   summary = {"recipe": winner.name, "search_seconds": round(search_seconds, 2),
+             "search_wall_seconds": round(_clock() - t_start - startup, 2),
              "search_scores": {name: round(value, 4) for name, value in scores.items()}}
-  logging.info("recipe search: %s wins (validation %s %.4f; %s) after %.0f s of search training", winner.name,
-               metric, scores[winner.name], winner.summary, search_seconds)
+  logging.info("recipe search: %s wins (validation %s %.4f; %s) after %.0f s of search training (%.0f s in all, "
+               "measuring and evaluating included)", winner.name, metric, scores.get(winner.name, math.nan),
+               winner.summary,
+               search_seconds, summary["search_wall_seconds"])
   write_record({"step": 0, "search_winner": winner.name, **summary})
   # The adoption is several moves: rounds.json says it began (and how long metrics.jsonl was), so that a run
   # stopped halfway finishes it (finish_adoption) instead of resuming from half the winner's files.
@@ -202,6 +345,155 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
   finish_adoption(workdir)
   # The run continues the winner's checkpoints (a fresh run's: there were none before the search).
   return override(recipes.apply(config, winner), resume="auto"), summary
+
+
+def _measure(config: Config, workdir: str, candidates, candidate_config, train_fn: TrainFn,
+             write_record: Callable[[dict], None]) -> tuple[Measured, dict[str, float], float]:
+  """The candidates' step times: recorded (a continued search; ``--plan_from``) or measured now, by training each
+  ``CALIBRATION_STEPS`` steps in its directory (cheapest first, while the calibration's share of the search's
+  seconds lasts), and recorded in ``metrics.jsonl``; with the validation scores of the measured steps (none where
+  recorded) and the startup seconds of this invocation's first training (not charged to the search)."""
+  recorded = read_measurements(workdir, required=False)
+  if recorded is not None:
+    logging.info("recipe search: step times as measured before: %s", _describe(recorded))
+    return recorded, {}, 0.0
+  replayed = read_measurements(config.search.plan_from) if config.search.plan_from else None
+  limit = CALIBRATION_SHARE * config.search.search_fraction * config.budget.max_seconds
+  t_start = _clock()
+  step_seconds, call_seconds, scores, startup, first_wall, repeat = {}, {}, {}, 0.0, 0.0, 0.0
+  eval_seconds = {}
+  for recipe in candidates:
+    if replayed is not None and recipe.name not in replayed.step_seconds:
+      continue  # the recorded run did not measure it (its calibration ran out of time): the plan leaves it out
+    # A candidate's first training compiles its network as the process's first did: expected as long as that one.
+    if replayed is None and step_seconds and _clock() - t_start - startup + first_wall >= limit:
+      logging.warning("recipe search: measuring %s would take about %.0f s, %.0f s of the %.0f s for measuring "
+                      "are left: not compared", recipe.name, first_wall, limit - (_clock() - t_start - startup), limit)
+      continue
+    # The steps are trained even where the plan is replayed: the candidates' states are those of a measured run.
+    t_call = _clock()
+    # (No cap: the clock would count the first step's compilation against it and stop before a step was timed.)
+    result = train_fn(candidate_config(recipe, CALIBRATION_STEPS),
+                      os.path.join(workdir, SEARCH_DIR, recipe.name), evaluate_test=False)
+    wall = _clock() - t_call
+    scores[recipe.name] = result["score"]
+    eval_seconds[recipe.name] = result.get("eval_seconds") or 0.0
+    seconds = result.get("step_seconds")
+    step_seconds[recipe.name] = None if seconds is None else round(seconds, 6)
+    # A round's seconds besides its steps: the call's wall time less its training (the first step's compilation
+    # with it: the first call compiles what later ones mostly find compiled; slower later rounds are seen by the
+    # clock as they run).
+    call_seconds[recipe.name] = round(max(wall - result["train_seconds"], 0.0), 3)
+    if len(call_seconds) == 1:  # the process's first training: its startup is any run's, not the search's
+      startup, first_wall = call_seconds[recipe.name], wall
+      # Its directory once more, at its steps already: what a round costs besides its steps once the programs
+      # are compiled (the split, the state restored, the validation evaluation); a first training's compilations
+      # took 2-5x that on 2 busy cores. Run in a replay as well: the candidates' states stay a measured run's.
+      t_again = _clock()
+      train_fn(candidate_config(recipe, CALIBRATION_STEPS), os.path.join(workdir, SEARCH_DIR, recipe.name),
+               evaluate_test=False)
+      repeat = _clock() - t_again
+  first = next(iter(call_seconds), None)
+  if first is not None:  # a round's fixed seconds: the repeat's, in proportion to a step's (a bigger network
+    # evaluates and restores more), at most what a candidate's first training took besides its steps
+    for name in call_seconds:
+      ratio = (step_seconds[name] / step_seconds[first]) if step_seconds[name] and step_seconds[first] else 1.0
+      call_seconds[name] = round(repeat * max(ratio, 1.0) if name == first else
+                                 min(call_seconds[name], repeat * max(ratio, 1.0)), 3)
+      # (the measured evaluation compiled its programs: at most a round's fixed seconds, which hold one)
+      eval_seconds[name] = round(min(eval_seconds[name], call_seconds[name]), 3)
+  measured = Measured(step_seconds, call_seconds, round(_clock() - t_start - startup, 3), round(startup, 3),
+                      eval_seconds)
+  if replayed is not None:
+    logging.info("recipe search: planned from the step times recorded in %s (%s); measured here: %s",
+                 config.search.plan_from, _describe(replayed), _describe(measured))
+    write_record({"step": 0, **replayed.record(), "plan_from": config.search.plan_from,
+                  "measured_here": measured.record()})
+    return replayed, scores, startup
+  logging.info("recipe search: measured %s (%.1f s of startup in the first)", _describe(measured), startup)
+  write_record({"step": 0, **measured.record()})
+  return measured, scores, startup
+
+
+def _describe(measured: Measured) -> str:
+  return ", ".join(f"{n} {1e3 * s:.1f} ms/step + {measured.call_seconds.get(n, 0.0):.1f} s a round"
+                   if s is not None else f"{n} not measured" for n, s in measured.step_seconds.items())
+
+
+def read_measurements(path: str, required: bool = True) -> Measured | None:
+  """The step times recorded in ``path`` (a ``metrics.jsonl``, or a work directory holding one): its last
+  ``measured_step_seconds`` record. None where there is none and not ``required`` (else a :class:`ConfigError`)."""
+  from sparsejax.config import ConfigError
+
+  file = os.path.join(path, METRICS_FILE) if os.path.isdir(path) else path
+  found = None
+  if os.path.exists(file):
+    with open(file) as f:
+      for line in f:
+        if '"measured_step_seconds"' in line:
+          found = json.loads(line)
+  if found is None:
+    if required:
+      raise ConfigError("plan_from", path, "holds no measured_step_seconds record (a run with --max_seconds and a "
+                        "recipe search writes one in its metrics.jsonl)")
+    return None
+  return Measured.from_record(found)
+
+
+class _Budget:
+  """The search's seconds as the clock spends them: what a round is expected to cost, from the measured step times
+  scaled by how much slower the candidate's trainings ran than expected."""
+
+  def __init__(self, config: Config, measured: Measured | None, t_start: float):
+    self.measured, self.t_start, self.eval_every = measured, t_start, config.run.eval_every
+    self.budget = (config.search.search_fraction * config.budget.max_seconds
+                   if config.budget.max_seconds is not None else None)
+    self.slowdown: dict[str, float] = {}
+
+  def left(self) -> float:
+    return self.budget - (_clock() - self.t_start)
+
+  def cap(self, still_to_train: int) -> float | None:
+    """The seconds a candidate's training may take: its part of those left, shared with the round's others."""
+    if self.budget is None or self.measured is None:
+      return None
+    return max(self.left() / still_to_train, 1.0)
+
+  def _expected(self, name: str, start: int, end: int) -> float | None:
+    seconds = self.measured.rate(name, self.eval_every) if self.measured is not None else None
+    if seconds is None:
+      return None
+    return self.measured.call_seconds.get(name, 0.0) + (end - start) * seconds
+
+  def affordable(self, name: str, start: int, seconds: float | None) -> float:
+    """The steps a candidate at step ``start`` would reach in ``seconds`` (infinite: no cap, or unmeasured)."""
+    step_seconds = self.measured.rate(name, self.eval_every) if self.measured is not None else None
+    if seconds is None or not step_seconds:
+      return math.inf
+    slowdown = self.slowdown.get(name, max(self.slowdown.values(), default=1.0))
+    return start + max(seconds - self.measured.call_seconds.get(name, 0.0) * slowdown, 0.0) / (
+        step_seconds * slowdown)
+
+  def cost(self, recipes_: list, start: dict[str, int], end: dict[str, int]) -> float:
+    """Expected seconds of training ``recipes_`` from ``start`` to ``end`` steps (0 where unmeasured)."""
+    total = 0.0
+    # One not trained yet is expected as slow as the slowest seen: a shared machine slows every candidate.
+    slowest = max(self.slowdown.values(), default=1.0)
+    for r in recipes_:
+      expected = self._expected(r.name, start[r.name], end[r.name])
+      total += 0.0 if expected is None else expected * self.slowdown.get(r.name, slowest)
+    return total
+
+  def fits(self, recipes_: list, start: dict[str, int], end: dict[str, int]) -> bool:
+    """Whether training them fits in the search's seconds left (always, without a budget in seconds)."""
+    return self.budget is None or self.measured is None or self.cost(recipes_, start, end) <= self.left()
+
+  def observed(self, name: str, start: int, end: int, wall: float) -> None:
+    """Notes a training's wall time: later rounds expect the candidate as much slower (or faster: a first
+    training's compilations are not repeated) than measured."""
+    expected = self._expected(name, start, end)
+    if expected:
+      self.slowdown[name] = wall / expected
 
 
 def finish_adoption(workdir: str) -> dict | None:
