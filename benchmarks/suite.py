@@ -55,6 +55,7 @@ DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "sparsejax-suite
 DEFAULT_OUT = os.path.join(harness.RESULTS_DIR, "suite")
 SYSTEMS = ("pecos", "napkinxc", "sparsejax")
 SEED = 0  # every shape's data and split
+TRAIN_MAIN = "import sys; from sparsejax.train.cli import main; sys.argv[0] = 'sparsejax-train'; main()"
 
 # The synthetic base: make_synthetic's defaults (30 non-zeros, Zipf 1 labels, noise 0.2, dropout 0.3), 10^4 labels,
 # 10 training samples per label on average (the head labels hold most: Zipf), 100K features (as accuracy.py's
@@ -366,13 +367,18 @@ def run_sparsejax(train_path: str, test_path: str, run_dir: str, args) -> dict:
 
   if os.path.exists(run_dir):  # a new run: the suite never resumes one
     shutil.rmtree(run_dir)
-  command = [sys.executable, "-m", "sparsejax.train.cli", "--dataset=files", f"--train_file={train_path}",
-             f"--test_file={test_path}", f"--max_seconds={args.budget:g}", f"--workdir={run_dir}"]
+  flags = ["--dataset=files", f"--train_file={train_path}", f"--test_file={test_path}",
+           f"--max_seconds={args.budget:g}", f"--workdir={run_dir}"]
+  # sparsejax-train's entry point in this Python (`python -m sparsejax.train.cli` runs nothing: no __main__ guard).
+  command = [sys.executable, "-c", TRAIN_MAIN, *flags]
   t = time.time()
   subprocess.run(["nice", "-n", str(args.nice), *command] if args.nice else command, check=True)
   wall = time.time() - t
-  final = [r for r in read_records(run_dir) if r.get("final")][-1]
-  return {"command": command[3:], "final": final, "wall_seconds": wall, **curve_and_selection(run_dir, final)}
+  finals = [r for r in read_records(run_dir) if r.get("final")] if os.path.exists(run_dir) else []
+  if not finals:
+    raise SystemExit(f"sparsejax-train wrote no final record in {run_dir}")
+  return {"command": ["sparsejax-train", *flags], "final": finals[-1], "wall_seconds": wall,
+          **curve_and_selection(run_dir, finals[-1])}
 
 
 def run_one(name: str, system: str, args) -> str:
