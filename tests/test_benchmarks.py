@@ -216,6 +216,8 @@ def test_suite_tiny_shape_round_trips_and_has_the_heavy_tail_it_states(suite, tm
     rows = np.repeat(np.arange(len(ds)), np.diff(ds.indptr))
     norms = np.sqrt(np.bincount(rows, ds.values.astype(np.float64) ** 2, minlength=len(ds)))
     np.testing.assert_allclose(norms[np.diff(ds.indptr) > 0], 1, rtol=1e-5)  # a sample may draw no feature
+  suite.write_xc_file(train, str(tmp_path / "chunked.txt"), rows_per_chunk=700)  # as the large shapes are written
+  assert (tmp_path / "chunked.txt").read_text() == open(train_path).read()
   again = suite.build_shape("tiny", str(tmp_path / "b"))
   assert open(again[0]).read() == open(train_path).read() and open(again[1]).read() == open(test_path).read()
 
