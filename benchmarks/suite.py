@@ -5,9 +5,9 @@ is written once as Extreme Classification Repository train/test files (``--cache
 the same files and cores: sparsejax with its defaults only (``sparsejax-train --dataset=files --train_file=...
 --test_file=... --max_seconds=300``), the peers on the training samples minus sparsejax's validation split (as
 ``accuracy.py`` runs them, through ``harness.peers``). Each run writes ``OUT/SHAPE-SYSTEM.json``: test P@1, P@3,
-P@5, training seconds, wall seconds. ``--report`` sets them side by side (``OUT/summary.json``) with, per shape,
-the training seconds sparsejax needed to reach PECOS's test P@1 (its validation curve in metrics.jsonl, else the
-final test evaluation) against PECOS's training seconds: time to accuracy against the trees.
+P@5, training seconds, wall seconds. ``--report`` sets them side by side (``OUT/summary.json``, ``summary.md``)
+with, per shape, the training seconds sparsejax needed to reach PECOS's test P@1 (its validation curve in
+metrics.jsonl, else the final test evaluation) against PECOS's training seconds: time to accuracy against the trees.
 
 The shapes (:data:`SHAPES`): synthetic ones that vary one thing at a time from a base (``make_synthetic``: 10^4
 Zipf labels, 100K training samples, 10 per label on average, 30 non-zeros per sample, one label each), and real
@@ -429,43 +429,58 @@ def seconds_to_reach(run: dict, target: float) -> dict:
 
 
 def report(args) -> dict:
-  """OUT/summary.json: per shape its properties and each system's figures, and sparsejax's time to PECOS's P@1."""
+  """OUT/summary.json and OUT/summary.md: per shape its properties, each system's test P@1/P@3/P@5 and seconds,
+  and the training seconds sparsejax took to reach PECOS's test P@1 against PECOS's."""
+  shapes_path = os.path.join(args.out, "shapes.json")
+  table = {}
+  if os.path.exists(shapes_path):
+    with open(shapes_path) as f:
+      table = json.load(f)
   rows = {}
-  for name in [*suite_shapes(large=True)]:
-    info_path = os.path.join(shape_dir(args.cache, name), "info.json")
+  for name in suite_shapes(large=True):
     runs = {}
     for system in SYSTEMS:
       path = os.path.join(args.out, f"{name}-{system}.json")
       if os.path.exists(path):
         with open(path) as f:
           runs[system] = json.load(f)
-    shapes_path = os.path.join(args.out, "shapes.json")
-    info = None
-    if os.path.exists(info_path):
-      with open(info_path) as f:
-        info = json.load(f)
-    elif os.path.exists(shapes_path):
-      with open(shapes_path) as f:
-        info = json.load(f).get(name)
-    if info is None and not runs:
+    if name not in table and not runs:
       continue
-    row = {"half": SHAPES[name][0], "large": SHAPES[name][3],
+    row = {"half": SHAPES[name][0], "large": SHAPES[name][3], "properties": table.get(name),
            **{system: {"test": run["test"], "train_seconds": run["train_seconds"],
-                       "wall_seconds": run["wall_seconds"]} for system, run in runs.items()}}
+                       "wall_seconds": run["wall_seconds"], "load_average_at_end": run["load_average_at_end"]}
+              for system, run in runs.items()}}
     if "pecos" in runs and "sparsejax" in runs:
       row["sparsejax_to_pecos_p@1"] = {**seconds_to_reach(runs["sparsejax"], runs["pecos"]["test"]["p@1"]),
                                        "pecos_train_seconds": runs["pecos"]["train_seconds"]}
     rows[name] = row
   summary = {"shapes": rows, "note": "seconds measured on the machine each run's JSON names (load average there)"}
   harness.write_json(os.path.join(args.out, "summary.json"), summary, record_machine=False)
-  print(f"{'shape':16} {'half':9} " + " ".join(f"{s + ' P@1':>13} {'s':>6}" for s in SYSTEMS) + "  sparsejax to PECOS")
+  lines = ["# The shapes", "", "| shape | half | train + test samples | features | labels | labels per sample "
+           "(mean / median / max) | nnz per sample (mean) | training samples per label (mean / median) | source |",
+           "|---|---|---|---|---|---|---|---|---|"]
   for name, row in rows.items():
-    cells = " ".join(f"{row[s]['test']['p@1']:13.4f} {row[s]['train_seconds']:6.0f}" if s in row else
-                     f"{'-':>13} {'-':>6}" for s in SYSTEMS)
+    p = row["properties"]
+    if p:
+      lps, spl = p["labels_per_sample"], p["train_samples_per_label"]
+      lines.append(f"| {name}{' (large)' if row['large'] else ''} | {row['half']} | {p['train_samples']:,} + "
+                   f"{p['test_samples']:,} | {p['features']:,} | {p['labels']:,} | {lps['mean']:.2f} / "
+                   f"{lps['median']:g} / {lps['max']} | {p['nnz_per_sample']['mean']:.1f} | {spl['mean']:.1f} / "
+                   f"{spl['median']:g} | {p['source']} |")
+  lines += ["", "# Test P@1 and training seconds (wall seconds in the JSON)", "",
+            "| shape | half | " + " | ".join(f"{s} P@1 | {s} s" for s in SYSTEMS) + " | sparsejax s to PECOS P@1 |",
+            "|---|---|" + "---|---|" * len(SYSTEMS) + "---|"]
+  for name, row in rows.items():
+    cells = " | ".join(f"{row[s]['test']['p@1']:.4f} | {row[s]['train_seconds']:.0f}" if s in row else "- | -"
+                       for s in SYSTEMS)
     reach = row.get("sparsejax_to_pecos_p@1")
     if reach is not None:
-      reach = f"  {reach['seconds'] or float('nan'):.0f} s vs {reach['pecos_train_seconds']:.0f} s"
-    print(f"{name:16} {row['half'] or '-':9} {cells}{reach or ''}")
+      got = "never" if reach["seconds"] is None else f"{reach['seconds']:.0f}"
+      reach = f"{got} (PECOS {reach['pecos_train_seconds']:.0f}; {reach['by']})"
+    lines.append(f"| {name} | {row['half']} | {cells} | {reach or '-'} |")
+  with open(os.path.join(args.out, "summary.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+  print("\n".join(lines))
   return summary
 
 
