@@ -391,7 +391,8 @@ def run_sparsejax(train_path: str, test_path: str, run_dir: str, args) -> dict:
   finals = [r for r in read_records(run_dir) if r.get("final")] if os.path.exists(run_dir) else []
   if not finals:
     raise SystemExit(f"sparsejax-train wrote no final record in {run_dir}")
-  return {"command": ["sparsejax-train", *flags], "final": finals[-1], "wall_seconds": wall,
+  shown = [re.sub(r"=(/.*)", lambda m: "=" + harness.portable_path(m.group(1)), flag) for flag in flags]
+  return {"command": ["sparsejax-train", *shown], "final": finals[-1], "wall_seconds": wall,
           **curve_and_selection(run_dir, finals[-1])}
 
 
