@@ -80,7 +80,8 @@ import numpy as np
 from sparsejax import data as xcdata
 
 import harness
-from harness.finished_runs import DATASETS, DEFAULT_WORKDIR, parse_settings, restored_state
+from harness import peers
+from harness.finished_runs import DATASETS, DEFAULT_WORKDIR, curve_and_selection, parse_settings, restored_state
 
 SYSTEMS = ("sparsejax", "all_active", "dense", "dense_gpu", "napkinxc", "pecos")
 PEER_SYSTEMS = ("napkinxc", "pecos")
@@ -252,34 +253,6 @@ def most_frequent_label_p1(train, test) -> float:
   return float(has.mean())
 
 
-def curve_and_selection(run_dir: str, final: dict) -> dict:
-  """The run's evaluation curve (metrics.jsonl) and, with a validation split, its selected and last step."""
-  from sparsejax.train.metric_writer import read_records
-
-  records = read_records(run_dir)
-  # A recipe search trained the other candidates first: their seconds come before the winner's on the clock.
-  winner = final.get("recipe")
-  winner_search_seconds = sum(r["search"][winner]["train_seconds"] for r in records
-                              if winner in r.get("search", {}))
-  losers_seconds = max(final.get("search_seconds", 0.0) - winner_search_seconds, 0.0)
-  curve = [{key: record.get(key) for key in ("step", "epoch", "seconds", "p@1", "p@5", "split")}
-           for record in records if "p@1" in record and not record.get("final")]
-  for point in curve:
-    point["seconds"] += losers_seconds
-  if "selected_step" in final and final["selected_step"] == final["last_step"] and \
-      (not curve or curve[-1]["step"] != final["last_step"]):
-    # The last state's validation evaluation (made by the final selection) is not in metrics.jsonl.
-    curve.append({"step": final["last_step"], "epoch": final["epoch"], "seconds": final["seconds"] + losers_seconds,
-                  "p@1": final["validation_p@1"], "p@5": None, "split": "validation"})
-  result = {"curve": curve, "search_losers_seconds": losers_seconds}
-  if "selected_step" in final:
-    result["selection"] = {"selected_step": final["selected_step"], "last_step": final["last_step"],
-                           "validation_p@1_selected": final.get("validation_p@1"),
-                           "validation_p@1_by_step": {point["step"]: point["p@1"] for point in curve}}
-  return result
-
-
-
 def selected_state(config, run_dir: str, test_path: str):
   """``(run, state)``: the run's selected (else latest) state, its index refreshed as for serving."""
   run, state = restored_state(config, run_dir, xcdata.load_xc_file(test_path))
@@ -419,73 +392,19 @@ def time_inference(config, run, state, test_path: str, args) -> dict:
           "speedup": {name: ms["exact"] / t for name, t in ms.items() if name != "exact"}}
 
 
-def _peer_data(train_path: str, test_path: str, seed: int):
-  """``(train, test)``: the peers train on the training samples minus the validation split that sparsejax's
-  default run holds out (sparsejax.train: seed + 1), as sparsejax does."""
-  from sparsejax.config import Config
-
-  train, test = xcdata.load_xc_file(train_path), xcdata.load_xc_file(test_path)
-  fraction = Config().data.validation_fraction
-  if fraction > 0:
-    train, _ = xcdata.train_test_split(train, fraction, seed=seed + 1)
-  return train, test
-
-
-def _label_matrix(ds):
-  """``ds``'s labels as a ``[n, L]`` indicator matrix (PECOS's Y)."""
-  import scipy.sparse
-
-  return scipy.sparse.csr_matrix((np.ones(len(ds.label_indices), np.float32), ds.label_indices, ds.label_indptr),
-                                 shape=(len(ds), ds.num_labels))
-
-
-def _peer_result(ids: np.ndarray, test, seconds: float, args) -> dict:
-  from sparsejax import metrics
-
-  _, _, labels = test.to_padded(None)
-  result = metrics.evaluate_topk(ids, labels)
-  point = {"step": None, "epoch": None, "seconds": seconds, "p@1": result["p@1"], "p@5": result["p@5"],
-           "split": "test"}
-  return {"curve": [point], "final": {**result, "train_seconds": seconds, "seconds": seconds,
-                                      "within_budget": args.budget is None or seconds <= args.budget},
-          "wall_seconds": seconds}
-
-
 def run_pecos(train_path: str, test_path: str, run_dir: str, args) -> dict:
-  """PECOS XR-Linear (PIFA + hierarchical k-means + its default solver) in its own environment
-  (``--pecos_python``; see pecos_xrlinear.py), on the same samples as napkinXC."""
-  import subprocess
-
-  import scipy.sparse
-
-  train, test = _peer_data(train_path, test_path, args.seed)
-  os.makedirs(run_dir, exist_ok=True)
-  paths = [os.path.join(run_dir, f"{name}.npz") for name in ("train_x", "train_y", "test_x", "out")]
-  for path, matrix in zip(paths, (train.feature_matrix(), _label_matrix(train), test.feature_matrix())):
-    scipy.sparse.save_npz(path, matrix)
-  script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pecos_xrlinear.py")
-  subprocess.run([args.pecos_python, script, *paths], check=True)
-  out = np.load(paths[-1])
-  return _peer_result(out["ids"], test, float(out["train_seconds"]), args)
+  """PECOS XR-Linear in its own environment (``--pecos_python``), on the same samples as napkinXC."""
+  result = peers.run_pecos(train_path, test_path, run_dir, seed=args.seed, budget=args.budget,
+                           pecos_python=args.pecos_python)
+  result["wall_seconds"] = result["final"]["train_seconds"]  # as this benchmark's committed peer runs record it
+  return result
 
 
 def run_napkinxc(train_path: str, test_path: str, run_dir: str, args) -> dict:
   """napkinXC PLT with its defaults (liblinear nodes), on the training samples minus the validation split."""
-  from napkinxc.models import PLT
-
-  train, test = _peer_data(train_path, test_path, args.seed)
-  x_train = train.feature_matrix()
-  y_train = [train.label_indices[train.label_indptr[i]:train.label_indptr[i + 1]].tolist() for i in range(len(train))]
-  x_test = test.feature_matrix()
-  model = PLT(run_dir, seed=args.seed, threads=0)
-  t = time.time()
-  model.fit(x_train, y_train)
-  seconds = time.time() - t
-  top = model.predict(x_test, top_k=5)
-  ids = np.full((len(test), 5), -1, np.int64)
-  for i, row in enumerate(top):
-    ids[i, :len(row)] = row[:5]
-  return _peer_result(ids, test, seconds, args)
+  result = peers.run_napkinxc(train_path, test_path, run_dir, seed=args.seed, budget=args.budget)
+  result["wall_seconds"] = result["final"]["train_seconds"]
+  return result
 
 
 def tag_of(budget: float | None, num_epochs: float | None, variant: str | None = None) -> str:

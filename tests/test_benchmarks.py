@@ -176,3 +176,61 @@ def test_the_most_frequent_label_baseline_scores_the_test_samples_that_hold_it(b
   train = labelled([[0], [1], [1, 2], [3, 1], [0]])
   assert accuracy.most_frequent_label_p1(train, labelled([[1], [0], [2, 1], [3]])) == 0.5
   assert accuracy.most_frequent_label_p1(train, labelled([[0], [2]])) == 0.0
+
+
+@pytest.fixture(scope="module")
+def suite(benchmark_module):
+  return benchmark_module("suite")
+
+
+def test_suite_shapes_vary_one_thing_from_the_base_and_keep_their_halves(suite):
+  """Issue 48: at least 8 shapes besides the large ones, two real sets, each synthetic one a single axis away from
+  the base; the held-out half is fixed in the file (changing it means changing this test)."""
+  axes = [{"labels_per_sample"}, {"features_per_sample"}, {"num_train"}, {"num_labels"}, {"noise", "dropout"}]
+  regular = suite.suite_shapes()
+  assert len(regular) >= 8 and set(regular) < set(suite.suite_shapes(large=True))
+  assert sum(suite.SHAPES[name][2] != "synthetic" for name in regular) >= 2
+  for name in suite.suite_shapes(large=True):
+    _, params, source, _ = suite.SHAPES[name]
+    assert source != "synthetic" or name == "base" or set(params) in axes, name
+  assert suite.suite_shapes("held_out", large=True) == ["labels_heavy", "nnz_10", "nnz_1000", "spl_100", "n_1m",
+                                                        "linear", "foldoc_xrefs"]
+  assert set(suite.suite_shapes("tuned")) | set(suite.suite_shapes("held_out")) == set(regular)
+
+
+def test_suite_tiny_shape_round_trips_and_has_the_heavy_tail_it_states(suite, tmp_path):
+  """The smoke-test shape (heavy-tailed labels per sample): its files read back as written, its stated properties
+  are the files', labels are distinct within a sample, rows are unit vectors, and a second build is the same."""
+  from sparsejax import data as xcdata
+
+  train_path, test_path, info = suite.build_shape("tiny", str(tmp_path / "a"))
+  train, test = xcdata.load_xc_file(train_path), xcdata.load_xc_file(test_path)
+  assert (len(train), len(test)) == (3000, 500) and train.num_labels == test.num_labels == 500
+  assert info["labels_per_sample"] == suite.shape_properties(train, test)["labels_per_sample"]
+  labels = info["labels_per_sample"]
+  assert labels["median"] == 1 and labels["max"] >= 100 and 2 < labels["mean"] < 10
+  for ds in (train, test):
+    for i in range(0, len(ds), 97):
+      row = ds.label_indices[ds.label_indptr[i]:ds.label_indptr[i + 1]]
+      assert len(row) >= 1 and np.all(np.diff(row) > 0)
+    rows = np.repeat(np.arange(len(ds)), np.diff(ds.indptr))
+    norms = np.sqrt(np.bincount(rows, ds.values.astype(np.float64) ** 2, minlength=len(ds)))
+    np.testing.assert_allclose(norms[np.diff(ds.indptr) > 0], 1, rtol=1e-5)  # a sample may draw no feature
+  suite.write_xc_file(train, str(tmp_path / "chunked.txt"), rows_per_chunk=700)  # as the large shapes are written
+  assert (tmp_path / "chunked.txt").read_text() == open(train_path).read()
+  again = suite.build_shape("tiny", str(tmp_path / "b"))
+  assert open(again[0]).read() == open(train_path).read() and open(again[1]).read() == open(test_path).read()
+
+
+def test_suite_reads_debian_relations_and_finds_when_sparsejax_reached_pecos(suite):
+  text = "Package: a\nDepends: libc6 (>= 2.34), python3:any | python3-x [amd64], a\nDescription: A\n long\n\n" \
+         "Package: b\nRecommends: c\n"
+  stanzas = list(suite.deb822(text))
+  assert [s["Package"] for s in stanzas] == ["a", "b"] and stanzas[0]["Description"] == "A\nlong"
+  assert suite.package_names(stanzas[0]["Depends"]) == ["a", "libc6", "python3", "python3-x"]
+  run = {"curve": [{"p@1": 0.5, "seconds": 10, "split": "validation", "step": 1},
+                   {"p@1": 0.7, "seconds": 20, "split": "validation", "step": 2}],
+         "test": {"p@1": 0.8}, "train_seconds": 30}
+  assert suite.seconds_to_reach(run, 0.6)["seconds"] == 20
+  assert suite.seconds_to_reach(run, 0.75)["seconds"] == 30
+  assert suite.seconds_to_reach(run, 0.9)["seconds"] is None

@@ -76,3 +76,30 @@ def finished_run(args):
   evaluator = Evaluator.for_run(test, train, config.data.max_features, config.run.propensity_a,
                                 config.run.propensity_b)
   return config, test, run, state, evaluator
+
+
+def curve_and_selection(run_dir: str, final: dict) -> dict:
+  """The run's evaluation curve (metrics.jsonl) and, with a validation split, its selected and last step."""
+  from sparsejax.train.metric_writer import read_records
+
+  records = read_records(run_dir)
+  # A recipe search trained the other candidates first: their seconds come before the winner's on the clock.
+  winner = final.get("recipe")
+  winner_search_seconds = sum(r["search"][winner]["train_seconds"] for r in records
+                              if winner in r.get("search", {}))
+  losers_seconds = max(final.get("search_seconds", 0.0) - winner_search_seconds, 0.0)
+  curve = [{key: record.get(key) for key in ("step", "epoch", "seconds", "p@1", "p@5", "split")}
+           for record in records if "p@1" in record and not record.get("final")]
+  for point in curve:
+    point["seconds"] += losers_seconds
+  if "selected_step" in final and final["selected_step"] == final["last_step"] and \
+      (not curve or curve[-1]["step"] != final["last_step"]):
+    # The last state's validation evaluation (made by the final selection) is not in metrics.jsonl.
+    curve.append({"step": final["last_step"], "epoch": final["epoch"], "seconds": final["seconds"] + losers_seconds,
+                  "p@1": final["validation_p@1"], "p@5": None, "split": "validation"})
+  result = {"curve": curve, "search_losers_seconds": losers_seconds}
+  if "selected_step" in final:
+    result["selection"] = {"selected_step": final["selected_step"], "last_step": final["last_step"],
+                           "validation_p@1_selected": final.get("validation_p@1"),
+                           "validation_p@1_by_step": {point["step"]: point["p@1"] for point in curve}}
+  return result
