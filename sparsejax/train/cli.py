@@ -750,3 +750,7 @@ def plot_main() -> None:
   """``sparsejax-plot``."""
   _run(plot, PLOT)
 
+
+
+if __name__ == "__main__":  # python -m sparsejax.train.cli: sparsejax-train
+  main()
