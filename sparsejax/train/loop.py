@@ -36,7 +36,7 @@ from sparsejax.data.batching import bucket_widths
 from sparsejax.distributed import sharding
 from sparsejax.model_config import ModelConfig
 from sparsejax.netanalysis.collect import StepProfiler
-from sparsejax.train import checkpoint, members, recipes, seals, search, trained
+from sparsejax.train import checkpoint, compile_clock, members, recipes, seals, search, trained
 from sparsejax.train.console import Progress, final_line, log_settings, log_to_console
 from sparsejax.train.evaluation import Evaluator
 from sparsejax.train.metric_writer import METRICS_FILE, MetricWriter, read_records
@@ -520,7 +520,7 @@ class _Loop:
     progress = Progress(config.run.progress and show_progress, self.max_steps, self.step)
     average_steps = config.optim.average_steps
     average_every = averaging.period(average_steps) if average_steps else 0
-    t_loop, eval_seconds = time.time(), 0.0
+    t_loop, eval_seconds, eval_compiling = time.time(), 0.0, 0.0
     window_start, window_steps, metrics = time.time(), 0, None
     start_step, first_step_seconds = self.step, None
     # The last evaluation's seconds: a run that selects on validation evaluates its last state, so the budget stops
@@ -541,7 +541,7 @@ class _Loop:
             state = prof.maintenance("average", averaging.update_state, state, average_steps)
           if first_step_seconds is None:  # waits for the first step: its compilation is not the step's time
             jax.block_until_ready(metrics["loss"])
-            first_step_seconds = time.time() - t_loop
+            first_step_seconds, compiled_before = time.time() - t_loop, compile_clock.seconds()
           self.train_seconds = time.time() - t_loop - eval_seconds
           last = self.step == self.max_steps
           # Every process must take the same steps: the wall-clock budget is checked every
@@ -566,7 +566,7 @@ class _Loop:
           # final checkpoint (saved after the loop) holds the selection state with it: a run continued from that
           # checkpoint had compared its evaluations against a stale best.
           if (self.step % config.run.eval_every == 0 and not last) or (last and self.selection is not None):
-            t_eval = time.time()
+            t_eval, compiled_at_eval = time.time(), compile_clock.seconds()
             self.nonfinite.check()
             if self.selection is not None:  # periodic evaluations select the model: on the validation split
               record.update(prof.maintenance("eval", self.selection.evaluate, run, self._evaluated(state),
@@ -580,6 +580,7 @@ class _Loop:
                          _retrieval_line(record))
             last_eval_seconds = time.time() - t_eval
             eval_seconds += last_eval_seconds
+            eval_compiling += compile_clock.seconds() - compiled_at_eval  # not in train_seconds: not subtracted
             window_start = time.time()
             if self.selection is not None and not last and sharding.agree(self.selection.should_stop(self.step)):
               self._write(record)
@@ -609,7 +610,9 @@ class _Loop:
       prof.finish()  # a window the loop cut short (every process gets here together)
       self.budget_seconds, self.eval_seconds = time.time() - t_loop, eval_seconds
       if first_step_seconds is not None and self.step - start_step > 1:
-        self.step_seconds = (self.train_seconds - first_step_seconds) / (self.step - start_step - 1)
+        # Nor are later compilations (a batch of a new width): a measured plan would take them for step time.
+        compiling = compile_clock.seconds() - compiled_before - eval_compiling
+        self.step_seconds = max(self.train_seconds - first_step_seconds - compiling, 0.0) / (self.step - start_step - 1)
     finally:
       prof.close()
       progress.close()
