@@ -217,3 +217,25 @@ def test_sharded_steps_give_the_same_floats_at_any_width(run_python, candidates)
   assert out["widths"] == [[32, 150], [150]]
   assert out["losses"][0] == out["losses"][1] and all(np.isfinite(out["losses"][0]))
   assert out["same_state"]
+
+
+def test_a_sample_with_more_labels_than_the_active_set_trains_on_its_first_k(tmp_path, caplog):
+  """A FOLDOC definition citing 615 terms stopped a run whose recipe had k = 512 (merge_candidates: more distinct
+  labels than k). Such a row trains on its first k labels, and the log says how many rows were cut."""
+  import logging
+
+  import scipy.sparse
+
+  import sparsejax
+
+  rng = np.random.default_rng(0)
+  x = scipy.sparse.random(400, 300, density=0.05, format="csr", random_state=0, dtype=np.float32)
+  labels = [[int(rng.integers(100))] for _ in range(400)]
+  labels[7] = list(range(60))  # 60 labels, k = 32
+  with caplog.at_level(logging.WARNING):
+    model = sparsejax.fit(x, labels, num_labels=100, workdir=str(tmp_path), verbose=False, hidden_dims=(16,),
+                          active_k=32, softmax="sampled", batch_size=32, max_steps=20, recipe="none",
+                          validation_fraction=0.0)
+  assert "1 training samples have more labels than the 32 active neurons (--active_k): each trains on its first 32" \
+      in caplog.text
+  assert model.predict(x[:4], top=3)[1].shape == (4, 3)

@@ -306,11 +306,17 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
                # Only the final evaluation fuses: the search's candidates and the loop's evaluations score the network.
                (lambda: fusion.label_centroids(train)) if fuse else None,
                functools.partial(trained.save_fusion, workdir, run_id) if is_chief else None)
+  # The sampled step's active set holds every label of a sample: a row with more labels than k trains on its first
+  # k (a FOLDOC definition with 615 references stopped a k = 512 run with an error).
+  max_labels = sizes["max_labels"] if sized.exact_softmax else min(sizes["max_labels"], sized.k)
+  if max_labels < sizes["max_labels"]:
+    cut = int(np.sum(np.diff(train.label_indptr) > max_labels))
+    logging.warning("%d training samples have more labels than the %d active neurons (--active_k): each trains on "
+                    "its first %d", cut, sized.k, max_labels)
   batches = BatchIterator(train, config.optim.batch_size, seed=config.run.seed, epoch=position["epoch"],
-                          index=position["index"], max_features=sizes["max_features"],
-                          max_labels=sizes["max_labels"])
+                          index=position["index"], max_features=sizes["max_features"], max_labels=max_labels)
   # Each batch is padded to its own bucketed widths: a new pair of widths compiles the step again (once).
-  feature_widths, label_widths = (bucket_widths(sizes[name]) for name in ("max_features", "max_labels"))
+  feature_widths, label_widths = bucket_widths(sizes["max_features"]), bucket_widths(max_labels)
   logging.info("batches padded to their own widths: features %s, labels %s (at most %d compiled steps)",
                feature_widths, label_widths, len(feature_widths) * len(label_widths))
   try:
