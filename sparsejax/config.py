@@ -624,6 +624,32 @@ class RecipeConfig(Section):
       "and served so by sparsejax.load. A member the clock stops before its steps is left out. 1: one network.",
       bounds=Range(1, 999), identity=False)
 
+  def check_combinations(self) -> None:
+    if self.plan_from is not None and recorded_plan(self.plan_from) is None:
+      raise ConfigError("plan_from", self.plan_from, "holds no measured_step_seconds record (a run with "
+                        "--max_seconds and a recipe search writes one in its metrics.jsonl; give that file or its "
+                        "work directory)")
+
+
+def recorded_plan(path: str) -> dict | None:
+  """The last ``measured_step_seconds`` record (the recipe search's measured step times) in ``path``: a
+  ``metrics.jsonl``, or a work directory holding one. None where there is none (or no such file)."""
+  import json
+
+  file = os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path
+  found = None
+  try:
+    with open(file, errors="replace") as f:
+      for line in f:
+        if '"measured_step_seconds"' in line:
+          try:
+            found = json.loads(line)
+          except ValueError:  # a line cut by a crash: the one before stands
+            continue
+  except OSError:
+    return None
+  return found
+
 
 @dataclasses.dataclass(frozen=True)
 class Config:

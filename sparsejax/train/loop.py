@@ -666,6 +666,7 @@ class _Loop:
                                             self.config.run.eval_samples))
       if self.selection.is_live(step):  # not a second copy of the state read back from disk
         self.selection.best.wait()
+        self.selection.best.check(step, self.selection.best.run_id)  # what is served from it: unchanged on disk
         state = self._evaluated(state)
       else:
         state, step = self.selection.restore_best(self.run, state)  # saved as evaluated: averaged

@@ -423,15 +423,9 @@ def _describe(measured: Measured) -> str:
 def read_measurements(path: str, required: bool = True) -> Measured | None:
   """The step times recorded in ``path`` (a ``metrics.jsonl``, or a work directory holding one): its last
   ``measured_step_seconds`` record. None where there is none and not ``required`` (else a :class:`ConfigError`)."""
-  from sparsejax.config import ConfigError
+  from sparsejax.config import ConfigError, recorded_plan
 
-  file = os.path.join(path, METRICS_FILE) if os.path.isdir(path) else path
-  found = None
-  if os.path.exists(file):
-    with open(file) as f:
-      for line in f:
-        if '"measured_step_seconds"' in line:
-          found = json.loads(line)
+  found = recorded_plan(path)
   if found is None:
     if required:
       raise ConfigError("plan_from", path, "holds no measured_step_seconds record (a run with --max_seconds and a "
