@@ -49,7 +49,7 @@ def test_label_centroids_are_normalised_sums_of_the_labels_rows():
     assert np.all(np.diff(row) > 0)
 
 
-@pytest.mark.parametrize("chunk", [1 << 24, 7])  # one scipy call, and many (each pair's entries split off)
+@pytest.mark.parametrize("chunk", [1 << 24, 7])  # one chunk, and one sample a chunk
 def test_centroid_scores_are_dot_products_with_padding_scored_zero(monkeypatch, chunk):
   monkeypatch.setattr(fusion, "_CHUNK_ENTRIES", chunk)
   rng = np.random.default_rng(1)
