@@ -58,7 +58,8 @@ def test_centroid_scores_are_dot_products_with_padding_scored_zero(monkeypatch, 
   c = centroids.matrix().toarray()
   queries = _dataset(rng, n=9)
   fi, fv, _ = queries.to_padded(np.arange(len(queries)), 10, 1)
-  fi[0, :] = PAD_ID  # a row of padding only
+  fi[0, :] = PAD_ID  # rows of padding only: the first, and one between others
+  fi[4, :] = PAD_ID
   ids = rng.integers(0, data.num_labels, (9, 6))
   ids[1, 4:] = PAD_ID
   ids[2, 5] = data.num_labels  # outside [0, N): padding
@@ -72,7 +73,9 @@ def test_centroid_scores_are_dot_products_with_padding_scored_zero(monkeypatch, 
   got = fusion.centroid_scores(centroids, fi, fv, ids)
   assert got.shape == (9, 6) and got.dtype == np.float32
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-  assert np.all(got[0] == 0)
+  # Centroids without their lookup (as built by hand) make it on the call: the same floats.
+  np.testing.assert_array_equal(fusion.centroid_scores(centroids._replace(lookup=None), fi, fv, ids), got)
+  assert np.all(got[0] == 0) and np.all(got[4] == 0) and np.any(got[3] != 0) and np.any(got[5] != 0)
 
 
 def test_rerank_sorts_by_the_fused_score_ties_in_the_networks_order():

@@ -32,6 +32,7 @@ import numpy as np
 from sparsejax.config import Config
 from sparsejax.data import LoadedData, XCDataset
 from sparsejax.data.text import VectorizerFormatError, read_vectorizer, save_vectorizer, vectorizer_from_saved
+from sparsejax.network import SparseLayer
 from sparsejax.train import seals
 from sparsejax.train.evaluation import Evaluator, predict_in_batches
 
@@ -225,8 +226,7 @@ def _read_fusion(path: str, num_labels: int, num_features: int):
       or indptr[-1] != len(indices) or np.any(np.diff(indptr) < 0) or not np.isfinite(weight) or weight < 0
       or (len(indices) and (indices.min() < 0 or indices.max() >= num_features))):
     raise seals.IntegrityError(f"{path}: not the centroids of {num_labels} labels over {num_features} features")
-  return LabelCentroids(indptr.astype(np.int64), indices.astype(np.int32), values.astype(np.float32),
-                        num_features), weight
+  return LabelCentroids.of(indptr, indices, values, num_features), weight
 
 
 class UnknownWordsWarning(UserWarning):
@@ -287,7 +287,7 @@ class TrainedModel:
   """
 
   def __init__(self, workdir: str, step: int | None = None, platform: str = "cpu"):
-    from sparsejax import averaging, model
+    from sparsejax import averaging
     from sparsejax.train import checkpoint, platforms
 
     self._workdir = workdir
@@ -359,7 +359,7 @@ class TrainedModel:
       params = averaging.averaged_params(
           params, averaging.ParamAverage(_network_params(average["params"]), average["weight"], average["step"]),
           tree["step"], self.config.optim.average_steps)
-    self.params = params._replace(out=model.SparseLayer(params.out.w[:n], params.out.b[:n]))
+    self.params = params._replace(out=SparseLayer(params.out.w[:n], params.out.b[:n]))
     assets = os.path.join(workdir, ASSETS)
     self.label_names = None
     if os.path.exists(os.path.join(assets, _LABELS)):
