@@ -53,6 +53,8 @@ import time
 
 import numpy as np
 
+from sparsejax.model_config import ModelConfig
+
 import harness
 
 NS_PREFIX = "sjns"
@@ -94,7 +96,7 @@ def worker(args) -> None:
   P = jax.process_count()
   mesh = sharding.make_mesh()
   sparse = args.job == "sparse"
-  cfg = override(model.ModelConfig(args.features, args.labels), hidden_dims=(args.hidden,),
+  cfg = override(ModelConfig(args.features, args.labels), hidden_dims=(args.hidden,),
                  active_k=args.active_k, num_shards=P if sparse else 1)
   rng = np.random.default_rng(0)  # the same batches on every rank
   batches = [{"feat_ids": rng.integers(0, args.features, (args.batch, 32)).astype(np.int32),

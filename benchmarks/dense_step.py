@@ -24,13 +24,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sparsejax import dense, model
+from sparsejax import dense
 from sparsejax.config import override
+from sparsejax.model_config import ModelConfig
+from sparsejax.network import NetworkParams, init_params
 
 import harness
 
 
-def plain_init(params: model.NetworkParams, learning_rate: float):
+def plain_init(params: NetworkParams, learning_rate: float):
   weights = {"embed": params.embed.w, "embed_b": params.embed.b, "hidden": params.hidden,
              "out": params.out.w, "out_b": params.out.b}
   return weights, optax.adam(learning_rate).init(weights)
@@ -92,7 +94,7 @@ def main():
   harness.add_json_flag(parser)
   args = parser.parse_args()
   lr = 3e-3
-  config = override(model.ModelConfig(args.features, args.labels), hidden_dims=(args.hidden,), learning_rate=lr)
+  config = override(ModelConfig(args.features, args.labels), hidden_dims=(args.hidden,), learning_rate=lr)
   rng = np.random.default_rng(0)
   rows = []
   for m in [int(x) for x in args.labels_per_sample.split(",")]:
@@ -101,7 +103,7 @@ def main():
     ours = jax.jit(functools.partial(dense.train_step, config=config), donate_argnums=0)
     plain = jax.jit(functools.partial(plain_step, num_labels=args.labels, learning_rate=lr), donate_argnums=0)
     ours_state = dense.init(jax.random.key(0), config)
-    plain_state = plain_init(model.init_params(jax.random.key(0), config), lr)
+    plain_state = plain_init(init_params(jax.random.key(0), config), lr)
     ours_state, _ = time_steps(ours, ours_state, batches, 1)  # compile and warm up
     plain_state, _ = time_steps(plain, plain_state, batches, 1)
     ours_s, plain_s = [], []

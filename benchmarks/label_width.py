@@ -33,6 +33,8 @@ from sparsejax import model
 from sparsejax.config import Config, override
 from sparsejax.data import BatchIterator, XCDataset, make_synthetic
 from sparsejax.distributed import sharding
+from sparsejax.loss import label_targets
+from sparsejax.model_config import ModelConfig
 
 import harness
 
@@ -76,7 +78,7 @@ class Runner:
 
   def __init__(self, args, ds: XCDataset, widths: str):
     config = override(Config(), batch_size=args.batch_size)
-    mcfg = model.ModelConfig.from_config(config, ds.num_features, ds.num_labels)
+    mcfg = ModelConfig.from_config(config, ds.num_features, ds.num_labels)
     mf, ml = max(ds.max_features_per_sample(), 1), max(ds.max_labels_per_sample(), 1)
     it = BatchIterator(ds, args.batch_size, seed=0, max_features=mf, max_labels=ml, widths=widths, prefetch=0)
     self.batches = [next(it) for _ in range(args.steps)]
@@ -105,7 +107,7 @@ class Runner:
     Patched at trace time only, so the compiled programs keep what they were traced with."""
     original = model.leading_label_targets
     if self.former_targets:
-      model.leading_label_targets = model.label_targets
+      model.leading_label_targets = label_targets
     try:
       yield
     finally:

@@ -40,6 +40,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from sparsejax.model_config import ModelConfig
+
 import harness
 from harness import finished_runs
 
@@ -98,7 +100,7 @@ def measure(config, state, h, labels, top_ids, exact_hits, settings: dict, repea
   uncentred = settings.pop("uncentred", False)
   training_tables = settings.pop("training_tables", False)
   if "num_bits_offset" in settings:  # K relative to the default for this layer's size
-    settings["num_bits"] = model.ModelConfig(1, config.num_labels, tables=TablesConfig()).lsh_config.num_bits + \
+    settings["num_bits"] = ModelConfig(1, config.num_labels, tables=TablesConfig()).lsh_config.num_bits + \
         settings.pop("num_bits_offset")
   n = config.num_labels
   # The run's config.json holds the LSH settings of its day: start each variant from today's defaults.

@@ -6,14 +6,15 @@ reports steps, samples/s, test P@1 and sampled-inference P@1 of the final step (
   python benchmarks/refresh_budget.py --labels 1000000 --seconds 120 --budgets 0,0.05,0.25
 
 Budget 0 keeps ``--rebuild_period`` as given (50 steps, growing 1.05x); a budget b lengthens the periods to at
-least ``model.refresh_cost_in_steps / b`` steps. Timings want a quiet machine; run the budgets back to back.
+least ``refresh_cost_in_steps / b`` steps. Timings want a quiet machine; run the budgets back to back.
 """
 
 import json
 import tempfile
 
-from sparsejax import model
 from sparsejax.config import Config, override
+from sparsejax.model_config import ModelConfig
+from sparsejax.schedule import TableSchedule
 from sparsejax.train import train_and_evaluate
 
 import harness
@@ -35,7 +36,7 @@ def main():
                       eval_every=10**9, checkpoint_every=10**9, progress=False, log_every=25, refresh_budget=budget)
     with tempfile.TemporaryDirectory() as workdir:
       final = train_and_evaluate(config, workdir)
-    schedule = model.TableSchedule.for_model(model.ModelConfig.from_config(config, args.features, args.labels))
+    schedule = TableSchedule.for_model(ModelConfig.from_config(config, args.features, args.labels))
     run = {"refresh_budget": budget, "first_refresh_period": schedule.period,
            **{k: final.get(k) for k in ("step", "samples_per_sec", "train_seconds", "p@1", "p@5", "sampled_p@1")}}
     print(json.dumps(run), flush=True)

@@ -23,6 +23,8 @@ first 1,024 test queries, exact and sampled at the variant's ``serving_k`` (the 
 import json
 import time
 
+from sparsejax.model_config import ModelConfig
+
 import harness
 from harness import finished_runs
 
@@ -86,7 +88,7 @@ def main() -> None:
   results = []
   for name, overrides in map(parse_variant, args.variant):
     cfg = override(config, **overrides) if overrides else config
-    model_config = model.ModelConfig.from_config(cfg, test.num_features, test.num_labels)
+    model_config = ModelConfig.from_config(cfg, test.num_features, test.num_labels)
     run = sharding.make_run(model_config, seed=cfg.run.seed)
     build = jax.jit(lambda s, c=model_config: model.serving_index(s, c))
     jax.block_until_ready(build(state))

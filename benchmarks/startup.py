@@ -79,7 +79,8 @@ INIT = """
 import resource, sys, time, jax
 from sparsejax import dense, model
 from sparsejax.config import override
-cfg = override(model.ModelConfig(100_000, int(sys.argv[2])), hidden_dims=(128,), active_k=1024)
+from sparsejax.model_config import ModelConfig
+cfg = override(ModelConfig(100_000, int(sys.argv[2])), hidden_dims=(128,), active_k=1024)
 start = time.perf_counter()
 jax.block_until_ready((model.init if sys.argv[1] == "slide" else dense.init)(jax.random.key(0), cfg))
 print(time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6)

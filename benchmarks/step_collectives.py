@@ -23,6 +23,8 @@ import time
 
 import numpy as np
 
+from sparsejax.shard import Shard
+
 import harness
 
 
@@ -43,13 +45,12 @@ def main() -> None:
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from sparsejax import model
   from sparsejax.distributed import sharding
   from sparsejax.distributed.sharding import AXIS
 
   mesh = sharding.make_mesh()
   B, d = args.batch, args.hidden
-  shard = model.Shard(AXIS)
+  shard = Shard(AXIS)
 
   def now(logits, dh):
     partials = shard.all_gather(jnp.stack([jnp.max(logits, 1), jnp.sum(logits, 1), logits[:, 0], logits[:, 1]]))

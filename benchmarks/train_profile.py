@@ -46,6 +46,10 @@ from sparsejax import model, ops, optim
 from sparsejax.config import Config, override
 from sparsejax.data import BatchIterator, load_dataset
 from sparsejax.distributed import sharding
+from sparsejax.loss import label_targets, num_distinct_labels, sharded_softmax_cross_entropy
+from sparsejax.model_config import ModelConfig, local_active_k, uses_exact_path
+from sparsejax.network import dense_optimizer, hidden_forward
+from sparsejax.schedule import TableSchedule, refresh_cost_in_steps
 from sparsejax.train import train_and_evaluate
 from sparsejax.train.evaluation import Evaluator
 from sparsejax.train.metric_writer import read_records
@@ -95,10 +99,10 @@ def loop_seconds_per_step(config: Config, first_refresh: int = 0) -> tuple[float
   return seconds / max(sum(steps), 1), final
 
 
-def parts(run, config: model.ModelConfig, state, batch, repeats) -> dict[str, float]:
+def parts(run, config: ModelConfig, state, batch, repeats) -> dict[str, float]:
   """Each jitted part of a SLIDE step alone, on ``state`` and ``batch``."""
   fids, fvals, labels = batch["feat_ids"], batch["feat_vals"], batch["labels"]
-  k = model.local_active_k(config, 1)
+  k = local_active_k(config, 1)
   dense_params = (state.embed.b, state.hidden)
   hidden = jax.jit(lambda s: model.hidden(s, fids, fvals))
   h = hidden(state)
@@ -108,8 +112,8 @@ def parts(run, config: model.ModelConfig, state, batch, repeats) -> dict[str, fl
   active, _ = query(state, h)
   logits_fn = jax.jit(lambda s, h, a: ops.sparse_logits(h, s.out.w, s.out.b, a))
   logits = logits_fn(state, h, active)
-  loss_fn = jax.jit(lambda lg, a: model.sharded_softmax_cross_entropy(
-      lg, model.label_targets(a, labels, model.num_distinct_labels(labels))))
+  loss_fn = jax.jit(lambda lg, a: sharded_softmax_cross_entropy(
+      lg, label_targets(a, labels, num_distinct_labels(labels))))
   _, g_out = loss_fn(logits, active)
 
   adam = config.adam_args()
@@ -122,7 +126,7 @@ def parts(run, config: model.ModelConfig, state, batch, repeats) -> dict[str, fl
                 active, h)[3]
 
   def backward(s, dh):  # the hidden layers' vjp
-    _, vjp = jax.vjp(lambda dp, tap: model.hidden_forward(s.embed.w, dp, fids, fvals, tap), dense_params,
+    _, vjp = jax.vjp(lambda dp, tap: hidden_forward(s.embed.w, dp, fids, fvals, tap), dense_params,
                      jnp.zeros((fids.shape[0], config.hidden_dims[0]), jnp.float32))
     return vjp(dh)
 
@@ -130,7 +134,7 @@ def parts(run, config: model.ModelConfig, state, batch, repeats) -> dict[str, fl
   d_dense, d_embed = backward(state, dh)
   embed_adam = jax.jit(lambda w, m, d: optim.apply_row_sparse_adam(
       w, m, ops.RowSparseGrad(fids, fvals, d), lr, **adam)[:2], donate_argnums=(0, 1))
-  dense_update = jax.jit(lambda d, o, p: model.dense_optimizer(config).update(d, o, p))
+  dense_update = jax.jit(lambda d, o, p: dense_optimizer(config).update(d, o, p))
   copy = lambda x: jax.tree.map(jnp.copy, x)
   res = {"hidden_forward_s": harness.median_seconds(hidden, state, repeats=repeats),
          "query_s": harness.median_seconds(query, state, h, repeats=repeats),
@@ -174,7 +178,7 @@ def time_refresh(run, state, repeats: int) -> tuple[float, Any]:
   return float(np.median(times[1:])), state
 
 
-def refreshes_between(schedule: model.TableSchedule, first: int, last: int) -> int:
+def refreshes_between(schedule: TableSchedule, first: int, last: int) -> int:
   """Refreshes the schedule makes after steps ``first + 1 .. last``."""
   return sum(schedule.rebuild_due(s) or schedule.rehash_due(s) for s in range(first + 1, last + 1))
 
@@ -185,8 +189,8 @@ def bench_size(args, N: int) -> dict:
   train = data.train
   res = {"dataset": args.dataset, "N": train.num_labels, "batch_size": args.batch_size, "steps": args.steps}
   mf, ml = max(train.max_features_per_sample(), 1), max(train.max_labels_per_sample(), 1)
-  mcfg = model.ModelConfig.from_config(config, train.num_features, train.num_labels)
-  res["exact_path"] = model.uses_exact_path(mcfg)
+  mcfg = ModelConfig.from_config(config, train.num_features, train.num_labels)
+  res["exact_path"] = uses_exact_path(mcfg)
 
   it = BatchIterator(train, args.batch_size, seed=0, max_features=mf, max_labels=ml, prefetch=0)
   batch = next(it)
@@ -202,8 +206,8 @@ def bench_size(args, N: int) -> dict:
     res["parts"] = parts(run, mcfg, state, jax.tree.map(jnp.asarray, batch), args.repeats)
   schedule = run.schedule
   res["refresh_s"], state = time_refresh(run, state, args.repeats)
-  res["refresh_period"] = schedule.period  # first period, after --refresh_budget (model.refresh_cost_in_steps)
-  res["refresh_cost_in_steps_estimate"] = model.refresh_cost_in_steps(mcfg)
+  res["refresh_period"] = schedule.period  # first period, after --refresh_budget (refresh_cost_in_steps)
+  res["refresh_cost_in_steps_estimate"] = refresh_cost_in_steps(mcfg)
   res["refresh_cost_in_steps_measured"] = res["refresh_s"] / res["isolated_step_s"]
   # Amortised over a long run (--horizon steps of the schedule), not only over this profile's few hundred steps.
   res["maintenance_count"] = refreshes_between(schedule, 0, args.horizon)

@@ -780,7 +780,7 @@ def override(obj: Any, **changes: Any) -> Any:
 
   ``override(config, learning_rate=1e-2, dataset="synthetic")`` sets
   ``config.optim.learning_rate`` and ``config.data.dataset``. Works for
-  :class:`Config` and :class:`sparsejax.model.ModelConfig` (whose own fields,
+  :class:`Config` and :class:`sparsejax.model_config.ModelConfig` (whose own fields,
   such as ``num_labels``, may be given too).
 
   Raises:

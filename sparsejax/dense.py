@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import optax
 
 from sparsejax import averaging, model, network
+from sparsejax.loss import all_rows_label_targets, softmax_cross_entropy
+from sparsejax.model_config import ModelConfig
 
 
 class DenseState(NamedTuple):
@@ -27,7 +29,7 @@ class DenseState(NamedTuple):
   average: Any = None
 
 
-def init(rng: jax.Array, config: model.ModelConfig) -> DenseState:
+def init(rng: jax.Array, config: ModelConfig) -> DenseState:
   """The same initial parameters as :func:`sparsejax.model.init` with the same key."""
   p = network.jitted_init_params(rng, config)  # one program, not ~20 compiled op by op
   # The sparse model's run key (model.init_from_params): the same dropout masks at the same step.
@@ -46,7 +48,7 @@ def full_logits(params, feat_ids, feat_vals, keep: jax.Array | None = None) -> j
   return h @ out.w.T + out.b
 
 
-def _dropout(config: model.ModelConfig, state: DenseState, feat_ids: jax.Array, feat_vals: jax.Array,
+def _dropout(config: ModelConfig, state: DenseState, feat_ids: jax.Array, feat_vals: jax.Array,
              axis: str | None):
   """:func:`sparsejax.network.dropout` of this process's samples: with ``axis`` (data parallelism) its rows of the
   masks drawn for the whole batch, as one process drawing them would (and the sparse model does), not the first
@@ -68,7 +70,7 @@ def _dropout(config: model.ModelConfig, state: DenseState, feat_ids: jax.Array, 
 STEP_SCOPES = {"forward": "batch", "backward": "batch", "grad_reduce": "replicated", "adam": "replicated"}
 
 
-def train_step(state: DenseState, batch: dict, *, config: model.ModelConfig,
+def train_step(state: DenseState, batch: dict, *, config: ModelConfig,
                axis: str | None = None) -> tuple[DenseState, dict]:
   """One dense step: full softmax over all N outputs, Adam on every parameter.
 
@@ -81,7 +83,7 @@ def train_step(state: DenseState, batch: dict, *, config: model.ModelConfig,
   psum = (lambda x: x) if axis is None else (lambda x: jax.lax.psum(x, axis))
   with jax.named_scope("forward"):
     # The sparse model's target, 1/|y| on each label, built by a scatter: O(B·M), not the O(B·N·M) comparison.
-    targets = model.all_rows_label_targets(labels, config.num_labels)
+    targets = all_rows_label_targets(labels, config.num_labels)
     num_labeled = psum(jnp.sum(jnp.sum(targets, axis=1) > 0))
 
     # The sparse model's dropout, the same masks for the same (rng, step).
@@ -89,7 +91,7 @@ def train_step(state: DenseState, batch: dict, *, config: model.ModelConfig,
 
     def loss_fn(params):  # this slice's share of the mean over all labeled samples
       logits = full_logits(params, feat_ids, feat_vals, keep)
-      return model.softmax_cross_entropy(logits, targets, num_labeled)
+      return softmax_cross_entropy(logits, targets, num_labeled)
 
     params = (state.embed, state.hidden, state.out)
     loss, loss_vjp = jax.vjp(loss_fn, params)

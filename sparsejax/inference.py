@@ -1,6 +1,6 @@
 """Inference with a trained network, in one process or on each shard of a sharded output layer.
 
-Every function that predicts takes a :class:`sparsejax.loss.Shard`: with ``shard.axis`` set it runs inside
+Every function that predicts takes a :class:`sparsejax.shard.Shard`: with ``shard.axis`` set it runs inside
 ``shard_map`` on one shard's rows (:mod:`sparsejax.distributed.sharding` does the wiring) and merges the shards' results
 with the shard's collectives; in one process (the default) those collectives do nothing. Ids in results are
 global.
@@ -29,10 +29,12 @@ import numpy as np
 
 from sparsejax import index, model, ops, retrieval, selection
 from sparsejax._checks import check_int
-from sparsejax.loss import Shard, shard_rows
+from sparsejax.model_config import ModelConfig, local_active_k
+from sparsejax.network import SparseLayer
+from sparsejax.shard import Shard, shard_rows
 
 
-def predict(state: model.SlideState, feat_ids: jax.Array, feat_vals: jax.Array, *, config: model.ModelConfig,
+def predict(state: model.SlideState, feat_ids: jax.Array, feat_vals: jax.Array, *, config: ModelConfig,
             top: int = 5, shard: Shard = Shard()) -> tuple[jax.Array, jax.Array, jax.Array]:
   """A SLIDE run's predictions: exact over all N outputs and sampled over the index candidates.
 
@@ -52,7 +54,7 @@ def predict(state: model.SlideState, feat_ids: jax.Array, feat_vals: jax.Array, 
 
 
 def diagnose(state: model.SlideState, feat_ids: jax.Array, feat_vals: jax.Array, labels: jax.Array, *,
-             config: model.ModelConfig, top: int = 5, sampled_ks: tuple[int, ...] = (),
+             config: ModelConfig, top: int = 5, sampled_ks: tuple[int, ...] = (),
              shard: Shard = Shard()) -> tuple[jax.Array, jax.Array, jax.Array, dict]:
   """:func:`predict` and what an evaluation records besides (:attr:`sparsejax.distributed.sharding.Run.diagnose`).
 
@@ -94,7 +96,7 @@ def predict_exact(state, feat_ids: jax.Array, feat_vals: jax.Array, *, top: int 
                     out.w.shape[0] if num_labels is None else num_labels)
 
 
-def predict_sampled(state: model.SlideState, feat_ids, feat_vals, *, config: model.ModelConfig, top: int = 5,
+def predict_sampled(state: model.SlideState, feat_ids, feat_vals, *, config: ModelConfig, top: int = 5,
                     seed: int = 0, k: int | None = None, shard: Shard = Shard()) -> tuple[jax.Array, jax.Array]:
   """Fast inference: top ``top`` outputs among the index-sampled active set.
 
@@ -110,7 +112,7 @@ def predict_sampled(state: model.SlideState, feat_ids, feat_vals, *, config: mod
   return scores, ids
 
 
-def sampled_topk(state: model.SlideState, h: jax.Array, *, config: model.ModelConfig, top: int = 5, seed: int = 0,
+def sampled_topk(state: model.SlideState, h: jax.Array, *, config: ModelConfig, top: int = 5, seed: int = 0,
                  k: int | None = None, shard: Shard = Shard()) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Top ``top`` outputs among the ``k`` (default ``config.serving_k``) index candidates of ``h [B, d]`` (queried
   without labels, :func:`index_candidates`): each shard scores its own candidates and keeps its best ``top``; the
@@ -131,7 +133,7 @@ def sampled_topk(state: model.SlideState, h: jax.Array, *, config: model.ModelCo
   return (*_merge(shard, scores, jnp.where(ids >= 0, ids + offset, -1), top), active, from_index)
 
 
-def index_candidates(state: model.SlideState, h: jax.Array, *, config: model.ModelConfig, k: int,
+def index_candidates(state: model.SlideState, h: jax.Array, *, config: ModelConfig, k: int,
                      num_valid: int | jax.Array, shard: Shard = Shard(),
                      seed: jax.Array | int = 0) -> tuple[jax.Array, jax.Array]:
   """This shard's share of each query's ``k`` candidates from the state's index, queried without labels.
@@ -157,13 +159,13 @@ def index_candidates(state: model.SlideState, h: jax.Array, *, config: model.Mod
                                                 shard=shard, seed=seed, rows=(state.out.w, state.out.b))
 
 
-def _local_k(config: model.ModelConfig, k: int) -> int:
-  """Each shard's share of an active set of ``k`` (as :func:`model.local_active_k` shares ``active_k``)."""
+def _local_k(config: ModelConfig, k: int) -> int:
+  """Each shard's share of an active set of ``k`` (as :func:`local_active_k` shares ``active_k``)."""
   network = dataclasses.replace(config.network, active_k=k)
-  return model.local_active_k(dataclasses.replace(config, network=network), config.num_shards)
+  return local_active_k(dataclasses.replace(config, network=network), config.num_shards)
 
 
-def _exact_top(out: model.SparseLayer, h: jax.Array, top: int, shard: Shard, num_labels: int):
+def _exact_top(out: SparseLayer, h: jax.Array, top: int, shard: Shard, num_labels: int):
   """The exact top ``top`` of ``h`` over the layer's real rows: each shard's over its own, merged."""
   rows = out.w.shape[0]
   offset, num_valid = shard.row_range(rows, num_labels)
@@ -188,7 +190,7 @@ def gather_index(index, shard: Shard = Shard()):
   return jax.tree.map(shard.all_gather, index)
 
 
-def merge_index(stacked, config: model.ModelConfig):
+def merge_index(stacked, config: ModelConfig):
   """One (clustered) index (host arrays) over the ``config.num_labels`` global rows from every shard's
   (:func:`gather_index`, :attr:`sparsejax.index.Index.merge_shards`), which one process probes as the shards
   probed theirs. One process: its own index."""

@@ -22,24 +22,18 @@ import numpy as np
 import optax
 
 from sparsejax import averaging, index, network, ops, optim
-from sparsejax.loss import (  # noqa: F401 (re-exported: the loss's home was this module)
-  Shard,
+from sparsejax.loss import (
   all_rows_label_targets,
   label_ids_in_layer,
-  label_targets,
   leading_label_targets,
   num_distinct_labels,
-  shard_rows,
   sharded_softmax_cross_entropy,
-  softmax_cross_entropy,
   tail_log_weights,
 )
-
-# (re-exported: the config, the network and the schedule were defined here)
-from sparsejax.model_config import ModelConfig, local_active_k, softmax_choice, softmax_costs, uses_exact_path  # noqa: F401
-from sparsejax.network import NetworkParams, SparseLayer, dense_optimizer, dropout, hidden_forward, init_params  # noqa: F401
+from sparsejax.model_config import ModelConfig, local_active_k, uses_exact_path
+from sparsejax.network import NetworkParams, SparseLayer, dense_optimizer, dropout, hidden_forward
 from sparsejax.padding import PAD_ID
-from sparsejax.schedule import REFRESH_PRODUCTS_PER_TOUCHED_ROW, TableSchedule, refresh_cost_in_steps  # noqa: F401
+from sparsejax.shard import Shard
 
 
 class SlideState(NamedTuple):

@@ -13,7 +13,7 @@ import optax
 from sparsejax import step_cost
 from sparsejax.config import ConfigError, NetworkConfig, OptimizerConfig, TablesConfig
 from sparsejax.index import clusters, lsh, tables
-from sparsejax.loss import shard_rows
+from sparsejax.shard import shard_rows
 
 # Default clusters of the evaluation index: at least this many (and 4 x the training index's). Measured on a
 # synthetic 20K-label network after 2 epochs (5 Lloyd iterations), sampled over exact P@1 at k = 1024 and at

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparsejax.index.kinds import index_fill  # noqa: F401 (re-exported: the diagnostics' home)
-from sparsejax.loss import Shard
+from sparsejax.shard import Shard
 
 TOP = 10  # topk_recall@TOP: how many of the exact top outputs the evaluation looks for among the candidates
 

@@ -9,7 +9,6 @@ import sys
 import pytest
 from absl import flags
 
-from sparsejax import model
 from sparsejax.config import BudgetConfig, Config, ConfigError, iter_fields, override
 from sparsejax.model_config import ModelConfig
 from sparsejax.train import cli
@@ -281,9 +280,9 @@ def test_model_config_is_derived_not_repeated():
   config = override(Config(), learning_rate=0.5, num_tables=3, active_k=9)
   mcfg = ModelConfig.from_config(config, 100, 200)
   assert mcfg.optim is config.optim and mcfg.tables is config.tables and mcfg.network is config.network
-  assert {f.name for f in dataclasses.fields(model.ModelConfig)} == {
+  assert {f.name for f in dataclasses.fields(ModelConfig)} == {
       "num_features", "num_labels", "network", "tables", "optim", "num_shards"}
-  assert model.ModelConfig(1, 2).optim == Config().optim  # one set of defaults
+  assert ModelConfig(1, 2).optim == Config().optim  # one set of defaults
   assert mcfg.k == 9 and mcfg.lsh_config.num_tables == 3 and float(mcfg.schedule()(0)) == 0.5
 
 

@@ -9,6 +9,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from sparsejax.distributed import sharding
 from sparsejax import data, dense, model
 from sparsejax.config import override
+from sparsejax.model_config import ModelConfig
 
 ds = data.make_synthetic(500, 300, 40, labels_per_sample=2, seed=1)
 fi, fv, lab = ds.to_padded(np.arange(32))
@@ -16,7 +17,7 @@ batch = {"feat_ids": jnp.asarray(fi), "feat_vals": jnp.asarray(fv), "labels": jn
 mesh = sharding.make_mesh(2)
 differences = []
 for dropouts in ({}, {"dropout": 0.5}, {"input_dropout": 0.3}):
-  cfg = override(model.ModelConfig(300, 40), hidden_dims=(16, 8), learning_rate=1e-2, model="dense", **dropouts)
+  cfg = override(ModelConfig(300, 40), hidden_dims=(16, 8), learning_rate=1e-2, model="dense", **dropouts)
   one, _ = jax.jit(functools.partial(dense.train_step, config=cfg))(dense.init(jax.random.key(0), cfg), batch)
   fresh = jax.jit(functools.partial(dense.init, jax.random.key(0), cfg), out_shardings=NamedSharding(mesh, P()))
   split, _ = sharding.make_dp_train_step(cfg, mesh)(fresh(),

@@ -41,7 +41,8 @@ SCRIPT = textwrap.dedent("""
     # The index of the run (KIND): built, queried, refreshed from moved rows and given new hash functions (seeds).
     from sparsejax import index, model
     from sparsejax.config import override
-    cfg = override(model.ModelConfig(10, N), hidden_dims=(d,), active_k=k, candidates="KIND", num_tables=8,
+    from sparsejax.model_config import ModelConfig
+    cfg = override(ModelConfig(10, N), hidden_dims=(d,), active_k=k, candidates="KIND", num_tables=8,
                    num_clusters=64, kmeans_sample=16)
     idx = index.from_config(cfg)
     state = idx.init(*jax.random.split(jax.random.key(1)), W, b)

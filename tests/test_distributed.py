@@ -25,8 +25,9 @@ SHARDED_VS_SINGLE = """
     from sparsejax.distributed import sharding
     from sparsejax import data, model
     from sparsejax.config import override
+    from sparsejax.model_config import ModelConfig, uses_exact_path
     ds = data.make_synthetic(400, 200, {N}, labels_per_sample=2, seed=3)
-    base = override(model.ModelConfig(200, {N}), hidden_dims=(16,), active_k={K}, num_tables=4,
+    base = override(ModelConfig(200, {N}), hidden_dims=(16,), active_k={K}, num_tables=4,
                              learning_rate=1e-2, {EXTRA})
     mesh = sharding.make_mesh({P})
     sharded_cfg = dataclasses.replace(base, num_shards={P})
@@ -49,7 +50,7 @@ SHARDED_VS_SINGLE = """
              ("embed.w", sharded.embed.w, single.embed.w), ("embed.b", sharded.embed.b, single.embed.b)]
     diffs = {{name: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for name, a, b in pairs}}
     print(json.dumps(dict(same_init=same_init, losses=losses, diffs=diffs, checksums=checksums,
-                          exact=model.uses_exact_path(sharded_cfg), candidates=sharded_cfg.tables.candidates,
+                          exact=uses_exact_path(sharded_cfg), candidates=sharded_cfg.tables.candidates,
                           num_pad=len(pad_before),
                           pad_unchanged=bool(np.array_equal(np.asarray(sharded.out.w)[{N}:], pad_before)))))
 """
@@ -93,10 +94,11 @@ def test_collective_bytes_are_o_batch_times_hidden(run_python):
     from sparsejax.distributed import sharding
     from sparsejax import data, dense, model
     from sparsejax.config import override
+    from sparsejax.model_config import ModelConfig
     from jax.sharding import PartitionSpec as P
     out = []
     for N in (1000, 8000):
-      cfg = override(model.ModelConfig(500, N), hidden_dims=(32,), active_k=64, num_tables=4,
+      cfg = override(ModelConfig(500, N), hidden_dims=(32,), active_k=64, num_tables=4,
                               num_shards=2)
       mesh = sharding.make_mesh(2)
       state = sharding.init(jax.random.key(0), cfg, mesh)
@@ -322,7 +324,8 @@ def test_checksum_detects_replica_drift(run_python):
     from sparsejax.distributed import sharding
     from sparsejax import model
     from sparsejax.config import override
-    cfg = override(model.ModelConfig(50, 30), hidden_dims=(8,), active_k=8, num_tables=2, num_shards=2)
+    from sparsejax.model_config import ModelConfig
+    cfg = override(ModelConfig(50, 30), hidden_dims=(8,), active_k=8, num_tables=2, num_shards=2)
     mesh = sharding.make_mesh(2)
     state = sharding.init(jax.random.key(0), cfg, mesh)
     checksum = sharding.make_checksum(mesh)

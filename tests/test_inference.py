@@ -140,10 +140,11 @@ SHARDED_INFERENCE = """
     from sparsejax.distributed import sharding
     from sparsejax import data, model
     from sparsejax.config import override
+    from sparsejax.model_config import ModelConfig
     N, P = 91, 3  # 31 rows per shard: the last holds 29 real rows and 2 of padding (random weights, bias 0)
     ds = data.make_synthetic(64, 200, N, labels_per_sample=3, seed=1)
     batch = next(data.BatchIterator(ds, 64, seed=0, max_labels=4, prefetch=0))
-    config = override(model.ModelConfig(200, N), hidden_dims=(16,), active_k=12, softmax="sampled")
+    config = override(ModelConfig(200, N), hidden_dims=(16,), active_k=12, softmax="sampled")
     out = {}
     for shards in (1, P):
       run = sharding.make_run(config, seed=0, num_shards=shards, top=5, sampled_ks=(20,))

@@ -17,6 +17,8 @@ import pytest
 from sparsejax import data, model
 from sparsejax.config import override
 from sparsejax.data.batching import batch_widths, bucket_width, bucket_widths
+from sparsejax.loss import label_targets, leading_label_targets, num_distinct_labels
+from sparsejax.model_config import ModelConfig
 
 
 def _heavy_tailed(n=300, num_features=200, num_labels=400, long_row=300, long_features=100, seed=0):
@@ -100,7 +102,7 @@ def test_widths_are_checked():
 
 def _config(candidates):
   extra = dict(candidates="lsh", lsh_mips=False) if candidates == "lsh" else {}
-  return override(model.ModelConfig(200, 400), hidden_dims=(16,), active_k=320, learning_rate=1e-2,
+  return override(ModelConfig(200, 400), hidden_dims=(16,), active_k=320, learning_rate=1e-2,
                   softmax="sampled", **extra)
 
 
@@ -118,11 +120,11 @@ def test_leading_label_targets_equal_the_comparison_on_real_queries(candidates):
   labels = jnp.asarray(lab)
   h = model.hidden(state, jnp.asarray(fi), jnp.asarray(fv))
   active, _ = model.query_active(state, h, config=cfg, k=cfg.network.active_k, num_rows=400, labels=labels, seed=3)
-  count = model.num_distinct_labels(labels)
-  want = model.label_targets(active, labels, count)
-  got = model.leading_label_targets(active, labels, count)
+  count = num_distinct_labels(labels)
+  want = label_targets(active, labels, count)
+  got = leading_label_targets(active, labels, count)
   np.testing.assert_array_equal(got, want)
-  np.testing.assert_array_equal(model.leading_label_targets(active, labels), model.label_targets(active, labels))
+  np.testing.assert_array_equal(leading_label_targets(active, labels), label_targets(active, labels))
   assert float(jnp.sum(got[7] > 0)) == 300 and float(got[3, 0]) == 1.0 and not np.any(np.asarray(got[4]))
 
 
@@ -153,7 +155,7 @@ def test_steps_give_the_same_floats_at_any_width(candidates):
   assert mf == 100 and ml == 300 and all(b["labels"].shape == (32, ml) for b in wide)
   assert {b["feat_ids"].shape[1] for b in narrow} == {32, mf} and {b["labels"].shape[1] for b in narrow} == {32, ml}
   got_state, got_losses = _steps(cfg, narrow)
-  want_state, want_losses = _steps(cfg, wide, targets=model.label_targets)
+  want_state, want_losses = _steps(cfg, wide, targets=label_targets)
   np.testing.assert_array_equal(got_losses, want_losses)
   for a, b in zip(jax.tree.leaves(got_state), jax.tree.leaves(want_state)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -170,7 +172,7 @@ def test_loss_and_gradients_agree_between_width_8_and_310():
     fi, fv, lab = ds.to_padded(rows, 32, width)
     batches.append({"feat_ids": jnp.asarray(fi), "feat_vals": jnp.asarray(fv), "labels": jnp.asarray(lab)})
   assert batches[0]["labels"].shape == (32, 8) and batches[1]["labels"].shape == (32, 310)
-  (s8, l8), (s310, l310) = _steps(cfg, batches[:1]), _steps(cfg, batches[1:], targets=model.label_targets)
+  (s8, l8), (s310, l310) = _steps(cfg, batches[:1]), _steps(cfg, batches[1:], targets=label_targets)
   np.testing.assert_array_equal(l8, l310)
   np.testing.assert_array_equal(np.asarray(s8.out.w), np.asarray(s310.out.w))
   np.testing.assert_array_equal(np.asarray(s8.out_w_opt.mu), np.asarray(s310.out_w_opt.mu))  # (1 - b1) * grad

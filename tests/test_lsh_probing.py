@@ -12,6 +12,8 @@ from test_lsh_retrieval import _planted_layer, _recall_of_planted
 from sparsejax import model
 from sparsejax.config import override
 from sparsejax.index import from_config, lsh, mips, probing, tables
+from sparsejax.model_config import ModelConfig
+from sparsejax.network import SparseLayer
 
 
 def _dwta_probes_ref(params, x, num_probes):
@@ -140,8 +142,8 @@ def test_rerank_keeps_the_largest_exact_logits():
 
 def _index_query(settings, w, b, h, k, labels=None):
   n, d = w.shape
-  cfg = override(model.ModelConfig(10, n), hidden_dims=(d,), active_k=k, candidates="lsh", **settings)
-  out = model.SparseLayer(jnp.asarray(w), jnp.asarray(b))
+  cfg = override(ModelConfig(10, n), hidden_dims=(d,), active_k=k, candidates="lsh", **settings)
+  out = SparseLayer(jnp.asarray(w), jnp.asarray(b))
   built = from_config(cfg).init(*jax.random.split(jax.random.key(0)), out.w, out.b)
   state = model.SlideState(*([None] * len(model.SlideState._fields)))._replace(out=out, index=built)
   active, from_index = jax.jit(lambda s, hh, lab: model.query_active(s, hh, config=cfg, k=k, num_rows=n,
@@ -183,9 +185,9 @@ def test_a_training_query_reads_one_bucket_per_table_whatever_the_probes():
   labels[:, 0] = rng.choice(2000, 16)
   k = 24
   n = 2000
-  cfg = override(model.ModelConfig(10, n), hidden_dims=(32,), active_k=k, candidates="lsh", lsh_probes=3,
+  cfg = override(ModelConfig(10, n), hidden_dims=(32,), active_k=k, candidates="lsh", lsh_probes=3,
                  lsh_rerank=4)
-  out = model.SparseLayer(jnp.asarray(w), jnp.asarray(b))
+  out = SparseLayer(jnp.asarray(w), jnp.asarray(b))
   built = from_config(cfg).init(*jax.random.split(jax.random.key(0)), out.w, out.b)
   state = model.SlideState(*([None] * len(model.SlideState._fields)))._replace(out=out, index=built)
   xq = mips.augment_queries(jnp.asarray(h))
@@ -242,9 +244,9 @@ def test_a_reranked_query_over_fewer_valid_rows_than_it_counts():
   n, valid, k = 100, 60, 40
   w = rng.normal(size=(n, 16)).astype(np.float32)
   b = rng.normal(size=n).astype(np.float32)
-  cfg = override(model.ModelConfig(10, n), hidden_dims=(16,), active_k=k, candidates="lsh", lsh_probes=3,
+  cfg = override(ModelConfig(10, n), hidden_dims=(16,), active_k=k, candidates="lsh", lsh_probes=3,
                  lsh_rerank=4)
-  out = model.SparseLayer(jnp.asarray(w), jnp.asarray(b))
+  out = SparseLayer(jnp.asarray(w), jnp.asarray(b))
   built = from_config(cfg).init(*jax.random.split(jax.random.key(0)), out.w, out.b, valid)
   state = model.SlideState(*([None] * len(model.SlideState._fields)))._replace(out=out, index=built)
   h = jnp.asarray(rng.normal(size=(8, 16)).astype(np.float32))

@@ -8,6 +8,8 @@ import pytest
 from sparsejax import index, model
 from sparsejax.config import override
 from sparsejax.index import mips
+from sparsejax.model_config import ModelConfig
+from sparsejax.network import SparseLayer
 
 
 def test_centred_mips_rows_rank_like_the_logits():
@@ -77,8 +79,8 @@ def _recall_of_planted(settings: dict, w, b, h, planted, k: int, serving: bool =
   """How often the planted row is among a query's index candidates: the training tables' (``serving=False``) or
   those sampled inference reads (``serving=True``: :func:`sparsejax.index.hashed.serving_sizes`)."""
   n, d = w.shape
-  cfg = override(model.ModelConfig(10, n), hidden_dims=(d,), active_k=k, candidates="lsh", **settings)
-  out = model.SparseLayer(jnp.asarray(w), jnp.asarray(b))
+  cfg = override(ModelConfig(10, n), hidden_dims=(d,), active_k=k, candidates="lsh", **settings)
+  out = SparseLayer(jnp.asarray(w), jnp.asarray(b))
   kind = index.from_config(cfg)
   built = kind.serving(None, out.w, out.b) if serving else kind.init(*jax.random.split(jax.random.key(0)), out.w, out.b)
   state = model.SlideState(*([None] * len(model.SlideState._fields)))._replace(out=out, index=built)
@@ -204,7 +206,7 @@ def test_an_lsh_index_of_rows_scaled_near_float32s_largest_is_the_index_of_the_r
   """Rows times 2^120 (about 1.3e36, exact) give the same hyperplanes' tables as the rows themselves: the weights
   of the draw (squared norms) overflowed into inf, never drawn, and the centring into NaN."""
   w, b, _, _ = _planted_layer(512, 16, 10)
-  cfg = override(model.ModelConfig(10, 512), hidden_dims=(16,), active_k=32, candidates="lsh", **settings)
+  cfg = override(ModelConfig(10, 512), hidden_dims=(16,), active_k=32, candidates="lsh", **settings)
   kind = index.from_config(cfg)
   keys = jax.random.split(jax.random.key(0))
   built = kind.init(*keys, jnp.asarray(w), jnp.asarray(b + 0.5))
@@ -267,7 +269,7 @@ def test_serving_table_sizes(settings, bits, slots, projections):
   kinds.serving_table_sizes, as the index builds them."""
   from sparsejax.index import hashed
 
-  cfg = override(model.ModelConfig(10, 200_000), candidates="lsh", **settings)
+  cfg = override(ModelConfig(10, 200_000), candidates="lsh", **settings)
   sizes, got_slots = hashed.serving_sizes(cfg.tables, cfg.lsh_config, cfg.table_bucket_size)
   assert (sizes.num_tables, sizes.num_bits, got_slots) == (64, bits, slots)
   if projections is not None:
@@ -281,7 +283,7 @@ def test_the_fill_of_serving_tables_counts_their_own_slots():
   w = np.tile(np.arange(1, d + 1, dtype=np.float32), (n, 1)) * np.linspace(1, 2, n, dtype=np.float32)[:, None]
   w -= w.mean(axis=0)  # (centred, the rows point two ways: the longer half one, the shorter the other)
   b = np.zeros(n, np.float32)
-  cfg = override(model.ModelConfig(10, n), hidden_dims=(d,), candidates="lsh")
+  cfg = override(ModelConfig(10, n), hidden_dims=(d,), candidates="lsh")
   kind = index.from_config(cfg)
   serving = kind.serving(None, jnp.asarray(w), jnp.asarray(b))
   training = kind.init(*jax.random.split(jax.random.key(0)), jnp.asarray(w), jnp.asarray(b))

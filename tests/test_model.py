@@ -13,6 +13,17 @@ import pytest
 from sparsejax import data, dense, inference, metrics, model
 from sparsejax.config import override
 from sparsejax.distributed import sharding
+from sparsejax.loss import (
+  all_rows_label_targets,
+  label_targets,
+  num_distinct_labels,
+  sharded_softmax_cross_entropy,
+  softmax_cross_entropy,
+  tail_log_weights,
+)
+from sparsejax.model_config import ModelConfig, softmax_choice, softmax_costs, uses_exact_path
+from sparsejax.schedule import REFRESH_PRODUCTS_PER_TOUCHED_ROW, TableSchedule, refresh_cost_in_steps
+from sparsejax.shard import Shard
 
 
 def _batch(ds, n, rng_seed=0, max_features=None, max_labels=None):
@@ -24,12 +35,12 @@ def _batch(ds, n, rng_seed=0, max_features=None, max_labels=None):
 def test_label_targets_and_loss_by_hand():
   active = jnp.array([[4, 7, 1, 3], [2, 5, 0, 6]], jnp.int32)
   labels = jnp.array([[4, 7, -1], [-1, -1, -1]], jnp.int32)
-  t = model.label_targets(active, labels)
+  t = label_targets(active, labels)
   np.testing.assert_array_equal(t, [[0.5, 0.5, 0, 0], [0, 0, 0, 0]])
   logits = jnp.array([[1.0, 2.0, 0.0, 0.0], [5.0, 0.0, 0.0, 0.0]])
   lse = np.log(np.exp(1) + np.exp(2) + 2)
   want = -(0.5 * (1 - lse) + 0.5 * (2 - lse))  # the unlabeled sample is not counted
-  np.testing.assert_allclose(model.softmax_cross_entropy(logits, t), want, rtol=1e-6)
+  np.testing.assert_allclose(softmax_cross_entropy(logits, t), want, rtol=1e-6)
 
 
 def test_all_rows_label_targets_match_the_comparison_with_every_row_active():
@@ -43,12 +54,12 @@ def test_all_rows_label_targets_match_the_comparison_with_every_row_active():
   labels[2] = [3, n, n + 5, -1, 9, 3]  # ids at or past N: padding
   every_row = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (16, n))
   in_range = jnp.where(jnp.asarray(labels) < n, jnp.asarray(labels), -1)
-  want = model.label_targets(every_row, in_range)
-  got = model.all_rows_label_targets(jnp.asarray(labels), n)
+  want = label_targets(every_row, in_range)
+  got = all_rows_label_targets(jnp.asarray(labels), n)
   np.testing.assert_array_equal(got, want)
   assert float(got[0, 7]) == 1.0 and not np.any(np.asarray(got[1])) and float(got[2, 3]) == float(got[2, 9]) == 0.5
   # With the count given (a shard's labels are only some of the sample's), each label gets 1/count.
-  np.testing.assert_array_equal(model.all_rows_label_targets(jnp.asarray(labels[:1]), n, jnp.array([4])),
+  np.testing.assert_array_equal(all_rows_label_targets(jnp.asarray(labels[:1]), n, jnp.array([4])),
                                 np.eye(n, dtype=np.float32)[[7]] * 0.25)
 
 
@@ -70,7 +81,7 @@ def test_all_active_label_targets_never_build_a_batch_by_rows_by_labels_array():
   programs, as lowered and as compiled, hold no array with N and M among its dimensions or B·N·M elements; the
   comparison's program (label_targets over every row) does, so the check is not vacuous."""
   B, N, M, F = 8, 5000, 7, 300  # B·N·M = 280,000: no other array of these programs has that many elements
-  cfg = override(model.ModelConfig(F, N), hidden_dims=(16,), active_k=N)
+  cfg = override(ModelConfig(F, N), hidden_dims=(16,), active_k=N)
   labels = jnp.asarray(np.random.default_rng(0).integers(-1, N, size=(B, M)), jnp.int32)
   batch = {"feat_ids": jnp.zeros((B, 5), jnp.int32), "feat_vals": jnp.ones((B, 5)), "labels": labels}
 
@@ -78,15 +89,15 @@ def test_all_active_label_targets_never_build_a_batch_by_rows_by_labels_array():
     lowered = jax.jit(fn).lower(*args)
     return {"lowered": lowered.as_text(), "compiled": lowered.compile().as_text()}
 
-  comparison = hlos(lambda lab: model.label_targets(jnp.broadcast_to(jnp.arange(N, dtype=jnp.int32), (B, N)), lab),
+  comparison = hlos(lambda lab: label_targets(jnp.broadcast_to(jnp.arange(N, dtype=jnp.int32), (B, N)), lab),
                     labels)
   assert all(_label_target_sized_arrays(text, B, N, M) for text in comparison.values())
-  programs = {"all_rows_label_targets": hlos(lambda lab: model.all_rows_label_targets(lab, N), labels),
+  programs = {"all_rows_label_targets": hlos(lambda lab: all_rows_label_targets(lab, N), labels),
               "dense step": hlos(functools.partial(dense.train_step, config=cfg),
                                  dense.init(jax.random.key(0), cfg), batch)}
   for softmax, active_k in (("auto", N), ("exact", 64)):  # every row active; the exact step forced
     exact = override(cfg, active_k=active_k, softmax=softmax)
-    assert model.uses_exact_path(exact)
+    assert uses_exact_path(exact)
     programs[f"exact step ({softmax})"] = hlos(functools.partial(model.train_step, config=exact),
                                                model.init(jax.random.key(0), exact), batch)
   for name, texts in programs.items():
@@ -99,14 +110,14 @@ def test_sharded_softmax_gradient_matches_autodiff():
   logits = jnp.asarray(rng.normal(size=(5, 7)), jnp.float32).at[1, 3].set(-jnp.inf)  # padding
   active = jnp.asarray(rng.permutation(40)[:35].reshape(5, 7), jnp.int32)
   labels = jnp.stack([active[:, 0], jnp.where(jnp.arange(5) % 2 == 0, active[:, 2], -1)], 1).at[4].set(-1)
-  t = model.label_targets(active, labels)
-  loss, g = model.sharded_softmax_cross_entropy(logits, t)
+  t = label_targets(active, labels)
+  loss, g = sharded_softmax_cross_entropy(logits, t)
   finite = jnp.where(jnp.isfinite(logits), logits, -1e30)
-  want_loss, want_g = jax.value_and_grad(model.softmax_cross_entropy)(finite, t)
+  want_loss, want_g = jax.value_and_grad(softmax_cross_entropy)(finite, t)
   np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
   np.testing.assert_allclose(g, want_g, rtol=1e-5, atol=1e-7)
   assert float(g[1, 3]) == 0.0 and np.all(np.asarray(g[4]) == 0)  # padding, unlabeled sample
-  np.testing.assert_array_equal(model.num_distinct_labels(jnp.array([[3, 3, -1, 1], [-1, -1, -1, -1]])), [2, 0])
+  np.testing.assert_array_equal(num_distinct_labels(jnp.array([[3, 3, -1, 1], [-1, -1, -1, -1]])), [2, 0])
 
 
 def test_sharded_softmax_across_shards_matches_one_shard():
@@ -117,9 +128,9 @@ def test_sharded_softmax_across_shards_matches_one_shard():
   logits = logits.at[2, 3:6].set(-jnp.inf).at[0, 7].set(-jnp.inf)  # sample 2: shard 1 has nothing active
   t = jnp.zeros((4, 9)).at[0, 1].set(0.5).at[0, 8].set(0.5).at[1, 4].set(1.0).at[2, 0].set(1.0)  # sample 3 unlabeled
   split = lambda x: jnp.stack(jnp.split(x, 3, axis=1))  # [3, B, 3]
-  sharded = jax.vmap(lambda lg, tt: model.sharded_softmax_cross_entropy(lg, tt, model.Shard("s")), axis_name="s")
+  sharded = jax.vmap(lambda lg, tt: sharded_softmax_cross_entropy(lg, tt, Shard("s")), axis_name="s")
   loss, g = sharded(split(logits), split(t))
-  want_loss, want_g = model.sharded_softmax_cross_entropy(logits, t)
+  want_loss, want_g = sharded_softmax_cross_entropy(logits, t)
   np.testing.assert_allclose(loss, np.full(3, want_loss), rtol=1e-6)
   np.testing.assert_allclose(jnp.concatenate(list(g), axis=1), want_g, rtol=1e-5, atol=1e-7)
   assert np.all(np.asarray(loss) == np.asarray(loss)[0])  # every shard agrees exactly
@@ -132,7 +143,7 @@ def test_exact_softmax_step_equals_dense_baseline(dropouts):
   """With every output active, one sparse step equals one dense full-softmax step, dropout included (the same
   masks: a dense baseline with other masks, or none, would not be the same network)."""
   ds = data.make_synthetic(500, 300, 40, labels_per_sample=2, seed=1)
-  cfg = override(model.ModelConfig(300, 40), hidden_dims=(16, 8), active_k=40, num_tables=4,
+  cfg = override(ModelConfig(300, 40), hidden_dims=(16, 8), active_k=40, num_tables=4,
                           learning_rate=1e-2, **dropouts)
   batch = _batch(ds, 32)
   sparse_step = jax.jit(functools.partial(model.train_step, config=cfg))
@@ -149,7 +160,7 @@ def test_exact_softmax_step_equals_dense_baseline(dropouts):
 def test_label_ids_outside_the_layer_are_padding_or_refused(active_k):
   """A user audit: a label id >= N was neither refused nor padding (loss 6.153219 against 6.158602 padded): it
   was left out of the targets but counted among the sample's labels, halving its real label's weight."""
-  cfg = override(model.ModelConfig(200, 400), hidden_dims=(16,), active_k=active_k, softmax="auto")
+  cfg = override(ModelConfig(200, 400), hidden_dims=(16,), active_k=active_k, softmax="auto")
   state = model.init(jax.random.key(0), cfg)
   step = jax.jit(functools.partial(model.train_step, config=cfg))
   fi, fv = jnp.zeros((8, 5), jnp.int32), jnp.ones((8, 5), jnp.float32)
@@ -173,16 +184,16 @@ def test_label_ids_outside_the_layer_are_padding_or_refused(active_k):
     (10, "sampled", False),
 ])
 def test_exact_path_choice(active_k, softmax, exact):
-  cfg = override(model.ModelConfig(300, 40), active_k=active_k, softmax=softmax)
-  assert model.uses_exact_path(cfg) == exact
-  costs = model.softmax_costs(cfg)
+  cfg = override(ModelConfig(300, 40), active_k=active_k, softmax=softmax)
+  assert uses_exact_path(cfg) == exact
+  costs = softmax_costs(cfg)
   if softmax == "auto":
     assert (costs.exact <= costs.sampled) == exact
-  assert model.softmax_choice(cfg).startswith(f"softmax: {'exact' if exact else 'sampled'} ({min(active_k, 40)} "
+  assert softmax_choice(cfg).startswith(f"softmax: {'exact' if exact else 'sampled'} ({min(active_k, 40)} "
                                               "active of 40 rows per shard; the output layer modelled at ")
   # Sharded: each shard decides on its rows (20 each) and its share of the active set (5, then 4).
-  assert model.uses_exact_path(override(model.ModelConfig(300, 40, num_shards=2), active_k=10, softmax="auto"))
-  assert not model.uses_exact_path(override(model.ModelConfig(300, 40, num_shards=2), active_k=8, softmax="auto"))
+  assert uses_exact_path(override(ModelConfig(300, 40, num_shards=2), active_k=10, softmax="auto"))
+  assert not uses_exact_path(override(ModelConfig(300, 40, num_shards=2), active_k=8, softmax="auto"))
 
 
 def test_exact_path_choice_is_the_search_step_models_cheaper_path():
@@ -200,7 +211,7 @@ def test_exact_path_choice_is_the_search_step_models_cheaper_path():
     cfg = override(Config(), **settings)
     shape = search.DataShape(num_train=50_000, num_features=50_000, num_labels=n, mean_features=20)
     exact_s, sampled_s = (search.modelled_step_seconds(override(cfg, softmax=s), shape) for s in ("exact", "sampled"))
-    chosen = model.uses_exact_path(model.ModelConfig.from_config(cfg, 50_000, n))
+    chosen = uses_exact_path(ModelConfig.from_config(cfg, 50_000, n))
     assert chosen == (exact_s <= sampled_s), (n, settings, exact_s, sampled_s)
     return "exact" if chosen else "sampled"
 
@@ -217,9 +228,9 @@ def test_exact_path_choice_is_the_search_step_models_cheaper_path():
 def test_automatic_exact_path_step_equals_dense_baseline():
   """active_k < N, but the active set covers most rows: auto takes the exact step, equal to the dense one."""
   ds = data.make_synthetic(500, 300, 40, labels_per_sample=2, seed=3)
-  cfg = override(model.ModelConfig(300, 40), hidden_dims=(16,), active_k=10, learning_rate=1e-2, candidates="lsh",
+  cfg = override(ModelConfig(300, 40), hidden_dims=(16,), active_k=10, learning_rate=1e-2, candidates="lsh",
                  num_tables=4, reinsert="labels", lsh_mips=False)
-  assert model.uses_exact_path(cfg) and not model.uses_exact_path(override(cfg, softmax="sampled"))
+  assert uses_exact_path(cfg) and not uses_exact_path(override(cfg, softmax="sampled"))
   # One step: after it, lazy Adam (input layer) and dense Adam differ on the rows the next batch leaves out.
   batch = _batch(ds, 32)
   s_state, s_metrics = jax.jit(functools.partial(model.train_step, config=cfg))(model.init(jax.random.key(0), cfg),
@@ -240,11 +251,11 @@ def test_automatic_exact_path_step_equals_dense_baseline():
 def test_exact_path_with_bfloat16_weights_and_moments_tracks_float32():
   """The exact step's dense Adam rounds bfloat16 weights and moments stochastically, like the kernel."""
   ds = data.make_synthetic(500, 300, 40, labels_per_sample=2, seed=3)
-  base = override(model.ModelConfig(300, 40), hidden_dims=(16,), active_k=40, learning_rate=1e-3)
+  base = override(ModelConfig(300, 40), hidden_dims=(16,), active_k=40, learning_rate=1e-3)
   finals = {}
   for dtype in ("float32", "bfloat16"):
     cfg = override(base, weight_dtype=dtype, moment_dtype=dtype)
-    assert model.uses_exact_path(cfg)
+    assert uses_exact_path(cfg)
     state = model.init(jax.random.key(0), cfg)
     start = np.asarray(state.out.w.astype(jnp.float32))
     step = jax.jit(functools.partial(model.train_step, config=cfg), donate_argnums=0)
@@ -268,7 +279,7 @@ def test_exact_path_with_bfloat16_weights_and_moments_tracks_float32():
                                    dict(candidates="lsh", reinsert="all", weight_dtype="bfloat16", lsh_mips=False)])
 def test_train_step_does_no_dense_work_on_the_sparse_layers(index):
   N, F, d = 20011, 7919, 16
-  cfg = override(model.ModelConfig(F, N), hidden_dims=(d,), active_k=64, num_tables=4, **index)
+  cfg = override(ModelConfig(F, N), hidden_dims=(d,), active_k=64, num_tables=4, **index)
   state = model.init(jax.random.key(0), cfg)
   batch = {"feat_ids": jnp.zeros((8, 5), jnp.int32), "feat_vals": jnp.ones((8, 5)),
            "labels": jnp.zeros((8, 2), jnp.int32)}
@@ -291,13 +302,13 @@ def test_train_step_does_no_dense_work_on_the_sparse_layers(index):
 def test_training_lifts_p_at_1_far_above_chance(moment_dtype, weight_dtype):
   ds = data.make_synthetic(6000, 2000, 300, seed=2)
   train, test = data.train_test_split(ds, 0.2, seed=0)
-  cfg = override(model.ModelConfig(2000, 300), hidden_dims=(64,), active_k=32, num_tables=8,
+  cfg = override(ModelConfig(2000, 300), hidden_dims=(64,), active_k=32, num_tables=8,
                           learning_rate=3e-3, moment_dtype=moment_dtype, weight_dtype=weight_dtype)
   state = model.init(jax.random.key(0), cfg)
   assert state.out_w_opt.nu.dtype == state.embed_opt.mu.dtype == jnp.dtype(moment_dtype)
   assert state.out.w.dtype == jnp.dtype(weight_dtype) and state.embed.w.dtype == state.out.b.dtype == jnp.float32
   step = jax.jit(functools.partial(model.train_step, config=cfg), donate_argnums=0)
-  schedule = model.TableSchedule(period=20, growth=1.0, max_period=20)
+  schedule = TableSchedule(period=20, growth=1.0, max_period=20)
   it = data.BatchIterator(train, 64, seed=0, max_features=ds.max_features_per_sample(), max_labels=1)
   losses = []
   for i in range(300):
@@ -321,16 +332,16 @@ def _due(schedule, steps):
 
 
 def test_table_schedule():
-  assert _due(model.TableSchedule(period=10, growth=2.0, max_period=30), 150) == [10, 30, 60, 90, 120]  # 10, 20, 30
-  assert _due(model.TableSchedule(period=10, growth=1.0, max_period=10), 40) == [10, 20, 30]
-  assert _due(model.TableSchedule(period=0, growth=1.0, max_period=10), 40) == []
-  rehash = model.TableSchedule(period=0, growth=1.0, max_period=1, rehash_period=15)
+  assert _due(TableSchedule(period=10, growth=2.0, max_period=30), 150) == [10, 30, 60, 90, 120]  # 10, 20, 30
+  assert _due(TableSchedule(period=10, growth=1.0, max_period=10), 40) == [10, 20, 30]
+  assert _due(TableSchedule(period=0, growth=1.0, max_period=10), 40) == []
+  rehash = TableSchedule(period=0, growth=1.0, max_period=1, rehash_period=15)
   assert [t for t in range(1, 40) if rehash.rehash_due(t)] == [15, 30]
 
 
 def test_table_schedule_matches_slides_growing_periods():
   """The default growth (1.05, cap 2000) against a direct simulation of SLIDE's rule."""
-  s = model.TableSchedule(period=50, growth=1.05, max_period=2000)
+  s = TableSchedule(period=50, growth=1.05, max_period=2000)
   want, at, p = [], 0.0, 50.0
   while at < 60_000:
     at += round(p)
@@ -341,56 +352,56 @@ def test_table_schedule_matches_slides_growing_periods():
 
 def test_table_schedule_terminates_for_any_values():
   """Issue 12 defect 6: growth < 1 or max_period = 0 looped forever (TableSchedule(50, 0.9, 2000).rebuild_due(497))."""
-  assert model.TableSchedule(50, 0.9, 2000).rebuild_due(497) in (True, False)
-  shrinking = _due(model.TableSchedule(50, 0.9, 2000), 2000)
+  assert TableSchedule(50, 0.9, 2000).rebuild_due(497) in (True, False)
+  shrinking = _due(TableSchedule(50, 0.9, 2000), 2000)
   assert shrinking[:3] == [50, 95, 135] and np.all(np.diff(shrinking) >= 1)  # 50, 45, 40.5 ... down to 1
-  assert _due(model.TableSchedule(50, 1.05, 0), 10) == list(range(1, 10))  # capped at one step
-  assert _due(model.TableSchedule(50, 1.0 + 1e-12, 2000), 200) == [50, 100, 150]
+  assert _due(TableSchedule(50, 1.05, 0), 10) == list(range(1, 10))  # capped at one step
+  assert _due(TableSchedule(50, 1.0 + 1e-12, 2000), 200) == [50, 100, 150]
 
 
 def test_refresh_cost_in_steps_from_the_sizes():
   """Hand-computed: a refresh's row-by-vector products over the rows a step touches, over the calibration."""
-  big = model.ModelConfig(10, 1_000_000)  # C = 1000 clusters, 2 Lloyd iterations on 64 rows per cluster
+  big = ModelConfig(10, 1_000_000)  # C = 1000 clusters, 2 Lloyd iterations on 64 rows per cluster
   products = 1000 * (1_000_000 + 2 * 64 * 1000)
-  want = products / (128 * 1024 * model.REFRESH_PRODUCTS_PER_TOUCHED_ROW)
-  assert model.refresh_cost_in_steps(big) == pytest.approx(want)
+  want = products / (128 * 1024 * REFRESH_PRODUCTS_PER_TOUCHED_ROW)
+  assert refresh_cost_in_steps(big) == pytest.approx(want)
   every_row = override(big, kmeans_sample=0)  # the Lloyd iterations see every row: three passes
-  assert model.refresh_cost_in_steps(every_row) == pytest.approx(3 * 1000 * 1_000_000 / (128 * 1024 * 50.0))
-  assert model.refresh_cost_in_steps(override(big, batch_size=1024)) == pytest.approx(want / 8)
-  lsh_cfg = override(model.ModelConfig(10, 100_000), candidates="lsh", num_tables=8, num_bits=12)
+  assert refresh_cost_in_steps(every_row) == pytest.approx(3 * 1000 * 1_000_000 / (128 * 1024 * 50.0))
+  assert refresh_cost_in_steps(override(big, batch_size=1024)) == pytest.approx(want / 8)
+  lsh_cfg = override(ModelConfig(10, 100_000), candidates="lsh", num_tables=8, num_bits=12)
   # K L projections per row and 4 d products' worth of centring and bucketing (d = 128 + MIPS's 2 coordinates)
-  assert model.refresh_cost_in_steps(lsh_cfg) == pytest.approx(100_000 * (12 * 8 + 4 * 130) / (128 * 1024 * 50.0))
-  assert model.refresh_cost_in_steps(model.ModelConfig(10, 2000)) == 0.0  # exact step: no training index
+  assert refresh_cost_in_steps(lsh_cfg) == pytest.approx(100_000 * (12 * 8 + 4 * 130) / (128 * 1024 * 50.0))
+  assert refresh_cost_in_steps(ModelConfig(10, 2000)) == 0.0  # exact step: no training index
 
 
 def test_refresh_budget_lengthens_only_expensive_schedules():
-  tables = dataclasses.replace(model.ModelConfig(10, 10).tables, refresh_budget=0.05)  # period 50, x1.05, cap 2000
-  assert model.TableSchedule.from_config(tables, 1.0) == model.TableSchedule(50, 1.05, 2000)  # 20 < 50 steps
-  assert model.TableSchedule.from_config(tables, 172.1) == model.TableSchedule(3442, 1.05, 3442)  # 172.1 / 0.05
-  assert model.TableSchedule.from_config(tables, 60.0) == model.TableSchedule(1200, 1.05, 2000)
+  tables = dataclasses.replace(ModelConfig(10, 10).tables, refresh_budget=0.05)  # period 50, x1.05, cap 2000
+  assert TableSchedule.from_config(tables, 1.0) == TableSchedule(50, 1.05, 2000)  # 20 < 50 steps
+  assert TableSchedule.from_config(tables, 172.1) == TableSchedule(3442, 1.05, 3442)  # 172.1 / 0.05
+  assert TableSchedule.from_config(tables, 60.0) == TableSchedule(1200, 1.05, 2000)
   unbudgeted = dataclasses.replace(tables, refresh_budget=0.0)
-  assert model.TableSchedule.from_config(unbudgeted, 172.1) == model.TableSchedule(50, 1.05, 2000)
+  assert TableSchedule.from_config(unbudgeted, 172.1) == TableSchedule(50, 1.05, 2000)
   never = dataclasses.replace(tables, rebuild_period=0)
-  assert model.TableSchedule.from_config(never, 172.1).period == 0  # never stays never
+  assert TableSchedule.from_config(never, 172.1).period == 0  # never stays never
   # Over any horizon the refreshes' estimated share stays within the budget.
-  s = model.TableSchedule.from_config(tables, 172.1)
+  s = TableSchedule.from_config(tables, 172.1)
   for horizon in (5_000, 20_000, 100_000):
     assert len(_due(s, horizon)) * 172.1 <= 0.05 * horizon
 
 
 def test_run_uses_the_budgeted_schedule():
   """make_run's maintain follows the lengthened schedule: no refresh at 50 steps at N = 10^6, one at its period."""
-  cfg = model.ModelConfig(10, 1_000_000)
+  cfg = ModelConfig(10, 1_000_000)
   run = sharding.make_run(cfg, seed=0)
-  period = math.ceil(model.refresh_cost_in_steps(cfg) / cfg.tables.refresh_budget)
+  period = math.ceil(refresh_cost_in_steps(cfg) / cfg.tables.refresh_budget)
   assert run.schedule.period == period > 50
-  small = sharding.make_run(model.ModelConfig(10, 20_000), seed=0)
-  assert small.schedule == model.TableSchedule(50, 1.05, 2000)
+  small = sharding.make_run(ModelConfig(10, 20_000), seed=0)
+  assert small.schedule == TableSchedule(50, 1.05, 2000)
 
 
 @pytest.mark.parametrize("family", ["simhash", "dwta"])
 def test_new_hash_functions_rebuild_tables(family):
-  cfg = override(model.ModelConfig(50, 200), hidden_dims=(8,), active_k=16, num_tables=4, candidates="lsh",
+  cfg = override(ModelConfig(50, 200), hidden_dims=(8,), active_k=16, num_tables=4, candidates="lsh",
                  lsh_family=family)
   state = model.init(jax.random.key(0), cfg)
   new = model.new_hash_functions(state._replace(step=jnp.int32(5)), cfg)
@@ -402,7 +413,7 @@ def test_new_hash_functions_rebuild_tables(family):
 
 def test_tail_log_weights_by_hand():
   # Row 0: 2 chosen ids, then 2 drawn from the other 8 of 10 rows (each stands for 4); row 1: all chosen.
-  w = model.tail_log_weights(jnp.array([2, 4]), 4, 10)
+  w = tail_log_weights(jnp.array([2, 4]), 4, 10)
   np.testing.assert_allclose(w, [[0, 0, np.log(4.0), np.log(4.0)], [0, 0, 0, 0]], rtol=1e-6)
 
 
@@ -419,7 +430,7 @@ def test_tail_corrected_loss_estimates_the_full_softmax():
   estimates = []
   for seed in range(400):
     drawn = np.random.default_rng(seed).choice(rest, k - head, replace=False)
-    z = jnp.asarray(logits[np.concatenate([chosen, drawn])])[None] + model.tail_log_weights(jnp.array([head]), k, N)
+    z = jnp.asarray(logits[np.concatenate([chosen, drawn])])[None] + tail_log_weights(jnp.array([head]), k, N)
     estimates.append(float(jax.nn.logsumexp(z) - logits[label]))
   uncorrected = float(jax.nn.logsumexp(logits[np.concatenate([chosen, drawn])]) - logits[label])
   assert abs(np.log(np.mean(np.exp(estimates))) - exact) < 0.02 * exact  # unbiased normalizer
@@ -430,7 +441,7 @@ def test_tail_corrected_loss_estimates_the_full_softmax():
     ("none", 1024, 3e-3), ("linear", 1024, 24e-3), ("sqrt", 1024, 3e-3 * np.sqrt(8)), ("sqrt", 32, 1.5e-3),
     ("linear", 128, 3e-3)])
 def test_learning_rate_scaling_with_the_batch_size(scaling, batch_size, want):
-  cfg = override(model.ModelConfig(10, 10), learning_rate=3e-3, batch_size=batch_size, lr_scaling=scaling,
+  cfg = override(ModelConfig(10, 10), learning_rate=3e-3, batch_size=batch_size, lr_scaling=scaling,
                  reference_batch_size=128)
   assert cfg.peak_learning_rate == pytest.approx(want, rel=1e-12)
   assert float(cfg.schedule()(0)) == pytest.approx(want, rel=1e-6)
@@ -465,7 +476,7 @@ def test_input_dropout_against_a_jnp_reference(rate):
   """Input dropout drops each real feature with probability ``rate`` (its id made padding) and scales the rest by
   1 / (1 - rate): the step equals a step without dropout on that masked batch, and its loss the jnp reference's."""
   ds = data.make_synthetic(500, 300, 40, labels_per_sample=2, seed=1)
-  cfg = override(model.ModelConfig(300, 40), hidden_dims=(16, 8), active_k=40, learning_rate=1e-2,
+  cfg = override(ModelConfig(300, 40), hidden_dims=(16, 8), active_k=40, learning_rate=1e-2,
                  input_dropout=rate)
   batch = _batch(ds, 32)
   state = model.init(jax.random.key(0), cfg)
@@ -494,7 +505,7 @@ def test_hidden_dropout_against_a_jnp_reference():
   """Dropout on the last hidden layer: the step's loss is the jnp reference's with the same inverted mask."""
   ds = data.make_synthetic(500, 300, 40, labels_per_sample=2, seed=2)
   rate = 0.5
-  cfg = override(model.ModelConfig(300, 40), hidden_dims=(16, 12), active_k=40, learning_rate=1e-2, dropout=rate)
+  cfg = override(ModelConfig(300, 40), hidden_dims=(16, 12), active_k=40, learning_rate=1e-2, dropout=rate)
   batch = _batch(ds, 32)
   state = model.init(jax.random.key(1), cfg)
   keep = jax.random.bernoulli(_dropout_key(state, 0x0d), 1 - rate, (32, 12)).astype(jnp.float32) / (1 - rate)

@@ -26,6 +26,7 @@ import jax, jax.extend, jax.numpy as jnp
 from sparsejax import dense, model
 from sparsejax.config import override
 from sparsejax.netanalysis import collectives
+from sparsejax.model_config import ModelConfig
 
 def jaxpr_bytes(fn, *a):
   total = 0
@@ -59,7 +60,7 @@ out = {}
 for P in ([jax.process_count()] if jax.process_count() > 1 else [2, 3]):
   mesh = sharding.make_mesh(P)
   for N in (600, 4800):
-    cfg = override(model.ModelConfig(300, N, num_shards=P), hidden_dims=(16,), active_k=48, num_tables=4,
+    cfg = override(ModelConfig(300, N, num_shards=P), hidden_dims=(16,), active_k=48, num_tables=4,
                    candidates="lsh")
     # Abstract states (shapes and shardings): compiling needs no initialised weights or tables.
     jobs = {"sparse": (sharding.make_train_step(cfg, mesh),

@@ -15,6 +15,7 @@ import pytest
 
 from sparsejax import dense, model
 from sparsejax.config import Config, override
+from sparsejax.model_config import ModelConfig, uses_exact_path
 from sparsejax.train import train_and_evaluate
 from sparsejax.train.checkpoint import Checkpoints
 from sparsejax.train.metric_writer import read_records
@@ -37,10 +38,10 @@ def _equal_but_step(a, b):
 @pytest.mark.parametrize("kind", ["sampled", "exact", "dense"])
 def test_a_nan_step_changes_nothing_but_the_step_counter(kind):
   """SLIDE's sampled step (output rows written in place), its exact step (k near N) and the dense baseline."""
-  config = override(model.ModelConfig(50, 40), hidden_dims=(8,), active_k=8, num_tables=2, candidates="lsh",
+  config = override(ModelConfig(50, 40), hidden_dims=(8,), active_k=8, num_tables=2, candidates="lsh",
                     reinsert="none" if kind == "dense" else "labels", lsh_mips=False,
                     softmax="exact" if kind == "exact" else "sampled")
-  assert model.uses_exact_path(config) == (kind == "exact")
+  assert uses_exact_path(config) == (kind == "exact")
   init, step = ((dense.init, dense.train_step) if kind == "dense" else (model.init, model.train_step))
   step = jax.jit(functools.partial(step, config=config))
   rng = np.random.default_rng(0)

@@ -8,6 +8,7 @@ import pytest
 from sparsejax import _ffi, model, retrieval
 from sparsejax.index import clusters, lsh, mips, tables
 from sparsejax.model_config import ModelConfig
+from sparsejax.network import SparseLayer
 
 
 def test_mips_reduction_ranks_like_inner_products():
@@ -477,7 +478,7 @@ def test_serving_index_is_built_finer_on_the_final_rows():
   assert config.index_sizes[0] == 5 and config.eval_index_sizes == (40, 3)
   state = model.init(jax.random.key(0), config)
   rng = np.random.default_rng(0)
-  out = model.SparseLayer(jnp.asarray(rng.normal(size=(400, 8)), jnp.float32),
+  out = SparseLayer(jnp.asarray(rng.normal(size=(400, 8)), jnp.float32),
                           jnp.asarray(0.1 * rng.normal(size=400), jnp.float32))
   state = state._replace(out=out)
   served = model.serving_index(state, config)
@@ -538,7 +539,7 @@ def test_sampled_inference_scores_serving_k_candidates_exactly(setting, k):
   rng = np.random.default_rng(1)
   state = model.init(jax.random.key(0), config)
   w, b = rng.normal(size=(400, 8)).astype(np.float32), (0.1 * rng.normal(size=400)).astype(np.float32)
-  state = model.serving_index(state._replace(out=model.SparseLayer(jnp.asarray(w), jnp.asarray(b))), config)
+  state = model.serving_index(state._replace(out=SparseLayer(jnp.asarray(w), jnp.asarray(b))), config)
   h = np.maximum(rng.normal(size=(16, 8)), 0).astype(np.float32)
   scores, ids, active, n = map(np.asarray, inference.sampled_topk(state, jnp.asarray(h), config=config, top=5))
   assert active.shape == (16, k) and np.all(n == k)

@@ -17,6 +17,7 @@ import pytest
 import sparsejax
 from sparsejax import data
 from sparsejax.config import Config, ConfigError, override
+from sparsejax.network import NetworkParams, SparseLayer
 from sparsejax.train import train_and_evaluate
 from sparsejax.train.checkpoint import Checkpoints, ResumeError
 from sparsejax.train.metric_writer import MetricWriter, read_records
@@ -598,12 +599,12 @@ def test_validation_selects_the_best_checkpoint_and_stops_early(tmp_path, small_
   assert manager.all_steps() == [final["selected_step"]]
   state = manager.restore(final["selected_step"], args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
   assert not [key for key in state if key.endswith("_opt") and state[key]]  # parameters only: no optimizer states
-  from sparsejax import inference, metrics, model
+  from sparsejax import inference, metrics
   loaded = data.load_dataset(config.data, seed=config.run.seed)
   fi, fv, lab = loaded.test.to_padded(None, None)
-  best = model.NetworkParams(model.SparseLayer(state["embed"]["w"], state["embed"]["b"]),
+  best = NetworkParams(SparseLayer(state["embed"]["w"], state["embed"]["b"]),
                              tuple(tuple(layer) for layer in state["hidden"]),
-                             model.SparseLayer(state["out"]["w"], state["out"]["b"]))
+                             SparseLayer(state["out"]["w"], state["out"]["b"]))
   top = np.asarray(inference.predict_exact(best, fi, fv, top=1)[1])
   # The network's own P@1 (p@1 is its ranking fused with the label centroids: tests/test_fusion.py).
   assert final["network_p@1"] == pytest.approx(metrics.evaluate_topk(top, lab, ks=(1,))["p@1"], abs=1e-9)

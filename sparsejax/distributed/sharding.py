@@ -36,11 +36,15 @@ from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sparsejax import dense, index, inference, loss, model
+from sparsejax import dense, index, inference, model
 from sparsejax.distributed import process_group
+from sparsejax.model_config import ModelConfig, softmax_choice, uses_exact_path
+from sparsejax.network import NetworkParams, SparseLayer, init_params
+from sparsejax.schedule import TableSchedule, refresh_cost_in_steps
+from sparsejax.shard import Shard, shard_rows
 
 AXIS = "shard"
-SHARD = loss.Shard(AXIS)  # inside shard_map: the output layer's split, for the functions that merge over it
+SHARD = Shard(AXIS)  # inside shard_map: the output layer's split, for the functions that merge over it
 
 
 # --- Process group ---------------------------------------------------------------
@@ -82,17 +86,17 @@ def to_global(tree, mesh: jax.sharding.Mesh, spec: P = P()):
 
 # --- Sharded SLIDE -------------------------------------------------------------
 
-def state_specs(state: model.SlideState, config: model.ModelConfig):
+def state_specs(state: model.SlideState, config: ModelConfig):
   """PartitionSpecs of a sharded :class:`model.SlideState` (output layer split)."""
   specs = jax.tree.map(lambda _: P(), state)
   split = P(AXIS)
   return specs._replace(
-      out=model.SparseLayer(split, split),
+      out=SparseLayer(split, split),
       out_w_opt=specs.out_w_opt._replace(mu=split, nu=split),
       out_b_opt=specs.out_b_opt._replace(mu=split, nu=split),
       index=index.from_config(config).partition(state.index, split, P()),  # each shard indexes its own rows
       average=None if state.average is None else specs.average._replace(
-          params=specs.average.params._replace(out=model.SparseLayer(split, split))))
+          params=specs.average.params._replace(out=SparseLayer(split, split))))
 
 
 def _local_index(config, state):  # a sharded run's stacked index as one shard's
@@ -103,7 +107,7 @@ def _stacked_index(config, state):
   return state._replace(index=index.from_config(config).from_shard(state.index))
 
 
-def _num_valid(config: model.ModelConfig, rows: int):
+def _num_valid(config: ModelConfig, rows: int):
   return SHARD.row_range(rows, config.num_labels)[1]
 
 
@@ -113,14 +117,14 @@ def _shard_map(fn, mesh, in_specs, out_specs):
   return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
 
-def _abstract_specs(config: model.ModelConfig, mesh) -> Any:
-  rows = model.shard_rows(config.num_labels, config.num_shards)
+def _abstract_specs(config: ModelConfig, mesh) -> Any:
+  rows = shard_rows(config.num_labels, config.num_shards)
   local = jax.eval_shape(lambda: model.init_from_params(
-      jax.random.key(0), config, model.init_params(jax.random.key(0), dataclasses.replace(config, num_labels=rows))))
+      jax.random.key(0), config, init_params(jax.random.key(0), dataclasses.replace(config, num_labels=rows))))
   return state_specs(local, config)
 
 
-def init(rng: jax.Array, config: model.ModelConfig, mesh: jax.sharding.Mesh) -> model.SlideState:
+def init(rng: jax.Array, config: ModelConfig, mesh: jax.sharding.Mesh) -> model.SlideState:
   """A sharded initial state.
 
   The parameters equal :func:`model.init`'s for the same key (each process
@@ -133,15 +137,15 @@ def init(rng: jax.Array, config: model.ModelConfig, mesh: jax.sharding.Mesh) -> 
   """
   if config.num_shards != mesh.size:
     raise ValueError(f"config.num_shards = {config.num_shards} but the mesh has {mesh.size} devices")
-  rows = model.shard_rows(config.num_labels, config.num_shards)
+  rows = shard_rows(config.num_labels, config.num_shards)
   padded = dataclasses.replace(config, num_labels=rows * config.num_shards)
-  abstract = jax.eval_shape(lambda: model.init_params(rng, padded))
-  param_specs = _broadcast_specs(model.NetworkParams(P(), P(), model.SparseLayer(P(AXIS), P(AXIS))), abstract)
+  abstract = jax.eval_shape(lambda: init_params(rng, padded))
+  param_specs = _broadcast_specs(NetworkParams(P(), P(), SparseLayer(P(AXIS), P(AXIS))), abstract)
   shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs, is_leaf=lambda x: isinstance(x, P))
   # Counter-based (partitionable) RNG: each process computes only its rows,
   # and the first N rows equal the unsharded init's.
   with jax.threefry_partitionable(True):
-    params = jax.jit(lambda: model.init_params(rng, padded), out_shardings=shardings)()
+    params = jax.jit(lambda: init_params(rng, padded), out_shardings=shardings)()
 
   specs = _abstract_specs(config, mesh)
   the_index = index.from_config(config)
@@ -166,7 +170,7 @@ def _broadcast_specs(specs, tree):
                       is_leaf=lambda x: isinstance(x, P))
 
 
-def make_train_step(config: model.ModelConfig, mesh: jax.sharding.Mesh):
+def make_train_step(config: ModelConfig, mesh: jax.sharding.Mesh):
   """``step(state, batch) -> (state, metrics)``: jitted, state donated, batch replicated."""
   specs = _abstract_specs(config, mesh)
 
@@ -177,10 +181,10 @@ def make_train_step(config: model.ModelConfig, mesh: jax.sharding.Mesh):
   return jax.jit(_shard_map(local_step, mesh, (specs, P()), (specs, P())), donate_argnums=0)
 
 
-def make_rebuild(config: model.ModelConfig, mesh: jax.sharding.Mesh, new_hash_functions: bool = False):
+def make_rebuild(config: ModelConfig, mesh: jax.sharding.Mesh, new_hash_functions: bool = False):
   """``rebuild(state) -> state``: every shard re-hashes its rows (optionally with new functions)."""
   specs = _abstract_specs(config, mesh)
-  rows = model.shard_rows(config.num_labels, config.num_shards)
+  rows = shard_rows(config.num_labels, config.num_shards)
 
   def local(state):
     state = _local_index(config, state)
@@ -194,7 +198,7 @@ def make_rebuild(config: model.ModelConfig, mesh: jax.sharding.Mesh, new_hash_fu
   return jax.jit(_shard_map(local, mesh, (specs,), specs), donate_argnums=0)
 
 
-def _per_shard(fn, config: model.ModelConfig, mesh: jax.sharding.Mesh, num_inputs: int):
+def _per_shard(fn, config: ModelConfig, mesh: jax.sharding.Mesh, num_inputs: int):
   """``fn(state, *inputs, shard=...)`` on every shard (:mod:`sparsejax.inference`'s functions): jitted, the state
   sharded, the ``num_inputs`` inputs and the results replicated."""
   def local(state, *inputs):
@@ -203,12 +207,12 @@ def _per_shard(fn, config: model.ModelConfig, mesh: jax.sharding.Mesh, num_input
   return jax.jit(_shard_map(local, mesh, (_abstract_specs(config, mesh), *[P()] * num_inputs), P()))
 
 
-def make_serving_index(config: model.ModelConfig, mesh: jax.sharding.Mesh):
+def make_serving_index(config: ModelConfig, mesh: jax.sharding.Mesh):
   """``serving_index(state) -> state`` with every shard's evaluation index built afresh from its real rows, as
   one process builds its own (:func:`model.serving_index`, ``config.eval_index_sizes`` per shard). Not donated:
   the training state keeps its own index; only the index is new (no copy of the rows)."""
   specs = _abstract_specs(config, mesh)
-  rows = model.shard_rows(config.num_labels, config.num_shards)
+  rows = shard_rows(config.num_labels, config.num_shards)
 
   def local(state):
     served = model.serving_index(_local_index(config, state), config, _num_valid(config, rows))
@@ -218,7 +222,7 @@ def make_serving_index(config: model.ModelConfig, mesh: jax.sharding.Mesh):
   return lambda state: state._replace(index=build(state))
 
 
-def make_merged_index(config: model.ModelConfig, mesh: jax.sharding.Mesh):
+def make_merged_index(config: ModelConfig, mesh: jax.sharding.Mesh):
   """``merged_index(state) -> index`` (host arrays): every shard's (clustered) index gathered and merged into one
   over the N global rows (:func:`inference.gather_index`, :func:`inference.merge_index`)."""
   gather = jax.jit(_shard_map(lambda t: inference.gather_index(t, SHARD), mesh,
@@ -226,7 +230,7 @@ def make_merged_index(config: model.ModelConfig, mesh: jax.sharding.Mesh):
   return lambda state: inference.merge_index(jax.tree.map(local_value, gather(state.index)), config)
 
 
-def make_index_fill(config: model.ModelConfig, mesh: jax.sharding.Mesh):
+def make_index_fill(config: ModelConfig, mesh: jax.sharding.Mesh):
   """``index_fill(state) -> dict``: :func:`retrieval.index_fill` over every shard's index together (their
   cluster sizes or bucket counts all-gathered: ``O(P C)``)."""
   the_index = index.from_config(config)
@@ -259,7 +263,7 @@ def dense_state_specs(state):
   return jax.tree.map(lambda _: P(), state)
 
 
-def make_dp_train_step(config: model.ModelConfig, mesh: jax.sharding.Mesh):
+def make_dp_train_step(config: ModelConfig, mesh: jax.sharding.Mesh):
   """Dense data-parallel step: replicated model, batch split over processes, all gradients all-reduced."""
   abstract = jax.eval_shape(lambda: dense.init(jax.random.key(0), config))
   specs = dense_state_specs(abstract)
@@ -318,7 +322,7 @@ class Run(NamedTuple):
       :func:`inference.merge_index`; a collective, so every process calls it); None for an index that is not kept
       (:attr:`sparsejax.index.Index.merge_shards` None: LSH tables, rebuilt from the rows).
   """
-  config: model.ModelConfig
+  config: ModelConfig
   num_shards: int
   init: Callable[[], Any]
   abstract_state: Callable[[], Any]
@@ -330,11 +334,11 @@ class Run(NamedTuple):
   refresh_index: Callable[[Any], Any] | None = None
   index_fill: Callable[[Any], dict] | None = None
   describe_step: Callable[[Any, dict], Any] | None = None
-  schedule: model.TableSchedule | None = None
+  schedule: TableSchedule | None = None
   serving_index: Callable[[Any], Any] | None = None
 
 
-def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: int = 5,
+def make_run(config: ModelConfig, *, seed: int, num_shards: int = 1, top: int = 5,
              sampled_ks: tuple[int, ...] = ()) -> Run:
   """The run of ``config`` (SLIDE or dense, by ``config.network.model``) over ``num_shards`` processes.
 
@@ -347,14 +351,14 @@ def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: 
   """
   key = jax.random.key(seed)
   top = min(top, config.num_labels)
-  schedule = model.TableSchedule.from_config(config.tables)
+  schedule = TableSchedule.from_config(config.tables)
   slide = config.network.model == "slide"
   if slide:
     sharded = dataclasses.replace(config, num_shards=num_shards)
-    logging.info("%s", model.softmax_choice(sharded))
-    if model.uses_exact_path(sharded):
+    logging.info("%s", softmax_choice(sharded))
+    if uses_exact_path(sharded):
       # Nothing to sample: the index is refreshed only for evaluation (sampled inference), not on a schedule.
-      schedule = model.TableSchedule(0, 1.0, 1)
+      schedule = TableSchedule(0, 1.0, 1)
     else:
       schedule = _budgeted_schedule(sharded)
   if num_shards == 1:
@@ -366,18 +370,18 @@ def make_run(config: model.ModelConfig, *, seed: int, num_shards: int = 1, top: 
   return run._replace(schedule=schedule)
 
 
-def _budgeted_schedule(config: model.ModelConfig) -> model.TableSchedule:
-  """:meth:`model.TableSchedule.for_model`, logged where ``--refresh_budget`` lengthened its periods."""
-  schedule, tables = model.TableSchedule.for_model(config), config.tables
+def _budgeted_schedule(config: ModelConfig) -> TableSchedule:
+  """:meth:`TableSchedule.for_model`, logged where ``--refresh_budget`` lengthened its periods."""
+  schedule, tables = TableSchedule.for_model(config), config.tables
   if tables.rebuild_period and schedule.period > tables.rebuild_period:
     logging.info("index refresh: about %.0f steps of work each (estimated from the sizes); first refresh after %d "
                  "steps instead of --rebuild_period=%d, so that refreshes take at most %g%% of the training time "
-                 "(--refresh_budget=%g; 0 keeps the periods as given)", model.refresh_cost_in_steps(config),
+                 "(--refresh_budget=%g; 0 keeps the periods as given)", refresh_cost_in_steps(config),
                  schedule.period, tables.rebuild_period, 100 * tables.refresh_budget, tables.refresh_budget)
   return schedule
 
 
-def _maintainer(schedule: model.TableSchedule, rebuild, rehash):
+def _maintainer(schedule: TableSchedule, rebuild, rehash):
   def maintain(state, steps: int):
     if schedule.rehash_due(steps):
       logging.info("step %d: new hash functions, tables rebuilt", steps)

@@ -44,7 +44,7 @@ class Index(NamedTuple):
     from_shard: the inverse of :attr:`to_shard`.
     query_shards: ``(state, h, *, k, local_k, num_rows, shard, seed=0, rows=None) -> (active [B, w] local ids,
       -1 past the shard's share, num_from_index [B])``: this shard's share of each query's ``k`` candidates,
-      queried without labels (a :class:`sparsejax.loss.Shard`; one process: :attr:`query` with ``local_k``,
+      queried without labels (a :class:`sparsejax.shard.Shard`; one process: :attr:`query` with ``local_k``,
       random fill included): a sharded clustered index ranks the shards' clusters together, hash tables give
       their own ``local_k``.
     merge_shards: ``(shards, rows_per_shard, num_rows) -> state`` of host arrays: one index over a sharded

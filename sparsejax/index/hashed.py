@@ -10,7 +10,7 @@ import numpy as np
 
 from sparsejax.index import clusters, kinds, lsh, mips, probing, tables
 from sparsejax.index.base import Index
-from sparsejax.loss import shard_rows
+from sparsejax.shard import shard_rows
 
 
 class HashedIndex(NamedTuple):

@@ -36,6 +36,7 @@ from sparsejax.data.batching import bucket_widths
 from sparsejax.distributed import sharding
 from sparsejax.model_config import ModelConfig
 from sparsejax.netanalysis.collect import StepProfiler
+from sparsejax.shard import shard_rows
 from sparsejax.train import checkpoint, compile_clock, members, recipes, seals, search, trained
 from sparsejax.train.console import Progress, final_line, log_settings, log_to_console
 from sparsejax.train.evaluation import Evaluator
@@ -463,7 +464,7 @@ def _check_state_memory(config: Config, num_features: int, num_labels: int, num_
   if have is None:
     return
   widths = [num_features, *config.network.hidden_dims]
-  rows = model.shard_rows(num_labels, num_shards)
+  rows = shard_rows(num_labels, num_shards)
   weights = sum(a * b + b for a, b in zip(widths, widths[1:])) + rows * (widths[-1] + 1)
   averaged = config.optim.average_steps > 0
   need = (3 + averaged) * 4 * weights  # float32 weights, Adam's two moments, the weights' moving average
