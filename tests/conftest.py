@@ -214,6 +214,32 @@ def pytest_testnodedown(node, error):
   node.config.stash.setdefault(_TALLIES, []).extend(tuple(t) for t in tallies)
 
 
+_DURATIONS = pytest.StashKey[dict]()
+
+
+def pytest_runtest_logreport(report):
+  """Each test's seconds (setup, call and teardown), kept where SPARSEJAX_TEST_DURATIONS names a file: the measured
+  times that sort the tests into tiers. Under pytest-xdist the controller sees every worker's reports."""
+  if os.environ.get("SPARSEJAX_TEST_DURATIONS") and _CONFIG:
+    durations = _CONFIG[0].stash.setdefault(_DURATIONS, {})
+    durations[report.nodeid] = durations.get(report.nodeid, 0.0) + report.duration
+
+
+_CONFIG: list = []  # the session's config, for pytest_runtest_logreport (which gets no config)
+
+
+def pytest_configure(config):
+  _CONFIG[:] = [config]
+
+
+def pytest_unconfigure(config):
+  path = os.environ.get("SPARSEJAX_TEST_DURATIONS")
+  durations = config.stash.get(_DURATIONS, None)
+  if path and durations and not hasattr(config, "workerinput"):  # the controller (or a run without workers)
+    with open(path, "w") as f:
+      json.dump(dict(sorted(durations.items())), f, indent=0)
+
+
 def pytest_terminal_summary(terminalreporter, config):
   tallies = config.stash.get(_TALLIES, [])
   if tallies:
