@@ -123,7 +123,7 @@ def worker(args) -> None:
       job=args.job, per_process_batch=args.batch if sparse else args.batch // P, scope_scaling=scopes)
   times, tx, window = [], [], []
   for i in range(args.warmup + args.steps + args.netanalysis_steps):
-    profiler.begin_step(i, lambda: compiled)
+    profiler.begin_step(i, lambda state=state: (step, (state, global_batches[0]), tuple(scopes)))  # as above
     tx0, t = _iface_tx_bytes(), time.perf_counter()
     state, m = step(state, global_batches[i % 4])
     profiler.end_step(i + 1, (state, m))
@@ -152,7 +152,7 @@ def _sh(*cmd, check=True):
 
 def default_burst(rate: str) -> int:
   """tbf bucket in bytes: 2 ms worth of ``rate``, at least 4 KiB."""
-  from sparsejax.netanalysis.units import parse_rate
+  from sparsejax.rates import parse_rate
   return max(4096, int(parse_rate(rate) / 8 * 0.002))
 
 
@@ -163,7 +163,7 @@ def default_queue(rate: str) -> int:
   packets drop (0.5-1.5% in a 10 Mbit/s validation run) and retransmission timeouts cut what the link
   delivers to ~75% of its rate for 512 KiB all-reduces. A 1 MiB queue makes the link deliver its rate.
   """
-  from sparsejax.netanalysis.units import parse_rate
+  from sparsejax.rates import parse_rate
   return max(1 << 20, int(parse_rate(rate) / 8 * 0.1))
 
 
@@ -414,7 +414,7 @@ def validate_whatif(args) -> dict:
   3; P = 2: 3 and 4), whose gradient all-reduce transfer is predicted from the P-process probe.
   """
   from sparsejax.netanalysis import profiles, whatif
-  from sparsejax.netanalysis.units import parse_rate
+  from sparsejax.rates import parse_rate
   base, P = "1gbit", args.processes
   rates = validation_rates(args.validate_rates)
   others = transfer_workers(P)

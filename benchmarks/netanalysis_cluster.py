@@ -49,7 +49,7 @@ def _table(header, rows) -> list[str]:
 
 def _order(key: str) -> tuple:
   job, rate, p = key.split("/")
-  from sparsejax.netanalysis.units import parse_rate
+  from sparsejax.rates import parse_rate
   return (job != "sparse", -parse_rate(rate), -int(p[1:]))
 
 
@@ -97,7 +97,7 @@ def main() -> int:
 
   from sparsejax.netanalysis import __main__ as cli
   from sparsejax.netanalysis import profiles, report, report_cli, whatif
-  from sparsejax.netanalysis.units import parse_rate
+  from sparsejax.rates import parse_rate
 
   val = harness.local_paths(json.load(open(args.validation)))  # its run directories, as this machine names them
   runs, directory = val["runs"], val["directory"]

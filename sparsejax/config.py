@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparsejax.index import kinds as index_kinds  # (no JAX)
+from sparsejax.rates import parse_rate
 
 
 class ConfigError(ValueError):
@@ -586,7 +587,6 @@ class NetanalysisConfig(Section):
       raise ConfigError("netanalysis_iface", iface,
                         "is not an interface name (auto, or 1-15 characters without '/' or spaces, e.g. eth0)")
     if self.link_capacity is not None:
-      from sparsejax.netanalysis.units import parse_rate  # no JAX: cheap
       try:
         parse_rate(self.link_capacity)
       except ValueError as e:

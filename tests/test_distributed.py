@@ -95,6 +95,7 @@ def test_collective_bytes_are_o_batch_times_hidden(run_python):
     from sparsejax import data, dense, model
     from sparsejax.config import override
     from sparsejax.model_config import ModelConfig
+    from sparsejax.netanalysis import collectives
     from jax.sharding import PartitionSpec as P
     out = []
     for N in (1000, 8000):
@@ -107,7 +108,7 @@ def test_collective_bytes_are_o_batch_times_hidden(run_python):
       step = sharding.make_train_step(cfg, mesh)
       dp = sharding.make_dp_train_step(dataclasses.replace(cfg, num_shards=1), mesh)
       dstate = dense.init(jax.random.key(0), dataclasses.replace(cfg, num_shards=1))
-      out.append((sharding.collective_bytes(step, state, batch), sharding.collective_bytes(dp, dstate, batch)))
+      out.append((collectives.collective_bytes(step, state, batch), collectives.collective_bytes(dp, dstate, batch)))
     print(out)
   """
   (sparse_a, dense_a), (sparse_b, dense_b) = eval(run_python(code=script, devices=2).stdout.splitlines()[-1])

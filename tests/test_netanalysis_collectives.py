@@ -77,7 +77,7 @@ for P in ([jax.process_count()] if jax.process_count() > 1 else [2, 3]):
       listed = collectives.compiled_collectives(step, state, gbatch)
       out[f"{P}/{job}/{N}"] = {"list": [c.to_json() for c in listed], "jaxpr": jaxpr_bytes(step, state, gbatch),
                                "hlo": hlo_result_bytes(step, state, gbatch),
-                               "collective_bytes": sharding.collective_bytes(step, state, gbatch)}
+                               "collective_bytes": collectives.collective_bytes(step, state, gbatch)}
 if jax.process_index() == 0:
   print("RESULT " + json.dumps(out))
 """

@@ -313,9 +313,10 @@ class Run(NamedTuple):
       its rows); None where unavailable.
     index_fill: ``state -> dict``: the fill of the state's index (:func:`sparsejax.retrieval.index_fill`; sharded:
       every shard's index together); None where there is no index.
-    describe_step: ``(state, batch) -> CompiledStep``: the step as XLA compiles it for these arguments (its
-      collectives and named scopes, :func:`sparsejax.netanalysis.collectives.compile_step`); compiles, does not
-      run (the step reuses that compilation).
+    step_program: ``(state, batch) -> (jitted, args, scopes)``: the step as the jitted function it calls, its
+      arguments for this batch and the step's named scopes, for whatever reads the compiled program (the step
+      profiler: :func:`sparsejax.netanalysis.collectives.compile_step`; compiling it does not run it, and the step
+      reuses that compilation).
     schedule: when ``maintain`` refreshes the index (periods lengthened by ``--refresh_budget``).
     serving_index: ``state -> index`` of host arrays: the (clustered) index of a ``refresh_index``-ed state as one
       process queries it, to keep with the model (sharded: the shards' indexes merged over the global rows,
@@ -333,7 +334,7 @@ class Run(NamedTuple):
   diagnose: Callable[[Any, np.ndarray, np.ndarray, np.ndarray], tuple] | None = None
   refresh_index: Callable[[Any], Any] | None = None
   index_fill: Callable[[Any], dict] | None = None
-  describe_step: Callable[[Any, dict], Any] | None = None
+  step_program: Callable[[Any, dict], tuple[Any, tuple, tuple[str, ...]]] | None = None
   schedule: TableSchedule | None = None
   serving_index: Callable[[Any], Any] | None = None
 
@@ -403,12 +404,9 @@ def _no_check(state, steps):
   del state, steps
 
 
-def _describer(jitted, step_scopes: dict, place=lambda batch: batch):
-  """``describe_step`` of a run whose step is ``jitted(state, place(batch))``."""
-  def describe(state, batch):
-    from sparsejax.netanalysis import collectives  # only when a run is measured
-    return collectives.compile_step(jitted, state, place(batch), known_scopes=tuple(step_scopes))
-  return describe
+def _program(jitted, step_scopes: dict, place=lambda batch: batch):
+  """``step_program`` of a run whose step is ``jitted(state, place(batch))``."""
+  return lambda state, batch: (jitted, (state, place(batch)), tuple(step_scopes))
 
 
 def _committed(init, key):
@@ -433,7 +431,7 @@ def _single_slide(config, key, schedule, top, sampled_ks) -> Run:
              _maintainer(schedule, rebuild, rehash), _host(predict), _no_check,
              lambda state, fi, fv, labels: jax.tree.map(np.asarray, diagnose(state, fi, fv, labels)),
              jax.jit(refresh), lambda state: the_index.fill(the_index.occupancy(state.index)),
-             _describer(step, model.STEP_SCOPES),
+             _program(step, model.STEP_SCOPES),
              serving_index=(lambda state: inference.merge_index(inference.gather_index(state.index), config))
              if the_index.merge_shards is not None else None)  # (a kept serving index)
 
@@ -449,7 +447,7 @@ def _single_dense(config, key, schedule, top) -> Run:
   step = jax.jit(functools.partial(dense.train_step, config=config), donate_argnums=0)
   return Run(config, 1, fresh, lambda: jax.eval_shape(fresh), step,
              lambda state, steps: state, _host(jax.jit(_exact_only(top))), _no_check,
-             describe_step=_describer(step, dense.STEP_SCOPES))
+             step_program=_program(step, dense.STEP_SCOPES))
 
 
 def _global_abstract(init):
@@ -480,7 +478,7 @@ def _sharded_slide(config, key, schedule, top, mesh, sampled_ks=()) -> Run:
              _host(lambda state, fi, fv: predict(state, *to_global((fi, fv), mesh))), check_replicas,
              diagnose=host_diagnose, refresh_index=make_serving_index(config, mesh),
              index_fill=make_index_fill(config, mesh),
-             describe_step=_describer(step, model.STEP_SCOPES, lambda batch: to_global(batch, mesh)),
+             step_program=_program(step, model.STEP_SCOPES, lambda batch: to_global(batch, mesh)),
              serving_index=make_merged_index(config, mesh) if index.from_config(config).merge_shards else None)
 
 
@@ -492,18 +490,4 @@ def _data_parallel_dense(config, key, schedule, top, mesh) -> Run:
   return Run(config, mesh.size, fresh, _global_abstract(fresh),
              lambda state, batch: step(state, to_global(batch, mesh, P(AXIS))), lambda state, steps: state,
              _host(lambda state, fi, fv: predict(state, *to_global((fi, fv), mesh))), _no_check,
-             describe_step=_describer(step, dense.STEP_SCOPES, lambda batch: to_global(batch, mesh, P(AXIS))))
-
-
-# --- Communication accounting ----------------------------------------------------
-
-def collective_bytes(fn, *args) -> int:
-  """Bytes each process contributes to collectives in one call of the jitted ``fn(*args)``.
-
-  The operand bytes ``S`` of every collective XLA compiled (combined all-reduces included), summed:
-  see :func:`sparsejax.netanalysis.collectives.compiled_collectives` for the per-collective list
-  and the bytes each one puts on the wire (a ring all-reduce of ``S`` bytes over P processes sends
-  ``2 (P - 1) / P * S`` bytes per process).
-  """
-  from sparsejax.netanalysis import collectives
-  return sum(c.operand_bytes for c in collectives.compiled_collectives(fn, *args))
+             step_program=_program(step, dense.STEP_SCOPES, lambda batch: to_global(batch, mesh, P(AXIS))))

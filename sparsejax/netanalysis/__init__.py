@@ -7,6 +7,7 @@ other bandwidths, worker counts and compression ratios. Units everywhere: second
   python -m sparsejax.netanalysis --help
 """
 
-from sparsejax.netanalysis.units import ProfileError, format_rate, parse_rate
+from sparsejax.netanalysis.units import ProfileError
+from sparsejax.rates import format_rate, parse_rate
 
 __all__ = ["ProfileError", "format_rate", "parse_rate"]

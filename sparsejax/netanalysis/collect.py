@@ -4,7 +4,7 @@ A training loop drives a :class:`StepProfiler` through four hooks::
 
   profiler = StepProfiler(workdir, steps=10, start=50, link_capacity="1gbit", ...)
   while training:
-    profiler.begin_step(step, describe)           # describe() -> CompiledStep, called once
+    profiler.begin_step(step, program)            # program() -> (jitted, args, scopes), compiled once
     state, metrics = train_step(state, batch)
     profiler.end_step(step + 1, (state, metrics))  # a timestamp (with a window: waits for the step)
     state = profiler.maintenance("tables", rebuild, state)   # timed as its own row in the window
@@ -49,9 +49,9 @@ from collections.abc import Callable, Mapping
 import numpy as np
 from absl import logging
 
-from sparsejax.netanalysis import breakdown, netif, profiles
+from sparsejax.netanalysis import breakdown, collectives, netif, profiles
 from sparsejax.netanalysis.collectives import Collective, CompiledStep
-from sparsejax.netanalysis.units import parse_rate
+from sparsejax.rates import parse_rate
 
 RANK_SCHEMA = "sparsejax.netanalysis.rank/1"
 WARMUP_STEPS = 2  # steps of a process that are never profiled (compilation, first runs)
@@ -191,16 +191,18 @@ class StepProfiler:
   def in_window(self) -> bool:
     return self._active
 
-  def begin_step(self, step: int, describe: Callable[[], CompiledStep]) -> None:
+  def begin_step(self, step: int, program: Callable[[], tuple]) -> None:
     """Before step ``step`` (steps taken so far) is dispatched.
 
     Args:
       step: steps taken before this one.
-      describe: returns the compiled step (:func:`~sparsejax.netanalysis.collectives.compile_step`);
-        called once, before the first step (JAX reuses that compilation for the step itself).
+      program: returns ``(jitted, args, scopes)``, the step's jitted function, its arguments and named scopes
+        (:attr:`sparsejax.distributed.sharding.Run.step_program`), compiled here once, before the first step
+        (:func:`~sparsejax.netanalysis.collectives.compile_step`; JAX reuses that compilation for the step).
     """
     if self.compiled is None:
-      self.compiled = describe()
+      jitted, args, scopes = program()
+      self.compiled = collectives.compile_step(jitted, *args, known_scopes=scopes)
       if self.steps:
         self.window_start = broadcast_int(max(self.start, step + WARMUP_STEPS))
     if self.steps and not self._done and not self._active and step == self.window_start:

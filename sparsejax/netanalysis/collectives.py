@@ -297,3 +297,13 @@ def compile_step(jitted, *args, known_scopes=None, **kwargs) -> CompiledStep:
 def compiled_collectives(jitted, *args, **kwargs) -> tuple[Collective, ...]:
   """The collectives of ``jitted(*args, **kwargs)`` as XLA compiled them (see :func:`compile_step`)."""
   return compile_step(jitted, *args, **kwargs).collectives
+
+
+def collective_bytes(fn, *args) -> int:
+  """Bytes each process contributes to collectives in one call of the jitted ``fn(*args)``.
+
+  The operand bytes ``S`` of every collective XLA compiled (combined all-reduces included), summed: see
+  :func:`compiled_collectives` for the per-collective list and the bytes each one puts on the wire (a ring
+  all-reduce of ``S`` bytes over P processes sends ``2 (P - 1) / P * S`` bytes per process).
+  """
+  return sum(c.operand_bytes for c in compiled_collectives(fn, *args))

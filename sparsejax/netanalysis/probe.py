@@ -34,7 +34,7 @@ from absl import flags, logging
 
 from sparsejax.netanalysis import profiles
 from sparsejax.netanalysis.collectives import ring_wire_bytes
-from sparsejax.netanalysis.units import parse_rate
+from sparsejax.rates import parse_rate
 
 FLAGS = flags.FLAGS
 KINDS = ("all-reduce", "all-gather", "collective-permute")

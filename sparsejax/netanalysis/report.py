@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from sparsejax.netanalysis import whatif
 from sparsejax.netanalysis.profiles import WHATIF_SCHEMA
-from sparsejax.netanalysis.units import format_rate
+from sparsejax.rates import format_rate
 
 # One letter per bottleneck in the grids.
 _BOTTLENECK_LETTER = {"compute": "C", "bandwidth": "B", "latency": "L", "reduction": "R"}

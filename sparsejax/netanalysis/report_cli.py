@@ -22,7 +22,8 @@ from absl import flags
 from sparsejax.netanalysis import breakdown, collect, profiles, report, timeline
 from sparsejax.netanalysis.collectives import Collective
 from sparsejax.netanalysis.flagdefs import define_flag
-from sparsejax.netanalysis.units import ProfileError, parse_rate
+from sparsejax.netanalysis.units import ProfileError
+from sparsejax.rates import parse_rate
 
 FLAGS = flags.FLAGS
 REPORT_SCHEMA = "sparsejax.netanalysis.run_report/1"

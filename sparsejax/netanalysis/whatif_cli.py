@@ -19,7 +19,7 @@ from absl import flags
 
 from sparsejax.netanalysis import profiles, report, whatif
 from sparsejax.netanalysis.flagdefs import define_flag
-from sparsejax.netanalysis.units import parse_rate
+from sparsejax.rates import parse_rate
 
 DEFAULT_BANDWIDTHS = "10mbit,100mbit,1gbit,10gbit,100gbit"
 FLAGS = flags.FLAGS

@@ -537,7 +537,7 @@ class _Loop:
       with StopRequests() as stop:
         while self.max_steps is None or self.step < self.max_steps:
           batch = next(batches)
-          prof.begin_step(self.step, lambda state=state, batch=batch: run.describe_step(state, batch))
+          prof.begin_step(self.step, lambda state=state, batch=batch: run.step_program(state, batch))
           state, metrics = run.step(state, batch)
           self.step += 1
           prof.end_step(self.step, (state, metrics))
