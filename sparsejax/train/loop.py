@@ -362,6 +362,11 @@ def _check_interface(config: Config) -> None:
 # A state larger than this is not saved again when a signal stops the run where a periodic checkpoint is kept: a
 # 154M-parameter candidate (1.8 GB with Adam's moments) took 2.5 minutes to save and exit on SIGTERM.
 QUICK_STOP_BYTES = 512 << 20
+# The first steps of a run, each timed on its own (waited for): the median of those that compiled nothing bounds the
+# measured step time from below. Subtracting the compilations from the wall time took too much where a run compiles a
+# program per new batch width while earlier steps still run: on the suite's labels_heavy the search measured its
+# candidates at 3.9-6.2 ms a step where they took 13-22 ms, and planned rounds 3x too long. Costs a few ms of overlap.
+TIMED_STEPS = 20
 
 
 def _stops_on_kept_checkpoint(loop: "_Loop", checkpoints: checkpoint.Checkpoints, state) -> bool:
@@ -530,17 +535,23 @@ class _Loop:
     t_loop, eval_seconds, eval_compiling = time.time(), 0.0, 0.0
     window_start, window_steps, metrics = time.time(), 0, None
     start_step, first_step_seconds = self.step, None
+    timed_steps = []  # the first TIMED_STEPS steps' own seconds (synchronised), where they compiled nothing
     # The last evaluation's seconds: a run that selects on validation evaluates its last state, so the budget stops
     # training that much earlier (evaluations count against --max_seconds, the last one included).
     last_eval_seconds = 0.0
     try:
       with StopRequests() as stop:
         while self.max_steps is None or self.step < self.max_steps:
+          t_step, compiled_at_step = time.time(), compile_clock.seconds()
           batch = next(batches)
           prof.begin_step(self.step, lambda state=state, batch=batch: run.step_program(state, batch))
           state, metrics = run.step(state, batch)
           self.step += 1
           prof.end_step(self.step, (state, metrics))
+          if self.step - start_step <= TIMED_STEPS:
+            jax.block_until_ready(metrics["loss"])
+            if compile_clock.seconds() == compiled_at_step:
+              timed_steps.append(time.time() - t_step)
           self.nonfinite.add(self.step, metrics.get("finite"))  # read at the sync points below
           window_steps += 1
           state = prof.maintenance("tables", run.maintain, state, self.step)
@@ -620,6 +631,8 @@ class _Loop:
         # Nor are later compilations (a batch of a new width): a measured plan would take them for step time.
         compiling = compile_clock.seconds() - compiled_before - eval_compiling
         self.step_seconds = max(self.train_seconds - first_step_seconds - compiling, 0.0) / (self.step - start_step - 1)
+        if timed_steps:  # compilations overlap the steps dispatched before them: the subtraction can take too much
+          self.step_seconds = max(self.step_seconds, float(np.median(timed_steps)))
     finally:
       prof.close()
       progress.close()
