@@ -374,7 +374,7 @@ def shape_properties(train, test) -> dict:
 
 def run_sparsejax(train_path: str, test_path: str, run_dir: str, args) -> dict:
   """``sparsejax-train --dataset=files ... --max_seconds=300`` and nothing else (its defaults), as a subprocess of
-  this Python (``python -m sparsejax.train.cli``); the curve and final test record from its metrics.jsonl."""
+  this Python (its entry point, :data:`TRAIN_MAIN`); the curve and final test record from its metrics.jsonl."""
   import shutil
 
   from sparsejax.train.metric_writer import read_records
@@ -383,7 +383,7 @@ def run_sparsejax(train_path: str, test_path: str, run_dir: str, args) -> dict:
     shutil.rmtree(run_dir)
   flags = ["--dataset=files", f"--train_file={train_path}", f"--test_file={test_path}",
            f"--max_seconds={args.budget:g}", f"--workdir={run_dir}"]
-  # sparsejax-train's entry point in this Python (`python -m sparsejax.train.cli` runs nothing: no __main__ guard).
+  # sparsejax-train's entry point in this Python, named as the command (its log and errors say sparsejax-train).
   command = [sys.executable, "-c", TRAIN_MAIN, *flags]
   t, wall = time.time(), None
   if not args.collect:
