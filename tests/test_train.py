@@ -209,6 +209,36 @@ def test_a_best_state_that_is_the_last_one_is_not_read_back(tmp_path, small_conf
       {k: v for k, v in read_back.items() if "seconds" not in k and k != "samples_per_sec"}
 
 
+def test_a_best_state_read_back_replaces_the_live_parameters_never_beside_them(tmp_path, small_config, monkeypatch):
+  """Issue 47: where the best state is not the last one it is read back, after the live parameters it replaces are
+  deleted (the final checkpoint keeps them): the process's arrays grow by no second copy (bytes counted)."""
+  import jax
+
+  from sparsejax.train.checkpoint import BestCheckpoint
+
+  config = override(_selecting(small_config, max_steps=30), eval_every=1000)
+  from sparsejax.train.loop import _Selection
+
+  monkeypatch.setattr(_Selection, "is_live", lambda self, step: False)  # read it back
+  original_select, original, counted = _Selection.restore_best, BestCheckpoint.restore, {}
+
+  def restore_best(self, run, state):
+    counted["before"] = sum(a.nbytes for a in jax.live_arrays())  # the live state, and whatever else lives
+    return original_select(self, run, state)
+
+  def restore(self, abstract):
+    restored = original(self, abstract)
+    counted["after"] = sum(a.nbytes for a in jax.live_arrays())  # the peak: the best state read back
+    counted["restored"] = sum(a.nbytes for a in jax.tree.leaves(restored))
+    return restored
+
+  monkeypatch.setattr(_Selection, "restore_best", restore_best)
+  monkeypatch.setattr(BestCheckpoint, "restore", restore)
+  final = train_and_evaluate(config, str(tmp_path))
+  assert final["selected_step"] == 30 and counted["restored"] > 100_000  # the parameters, index and step
+  assert counted["after"] - counted["before"] <= 0.01 * counted["restored"], counted
+
+
 def test_an_early_stopped_run_is_finished_until_its_patience_is_raised(tmp_path, small_config, caplog):
   config = _selecting(small_config, max_steps=400, early_stopping_patience=1)
   final = train_and_evaluate(config, str(tmp_path))

@@ -801,13 +801,20 @@ class _Selection:
 
   def restore_best(self, run: sharding.Run, state):
     """``(best state, its step)``; the given state if none was saved. The best state is kept without optimizer
-    states: ``state``'s stand in (evaluation and serving do not read them; the state's structure stays whole)."""
+    states: ``state``'s stand in (evaluation and serving do not read them; the state's structure stays whole). The
+    given state's other arrays are deleted (saved in the run's final checkpoint)."""
     self.best.wait()
-    if self.best.best_step() is not None:  # never a changed state reported as the run's (names the file)
-      self.best.check(self.best.best_step(), self.best.run_id)
-    best = self.best.restore(without_optimizer(run.abstract_state()))
-    if best is None:
+    if self.best.best_step() is None:
       return state, int(sharding.local_value(state.step))
+    self.best.check(self.best.best_step(), self.best.run_id)  # never a changed state reported as the run's
+    restored = without_optimizer(run.abstract_state())
+    # The live arrays that the best state's replace go first, so that the process never holds two copies of the
+    # parameters (the 10^9-parameter run held both, swapped and aborted here). The final checkpoint has them.
+    for field in restored._fields:
+      if getattr(restored, field) is not None:
+        for array in jax.tree.leaves(getattr(state, field)):
+          array.delete()
+    best = self.best.restore(restored)
     best = best._replace(**{f: getattr(state, f) for f in best._fields if getattr(best, f) is None})
     return best, int(sharding.local_value(best.step))
 
