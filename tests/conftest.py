@@ -215,6 +215,14 @@ def pytest_testnodedown(node, error):
 
 
 _DURATIONS = pytest.StashKey[dict]()
+def pytest_collection_modifyitems(config, items):
+  """Marks the tests that slow_tests.txt lists ``slow``: ``pytest -m "not slow"`` is the unit tier."""
+  from update_tiers import slow_test_ids  # from this directory, put on sys.path above
+
+  slow = slow_test_ids()
+  for item in items:
+    if item.nodeid in slow:
+      item.add_marker(pytest.mark.slow)
 
 
 def pytest_runtest_logreport(report):
