@@ -83,7 +83,7 @@ def label_centroids(train: XCDataset) -> LabelCentroids:
 def _by_feature(centroids: LabelCentroids) -> tuple[np.ndarray, np.ndarray]:
   """:attr:`LabelCentroids.lookup`: the entries ordered by (feature, label), keyed ``feature · N + label``."""
   by_feature = centroids.matrix().tocsc()
-  by_feature.sort_indices()
+  by_feature.sum_duplicates()  # (sorted, one entry per label and feature: a search finds one)
   keys = np.repeat(np.arange(centroids.num_features, dtype=np.int64), np.diff(by_feature.indptr))
   return keys * centroids.num_labels + by_feature.indices, by_feature.data.astype(np.float32)
 

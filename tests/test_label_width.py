@@ -183,6 +183,7 @@ SHARDED_WIDTHS = """
     import dataclasses, functools, json, sys, jax, numpy as np
     sys.path.insert(0, {tests!r})
     from test_label_width import _config, _heavy_tailed
+    from sparsejax.loss import label_targets
     from sparsejax import data, model
     from sparsejax.distributed import sharding
     ds = _heavy_tailed(long_row=150)  # (a shard's k is 160: more of its labels in a row fail its query)
@@ -190,7 +191,7 @@ SHARDED_WIDTHS = """
     mesh = sharding.make_mesh(2)
     kw = dict(seed=0, num_epochs=1, prefetch=0, drop_remainder=False)
     results = []
-    for widths, targets in (("bucketed", model.leading_label_targets), ("fixed", model.label_targets)):
+    for widths, targets in (("bucketed", model.leading_label_targets), ("fixed", label_targets)):
       model.leading_label_targets = targets  # (traced below: each make_train_step compiles its own programs)
       state, step = sharding.init(jax.random.key(0), cfg, mesh), sharding.make_train_step(cfg, mesh)
       losses, label_widths = [], set()

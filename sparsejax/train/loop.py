@@ -36,6 +36,7 @@ from sparsejax.data.batching import bucket_widths
 from sparsejax.distributed import sharding
 from sparsejax.model_config import ModelConfig
 from sparsejax.netanalysis.collect import StepProfiler
+from sparsejax.network import NetworkParams
 from sparsejax.shard import shard_rows
 from sparsejax.train import checkpoint, compile_clock, members, recipes, seals, search, trained
 from sparsejax.train.console import Progress, final_line, log_settings, log_to_console
@@ -801,21 +802,34 @@ class _Selection:
 
   def restore_best(self, run: sharding.Run, state):
     """``(best state, its step)``; the given state if none was saved. The best state is kept without optimizer
-    states: ``state``'s stand in (evaluation and serving do not read them; the state's structure stays whole). The
-    given state's other arrays are deleted (saved in the run's final checkpoint)."""
+    states: ``state``'s stand in (evaluation and serving do not read them; the state's structure stays whole), and
+    its parameters stand in for the average's. The given state's other arrays are deleted (saved in the run's final
+    checkpoint): the process holds one state's arrays throughout."""
     self.best.wait()
     if self.best.best_step() is None:
       return state, int(sharding.local_value(state.step))
     self.best.check(self.best.best_step(), self.best.run_id)  # never a changed state reported as the run's
     restored = without_optimizer(run.abstract_state())
-    # The live arrays that the best state's replace go first, so that the process never holds two copies of the
-    # parameters (the 10^9-parameter run held both, swapped and aborted here). The final checkpoint has them.
+    # The parameter average is not read from a selected state (saved as evaluated): the best parameters stand in
+    # for its arrays of their shape and dtype, which go with the live parameters.
+    average = getattr(state, "average", None)
+    shared = None if average is None else jax.tree.map(
+        lambda a, p: a.shape == p.shape and a.dtype == p.dtype, average.params,
+        NetworkParams(state.embed, state.hidden, state.out))
+    # The live arrays that the best state's replace go first, so that the process never holds the parameters twice
+    # beside its state (the 10^9-parameter run did, swapped and aborted here). The final checkpoint has them.
     for field in restored._fields:
       if getattr(restored, field) is not None:
         for array in jax.tree.leaves(getattr(state, field)):
           array.delete()
+    if average is not None:
+      jax.tree.map(lambda a, same: a.delete() if same else None, average.params, shared)
     best = self.best.restore(restored)
     best = best._replace(**{f: getattr(state, f) for f in best._fields if getattr(best, f) is None})
+    if average is not None:
+      best = best._replace(average=average._replace(params=jax.tree.map(
+          lambda a, p, same: p if same else a, average.params, NetworkParams(best.embed, best.hidden, best.out),
+          shared)))
     return best, int(sharding.local_value(best.step))
 
 

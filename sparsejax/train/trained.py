@@ -223,7 +223,8 @@ def _read_fusion(path: str, num_labels: int, num_features: int):
   except _DAMAGED_ARRAYS as e:
     raise seals.IntegrityError(f"{path}: unreadable as centroid fusion ({type(e).__name__}: {e})") from None
   if (features != num_features or indptr.shape != (num_labels + 1,) or indices.shape != values.shape
-      or indptr[-1] != len(indices) or np.any(np.diff(indptr) < 0) or not np.isfinite(weight) or weight < 0
+      or indices.ndim != 1 or indptr[0] != 0 or indptr[-1] != len(indices) or np.any(np.diff(indptr) < 0)
+      or not np.isfinite(weight) or weight < 0
       or (len(indices) and (indices.min() < 0 or indices.max() >= num_features))):
     raise seals.IntegrityError(f"{path}: not the centroids of {num_labels} labels over {num_features} features")
   return LabelCentroids.of(indptr, indices, values, num_features), weight
