@@ -74,13 +74,14 @@ def update(average: ParamAverage, params: NetworkParams, step: jax.Array, averag
   return ParamAverage(mean, weight, step)
 
 
-def _params(state) -> NetworkParams:
+def params_of(state) -> NetworkParams:
+  """A training state's parameters (its own buffers, not copies)."""
   return NetworkParams(state.embed, state.hidden, state.out)
 
 
 @functools.partial(jax.jit, static_argnums=1)
 def _update_state(state, average_steps):
-  return state._replace(average=update(state.average, _params(state), state.step, average_steps))
+  return state._replace(average=update(state.average, params_of(state), state.step, average_steps))
 
 
 def update_state(state, average_steps: int):
@@ -93,7 +94,7 @@ def update_state(state, average_steps: int):
 
 def started(state) -> ParamAverage:
   """A new average for ``state``'s parameters (no snapshot yet), placed as they are (sharded rows stay sharded)."""
-  return jax.jit(init)(_params(state), state.step)
+  return jax.jit(init)(params_of(state), state.step)
 
 
 @functools.partial(jax.jit, static_argnums=3)
@@ -115,5 +116,5 @@ def evaluated(state, average_steps: int):
   """
   if getattr(state, "average", None) is None:
     return state
-  params = averaged_params(_params(state), state.average, state.step, average_steps)
+  params = averaged_params(params_of(state), state.average, state.step, average_steps)
   return state._replace(embed=params.embed, hidden=params.hidden, out=params.out)

@@ -626,9 +626,11 @@ class RecipeConfig(Section):
 
   def check_combinations(self) -> None:
     if self.plan_from is not None and recorded_plan(self.plan_from) is None:
-      raise ConfigError("plan_from", self.plan_from, "holds no measured_step_seconds record (a run with "
-                        "--max_seconds and a recipe search writes one in its metrics.jsonl; give that file or its "
-                        "work directory)")
+      raise ConfigError("plan_from", self.plan_from, NO_RECORDED_PLAN)
+
+
+NO_RECORDED_PLAN = ("holds no measured_step_seconds record (a run with --max_seconds and a recipe search writes one "
+                    "in its metrics.jsonl; give that file or its work directory)")
 
 
 def recorded_plan(path: str) -> dict | None:

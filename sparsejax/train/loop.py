@@ -36,7 +36,6 @@ from sparsejax.data.batching import bucket_widths
 from sparsejax.distributed import sharding
 from sparsejax.model_config import ModelConfig
 from sparsejax.netanalysis.collect import StepProfiler
-from sparsejax.network import NetworkParams
 from sparsejax.shard import shard_rows
 from sparsejax.train import checkpoint, compile_clock, members, recipes, seals, search, trained
 from sparsejax.train.console import Progress, final_line, log_settings, log_to_console
@@ -312,7 +311,7 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
   # k (a FOLDOC definition with 615 references stopped a k = 512 run with an error).
   max_labels = sizes["max_labels"] if sized.exact_softmax else min(sizes["max_labels"], sized.k)
   if max_labels < sizes["max_labels"]:
-    cut = int(np.sum(np.diff(train.label_indptr) > max_labels))
+    cut = int(np.sum(train.label_counts() > max_labels))
     logging.warning("%d training samples have more labels than the %d active neurons (--active_k): each trains on "
                     "its first %d", cut, sized.k, max_labels)
   batches = BatchIterator(train, config.optim.batch_size, seed=config.run.seed, epoch=position["epoch"],
@@ -543,13 +542,15 @@ class _Loop:
     try:
       with StopRequests() as stop:
         while self.max_steps is None or self.step < self.max_steps:
-          t_step, compiled_at_step = time.time(), compile_clock.seconds()
+          timed = self.step - start_step < TIMED_STEPS
+          if timed:
+            t_step, compiled_at_step = time.time(), compile_clock.seconds()
           batch = next(batches)
           prof.begin_step(self.step, lambda state=state, batch=batch: run.step_program(state, batch))
           state, metrics = run.step(state, batch)
           self.step += 1
           prof.end_step(self.step, (state, metrics))
-          if self.step - start_step <= TIMED_STEPS:
+          if timed:
             jax.block_until_ready(metrics["loss"])
             if compile_clock.seconds() == compiled_at_step:
               timed_steps.append(time.time() - t_step)
@@ -814,8 +815,7 @@ class _Selection:
     # for its arrays of their shape and dtype, which go with the live parameters.
     average = getattr(state, "average", None)
     shared = None if average is None else jax.tree.map(
-        lambda a, p: a.shape == p.shape and a.dtype == p.dtype, average.params,
-        NetworkParams(state.embed, state.hidden, state.out))
+        lambda a, p: a.shape == p.shape and a.dtype == p.dtype, average.params, averaging.params_of(state))
     # The live arrays that the best state's replace go first, so that the process never holds the parameters twice
     # beside its state (the 10^9-parameter run did, swapped and aborted here). The final checkpoint has them.
     for field in restored._fields:
@@ -828,8 +828,7 @@ class _Selection:
     best = best._replace(**{f: getattr(state, f) for f in best._fields if getattr(best, f) is None})
     if average is not None:
       best = best._replace(average=average._replace(params=jax.tree.map(
-          lambda a, p, same: p if same else a, average.params, NetworkParams(best.embed, best.hidden, best.out),
-          shared)))
+          lambda a, p, same: p if same else a, average.params, averaging.params_of(best), shared)))
     return best, int(sharding.local_value(best.step))
 
 

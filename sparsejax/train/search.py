@@ -423,13 +423,12 @@ def _describe(measured: Measured) -> str:
 def read_measurements(path: str, required: bool = True) -> Measured | None:
   """The step times recorded in ``path`` (a ``metrics.jsonl``, or a work directory holding one): its last
   ``measured_step_seconds`` record. None where there is none and not ``required`` (else a :class:`ConfigError`)."""
-  from sparsejax.config import ConfigError, recorded_plan
+  from sparsejax.config import NO_RECORDED_PLAN, ConfigError, recorded_plan
 
   found = recorded_plan(path)
   if found is None:
     if required:
-      raise ConfigError("plan_from", path, "holds no measured_step_seconds record (a run with --max_seconds and a "
-                        "recipe search writes one in its metrics.jsonl)")
+      raise ConfigError("plan_from", path, NO_RECORDED_PLAN)
     return None
   return Measured.from_record(found)
 
