@@ -51,7 +51,7 @@ class LabelCentroids(NamedTuple):
 
   @classmethod
   def of(cls, indptr, indices, values, num_features: int) -> "LabelCentroids":
-    """The centroids of these CSR arrays, with their :attr:`keys`."""
+    """The centroids of these CSR arrays, with their :attr:`lookup`."""
     indptr, indices = np.asarray(indptr, np.int64), np.asarray(indices, np.int32)
     centroids = cls(indptr, indices, np.asarray(values, np.float32), int(num_features))
     return centroids._replace(lookup=_by_feature(centroids))

@@ -214,7 +214,6 @@ def pytest_testnodedown(node, error):
   node.config.stash.setdefault(_TALLIES, []).extend(tuple(t) for t in tallies)
 
 
-_DURATIONS = pytest.StashKey[dict]()
 def pytest_collection_modifyitems(config, items):
   """Marks the tests that slow_tests.txt lists ``slow``: ``pytest -m "not slow"`` is the unit tier."""
   from update_tiers import slow_test_ids  # from this directory, put on sys.path above
@@ -225,27 +224,21 @@ def pytest_collection_modifyitems(config, items):
       item.add_marker(pytest.mark.slow)
 
 
+_DURATIONS: dict[str, float] = {}  # test id -> seconds, where SPARSEJAX_TEST_DURATIONS names a file to write them to
+
+
 def pytest_runtest_logreport(report):
   """Each test's seconds (setup, call and teardown), kept where SPARSEJAX_TEST_DURATIONS names a file: the measured
   times that sort the tests into tiers. Under pytest-xdist the controller sees every worker's reports."""
-  if os.environ.get("SPARSEJAX_TEST_DURATIONS") and _CONFIG:
-    durations = _CONFIG[0].stash.setdefault(_DURATIONS, {})
-    durations[report.nodeid] = durations.get(report.nodeid, 0.0) + report.duration
-
-
-_CONFIG: list = []  # the session's config, for pytest_runtest_logreport (which gets no config)
-
-
-def pytest_configure(config):
-  _CONFIG[:] = [config]
+  if os.environ.get("SPARSEJAX_TEST_DURATIONS"):
+    _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
 
 
 def pytest_unconfigure(config):
   path = os.environ.get("SPARSEJAX_TEST_DURATIONS")
-  durations = config.stash.get(_DURATIONS, None)
-  if path and durations and not hasattr(config, "workerinput"):  # the controller (or a run without workers)
+  if path and _DURATIONS and not hasattr(config, "workerinput"):  # the controller (or a run without workers)
     with open(path, "w") as f:
-      json.dump(dict(sorted(durations.items())), f, indent=0)
+      json.dump(dict(sorted(_DURATIONS.items())), f, indent=0)
 
 
 def pytest_terminal_summary(terminalreporter, config):
