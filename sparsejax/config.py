@@ -515,6 +515,11 @@ class RunConfig(Section):
       "none: train the whole budget. Without --max_seconds, step and epoch budgets are trained whole (see "
       "--early_stopping_patience).",
       bounds=Range(1, 1e6, lo_open=True), identity=False)
+  sampled_evaluations: str = option(
+      "final", "Which evaluations also run sampled inference (on an index rebuilt from the rows) and the retrieval "
+      "diagnostics: final (the test set's at the end; the periodic ones score exactly, what selection reads: the "
+      "rebuild took 4 of a 200K-label validation evaluation's 6 s), or all.", choices=("final", "all"),
+      identity=False)
   eval_sampled_k: int | None = option(
       None, "Also evaluate sampled inference with this many candidates (e.g. 2% of the labels); none: only "
       "with --serving_k.", bounds=AT_LEAST_ONE, identity=False)

@@ -656,9 +656,10 @@ def test_selection_keeps_the_first_best_and_stops_after_patience_evaluations_wit
   values = iter([0.2, 0.5, 0.5, 0.4, 0.6])
   saved = []
   best = types.SimpleNamespace(save=lambda step, state, value: saved.append((step, state, value)))
-  run = types.SimpleNamespace(refresh_index=None, predict=None, diagnose=None, index_fill=None)
+  run = types.SimpleNamespace(refresh_index=None, predict=None, diagnose=None, index_fill=None,
+                              exact_predictor=lambda: None)
   evaluator = lambda predict, state, num_samples, diagnose=None, fusion=None: {"p@1": next(values)}
-  settings = types.SimpleNamespace(selection_metric="p@1", early_stopping_patience=2)
+  settings = types.SimpleNamespace(selection_metric="p@1", early_stopping_patience=2, sampled_evaluations="final")
   selection = _Selection(evaluator, best, settings, None)
   stops = []
   for step in (10, 20, 30):
@@ -672,7 +673,8 @@ def test_selection_keeps_the_first_best_and_stops_after_patience_evaluations_wit
   assert len(saved) == 2
   resumed.evaluate(run, state(50), 50, None)  # 0.6: a new best resets the count
   assert not resumed.should_stop(50) and saved[-1] == (50, kept(50), 0.6)
-  never = _Selection(evaluator, best, types.SimpleNamespace(selection_metric="p@1", early_stopping_patience=None), None)
+  never = _Selection(evaluator, best, types.SimpleNamespace(selection_metric="p@1", early_stopping_patience=None,
+                                                            sampled_evaluations="final"), None)
   assert not never.should_stop(10**6)
 
 
@@ -689,8 +691,9 @@ def test_selection_stops_at_ratio_times_the_best_step_after_three_worse_evaluati
 
   State = collections.namedtuple("State", "name")
   best = types.SimpleNamespace(save=lambda step, state, value: None)
-  run = types.SimpleNamespace(refresh_index=None, predict=None, diagnose=None, index_fill=None)
-  settings = types.SimpleNamespace(selection_metric="p@1", early_stopping_patience=None)
+  run = types.SimpleNamespace(refresh_index=None, predict=None, diagnose=None, index_fill=None,
+                              exact_predictor=lambda: None)
+  settings = types.SimpleNamespace(selection_metric="p@1", early_stopping_patience=None, sampled_evaluations="final")
 
   def stops(values, ratio, steps):
     scripted = iter(values)

@@ -318,6 +318,8 @@ class Run(NamedTuple):
       profiler: :func:`sparsejax.netanalysis.collectives.compile_step`; compiling it does not run it, and the step
       reuses that compilation).
     schedule: when ``maintain`` refreshes the index (periods lengthened by ``--refresh_budget``).
+    predict_exact: ``predict`` without sampled inference (SLIDE; None: ``predict`` is exact only): what an
+      evaluation that only selects reads, without the index rebuilt for it.
     serving_index: ``state -> index`` of host arrays: the (clustered) index of a ``refresh_index``-ed state as one
       process queries it, to keep with the model (sharded: the shards' indexes merged over the global rows,
       :func:`inference.merge_index`; a collective, so every process calls it); None for an index that is not kept
@@ -337,6 +339,11 @@ class Run(NamedTuple):
   step_program: Callable[[Any, dict], tuple[Any, tuple, tuple[str, ...]]] | None = None
   schedule: TableSchedule | None = None
   serving_index: Callable[[Any], Any] | None = None
+  predict_exact: Callable[[Any, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, None]] | None = None
+
+  def exact_predictor(self):
+    """``predict`` without its sampled inference: ``(scores, ids, None)``, exact over all outputs."""
+    return self.predict if self.predict_exact is None else self.predict_exact
 
 
 def make_run(config: ModelConfig, *, seed: int, num_shards: int = 1, top: int = 5,
@@ -433,7 +440,8 @@ def _single_slide(config, key, schedule, top, sampled_ks) -> Run:
              jax.jit(refresh), lambda state: the_index.fill(the_index.occupancy(state.index)),
              _program(step, model.STEP_SCOPES),
              serving_index=(lambda state: inference.merge_index(inference.gather_index(state.index), config))
-             if the_index.merge_shards is not None else None)  # (a kept serving index)
+             if the_index.merge_shards is not None else None,  # (a kept serving index)
+             predict_exact=_host(jax.jit(_exact_only(top))))
 
 
 def _exact_only(top):
@@ -461,6 +469,8 @@ def _sharded_slide(config, key, schedule, top, mesh, sampled_ks=()) -> Run:
   predict = _per_shard(functools.partial(inference.predict, config=config, top=top), config, mesh, 2)
   diagnose = _per_shard(functools.partial(inference.diagnose, config=config, top=top, sampled_ks=sampled_ks),
                         config, mesh, 3)
+  exact = _per_shard(lambda state, fi, fv, shard: inference.predict_exact(
+      state, fi, fv, top=top, shard=shard, num_labels=config.num_labels), config, mesh, 2)
   checksum = make_checksum(mesh)
 
   def host_diagnose(state, fi, fv, labels):
@@ -479,7 +489,8 @@ def _sharded_slide(config, key, schedule, top, mesh, sampled_ks=()) -> Run:
              diagnose=host_diagnose, refresh_index=make_serving_index(config, mesh),
              index_fill=make_index_fill(config, mesh),
              step_program=_program(step, model.STEP_SCOPES, lambda batch: to_global(batch, mesh)),
-             serving_index=make_merged_index(config, mesh) if index.from_config(config).merge_shards else None)
+             serving_index=make_merged_index(config, mesh) if index.from_config(config).merge_shards else None,
+             predict_exact=_host(lambda state, fi, fv: (*exact(state, *to_global((fi, fv), mesh)), None)))
 
 
 def _data_parallel_dense(config, key, schedule, top, mesh) -> Run:

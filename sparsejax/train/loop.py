@@ -593,7 +593,7 @@ class _Loop:
                                              self.step, config.run.eval_samples))
             else:
               evaluation, _ = prof.maintenance("eval", _evaluate, self.evaluator, run, self._evaluated(state),
-                                               config.run.eval_samples)
+                                               config.run.eval_samples, sampled=config.run.sampled_evaluations == "all")
               record.update(evaluation)
             logging.info("step %d: %sP@1 %.4f  P@5 %.4f%s", self.step,
                          "validation " if self.selection is not None else "", record["p@1"], record["p@5"],
@@ -693,7 +693,7 @@ class _Loop:
     fused, fusion_record = None, {}
     if self.centroids is not None and self.selection is not None:
       centroids = self.centroids()
-      weight, table = self.selection.evaluator.fusion_weight(self.run.predict, state, centroids,
+      weight, table = self.selection.evaluator.fusion_weight(self.run.exact_predictor(), state, centroids,
                                                              self.selection.metric)
       logging.info("centroid fusion: weight %g (validation %s by weight: %s)", weight, self.selection.metric,
                    ", ".join(f"{w:g} {v:.4f}" for w, v in table.items()))
@@ -750,7 +750,7 @@ class _Selection:
   Args:
     evaluator: scores the validation split.
     best: where the best state is kept.
-    config: the run settings (metric, patience, evaluation size).
+    config: the run settings (metric, patience, evaluation size, whether sampled inference is evaluated).
     restored: the selection state of a resumed run (``to_json``), or None.
     stale_ratio: stop at ``stale_ratio`` times the best evaluation's step (after
       ``MIN_STALE_EVALUATIONS`` worse ones); None: never on that account.
@@ -761,6 +761,7 @@ class _Selection:
     self.evaluator, self.best, self.metric, self.patience = evaluator, best, config.selection_metric, \
         config.early_stopping_patience
     self.stale_ratio = stale_ratio
+    self.sampled = config.sampled_evaluations == "all"  # else exact only: what selection reads
     restored = restored or {}
     self.best_value = restored.get("best_value", -float("inf"))
     self.best_step = restored.get("best_step")
@@ -772,7 +773,7 @@ class _Selection:
 
   def evaluate(self, run: sharding.Run, state, step: int, num_samples: int | None) -> dict[str, float]:
     """Validation metrics of ``state``; keeps it if it is the best so far."""
-    result, _ = _evaluate(self.evaluator, run, state, num_samples)
+    result, _ = _evaluate(self.evaluator, run, state, num_samples, sampled=self.sampled)
     self.last_step = step
     value = result[self.metric]
     if value > self.best_value:
@@ -874,13 +875,16 @@ def without_optimizer(state):
 
 
 def _evaluate(evaluator: Evaluator, run: sharding.Run, state, num_samples: int | None,
-              fused: tuple[fusion.LabelCentroids, float] | None = None):
+              fused: tuple[fusion.LabelCentroids, float] | None = None, sampled: bool = True):
   """``(test-set metrics, the state evaluated)``: the metrics with retrieval diagnostics and the index's fill where
   the run has them; the state with the index that sampled inference queried.
 
   Sampled inference is evaluated with a freshly refreshed index (a copy: training goes on with its own), as a
-  model saved for serving would have it; between refreshes the training index lags the moving rows.
+  model saved for serving would have it; between refreshes the training index lags the moving rows. Not
+  ``sampled``: exact scores only (no index rebuilt, no diagnostics), what model selection reads.
   """
+  if not sampled:
+    return evaluator(run.exact_predictor(), state, num_samples, fusion=fused), state
   if run.refresh_index is not None:
     state = run.refresh_index(state)
   result = evaluator(run.predict, state, num_samples, diagnose=run.diagnose, fusion=fused)
