@@ -152,6 +152,8 @@ SHARDED_INFERENCE = """
       scores, ids, sampled, extra = run.diagnose(state, batch["feat_ids"], batch["feat_vals"], batch["labels"])
       out[shards] = dict(scores=scores.tolist(), ids=ids.tolist(), sampled=sampled.tolist(),
                          predict_ids=run.predict(state, batch["feat_ids"], batch["feat_vals"])[1].tolist(),
+                         exact=[None if x is None else x.tolist()
+                                for x in run.predict_exact(state, batch["feat_ids"], batch["feat_vals"])],
                          k20=extra["sampled"]["sampled_k20"].tolist(),
                          **{k: v.tolist() for k, v in extra["retrieval"].items()})
     one = model.init(jax.random.key(0), config)  # the parameters of both runs (a sharded init draws the same)
@@ -164,7 +166,8 @@ SHARDED_INFERENCE = """
 
 def test_sharded_run_predicts_and_diagnoses_with_the_one_process_functions(run_python):
   """A run over 3 shards (padding rows on the last) and a one-process run of the same parameters call the same
-  inference functions: both give the exact top 5 of a float64 reference over the N real rows, the labels' mean
+  inference functions: both give the exact top 5 of a float64 reference over the N real rows (its exact predictor
+  too, which samples nothing), the labels' mean
   cosine, and active sets of k candidates in all (sampled ids are real rows)."""
   got = json.loads(run_python(code=SHARDED_INFERENCE, devices=3).stdout.splitlines()[-1])
   h, w, b, labels = (np.asarray(got[key]) for key in ("h", "w", "b", "labels"))
@@ -176,6 +179,10 @@ def test_sharded_run_predicts_and_diagnoses_with_the_one_process_functions(run_p
     run = got[shards]
     np.testing.assert_array_equal(run["ids"], want_ids)
     np.testing.assert_array_equal(run["predict_ids"], want_ids)
+    exact_scores, exact_ids, no_sampled = run["exact"]  # the exact predictor: the same exact top, nothing sampled
+    np.testing.assert_array_equal(exact_ids, want_ids)
+    np.testing.assert_allclose(exact_scores, want_scores, rtol=1e-5, atol=1e-6)
+    assert no_sampled is None
     np.testing.assert_allclose(run["scores"], want_scores, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(run["label_cosine"], want_cosine, rtol=1e-4, atol=1e-6)
     assert run["num_candidates"] == [12.0] * len(h)  # the shards' candidates add up to k

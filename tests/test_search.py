@@ -424,3 +424,31 @@ def test_the_measured_plan_counts_each_rounds_evaluations():
       n: search.CALIBRATION_STEPS + int(share / rates[n]) for n in rates}
   assert search.plan(config, _SHAPE, candidates, measured).steps["small"] > 1.9 * \
       search.plan(config, _SHAPE, candidates, evaluated).steps["small"]
+
+
+def test_the_calibration_evaluates_a_fifth_of_the_samples_and_scales_its_seconds_to_a_rounds(tmp_path, monkeypatch):
+  """Issue 48: each candidate's calibration evaluated all 5,000 validation samples (3-11 s a candidate at 200K
+  labels) for a score of 20 steps that decides nothing. It evaluates CALIBRATION_EVAL_SAMPLES; a round's evaluation
+  is planned as that one's seconds, less its compilation, times 5,000 / 1,000."""
+  clock = _Clock()
+  monkeypatch.setattr(search, "_clock", clock)
+  config = override(Config(), max_seconds=300.0)
+  per_sample = {"small": 1e-4, "wide": 3e-4, "wider": 9e-4}
+  compile_seconds = 2.0
+  asked = []
+
+  class Evaluating(_TimedTraining):
+    def __call__(self, config, workdir, evaluate_test):
+      name, samples = workdir.rsplit("/", 1)[-1], config.run.eval_samples
+      asked.append((name, config.budget.max_steps, samples))
+      result = super().__call__(config, workdir, evaluate_test)
+      return {**result, "eval_seconds": compile_seconds + per_sample[name] * samples,
+              "eval_compile_seconds": compile_seconds}
+
+  records = []
+  search.run(config, str(tmp_path), _SHAPE, Evaluating(clock, _ten_times_modelled(config)), records.append)
+  calibration = [(n, samples) for n, steps, samples in asked if steps == search.CALIBRATION_STEPS]
+  assert calibration == [(n, search.CALIBRATION_EVAL_SAMPLES) for n in ("small", "small", "wide", "wider")]
+  assert all(samples == config.run.eval_samples for _, steps, samples in asked if steps != search.CALIBRATION_STEPS)
+  measured = [r for r in records if "measured_eval_seconds" in r][0]["measured_eval_seconds"]
+  assert measured == {n: pytest.approx(per_sample[n] * config.run.eval_samples, abs=1e-3) for n in per_sample}

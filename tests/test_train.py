@@ -104,6 +104,23 @@ def test_a_finished_run_is_not_resumed_but_can_be_extended(tmp_path, small_confi
   assert Config.from_dict(json.load(open(tmp_path / "config.json"))).optim.learning_rate == 0.01
 
 
+def test_periodic_evaluations_score_exactly_unless_asked_for_sampled_inference(tmp_path, small_config):
+  """Issue 48: a periodic validation evaluation rebuilt the serving index and ran sampled inference (4 of a 200K-label
+  evaluation's 6 s) that selection never reads. By default they score exactly (the same P@1 as a run that samples
+  them too), and only the final test evaluation runs sampled inference and the retrieval diagnostics."""
+  periodic = {}
+  for sampled_evaluations in ("final", "all"):
+    config = override(_selecting(small_config), max_steps=30, sampled_evaluations=sampled_evaluations)
+    train_and_evaluate(config, str(tmp_path / sampled_evaluations))
+    records = read_records(str(tmp_path / sampled_evaluations))
+    periodic[sampled_evaluations] = [r for r in records if r.get("split") == "validation"]
+    assert [r["step"] for r in periodic[sampled_evaluations]] == [10, 20, 30]
+    for r in periodic[sampled_evaluations]:
+      assert ("sampled_p@1" in r) == ("label_recall" in r) == (sampled_evaluations == "all"), r
+    assert records[-1]["final"] and "sampled_p@1" in records[-1] and "label_recall" in records[-1]
+  assert [r["p@1"] for r in periodic["final"]] == [r["p@1"] for r in periodic["all"]]  # exact scores alike
+
+
 def _selecting(small_config, **changes):
   """A clustered-index run with a validation split whose P@1 varies from one evaluation to the next."""
   return override(small_config, candidates="clusters", reinsert="none", validation_fraction=0.2, eval_every=10,

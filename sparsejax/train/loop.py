@@ -519,7 +519,7 @@ class _Loop:
     self.train_seconds, self.seconds_before = 0.0, 0.0
     # What --max_seconds counts (training and evaluations), and the steady step time measured after the first step
     # (its compilation excluded): the recipe search plans its rounds from it.
-    self.budget_seconds, self.eval_seconds, self.step_seconds = 0.0, 0.0, None
+    self.budget_seconds, self.eval_seconds, self.step_seconds, self.eval_compile_seconds = 0.0, 0.0, None, 0.0
     self.nonfinite = NonFiniteWatch(config.run.on_nonfinite)
 
   def train(self, state, batches: BatchIterator, seconds_before: float, show_progress: bool):
@@ -628,7 +628,8 @@ class _Loop:
       if metrics is not None and self.step % log_every:  # the final record's loss: the last step's
         self.last_loss = float(sharding.local_value(metrics["loss"]))
       prof.finish()  # a window the loop cut short (every process gets here together)
-      self.budget_seconds, self.eval_seconds = time.time() - t_loop, eval_seconds
+      self.budget_seconds, self.eval_seconds, self.eval_compile_seconds = time.time() - t_loop, eval_seconds, \
+          eval_compiling
       if first_step_seconds is not None and self.step - start_step > 1:
         # Nor are later compilations (a batch of a new width): a measured plan would take them for step time.
         compiling = compile_clock.seconds() - compiled_before - eval_compiling
@@ -671,7 +672,8 @@ class _Loop:
       self.writer.close()
     return {"score": self.selection.best_value, "step": self.step, "train_seconds": self.train_seconds,
             "samples": (self.step - start_step) * self.config.optim.batch_size, "step_seconds": self.step_seconds,
-            "budget_seconds": self.budget_seconds, "eval_seconds": self.eval_seconds}
+            "budget_seconds": self.budget_seconds, "eval_seconds": self.eval_seconds,
+            "eval_compile_seconds": self.eval_compile_seconds}
 
   def finish(self, state, start_step: int, search_summary: dict | None = None) -> dict[str, Any]:
     """The final evaluation on the whole test set, of the selected state, recorded and logged."""

@@ -42,6 +42,9 @@ SEARCH_DIR = "search"
 MIN_ROUND_STEPS = 100
 # Steps that measure a candidate's step time under --max_seconds (the first, compiled, not counted); kept.
 CALIBRATION_STEPS = 20
+# Validation samples the calibration evaluates (of --eval_samples): its evaluation, less its compilation, is scaled
+# to a round's (the score of 20 steps decides nothing; 5,000 samples took 3-11 s a candidate at 200K labels).
+CALIBRATION_EVAL_SAMPLES = 1000
 # The largest share of the search's seconds that measuring the candidates may take: those not measured by then are
 # not compared (a step so slow that 20 of them take a tenth of the budget leaves no room for a search anyway).
 CALIBRATION_SHARE = 0.5
@@ -61,7 +64,8 @@ class Measured:
     calibration_seconds: the wall time the calibration took, all candidates together, less ``startup_seconds``.
     startup_seconds: the first training's seconds besides its steps, which a run without a search spends as well
       (the process's first compilations, the first checkpoint): not charged to the search.
-    eval_seconds: each one's seconds of a validation evaluation (a round evaluates every ``--eval_every`` steps).
+    eval_seconds: each one's seconds of a validation evaluation (a round evaluates every ``--eval_every`` steps):
+      the calibration's, of ``CALIBRATION_EVAL_SAMPLES`` samples less its compilation, scaled to ``--eval_samples``.
   """
   step_seconds: dict[str, float]
   call_seconds: dict[str, float]
@@ -359,6 +363,11 @@ def _measure(config: Config, workdir: str, candidates, candidate_config, train_f
     return recorded, {}, 0.0
   replayed = read_measurements(config.search.plan_from) if config.search.plan_from else None
   limit = CALIBRATION_SHARE * config.search.search_fraction * config.budget.max_seconds
+  eval_samples = config.run.eval_samples
+  eval_scale = 1.0  # a round's evaluation over the calibration's (None: all, of a size not known here: as many)
+  if eval_samples is not None and eval_samples > CALIBRATION_EVAL_SAMPLES:
+    eval_samples, eval_scale = CALIBRATION_EVAL_SAMPLES, eval_samples / CALIBRATION_EVAL_SAMPLES
+  calibration_config = lambda recipe: override(candidate_config(recipe, CALIBRATION_STEPS), eval_samples=eval_samples)
   t_start = _clock()
   step_seconds, call_seconds, scores, startup, first_wall, repeat = {}, {}, {}, 0.0, 0.0, 0.0
   eval_seconds = {}
@@ -373,11 +382,12 @@ def _measure(config: Config, workdir: str, candidates, candidate_config, train_f
     # The steps are trained even where the plan is replayed: the candidates' states are those of a measured run.
     t_call = _clock()
     # (No cap: the clock would count the first step's compilation against it and stop before a step was timed.)
-    result = train_fn(candidate_config(recipe, CALIBRATION_STEPS),
-                      os.path.join(workdir, SEARCH_DIR, recipe.name), evaluate_test=False)
+    result = train_fn(calibration_config(recipe), os.path.join(workdir, SEARCH_DIR, recipe.name),
+                      evaluate_test=False)
     wall = _clock() - t_call
     scores[recipe.name] = result["score"]
-    eval_seconds[recipe.name] = result.get("eval_seconds") or 0.0
+    eval_seconds[recipe.name] = eval_scale * max(
+        (result.get("eval_seconds") or 0.0) - (result.get("eval_compile_seconds") or 0.0), 0.0)
     seconds = result.get("step_seconds")
     step_seconds[recipe.name] = None if seconds is None else round(seconds, 6)
     # A round's seconds besides its steps: the call's wall time less its training (the first step's compilation
@@ -390,8 +400,7 @@ def _measure(config: Config, workdir: str, candidates, candidate_config, train_f
       # are compiled (the split, the state restored, the validation evaluation); a first training's compilations
       # took 2-5x that on 2 busy cores. Run in a replay as well: the candidates' states stay a measured run's.
       t_again = _clock()
-      train_fn(candidate_config(recipe, CALIBRATION_STEPS), os.path.join(workdir, SEARCH_DIR, recipe.name),
-               evaluate_test=False)
+      train_fn(calibration_config(recipe), os.path.join(workdir, SEARCH_DIR, recipe.name), evaluate_test=False)
       repeat = _clock() - t_again
   first = next(iter(call_seconds), None)
   if first is not None:  # a round's fixed seconds: the repeat's, in proportion to a step's (a bigger network
@@ -400,8 +409,7 @@ def _measure(config: Config, workdir: str, candidates, candidate_config, train_f
       ratio = (step_seconds[name] / step_seconds[first]) if step_seconds[name] and step_seconds[first] else 1.0
       call_seconds[name] = round(repeat * max(ratio, 1.0) if name == first else
                                  min(call_seconds[name], repeat * max(ratio, 1.0)), 3)
-      # (the measured evaluation compiled its programs: at most a round's fixed seconds, which hold one)
-      eval_seconds[name] = round(min(eval_seconds[name], call_seconds[name]), 3)
+      eval_seconds[name] = round(eval_seconds[name], 3)
   measured = Measured(step_seconds, call_seconds, round(_clock() - t_start - startup, 3), round(startup, 3),
                       eval_seconds)
   if replayed is not None:
