@@ -164,12 +164,20 @@ def test_a_finished_run_that_selected_an_earlier_step_is_not_trained_again(tmp_p
   assert final["validation_p@1"] == max(r["p@1"] for r in periodic)
 
 
-def _selection_so_far(records: list[dict]) -> dict:
+def _selection_so_far(records: list[dict], noise_samples: int = 300) -> dict:
   """The selection state that a run's validation records give: the first best value, its step, and the
-  evaluations since it."""
+  evaluations since it; the last value that beat the one before by more than half a standard error on
+  ``noise_samples`` (``_selecting``'s 300 evaluated samples), its step and the evaluations since it."""
   values = [r["p@1"] for r in records]
   best = int(np.argmax(values))
-  return {"best_value": values[best], "best_step": records[best]["step"], "bad_evaluations": len(values) - 1 - best}
+  improved = 0
+  for i, value in enumerate(values):
+    p = values[improved]
+    if value > p + 0.5 * np.sqrt(p * (1 - p) / noise_samples):
+      improved = i
+  return {"best_value": values[best], "best_step": records[best]["step"], "bad_evaluations": len(values) - 1 - best,
+          "improved_value": values[improved], "improved_step": records[improved]["step"],
+          "stale_evaluations": len(values) - 1 - improved}
 
 
 def test_a_continued_run_selects_against_every_evaluation_before_it(tmp_path, small_config, caplog):
@@ -736,6 +744,53 @@ def test_selection_stops_at_ratio_times_the_best_step_after_three_worse_evaluati
   assert stops([0.1, 0.5] + [0.5] * 18, 2.0, steps)[0] == 500
 
 
+def test_a_plateau_whose_best_creeps_up_by_noise_stops_at_ratio_times_its_last_real_improvement():
+  """Issue 48: WordNet's validation P@1 was 0.6965 at step 3,000 and 0.6981 at 20,000 (5,000 samples: a standard
+  error of 0.0065); each new best by noise moved the stop, and the run spent 140 s on the plateau. An improvement
+  counts for --early_stopping_ratio where it beats the last one by more than NOISE_MARGIN standard errors
+  (sqrt(p (1 - p) / n)); the state selected is still the best evaluated."""
+  import collections
+  import math
+  import types
+
+  from sparsejax.config import NOISE_MARGIN
+  from sparsejax.train.loop import _Selection
+
+  State = collections.namedtuple("State", "name")
+  saved = []
+  best = types.SimpleNamespace(save=lambda step, state, value: saved.append(step))
+  run = types.SimpleNamespace(exact_predictor=lambda: None)
+  settings = types.SimpleNamespace(selection_metric="p@1", early_stopping_patience=None, sampled_evaluations="final")
+  margin = NOISE_MARGIN * math.sqrt(0.5 * 0.5 / 5000)  # at 0.5 on 5,000 samples: 0.0035
+  # Rising to 0.5 at step 300, then creeping up by a fifth of the margin per evaluation.
+  values = [0.1, 0.3, 0.5] + [0.5 + 0.2 * margin * i for i in range(1, 18)]
+
+  def run_through(noise_samples, restored=None, start=0):
+    scripted = iter(values[start:])
+    evaluator = lambda predict, state, num_samples, diagnose=None, fusion=None: {"p@1": next(scripted)}
+    selection = _Selection(evaluator, best, settings, restored, stale_ratio=2.0, noise_samples=noise_samples)
+    for step in range(100 * (start + 1), 2100, 100):
+      selection.evaluate(run, State(step), step, None)
+      if selection.should_stop(step):
+        return step, selection
+    return None, selection
+
+  step, selection = run_through(5000)
+  # 300's is the last real improvement: 400-600 creep (stale), 600 is twice 300 and the third stale evaluation.
+  assert step == 600 and selection.improved_step == 300 and selection.best_step == 600 and saved[-1] == 600
+  assert "by more than 0.0035 (noise) since step 300, 300 steps ago" in selection.stop_reason(600)
+  # Each evaluation is a new best without a sample count (no margin): never stopped.
+  assert run_through(None)[0] is None
+  # One beat by more than the margin is an improvement: a jump of 1.2 margins at 500 moves the stop to 1,000.
+  values[4] = 0.5 + 1.2 * margin
+  values[5:] = [values[4] + 0.1 * margin * i for i in range(1, 16)]
+  assert run_through(5000)[0] == 1000
+  # A selection recorded before the margin existed resumes from its best.
+  old = {"best_value": values[2], "best_step": 300, "bad_evaluations": 0}
+  step, selection = run_through(5000, restored=old, start=3)
+  assert selection.improved_step == 500 and step == 1000
+
+
 def test_a_run_with_a_seconds_budget_stops_at_twice_its_best_step_and_stays_stopped(tmp_path, small_config, caplog):
   """The default --early_stopping_ratio=2 under --max_seconds: the run stops once its step is twice the selected
   one's; the same command again trains nothing; --early_stopping_ratio=none trains on; a step budget alone (no
@@ -745,8 +800,10 @@ def test_a_run_with_a_seconds_budget_stops_at_twice_its_best_step_and_stays_stop
   with caplog.at_level(logging.INFO, logger="absl"):
     final = train_and_evaluate(config, str(tmp_path / "run"))
   assert final["stopped_by"] == "early_stopping", final
-  assert 2 * final["selected_step"] <= final["last_step"] < 600 and final["bad_evaluations"] >= 3
-  assert f"early stopping at step {final['last_step']}: no better validation p@1 since step " in caplog.text
+  assert 2 * final["improved_step"] <= final["last_step"] < 600 and final["stale_evaluations"] >= 3
+  assert final["selected_step"] >= final["improved_step"]
+  assert f"early stopping at step {final['last_step']}: no better validation p@1 by more than " in caplog.text
+  assert f"(noise) since step {final['improved_step']}" in caplog.text
   assert train_and_evaluate(config, str(tmp_path / "run")) == final
   assert "give --early_stopping_ratio=none" in caplog.text
   on = train_and_evaluate(override(config, early_stopping_ratio=None), str(tmp_path / "run"))

@@ -19,6 +19,7 @@ vectorizer: what :func:`sparsejax.load` needs) and, if asked for,
 import dataclasses
 import functools
 import json
+import math
 import os
 import signal
 import time
@@ -30,7 +31,7 @@ import numpy as np
 from absl import logging
 
 from sparsejax import averaging, dense, fusion, memory, model, retrieval
-from sparsejax.config import MIN_STALE_EVALUATIONS, Config, ConfigError, DataConfig, override
+from sparsejax.config import MIN_STALE_EVALUATIONS, NOISE_MARGIN, Config, ConfigError, DataConfig, override
 from sparsejax.data import BatchIterator, LoadedData, load_dataset, train_test_split
 from sparsejax.data.batching import bucket_widths
 from sparsejax.distributed import sharding
@@ -289,8 +290,10 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
     if meta is not None and meta["data"] != sizes:  # --resume=force past other data
       scored_otherwise.append("the data")
     if scored_otherwise:  # the kept scores are of another validation split or metric: they do not compare
-      logging.warning("model selection starts anew at step %d: %s changed, so the best state kept so far was "
-                      "scored otherwise", start_step, ", ".join(scored_otherwise))
+      # (a recipe search's candidate after its calibration's steps, scored on fewer samples: as expected)
+      logging.log(logging.INFO if start_step <= search.CALIBRATION_STEPS else logging.WARNING,
+                  "model selection starts anew at step %d: %s changed, so the best state kept so far was scored "
+                  "otherwise", start_step, ", ".join(scored_otherwise))
       best.discard_after(-1)
       restored_selection = None
     else:
@@ -298,7 +301,8 @@ def _train(config: Config, workdir: str, *, data: LoadedData | None = None, eval
       # process died between an evaluation and the next checkpoint): they will be evaluated and kept again.
       best.discard_after(start_step)
       restored_selection = _kept_selection(best, restored_selection, None if unsealed_run else run_id, start_step)
-    selection = _Selection(evaluator(validation), best, config.run, restored_selection, stale_ratio(config))
+    selection = _Selection(evaluator(validation), best, config.run, restored_selection, stale_ratio(config),
+                           noise_samples=min(config.run.eval_samples or len(validation), len(validation)))
   loop = _Loop(config, run, checkpoints, checkpoint.make_meta(config, num_shards, jax.process_count(), sizes, run_id),
                evaluator(test), selection,
                MetricWriter(workdir, config.run.tensorboard, resume_step=start_step) if is_chief else None,
@@ -442,8 +446,9 @@ def _recorded_final(workdir: str, config: Config, latest: int, meta: dict | None
     patience, ratio = config.run.early_stopping_patience, stale_ratio(config)
     bad = final.get("bad_evaluations", 0)
     by_patience = patience is not None and bad >= patience
-    by_ratio = (ratio is not None and bad >= MIN_STALE_EVALUATIONS and final.get("step") is not None
-                and latest >= ratio * final["step"])
+    improved_step = final.get("improved_step", final.get("step"))  # (a record of before the noise margin: its best)
+    by_ratio = (ratio is not None and final.get("stale_evaluations", bad) >= MIN_STALE_EVALUATIONS
+                and improved_step is not None and latest >= ratio * improved_step)
     if not (by_patience or by_ratio):
       return None  # patience or ratio raised or lifted: training goes on
     how = ("raise --early_stopping_patience" if by_patience else
@@ -709,7 +714,8 @@ class _Loop:
       if self.save_serving_index is not None:  # sparsejax.load's sampled prediction needs not build it again
         self.save_serving_index(step, index)
     if self.stopped_by == "early_stopping":
-      final["bad_evaluations"] = self.selection.bad_evaluations
+      final.update(bad_evaluations=self.selection.bad_evaluations, improved_step=self.selection.improved_step,
+                   stale_evaluations=self.selection.stale_evaluations)
     if self.selection is not None:
       final.update({"selected_step": step, "selected_by": f"validation {self.selection.metric}",
                     f"validation_{self.selection.metric}": self.selection.best_value})
@@ -754,24 +760,40 @@ class _Selection:
     best: where the best state is kept.
     config: the run settings (metric, patience, evaluation size, whether sampled inference is evaluated).
     restored: the selection state of a resumed run (``to_json``), or None.
-    stale_ratio: stop at ``stale_ratio`` times the best evaluation's step (after
-      ``MIN_STALE_EVALUATIONS`` worse ones); None: never on that account.
+    stale_ratio: stop at ``stale_ratio`` times the step of the last evaluation that improved (after
+      ``MIN_STALE_EVALUATIONS`` that did not); None: never on that account.
+    noise_samples: the validation samples an evaluation scores: an improvement counts for ``stale_ratio`` where it
+      beats the last improvement by more than ``NOISE_MARGIN`` standard errors of a proportion on that many samples
+      (None: any improvement counts). The best state is the best evaluated, whatever the margin.
   """
 
   def __init__(self, evaluator: Evaluator, best: checkpoint.BestCheckpoint, config, restored: dict | None,
-               stale_ratio: float | None = None):
+               stale_ratio: float | None = None, noise_samples: int | None = None):
     self.evaluator, self.best, self.metric, self.patience = evaluator, best, config.selection_metric, \
         config.early_stopping_patience
-    self.stale_ratio = stale_ratio
+    self.stale_ratio, self.noise_samples = stale_ratio, noise_samples
     self.sampled = config.sampled_evaluations == "all"  # else exact only: what selection reads
     restored = restored or {}
     self.best_value = restored.get("best_value", -float("inf"))
     self.best_step = restored.get("best_step")
     self.bad_evaluations = restored.get("bad_evaluations", 0)
+    # The last improvement beyond the noise (a selection recorded before it existed: its best).
+    self.improved_value = restored.get("improved_value", self.best_value)
+    self.improved_step = restored.get("improved_step", self.best_step)
+    self.stale_evaluations = restored.get("stale_evaluations", self.bad_evaluations)
     self.last_step = None
 
   def to_json(self) -> dict:
-    return {"best_value": self.best_value, "best_step": self.best_step, "bad_evaluations": self.bad_evaluations}
+    return {"best_value": self.best_value, "best_step": self.best_step, "bad_evaluations": self.bad_evaluations,
+            "improved_value": self.improved_value, "improved_step": self.improved_step,
+            "stale_evaluations": self.stale_evaluations}
+
+  def noise(self, value: float) -> float:
+    """The margin an evaluation must beat ``value`` by to count as an improvement (0: no sample count given)."""
+    if not self.noise_samples or not math.isfinite(value):
+      return 0.0
+    p = min(max(value, 0.0), 1.0)
+    return NOISE_MARGIN * math.sqrt(p * (1 - p) / self.noise_samples)
 
   def evaluate(self, run: sharding.Run, state, step: int, num_samples: int | None) -> dict[str, float]:
     """Validation metrics of ``state``; keeps it if it is the best so far."""
@@ -783,6 +805,10 @@ class _Selection:
       self.best.save(step, without_optimizer(state), value)
     else:
       self.bad_evaluations += 1
+    if value > self.improved_value + self.noise(self.improved_value):
+      self.improved_value, self.improved_step, self.stale_evaluations = value, step, 0
+    else:
+      self.stale_evaluations += 1
     return {**result, "split": "validation", "best_step": self.best_step}
 
   def should_stop(self, step: int) -> bool:
@@ -794,10 +820,12 @@ class _Selection:
     """Why a run stops early after evaluating ``step``, for the log; None: it goes on."""
     if self.patience is not None and self.bad_evaluations >= self.patience:
       return f"no better validation {self.metric} in {self.bad_evaluations} evaluations (--early_stopping_patience)"
-    if (self.stale_ratio is not None and self.best_step is not None and self.bad_evaluations >= MIN_STALE_EVALUATIONS
-        and step >= self.stale_ratio * self.best_step):
-      return (f"no better validation {self.metric} since step {self.best_step}, {step - self.best_step} steps ago "
-              f"(--early_stopping_ratio={self.stale_ratio:g}; none trains the whole budget)")
+    if (self.stale_ratio is not None and self.improved_step is not None
+        and self.stale_evaluations >= MIN_STALE_EVALUATIONS and step >= self.stale_ratio * self.improved_step):
+      beyond = f" by more than {self.noise(self.improved_value):.4f} (noise)" if self.noise(self.improved_value) else ""
+      return (f"no better validation {self.metric}{beyond} since step {self.improved_step}, "
+              f"{step - self.improved_step} steps ago (--early_stopping_ratio={self.stale_ratio:g}; none trains the "
+              "whole budget)")
     return None
 
   def is_live(self, step: int) -> bool:

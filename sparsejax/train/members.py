@@ -31,7 +31,8 @@ MEMBERS_DIR = "members"
 # Fields of the first network's final record that describe the run (the schedule every member followed): the
 # ensemble's record keeps them as they are.
 _RUN_FIELDS = ("step", "last_step", "epoch", "stopped_by", "seconds", "final", "num_processes", "selected_step",
-               "selected_by", "bad_evaluations", "recipe", "search_seconds", "search_wall_seconds", "search_scores")
+               "selected_by", "bad_evaluations", "improved_step", "stale_evaluations", "recipe", "search_seconds",
+               "search_wall_seconds", "search_scores")
 
 
 def remove_former(workdir: str) -> None:
