@@ -1,8 +1,9 @@
 """Time of one periodic evaluation of a finished accuracy run, by part.
 
-A training run evaluates its validation split every ``--evals_per_epoch``-th of an epoch: it builds the serving
-index on the current rows, then runs exact and sampled inference with the retrieval diagnostics
-(``Run.diagnose``). This restores a ``benchmarks/accuracy.py`` sparsejax run's selected state and times those
+A training run evaluates its validation split every ``--evals_per_epoch``-th of an epoch. With
+``--sampled_evaluations=all`` (the final test evaluation always) it builds the serving index on the current rows,
+then runs exact and sampled inference with the retrieval diagnostics (``Run.diagnose``); by default a periodic
+one runs the exact part only. This restores a ``benchmarks/accuracy.py`` sparsejax run's selected state and times those
 parts on ``--samples`` test samples (the second of two rounds, after compilation):
 
   python benchmarks/accuracy.py --dataset gcide --system sparsejax --budget 300   # the run

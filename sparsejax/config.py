@@ -516,8 +516,9 @@ class RunConfig(Section):
       "evaluation that improved (2: as many steps again without a better one), after at least "
       f"{MIN_STALE_EVALUATIONS} evaluations without one: a budget in seconds is a ceiling, and a run that has "
       f"peaked spends the rest memorising. An improvement counts where it is larger than {NOISE_MARGIN:g} "
-      "standard errors of the metric on the evaluated samples (a plateau's best creeps up by noise); the best state "
-      "evaluated is selected all the same. Counted in steps, so a seed stops at the same step on any machine. "
+      "standard errors of a proportion (the metric's value) on the evaluated samples (a plateau's best creeps up "
+      "by noise); the best state evaluated is selected all the same. Counted in steps, so a seed stops at the same "
+      "step on any machine. "
       "none: train the whole budget. Without --max_seconds, step and epoch budgets are trained whole (see "
       "--early_stopping_patience).",
       bounds=Range(1, 1e6, lo_open=True), identity=False)
@@ -527,8 +528,9 @@ class RunConfig(Section):
       "rebuild took 4 of a 200K-label validation evaluation's 6 s), or all.", choices=("final", "all"),
       identity=False)
   eval_sampled_k: int | None = option(
-      None, "Also evaluate sampled inference with this many candidates (e.g. 2% of the labels); none: only "
-      "with --serving_k.", bounds=AT_LEAST_ONE, identity=False)
+      None, "Also evaluate sampled inference with this many candidates (e.g. 2% of the labels), where sampled "
+      "inference is evaluated (--sampled_evaluations); none: only with --serving_k.", bounds=AT_LEAST_ONE,
+      identity=False)
   log_every: int = option(50, "Steps between training-loss readings (progress bar, logs).", bounds=AT_LEAST_ONE,
                           identity=False)
   propensity_a: float = option(0.55, "Propensity model parameter A of the PSP@k metrics (Jain et al. 2016).",

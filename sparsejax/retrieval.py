@@ -1,6 +1,7 @@
 """Retrieval diagnostics: does the candidate index find the neurons that matter?
 
-Pure functions of arrays, computed at every evaluation. Per query they say
+Pure functions of arrays, computed at the final evaluation (every one with ``--sampled_evaluations=all``). Per
+query they say
 how much of what the exact model ranks first the index returns:
 
 * :func:`label_recall` - fraction of the true labels among the candidates

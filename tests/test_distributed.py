@@ -200,7 +200,8 @@ def test_multiprocess_sampled_inference_queries_each_shards_serving_index(tmp_pa
   """
   workdir = str(tmp_path / "run")
   kw = dict(synthetic_samples=4000, synthetic_labels=400, active_k=32, max_steps=150, eval_every=75,
-            eval_samples=None, log_every=75, hidden_dims="32", learning_rate=0.003, checksum_every=0)
+            eval_samples=None, log_every=75, hidden_dims="32", learning_rate=0.003, checksum_every=0,
+            sampled_evaluations="all")  # the periodic evaluations too (the default: the final one only)
   proc = _launch(2, _train_args(workdir, **kw), timeout=300)
   log, _ = proc.communicate(timeout=400)
   assert proc.returncode == 0, log[-4000:]

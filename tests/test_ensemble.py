@@ -102,9 +102,11 @@ def test_a_run_stopped_early_trains_a_second_member_and_serves_the_ensemble(ense
   assert len(model.members) == 1 and model.members[0].workdir == os.path.join(workdir, "members", "1")
   assert model.members[0].step <= final["step"] and "ensemble_members=2" in repr(model)
   assert sparsejax.load(workdir, step=final["last_step"]).members == ()  # another state: the network alone
-  # The member trained the first member's selected steps from another seed: another network.
+  # The member trained the first member's steps to its last improvement beyond the noise (at most its selected
+  # step) from another seed: another network.
   member_config = json.load(open(os.path.join(workdir, "members", "1", "config.json")))
-  assert member_config["budget"]["max_steps"] == final["step"] and member_config["run"]["seed"] == 1
+  assert member_config["budget"]["max_steps"] == final["improved_step"] <= final["step"]
+  assert member_config["run"]["seed"] == 1
   assert not np.array_equal(model.params.out.w, model.members[0].params.out.w)
   test = load_dataset(model.config.data, seed=model.config.run.seed).test
   # The served model reproduces the run's final (ensemble) evaluation, and its ranking is the members' merged.
@@ -124,8 +126,8 @@ def test_the_ensemble_record_says_what_each_field_measures(ensemble_run):
   model = sparsejax.load(workdir)
   networks = (model, *model.members)
   assert final["num_params"] == sum(x.size for m in networks for x in jax.tree.leaves(m.params))
-  # The first network trained last_step steps, the member the first one's selected steps (both from step 0).
-  samples = (final["last_step"] + final["step"]) * model.config.optim.batch_size
+  # The first network trained last_step steps, the member the first one's to its last improvement (from step 0).
+  samples = (final["last_step"] + final["improved_step"]) * model.config.optim.batch_size
   assert final["samples_per_sec"] == pytest.approx(samples / final["train_seconds"], rel=1e-6)
   for key in ("label_recall", "mean_candidates", "label_cosine", "validation_p@1", "last_loss"):
     assert key not in final and f"member0_{key}" in final, key

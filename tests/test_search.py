@@ -1,6 +1,7 @@
 """The recipe search (sparsejax.train.search): it chooses by validation score, logs and records, is deterministic, and
 the winner trains on from its search steps; recipes apply only where no setting was given."""
 
+import dataclasses
 import json
 
 import jax
@@ -442,13 +443,27 @@ def test_the_calibration_evaluates_a_fifth_of_the_samples_and_scales_its_seconds
       name, samples = workdir.rsplit("/", 1)[-1], config.run.eval_samples
       asked.append((name, config.budget.max_steps, samples))
       result = super().__call__(config, workdir, evaluate_test)
-      return {**result, "eval_seconds": compile_seconds + per_sample[name] * samples,
+      scored = samples if shape.num_validation is None else min(samples, shape.num_validation)
+      return {**result, "eval_seconds": compile_seconds + per_sample[name] * scored + 1.0,  # 1 s: the best's save
+              "eval_scoring_seconds": compile_seconds + per_sample[name] * scored,
               "eval_compile_seconds": compile_seconds}
 
-  records = []
-  search.run(config, str(tmp_path), _SHAPE, Evaluating(clock, _ten_times_modelled(config)), records.append)
-  calibration = [(n, samples) for n, steps, samples in asked if steps == search.CALIBRATION_STEPS]
-  assert calibration == [(n, search.CALIBRATION_EVAL_SAMPLES) for n in ("small", "small", "wide", "wider")]
-  assert all(samples == config.run.eval_samples for _, steps, samples in asked if steps != search.CALIBRATION_STEPS)
-  measured = [r for r in records if "measured_eval_seconds" in r][0]["measured_eval_seconds"]
-  assert measured == {n: pytest.approx(per_sample[n] * config.run.eval_samples, abs=1e-3) for n in per_sample}
+  # A validation split of unknown size, of 2,000 samples (a round scores them all), of 600 (no fewer in calibration).
+  for num_validation, round_samples in ((None, 5000), (2000, 2000), (600, 600)):
+    records, asked[:] = [], []
+    shape = dataclasses.replace(_SHAPE, num_validation=num_validation)
+    search.run(config, str(tmp_path / str(num_validation)), shape, Evaluating(clock, _ten_times_modelled(config)),
+               records.append)
+    calibration = [(n, samples) for n, steps, samples in asked if steps == search.CALIBRATION_STEPS]
+    expected = min(search.CALIBRATION_EVAL_SAMPLES, round_samples)
+    assert [n for n, _ in calibration] == ["small", "small", "wide", "wider"]
+    # (asked of --eval_samples's 5,000 where the split is smaller than 1,000: the evaluator scores what there is)
+    assert all(min(samples, round_samples) == expected for _, samples in calibration), calibration
+    assert all(samples == config.run.eval_samples for _, steps, samples in asked if steps != search.CALIBRATION_STEPS)
+    record = [r for r in records if "measured_eval_seconds" in r][0]
+    assert record["measured_eval_seconds"] == {
+        n: pytest.approx(per_sample[n] * round_samples, abs=1e-3) for n in per_sample}, num_validation
+    # A round's last evaluation scores more samples than the calibration's: its fixed seconds (the fake's 0.5 s a
+    # training) count the difference.
+    assert record["measured_call_seconds"] == {
+        n: pytest.approx(0.5 + per_sample[n] * (round_samples - expected), abs=1e-3) for n in per_sample}

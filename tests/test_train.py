@@ -806,6 +806,7 @@ def test_a_run_with_a_seconds_budget_stops_at_twice_its_best_step_and_stays_stop
   assert f"(noise) since step {final['improved_step']}" in caplog.text
   assert train_and_evaluate(config, str(tmp_path / "run")) == final
   assert "give --early_stopping_ratio=none" in caplog.text
+  assert f"no validation p@1 better by more than the noise since step {final['improved_step']})" in caplog.text
   on = train_and_evaluate(override(config, early_stopping_ratio=None), str(tmp_path / "run"))
   assert on["last_step"] == 600
   whole = train_and_evaluate(override(config, max_seconds=None), str(tmp_path / "steps"))

@@ -49,8 +49,8 @@ from sparsejax.train.stopping import Interrupted, StopRequests
 _SUMMARY_FIELDS = ("step", "epoch", "last_loss", "samples_per_sec", "seconds", "train_seconds", "budget_seconds",
                    "num_params", "final",
                    "num_processes", "last_step", "selected_step", "selected_by", "stopped_by", "bad_evaluations",
-                   "recipe", "search_seconds", "search_wall_seconds", "search_scores", "fusion_weight",
-                   "fusion_validation")
+                   "improved_step", "stale_evaluations", "recipe", "search_seconds", "search_wall_seconds",
+                   "search_scores", "fusion_weight", "fusion_validation")
 
 
 def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None = None,
@@ -411,7 +411,7 @@ def _data_shape(config: Config, train) -> search.DataShape:
   num_train = len(train) - round(len(train) * config.data.validation_fraction)
   feature_counts, limit = np.diff(train.indptr), config.data.max_features
   mean_features = float(np.mean(np.minimum(feature_counts, limit) if limit else feature_counts)) if len(train) else 0.0
-  return search.DataShape(num_train, train.num_features, train.num_labels, mean_features)
+  return search.DataShape(num_train, train.num_features, train.num_labels, mean_features, len(train) - num_train)
 
 
 def _append_record(workdir: str, record: dict) -> None:
@@ -453,9 +453,10 @@ def _recorded_final(workdir: str, config: Config, latest: int, meta: dict | None
       return None  # patience or ratio raised or lifted: training goes on
     how = ("raise --early_stopping_patience" if by_patience else
            "raise --early_stopping_ratio or give --early_stopping_ratio=none")
-    logging.warning("the run in %s stopped early at step %d (no better validation %s in %d evaluations): "
-                    "nothing to train. To train further, %s; for a new run, use another --workdir", workdir, latest,
-                    config.run.selection_metric, bad, how)
+    why = (f"no better validation {config.run.selection_metric} in {bad} evaluations" if by_patience else
+           f"no validation {config.run.selection_metric} better by more than the noise since step {improved_step}")
+    logging.warning("the run in %s stopped early at step %d (%s): nothing to train. To train further, %s; for a new "
+                    "run, use another --workdir", workdir, latest, why, how)
     return final
   if max_steps is None or latest < max_steps:
     return None
@@ -678,7 +679,7 @@ class _Loop:
     return {"score": self.selection.best_value, "step": self.step, "train_seconds": self.train_seconds,
             "samples": (self.step - start_step) * self.config.optim.batch_size, "step_seconds": self.step_seconds,
             "budget_seconds": self.budget_seconds, "eval_seconds": self.eval_seconds,
-            "eval_compile_seconds": self.eval_compile_seconds}
+            "eval_compile_seconds": self.eval_compile_seconds, "eval_scoring_seconds": self.selection.scoring_seconds}
 
   def finish(self, state, start_step: int, search_summary: dict | None = None) -> dict[str, Any]:
     """The final evaluation on the whole test set, of the selected state, recorded and logged."""
@@ -782,6 +783,7 @@ class _Selection:
     self.improved_step = restored.get("improved_step", self.best_step)
     self.stale_evaluations = restored.get("stale_evaluations", self.bad_evaluations)
     self.last_step = None
+    self.scoring_seconds = 0.0  # this invocation's evaluations' scoring (their best states' saves not included)
 
   def to_json(self) -> dict:
     return {"best_value": self.best_value, "best_step": self.best_step, "bad_evaluations": self.bad_evaluations,
@@ -797,7 +799,9 @@ class _Selection:
 
   def evaluate(self, run: sharding.Run, state, step: int, num_samples: int | None) -> dict[str, float]:
     """Validation metrics of ``state``; keeps it if it is the best so far."""
+    t_scoring = time.time()
     result, _ = _evaluate(self.evaluator, run, state, num_samples, sampled=self.sampled)
+    self.scoring_seconds += time.time() - t_scoring
     self.last_step = step
     value = result[self.metric]
     if value > self.best_value:

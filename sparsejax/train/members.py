@@ -3,7 +3,8 @@
 A run with ``--max_seconds`` stops once its network has peaked (``--early_stopping_ratio``); on GCIDE cloze,
 WordNet and ICD-10 that is within the first half of a 300 s budget. The rest trains more networks of the same
 recipe from other seeds (``seed + m``: another initialisation and sample order; the same data, validation split
-and test set), each for as many steps as the first took to its selected state, in ``WORKDIR/members/M`` (an
+and test set), each for as many steps as the first took to its last improvement beyond the noise (its
+selected state, unless the best crept up by noise after it: ``improved_step``), in ``WORKDIR/members/M`` (an
 ordinary run directory: an interrupted member resumes). Their rankings are merged by mean logit
 (:mod:`sparsejax.ensemble`), the centroid fusion's weight is chosen again on the validation split for the
 ensemble, and the final record is the ensemble's test evaluation, through the model :func:`sparsejax.load`
@@ -80,7 +81,9 @@ def train(config: Config, final: dict[str, Any], workdir: str, train_fn: TrainFn
       budget (resuming its directory) and returns ``{"score", "step", "train_seconds", "samples"}``.
     validation_seed: the seed of the first member's validation split, which every member keeps.
   """
-  steps = int(final["step"])
+  # As many steps as the first took to its last improvement beyond the noise (its selected step where it was not
+  # stopped early): the steps after it crept up by noise, and a member's budget is better spent on another member.
+  steps = int(final.get("improved_step") or final["step"])
   # Evaluations count against the budget: the first member's training and evaluations, as its loop counted them.
   spent = final.get("budget_seconds", final.get("train_seconds", 0.0))
   left = config.budget.max_seconds - spent

@@ -65,7 +65,8 @@ class Measured:
     startup_seconds: the first training's seconds besides its steps, which a run without a search spends as well
       (the process's first compilations, the first checkpoint): not charged to the search.
     eval_seconds: each one's seconds of a validation evaluation (a round evaluates every ``--eval_every`` steps):
-      the calibration's, of ``CALIBRATION_EVAL_SAMPLES`` samples less its compilation, scaled to ``--eval_samples``.
+      the calibration's scoring of ``CALIBRATION_EVAL_SAMPLES`` samples, less its compilation, scaled to the samples
+      a round's evaluation scores (``--eval_samples``, at most the validation split's).
   """
   step_seconds: dict[str, float]
   call_seconds: dict[str, float]
@@ -92,11 +93,13 @@ class Measured:
 
 @dataclasses.dataclass(frozen=True)
 class DataShape:
-  """What the step cost depends on: the training set's sizes and a sample's mean non-zero features."""
+  """What the step cost depends on: the training set's sizes and a sample's mean non-zero features (and the
+  validation split's samples, which a round's evaluations score; None: not known)."""
   num_train: int
   num_features: int
   num_labels: int
   mean_features: float
+  num_validation: int | None = None
 
 
 def modelled_step_seconds(config: Config, shape: DataShape) -> float:
@@ -237,7 +240,7 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
   measured, calibration_scores, startup = None, {}, 0.0
   # Measured only where the modelled step time (faster than most machines measure) leaves room for a comparison.
   if config.budget.max_seconds is not None and plan(config, shape, candidates) is not None:
-    measured, calibration_scores, startup = _measure(config, workdir, candidates, candidate_config, train_fn,
+    measured, calibration_scores, startup = _measure(config, workdir, shape, candidates, candidate_config, train_fn,
                                                      write_record)
   the_plan = plan(config, shape, candidates, measured)
   if the_plan is None and measured is not None and measured.step_seconds.get(candidates[0].name) is not None:
@@ -351,7 +354,7 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
   return override(recipes.apply(config, winner), resume="auto"), summary
 
 
-def _measure(config: Config, workdir: str, candidates, candidate_config, train_fn: TrainFn,
+def _measure(config: Config, workdir: str, shape: DataShape, candidates, candidate_config, train_fn: TrainFn,
              write_record: Callable[[dict], None]) -> tuple[Measured, dict[str, float], float]:
   """The candidates' step times: recorded (a continued search; ``--plan_from``) or measured now, by training each
   ``CALIBRATION_STEPS`` steps in its directory (cheapest first, while the calibration's share of the search's
@@ -363,11 +366,18 @@ def _measure(config: Config, workdir: str, candidates, candidate_config, train_f
     return recorded, {}, 0.0
   replayed = read_measurements(config.search.plan_from) if config.search.plan_from else None
   limit = CALIBRATION_SHARE * config.search.search_fraction * config.budget.max_seconds
-  eval_samples = config.run.eval_samples
-  eval_scale = 1.0  # a round's evaluation over the calibration's (None: all, of a size not known here: as many)
-  if eval_samples is not None and eval_samples > CALIBRATION_EVAL_SAMPLES:
-    eval_samples, eval_scale = CALIBRATION_EVAL_SAMPLES, eval_samples / CALIBRATION_EVAL_SAMPLES
+  # The samples a round's evaluation scores, and the calibration's (--eval_samples none: all; unknown split: as many).
+  eval_samples, num_validation = config.run.eval_samples, shape.num_validation
+  round_samples = eval_samples if num_validation is None else min(eval_samples or num_validation, num_validation)
+  calibration_samples = (CALIBRATION_EVAL_SAMPLES if num_validation is None else
+                         min(CALIBRATION_EVAL_SAMPLES, num_validation))
+  eval_scale = 1.0  # a round's evaluation over the calibration's
+  if round_samples is not None and round_samples > calibration_samples:
+    eval_samples, eval_scale = calibration_samples, round_samples / calibration_samples
   calibration_config = lambda recipe: override(candidate_config(recipe, CALIBRATION_STEPS), eval_samples=eval_samples)
+  # (one evaluation at the last step, and one every --eval_every steps before it)
+  calibration_evaluations = -(-CALIBRATION_STEPS // config.run.eval_every)
+  one_evaluation = {}
   t_start = _clock()
   step_seconds, call_seconds, scores, startup, first_wall, repeat = {}, {}, {}, 0.0, 0.0, 0.0
   eval_seconds = {}
@@ -386,8 +396,11 @@ def _measure(config: Config, workdir: str, candidates, candidate_config, train_f
                       evaluate_test=False)
     wall = _clock() - t_call
     scores[recipe.name] = result["score"]
-    eval_seconds[recipe.name] = eval_scale * max(
-        (result.get("eval_seconds") or 0.0) - (result.get("eval_compile_seconds") or 0.0), 0.0)
+    # The scoring only (not the best state's save, which does not grow with the samples), less its compilation.
+    scoring = result.get("eval_scoring_seconds", result.get("eval_seconds")) or 0.0
+    one_evaluation[recipe.name] = max(scoring - (result.get("eval_compile_seconds") or 0.0), 0.0) / \
+        calibration_evaluations
+    eval_seconds[recipe.name] = eval_scale * one_evaluation[recipe.name]
     seconds = result.get("step_seconds")
     step_seconds[recipe.name] = None if seconds is None else round(seconds, 6)
     # A round's seconds besides its steps: the call's wall time less its training (the first step's compilation
@@ -407,8 +420,10 @@ def _measure(config: Config, workdir: str, candidates, candidate_config, train_f
     # evaluates and restores more), at most what a candidate's first training took besides its steps
     for name in call_seconds:
       ratio = (step_seconds[name] / step_seconds[first]) if step_seconds[name] and step_seconds[first] else 1.0
-      call_seconds[name] = round(repeat * max(ratio, 1.0) if name == first else
-                                 min(call_seconds[name], repeat * max(ratio, 1.0)), 3)
+      # (and a round's last evaluation scores --eval_samples, the repeat's the calibration's samples)
+      call_seconds[name] = round((repeat * max(ratio, 1.0) if name == first else
+                                  min(call_seconds[name], repeat * max(ratio, 1.0)))
+                                 + (eval_scale - 1) * one_evaluation[name], 3)
       eval_seconds[name] = round(eval_seconds[name], 3)
   measured = Measured(step_seconds, call_seconds, round(_clock() - t_start - startup, 3), round(startup, 3),
                       eval_seconds)
