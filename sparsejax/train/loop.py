@@ -826,7 +826,8 @@ class _Selection:
       return f"no better validation {self.metric} in {self.bad_evaluations} evaluations (--early_stopping_patience)"
     if (self.stale_ratio is not None and self.improved_step is not None
         and self.stale_evaluations >= MIN_STALE_EVALUATIONS and step >= self.stale_ratio * self.improved_step):
-      beyond = f" by more than {self.noise(self.improved_value):.4f} (noise)" if self.noise(self.improved_value) else ""
+      margin = self.noise(self.improved_value)
+      beyond = f" by more than {margin:.4f} (noise)" if margin else ""
       return (f"no better validation {self.metric}{beyond} since step {self.improved_step}, "
               f"{step - self.improved_step} steps ago (--early_stopping_ratio={self.stale_ratio:g}; none trains the "
               "whole budget)")
