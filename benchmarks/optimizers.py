@@ -21,7 +21,7 @@ import json
 import tempfile
 
 from sparsejax.config import Config, override
-from sparsejax.train import loop
+from sparsejax.train import driver
 
 import harness
 
@@ -49,7 +49,7 @@ def main():
       config = override(Config(), dataset="synthetic", synthetic_samples=args.samples, synthetic_labels=args.labels,
                         num_epochs=args.epochs, seed=seed, progress=False, eval_every=10**9, **VARIANTS[name])
       with tempfile.TemporaryDirectory() as workdir:
-        final = loop.train_and_evaluate(config, workdir)
+        final = driver.train_and_evaluate(config, workdir)
       run = {"variant": name, "seed": seed, **{k: final[k] for k in ("p@1", "p@3", "p@5", "samples_per_sec", "step")}}
       runs.append(run)
       print(f"{name:>14} seed {seed}: P@1 {run['p@1']:.4f}  P@5 {run['p@5']:.4f}  "

@@ -18,7 +18,7 @@ import tempfile
 import time
 
 from sparsejax.config import Config, override
-from sparsejax.train import loop as train_module
+from sparsejax.train import driver, plan
 from sparsejax.train.metric_writer import read_records
 
 import harness
@@ -31,14 +31,14 @@ def main():
   parser.add_argument("variants", nargs="+", help="NAME:JSON settings")
   args = parser.parse_args()
   loaded = {}
-  load = train_module.load_dataset
+  load = plan.load_dataset
 
   def load_once(config, seed=0):  # the variants share the data: load it once
     if (config, seed) not in loaded:
       loaded[(config, seed)] = load(config, seed=seed)
     return loaded[(config, seed)]
 
-  train_module.load_dataset = load_once
+  plan.load_dataset = load_once
   for spec in args.variants:
     name, _, settings = spec.partition(":")
     settings = json.loads(settings or "{}")
@@ -48,7 +48,7 @@ def main():
       config = override(config, recipe="small")
     with tempfile.TemporaryDirectory() as workdir:
       t = time.time()
-      final = train_module.train_and_evaluate(config, workdir)
+      final = driver.train_and_evaluate(config, workdir)
       curve = [(round(r["epoch"], 2), round(r["seconds"]), round(r["p@1"], 4)) for r in read_records(workdir)
                if r.get("split") == "validation"]
     print(json.dumps({"dataset": args.dataset, "budget": args.budget, "name": name, **settings,

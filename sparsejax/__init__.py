@@ -56,9 +56,9 @@ def load(workdir: str, step: int | None = None, platform: str = "cpu"):
   """The model trained in ``workdir``: ``predict(inputs, top=k)`` and ``evaluate(dataset)``, its network on
   ``platform`` (``"cpu"``; ``"cuda"`` or ``"rocm"`` for a dense model; JAX is pinned to it, as ``fit`` pins it).
 
-  See :mod:`sparsejax.train.trained`.
+  See :mod:`sparsejax.serving.model`.
   """
-  from sparsejax.train.trained import load as _load
+  from sparsejax.serving.model import load as _load
 
   return _load(workdir, step, platform)
 

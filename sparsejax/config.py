@@ -29,6 +29,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from sparsejax import model_kinds  # (no JAX)
 from sparsejax.index import kinds as index_kinds  # (no JAX)
 from sparsejax.rates import parse_rate
 
@@ -269,7 +270,7 @@ class NetworkConfig(Section):
   """The network: sparse input layer -> dense ReLU layers -> output layer over the labels."""
   model: str = option(
       "slide", "How the output layer is trained: slide (LSH-sampled active neurons, row-sparse updates) or dense "
-      "(the full-softmax baseline: every output, every step).", choices=("slide", "dense"))
+      "(the full-softmax baseline: every output, every step).", choices=model_kinds.names())
   hidden_dims: tuple[int, ...] = option(
       (128,), "Widths of the hidden ReLU layers, comma-separated (the first is the sparse input layer's output).",
       bounds=AT_LEAST_ONE)
@@ -704,7 +705,7 @@ class Config:
 
     t = self.tables
     sizes = index_kinds.KINDS[t.candidates].table_bytes(t, num_bits, bucket_size)  # None: an index without hash tables
-    if self.network.model != "slide" or sizes is None:
+    if not model_kinds.of(self).sampled or sizes is None:
       return
     bits, slots, need = sizes
     have = machine_memory_bytes()
@@ -740,7 +741,7 @@ class Config:
       # (sparsejax.train.members.reason_not_to_train: members train the time an early stop leaves of a budget)
       unused["ensemble_members"] = "only read with --max_seconds (a step or epoch budget trains one network)"
       unused["plan_from"] = "only read with --max_seconds (a step or epoch budget plans the search in steps)"
-    if self.network.model == "dense":
+    if not model_kinds.of(self).sampled:
       for name in ("candidates", "num_clusters", "lsh_family", "lsh_projections", "num_tables", "num_bits", "lsh_mips",
                    "lsh_probes", "lsh_rerank", "lsh_serving"):
         unused[name] = "not read by --model=dense (every output is computed)"

@@ -11,7 +11,7 @@ ranking, an upper bound: the label scored at most that). O(members x T) per samp
   scores, ids = merge_top([scores_a, scores_b], [ids_a, ids_b], top=5)
 
 The training side (which members a run trains, and when) is :mod:`sparsejax.train.members`; serving,
-:class:`sparsejax.train.trained.TrainedModel`.
+:class:`sparsejax.serving.model.TrainedModel`.
 """
 
 import numpy as np

@@ -120,5 +120,5 @@ def test_a_measured_step_time_is_at_least_its_own_steps_where_compilations_overl
   monkeypatch.setattr(sharding, "make_run", slow_run)
   monkeypatch.setattr(loop.compile_clock, "seconds", lambda: real_seconds() + (1000.0 if steps["n"] >= 5 else 0.0))
   config = override(small_config, max_steps=20, eval_every=1000, checkpoint_every=1000, validation_fraction=0.1)
-  result = loop._train(config, str(tmp_path), evaluate_test=False)
+  result = loop.train_one(config, str(tmp_path), evaluate_test=False)
   assert result["step"] == 20 and result["step_seconds"] >= 0.04

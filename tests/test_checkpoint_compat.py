@@ -12,7 +12,7 @@ import scipy.sparse as sp
 
 import sparsejax
 from sparsejax.config import Config, override
-from sparsejax.train import loop
+from sparsejax.train import driver
 from sparsejax.train.checkpoint import Checkpoints
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "checkpoints_before_index")
@@ -59,17 +59,17 @@ def test_run_resumes_from_old_checkpoint_as_before(kind, tmp_path):
   with open(workdir / "config.json") as f:
     config = override(Config.from_dict(json.load(f)), max_steps=10)
   assert config.tables.candidates == kind
-  loop.train_and_evaluate(config, str(workdir))
+  driver.train_and_evaluate(config, str(workdir))
   assert Checkpoints(str(workdir), writable=False).latest_step() == 10
   assert "index" in Checkpoints(str(workdir), writable=False).restore_arrays(10)  # saved anew
   _assert_predicts(str(workdir), _expected(kind)["resumed_to_10"], kind)
 
 
 def test_a_state_restored_without_its_average_leaves_the_field_out_of_the_target():
-  """A selected state (restored without optimizer states or average, ``loop.without_optimizer``) from a checkpoint
-  written before parameter averaging: orbax refuses a target with a field that the checkpoint lacks, even a None
-  one, so the target leaves ``average`` out and the state gets it back as None (restoring the 10^6-label run's
-  selected state failed with "tree structures do not match: average")."""
+  """A selected state (restored without optimizer states or average, ``model_selection.without_optimizer``) from a
+  checkpoint written before parameter averaging: orbax refuses a target with a field that the checkpoint lacks, even
+  a None one, so the target leaves ``average`` out and the state gets it back as None (restoring the 10^6-label
+  run's selected state failed with "tree structures do not match: average")."""
   from sparsejax.model import SlideState
   from sparsejax.train import checkpoint
 

@@ -122,9 +122,9 @@ PREDICT_BAD = st.one_of(
 
 def test_invalid_predict_flags_exit_2_with_one_line_naming_the_flag(tmp_path, capsys, fuzz_settings, record_cases,
                                                                     monkeypatch):
-  import sparsejax.train.trained
+  import sparsejax.serving.model
 
-  monkeypatch.setattr(sparsejax.train.trained, "load", lambda *a: pytest.fail("the model was loaded"))
+  monkeypatch.setattr(sparsejax.serving.model, "load", lambda *a: pytest.fail("the model was loaded"))
   tally = collections.Counter()
 
   @fuzz_settings(100)

@@ -138,8 +138,9 @@ def test_evaluating_the_ensemble_loads_it_once(ensemble_run, tmp_path, monkeypat
   import shutil
 
   from sparsejax.data import load_dataset, train_test_split
-  from sparsejax.train import members, trained
-  from sparsejax.train.loop import _validation_seed
+  from sparsejax.serving import model as trained
+  from sparsejax.train import members
+  from sparsejax.train.plan import validation_seed
 
   workdir, final = ensemble_run
   copy = str(tmp_path / "copy")
@@ -147,7 +148,7 @@ def test_evaluating_the_ensemble_loads_it_once(ensemble_run, tmp_path, monkeypat
   model = trained.load(copy)
   config = model.config
   data = load_dataset(config.data, seed=config.run.seed)
-  train, validation = train_test_split(data.train, config.data.validation_fraction, seed=_validation_seed(config))
+  train, validation = train_test_split(data.train, config.data.validation_fraction, seed=validation_seed(config))
   first = {key[len("member0_"):]: value for key, value in final.items() if key.startswith("member0_")}
   first.update({key: final[key] for key in ("p@1", "train_seconds", "samples_per_sec") if key not in first})
   loads = []
@@ -207,30 +208,31 @@ def test_the_same_seed_trains_the_same_ensemble_and_one_member_trains_none(ensem
 
 def test_an_ensemble_file_names_only_member_directories(tmp_path):
   """A work directory from elsewhere must not make load open other files: member paths are members/M, nothing else."""
-  from sparsejax.train import seals, trained
+  from sparsejax.serving import assets
+  from sparsejax.train import seals
 
   path = tmp_path / "ensemble.json"
   for members in (["../../etc"], ["/tmp/x"], ["members/1", "members/1"], ["members/0"], "members/1", [1]):
     path.write_text(json.dumps({"members": members}))
     with pytest.raises(seals.IntegrityError, match="members must be distinct directories members/M"):
-      trained._read_ensemble(str(path))
+      assets.read_ensemble(str(path))
   path.write_text("{")
   with pytest.raises(seals.IntegrityError, match="unreadable as an ensemble"):
-    trained._read_ensemble(str(path))
+    assets.read_ensemble(str(path))
   with pytest.raises(ValueError, match="members/M"):
-    trained.save_ensemble(str(tmp_path), None, ["members/1/../../x"])
+    assets.save_ensemble(str(tmp_path), None, ["members/1/../../x"])
   for member in ({"directory": "members/1", "run_id": "ab", "step": True}, {"directory": "members/1", "step": 3},
                  {"directory": "members/1", "run_id": 7, "step": 3}):
     path.write_text(json.dumps({"members": [member]}))
     with pytest.raises(seals.IntegrityError, match="must record its directory, run_id and step"):
-      trained._read_ensemble(str(path))
+      assets.read_ensemble(str(path))
   recorded = [{"directory": "members/1", "run_id": "ab", "step": 40}, {"directory": "members/12", "run_id": None,
                                                                        "step": None}]
   path.write_text(json.dumps({"members": recorded}))
-  assert trained._read_ensemble(str(path)) == recorded
+  assert assets.read_ensemble(str(path)) == recorded
   # An earlier sparsejax recorded the directories alone: read with no run or step to check.
   path.write_text(json.dumps({"members": ["members/1"]}))
-  assert trained._read_ensemble(str(path)) == [{"directory": "members/1", "run_id": None, "step": None}]
+  assert assets.read_ensemble(str(path)) == [{"directory": "members/1", "run_id": None, "step": None}]
 
 
 def test_a_member_swapped_for_another_run_of_the_same_sizes_is_refused(ensemble_run, same_seed_run, tmp_path):
@@ -296,14 +298,14 @@ def test_each_model_keeps_its_own_compiled_functions_and_is_freed_when_dropped(e
 def test_a_run_whose_members_were_all_left_out_is_not_tried_again(tmp_path, monkeypatch):
   """A rerun of a finished run that formed no ensemble loaded the data and trained members again, its budget
   counted afresh (a member the clock had stopped would train on)."""
-  from sparsejax.train import loop, members, train_and_evaluate
+  from sparsejax.train import members, plan, train_and_evaluate
 
   tried = []
   monkeypatch.setattr(members, "train", lambda *args: tried.append(args[2]) or {})  # every member left out
   workdir = str(tmp_path / "run")
   final = train_and_evaluate(_config(), workdir)
   assert final["stopped_by"] == "early_stopping" and final["ensemble_members"] == 1 and tried == [workdir]
-  monkeypatch.setattr(loop, "_load_data", lambda config: pytest.fail("a finished run loaded its data"))
+  monkeypatch.setattr(plan, "load_data", lambda config: pytest.fail("a finished run loaded its data"))
   assert train_and_evaluate(_config(), workdir) == final
   assert tried == [workdir] and os.path.exists(os.path.join(workdir, "assets", "checksums.json"))
   assert "member0_p@1" not in final and not os.path.exists(os.path.join(workdir, "assets", "ensemble.json"))

@@ -366,13 +366,13 @@ def test_a_run_refused_at_its_start_leaves_no_empty_directory(tmp_path, monkeypa
 def test_an_interrupted_fit_says_how_to_continue_it(tmp_path, monkeypatch):
   import signal
 
-  from sparsejax.train import loop
+  from sparsejax.train import driver
   from sparsejax.train.stopping import Interrupted
 
   def stopped(config, workdir, **kwargs):
     raise Interrupted(signal.SIGINT, 7, os.path.join(workdir, "checkpoints"))
 
-  monkeypatch.setattr(loop, "train_and_evaluate", stopped)
+  monkeypatch.setattr(driver, "train_and_evaluate", stopped)
   x, y, _ = _small()
   with pytest.raises(Interrupted) as stop:
     sparsejax.fit(x, y, workdir=tmp_path / "run", verbose=False)

@@ -147,7 +147,7 @@ def test_a_run_fuses_with_the_weight_chosen_on_validation_and_load_serves_it(fus
   # The served ranking is the network's best CANDIDATES re-ranked by the centroids, as fusion.rerank says.
   scores, ids = model.predict(test, top=5)
   fi, fv, _ = model.features(test).to_padded(np.arange(len(test)), model.max_features, 1)
-  net_scores, net_ids = (np.asarray(a) for a in model._predict_fn(min(fusion.CANDIDATES, 300))(model.params, fi,
+  net_scores, net_ids = (np.asarray(a) for a in model.network_predictor(min(fusion.CANDIDATES, 300))(model.params, fi,
                                                                                                  fv)[:2])
   expected_scores, expected_ids = fusion.rerank(net_scores, net_ids, fusion.centroid_scores(
       model._fusion[0], fi, fv, net_ids), model.fusion_weight, 5)

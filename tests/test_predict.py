@@ -369,7 +369,8 @@ def test_evaluating_a_long_row_pads_a_few_rows_and_gives_the_same_metrics(synthe
   as predict does, and the metrics equal those of the old padding (one width for all rows, here in 48-row batches)."""
   import functools
 
-  from sparsejax.train import evaluation, trained
+  from sparsejax.serving import model as trained
+  from sparsejax.train import evaluation
   from sparsejax.train.evaluation import padded_width
 
   workdir, _, test = synthetic_run
@@ -567,7 +568,7 @@ def test_texts_without_a_known_word_are_named_in_a_warning(synthetic_run, tmp_pa
   """Issue 33: a text none of whose words the vectorizer knows got confident predictions (those of an empty feature
   row, the same for any such text) without a word."""
   from sparsejax.data.text import save_vectorizer
-  from sparsejax.train.trained import UnknownWordsWarning
+  from sparsejax.serving.model import UnknownWordsWarning
 
   workdir = tmp_path / "run"
   shutil.copytree(synthetic_run[0], workdir)

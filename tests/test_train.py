@@ -227,7 +227,7 @@ def test_a_best_state_that_is_the_last_one_is_not_read_back(tmp_path, small_conf
   monkeypatch.setattr(BestCheckpoint, "restore", lambda self, *a: restores.append(1) or original(self, *a))
   live = train_and_evaluate(config, str(tmp_path / "live"))
   assert live["selected_step"] == live["last_step"] == 30 and restores == []
-  monkeypatch.setattr("sparsejax.train.loop._Selection.is_live", lambda self, step: False)  # read it back
+  monkeypatch.setattr("sparsejax.train.model_selection.Selection.is_live", lambda self, step: False)  # read it back
   read_back = train_and_evaluate(config, str(tmp_path / "read_back"))
   assert restores == [1]
   assert {k: v for k, v in live.items() if "seconds" not in k and k != "samples_per_sec"} == \
@@ -242,10 +242,10 @@ def test_a_best_state_read_back_replaces_the_live_parameters_never_beside_them(t
   from sparsejax.train.checkpoint import BestCheckpoint
 
   config = override(_selecting(small_config, max_steps=30), eval_every=1000)
-  from sparsejax.train.loop import _Selection
+  from sparsejax.train.model_selection import Selection
 
-  monkeypatch.setattr(_Selection, "is_live", lambda self, step: False)  # read it back
-  original_select, original, counted = _Selection.restore_best, BestCheckpoint.restore, {}
+  monkeypatch.setattr(Selection, "is_live", lambda self, step: False)  # read it back
+  original_select, original, counted = Selection.restore_best, BestCheckpoint.restore, {}
 
   def restore_best(self, run, state):
     counted["before"] = sum(a.nbytes for a in jax.live_arrays())  # the live state, and whatever else lives
@@ -257,7 +257,7 @@ def test_a_best_state_read_back_replaces_the_live_parameters_never_beside_them(t
     counted["restored"] = sum(a.nbytes for a in jax.tree.leaves(restored))
     return restored
 
-  monkeypatch.setattr(_Selection, "restore_best", restore_best)
+  monkeypatch.setattr(Selection, "restore_best", restore_best)
   monkeypatch.setattr(BestCheckpoint, "restore", restore)
   final = train_and_evaluate(config, str(tmp_path))
   assert final["selected_step"] == 30 and counted["restored"] > 100_000  # the parameters, index and step
@@ -668,11 +668,11 @@ def test_validation_selects_the_best_checkpoint_and_stops_early(tmp_path, small_
 
 
 def test_selection_keeps_the_first_best_and_stops_after_patience_evaluations_without_one():
-  """_Selection against scripted validation values: ties are no improvement; its state survives a resume."""
+  """Selection against scripted validation values: ties are no improvement; its state survives a resume."""
   import collections
   import types
 
-  from sparsejax.train.loop import _Selection
+  from sparsejax.train.model_selection import Selection
 
   State = collections.namedtuple("State", "name out_opt")  # kept without its optimizer state
   state = lambda step: State(f"state{step}", "moments")
@@ -685,20 +685,20 @@ def test_selection_keeps_the_first_best_and_stops_after_patience_evaluations_wit
                               exact_predictor=lambda: None)
   evaluator = lambda predict, state, num_samples, diagnose=None, fusion=None: {"p@1": next(values)}
   settings = types.SimpleNamespace(selection_metric="p@1", early_stopping_patience=2, sampled_evaluations="final")
-  selection = _Selection(evaluator, best, settings, None)
+  selection = Selection(evaluator, best, settings, None)
   stops = []
   for step in (10, 20, 30):
     record = selection.evaluate(run, state(step), step, None)
     stops.append(selection.should_stop(step))
   assert record == {"p@1": 0.5, "split": "validation", "best_step": 20}
   assert stops == [False, False, False] and saved == [(10, kept(10), 0.2), (20, kept(20), 0.5)]
-  resumed = _Selection(evaluator, best, settings, json.loads(json.dumps(selection.to_json())))
+  resumed = Selection(evaluator, best, settings, json.loads(json.dumps(selection.to_json())))
   resumed.evaluate(run, state(40), 40, None)  # 0.4: the second evaluation in a row without a better value
   assert resumed.should_stop(40) and resumed.best_step == 20 and resumed.best_value == 0.5
   assert len(saved) == 2
   resumed.evaluate(run, state(50), 50, None)  # 0.6: a new best resets the count
   assert not resumed.should_stop(50) and saved[-1] == (50, kept(50), 0.6)
-  never = _Selection(evaluator, best, types.SimpleNamespace(selection_metric="p@1", early_stopping_patience=None,
+  never = Selection(evaluator, best, types.SimpleNamespace(selection_metric="p@1", early_stopping_patience=None,
                                                             sampled_evaluations="final"), None)
   assert not never.should_stop(10**6)
 
@@ -709,7 +709,7 @@ def test_selection_stops_at_ratio_times_the_best_step_after_three_worse_evaluati
   import types
 
   from sparsejax.config import MIN_STALE_EVALUATIONS
-  from sparsejax.train.loop import _Selection
+  from sparsejax.train.model_selection import Selection
 
   assert MIN_STALE_EVALUATIONS == 3
   import collections
@@ -723,7 +723,7 @@ def test_selection_stops_at_ratio_times_the_best_step_after_three_worse_evaluati
   def stops(values, ratio, steps):
     scripted = iter(values)
     evaluator = lambda predict, state, num_samples, diagnose=None, fusion=None: {"p@1": next(scripted)}
-    selection = _Selection(evaluator, best, settings, None, stale_ratio=ratio)
+    selection = Selection(evaluator, best, settings, None, stale_ratio=ratio)
     for step in steps:
       selection.evaluate(run, State(step), step, None)
       if selection.should_stop(step):
@@ -754,7 +754,7 @@ def test_a_plateau_whose_best_creeps_up_by_noise_stops_at_ratio_times_its_last_r
   import types
 
   from sparsejax.config import NOISE_MARGIN
-  from sparsejax.train.loop import _Selection
+  from sparsejax.train.model_selection import Selection
 
   State = collections.namedtuple("State", "name")
   saved = []
@@ -768,7 +768,7 @@ def test_a_plateau_whose_best_creeps_up_by_noise_stops_at_ratio_times_its_last_r
   def run_through(noise_samples, restored=None, start=0):
     scripted = iter(values[start:])
     evaluator = lambda predict, state, num_samples, diagnose=None, fusion=None: {"p@1": next(scripted)}
-    selection = _Selection(evaluator, best, settings, restored, stale_ratio=2.0, noise_samples=noise_samples)
+    selection = Selection(evaluator, best, settings, restored, stale_ratio=2.0, noise_samples=noise_samples)
     for step in range(100 * (start + 1), 2100, 100):
       selection.evaluate(run, State(step), step, None)
       if selection.should_stop(step):

@@ -32,7 +32,7 @@ def restored_state(config, run_dir: str, test):
   from sparsejax.distributed import sharding
   from sparsejax.model_config import ModelConfig
   from sparsejax.train import checkpoint
-  from sparsejax.train.loop import without_optimizer
+  from sparsejax.train.model_selection import without_optimizer
 
   run = sharding.make_run(ModelConfig.from_config(config, test.num_features, test.num_labels), seed=config.run.seed)
   # The selected state is kept without its optimizer states (evaluated and served, not trained on).

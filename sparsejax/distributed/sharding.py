@@ -36,7 +36,7 @@ from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sparsejax import dense, index, inference, model
+from sparsejax import dense, index, inference, model, model_kinds
 from sparsejax.distributed import process_group
 from sparsejax.model_config import ModelConfig, softmax_choice, uses_exact_path
 from sparsejax.network import NetworkParams, SparseLayer, init_params
@@ -360,7 +360,7 @@ def make_run(config: ModelConfig, *, seed: int, num_shards: int = 1, top: int = 
   key = jax.random.key(seed)
   top = min(top, config.num_labels)
   schedule = TableSchedule.from_config(config.tables)
-  slide = config.network.model == "slide"
+  slide = model_kinds.of(config).sampled
   if slide:
     sharded = dataclasses.replace(config, num_shards=num_shards)
     logging.info("%s", softmax_choice(sharded))

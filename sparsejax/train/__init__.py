@@ -1,21 +1,22 @@
 """The training application: the commands, the training loop and what a run writes and reads back.
 
 A run's settings (:mod:`sparsejax.config`) come from the command line (:mod:`.cli`) or ``sparsejax.fit``
-(:mod:`.fitting`); :func:`train_and_evaluate` (:mod:`.loop`) trains the model (:mod:`sparsejax.model`, one process or
-several through :mod:`sparsejax.distributed`) with checkpoints (:mod:`.checkpoint`, sealed by :mod:`.seals`),
-evaluations (:mod:`.evaluation`), metrics (:mod:`.metric_writer`, :mod:`.console`), stops (:mod:`.stopping`,
-:mod:`.nonfinite`) and the recipe search (:mod:`.recipes`, :mod:`.search`); :mod:`.trained` serves the model it
-saved (``sparsejax.load``).
+(:mod:`.fitting`); :func:`train_and_evaluate` (:mod:`.driver`) composes the run of the recipe search
+(:mod:`.recipes`, :mod:`.search`), the network's training (:mod:`.loop`: the model of :mod:`sparsejax.model`, one
+process or several through :mod:`sparsejax.distributed`) and the ensemble's members (:mod:`.members`), with
+checkpoints (:mod:`.checkpoint`, sealed by :mod:`.seals`), evaluations (:mod:`.evaluation`), metrics
+(:mod:`.metric_writer`, :mod:`.console`) and stops (:mod:`.stopping`, :mod:`.nonfinite`);
+:mod:`sparsejax.serving` serves the model it saved (``sparsejax.load``).
 
 This package imports the model core and the distributed runtime; neither imports it.
 """
 
 
 def __getattr__(name: str):
-  """``train_and_evaluate``, imported on first use: the loop imports JAX, and ``sparsejax.train.seals`` or
+  """``train_and_evaluate``, imported on first use: the driver imports JAX, and ``sparsejax.train.seals`` or
   ``.console`` need not."""
   if name == "train_and_evaluate":
-    from sparsejax.train.loop import train_and_evaluate
+    from sparsejax.train.driver import train_and_evaluate
 
     return train_and_evaluate
   raise AttributeError(f"module 'sparsejax.train' has no attribute {name!r}")

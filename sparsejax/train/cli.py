@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from absl import app, flags, logging
 
-from sparsejax import flagfiles, rundirs
+from sparsejax import flagfiles, model_kinds, rundirs
 from sparsejax.config import Config, ConfigError, field_type, format_value, iter_fields, override
 from sparsejax.train import allocator, compilation_cache, console, platforms, recipes
 
@@ -664,9 +664,9 @@ def predict(argv: list[str]) -> None:
   _check_platform(FLAGS.platform)  # the model's kind is checked as it loads
   # Set, not defaulted, as sparsejax-train sets it: SLIDE's kernels are CPU code, whatever JAX_PLATFORMS says.
   os.environ["JAX_PLATFORMS"] = FLAGS.platform
+  from sparsejax.serving.model import UnknownWordsWarning, load
   from sparsejax.train.checkpoint import quiet_orbax_logs
   from sparsejax.train.platforms import PlatformError, PlatformUnavailable
-  from sparsejax.train.trained import UnknownWordsWarning, load
 
   quiet_orbax_logs()  # stdout is the predictions; stderr only says what went wrong
 
@@ -695,8 +695,9 @@ def predict(argv: list[str]) -> None:
       usage_error(f"--top={FLAGS.top}: must be in [1, {model.num_labels}] (the model's labels)")
     if FLAGS.k > model.num_labels:
       usage_error(f"--k={FLAGS.k}: must be at most {model.num_labels} (the model's labels)")
-    if FLAGS.k and model.config.network.model != "slide":
-      usage_error(f"--k={FLAGS.k}: sampled prediction needs a SLIDE model; this one was trained with --model=dense")
+    if FLAGS.k and not model_kinds.of(model.config).sampled:
+      usage_error(f"--k={FLAGS.k}: sampled prediction needs a SLIDE model; this one was trained with "
+                  f"--model={model.config.network.model}")
     with warnings.catch_warnings(record=True) as caught:
       warnings.simplefilter("always", UnknownWordsWarning)
       scores, ids = model.predict(read_inputs(FLAGS.input, FLAGS.input_format, model), top=FLAGS.top,

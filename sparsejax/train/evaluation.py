@@ -236,3 +236,32 @@ def _row_width(num_features: int, feature_limit: int | None) -> int:
   """The padded width of a row of ``num_features``: the next power of two, at most ``feature_limit``."""
   width = 1 << (max(num_features, 1) - 1).bit_length()
   return width if feature_limit is None else min(width, feature_limit)
+
+
+def evaluate_state(evaluator: Evaluator, run, state, num_samples: int | None,
+                   fused: tuple["fusion_lib.LabelCentroids", float] | None = None, sampled: bool = True):
+  """``(test-set metrics, the state evaluated)`` of a run's ``state`` (a :class:`sparsejax.distributed.sharding.Run`):
+  the metrics with retrieval diagnostics and the index's fill where the run has them; the state with the index that
+  sampled inference queried.
+
+  Sampled inference is evaluated with a freshly refreshed index (a copy: training goes on with its own), as a
+  model saved for serving would have it; between refreshes the training index lags the moving rows. Not
+  ``sampled``: exact scores only (no index rebuilt, no diagnostics), what model selection reads.
+  """
+  if not sampled:
+    return evaluator(run.exact_predictor(), state, num_samples, fusion=fused), state
+  if run.refresh_index is not None:
+    state = run.refresh_index(state)
+  result = evaluator(run.predict, state, num_samples, diagnose=run.diagnose, fusion=fused)
+  if run.index_fill is not None:
+    result.update(run.index_fill(state))
+  return result, state
+
+
+def retrieval_line(record: dict) -> str:
+  """The retrieval diagnostics of an evaluation, for the log (empty if it has none)."""
+  if "label_recall" not in record:
+    return ""
+  return (f"  | label_recall {record['label_recall']:.3f}  topk_recall@{retrieval.TOP} "
+          f"{record[f'topk_recall@{retrieval.TOP}']:.3f}  candidates {record['mean_candidates']:.0f}  "
+          f"cos(h, label) {record['label_cosine']:.3f}")

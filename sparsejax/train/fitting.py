@@ -28,8 +28,8 @@ import numpy as np
 
 from sparsejax import rundirs
 from sparsejax.config import Config, ConfigError, did_you_mean, field_type, iter_fields, override
+from sparsejax.serving.model import TrainedModel
 from sparsejax.train import platforms, recipes
-from sparsejax.train.trained import TrainedModel
 
 # fit's own arguments (named in the suggestions for a misspelt setting), and the settings it sets itself.
 _ARGUMENTS = ("X", "Y", "X_val", "Y_val", "workdir", "num_labels", "label_names", "verbose", "platform",
@@ -105,7 +105,7 @@ def fit(X: Any, Y: Any, *, X_val: Any = None, Y_val: Any = None, workdir: str | 
   cache_problem = _use_compilation_cache(compilation_cache)
   from absl import logging
 
-  from sparsejax.train import loop
+  from sparsejax.train import driver
   from sparsejax.train.console import log_to_console
   from sparsejax.train.stopping import Interrupted
 
@@ -117,7 +117,7 @@ def fit(X: Any, Y: Any, *, X_val: Any = None, Y_val: Any = None, workdir: str | 
         logging.warning("%s", cache_problem)
       if X_val is not None and "test_fraction" in settings:
         logging.warning("--test_fraction=%s has no effect: X_val is the test set", settings["test_fraction"])
-      loop.train_and_evaluate(config, workdir, data=data, verbose=verbose)
+      driver.train_and_evaluate(config, workdir, data=data, verbose=verbose)
   except Interrupted as e:  # Ctrl-C (a notebook's interrupt): say how to continue in Python, not on a command line
     e.args = (e.describe(how_to_continue=f"fit(...) with workdir={workdir!r} and the same data and settings "
                          "continues the run"),)

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from sparsejax import model_kinds
 from sparsejax.config import Config, override
 from sparsejax.train.checkpoint import ResumeError
 from sparsejax.train.nonfinite import NonFiniteError
@@ -55,8 +56,8 @@ def reason_not_to_train(config: Config, final: dict[str, Any], num_processes: in
     return "no --max_seconds budget"
   if config.data.validation_fraction <= 0:
     return "no validation split"
-  if config.network.model != "slide":
-    return "--model=dense"
+  if not model_kinds.of(config).sampled:
+    return f"--model={config.network.model}"
   if num_processes > 1 or (config.dist.num_shards or 1) > 1:
     return "several processes"
   if final.get("stopped_by") != "early_stopping":
@@ -138,28 +139,30 @@ def evaluate(config: Config, final: dict[str, Any], workdir: str, members: dict[
     splits: ``(train, validation, test)``: the first member's training samples, validation split and test set.
   """
   from sparsejax import fusion
-  from sparsejax.train import checkpoint, trained
+  from sparsejax.serving import assets
+  from sparsejax.serving.model import load
+  from sparsejax.train import checkpoint
   from sparsejax.train.evaluation import Evaluator
 
   train_set, validation, test = splits
   checkpoints = checkpoint.Checkpoints(workdir, writable=False)
   run_id = (checkpoints.meta(checkpoints.latest_step()) or {}).get("run_id")
-  trained.save_ensemble(workdir, run_id, list(members))
-  model = trained.load(workdir)
+  assets.save_ensemble(workdir, run_id, list(members))
+  model = load(workdir)
   evaluator = lambda dataset: Evaluator.for_run(dataset, train_set, config.data.max_features,
                                                 config.run.propensity_a, config.run.propensity_b)
   record = {f"member0_{key}": final[key] for key in ("p@1", "p@5", "network_p@1", "validation_p@1") if key in final}
   if config.run.centroid_fusion:
     centroids = fusion.label_centroids(train_set)
     listed = min(fusion.CANDIDATES, model.num_labels)
-    weight, table = evaluator(validation).fusion_weight(model._predict_fn(listed), model.params, centroids,
+    weight, table = evaluator(validation).fusion_weight(model.network_predictor(listed), model.params, centroids,
                                                         config.run.selection_metric)
     logging.info("ensemble: centroid fusion weight %g (validation %s by weight: %s)", weight,
                  config.run.selection_metric, ", ".join(f"{w:g} {v:.4f}" for w, v in table.items()))
-    trained.save_fusion(workdir, run_id, centroids, weight)
-    model._fusion = (centroids, weight)  # what load reads back from the file just written (not loaded again)
+    assets.save_fusion(workdir, run_id, centroids, weight)
+    model.use_fusion(centroids, weight)  # what load reads back from the file just written (not loaded again)
     record.update({"fusion_weight": weight, "fusion_validation": {f"{w:g}": v for w, v in table.items()}})
-  network = evaluator(test)(model._predict_fn(min(5, model.num_labels)), model.params)
+  network = evaluator(test)(model.network_predictor(min(5, model.num_labels)), model.params)
   record.update({f"network_{key}": value for key, value in network.items()})
   record.update(model.evaluate(test))
   record["ensemble_members"] = 1 + len(members)

@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Iterable
 
+import jax
 from absl import logging
 
 from sparsejax.train import seals
@@ -117,3 +118,11 @@ class MetricWriter:
   def close(self) -> None:
     if self.tb is not None:
       self.tb.close()
+
+
+def append_record(workdir: str, record: dict) -> None:
+  """Appends ``record`` to ``WORKDIR/metrics.jsonl`` (the recipe search's records, written between runs)."""
+  if jax.process_index() == 0:
+    path = os.path.join(workdir, METRICS_FILE)
+    with seals.writing(path), open(path, "a") as f:
+      f.write(json.dumps(record) + "\n")

@@ -10,6 +10,8 @@ JAX starts).
 
 from __future__ import annotations
 
+from sparsejax import model_kinds
+
 PLATFORMS = ("cpu", "cuda", "rocm")
 # The platform name of JAX's devices for each of them.
 DEVICE_PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu"}
@@ -20,7 +22,7 @@ def problem(platform: str, model: str | None = None) -> str | None:
 
   Args:
     platform: a platform's name, as given.
-    model: ``"slide"`` or ``"dense"`` (``--model``); None: only the name is checked.
+    model: a ``--model`` name (:mod:`sparsejax.model_kinds`); None: only the name is checked.
 
   Returns:
     The message after the setting, which the caller names in its own words (``--platform=cuda: ...``,
@@ -28,7 +30,7 @@ def problem(platform: str, model: str | None = None) -> str | None:
   """
   if platform not in PLATFORMS:
     return f"must be one of {', '.join(PLATFORMS)}"
-  if platform != "cpu" and model is not None and model != "dense":
+  if platform != "cpu" and model is not None and not model_kinds.get(model).accelerators:
     return (f"an accelerator runs model=dense only (the full-softmax baseline), not model={model}: SLIDE's kernels "
             "(its index, the sampled softmax, row-sparse Adam) are CPU code; use cpu")
   return None
@@ -67,7 +69,7 @@ def pin(platform: str, model: str | None, caller: str) -> None:
 
   Args:
     platform: ``cpu``, ``cuda`` or ``rocm``.
-    model: ``"slide"`` or ``"dense"`` (None: not known yet; :func:`check` it once known).
+    model: a ``--model`` name (None: not known yet; :func:`check` it once known).
     caller: the function that pins (``fit``, ``load``), named in the advice where JAX runs elsewhere.
 
   Raises:

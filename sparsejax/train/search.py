@@ -21,6 +21,7 @@ rounds run, the clock is compared with the plan: a round that the seconds left c
 """
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -31,7 +32,7 @@ from typing import Any
 
 from absl import logging
 
-from sparsejax import step_cost
+from sparsejax import model_kinds, step_cost
 from sparsejax.config import Config, override
 from sparsejax.train import recipes, seals
 from sparsejax.train.metric_writer import METRICS_FILE
@@ -196,8 +197,8 @@ def reason_not_to_search(config: Config, num_processes: int) -> str | None:
   explicit = recipes.explicit_settings(config)
   if explicit:
     return "recipe settings given: " + ", ".join(f"--{n}" for n in explicit)
-  if config.network.model != "slide":
-    return "--model=dense"
+  if not model_kinds.of(config).sampled:
+    return f"--model={config.network.model}"
   if config.data.validation_fraction <= 0:
     return "no validation split (--validation_fraction=0)"
   if num_processes > 1 or (config.dist.num_shards or 1) > 1:
@@ -228,15 +229,79 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
     ``search_wall_seconds`` is the wall time the search took (what ``--max_seconds`` is charged).
   """
   t_start = _clock()
-  # Each round continues the candidate's own directory: under --resume=force too (a changed setting), else auto.
+  candidate_config = functools.partial(_candidate_config, config)
+  planned = _planned(config, workdir, shape, candidates, candidate_config, train_fn, write_record)
+  if planned is None:
+    return None
+  the_plan, measured, calibration_scores, startup = planned
+  metric = config.run.selection_metric
+  logging.info("recipe search over %s: %d round(s) of successive halving on validation %s; first round: %s",
+               ", ".join(r.name for r in the_plan.candidates), the_plan.rounds, metric,
+               ", ".join(f"{n} {s} steps" for n, s in the_plan.steps.items()))
+  alive = list(the_plan.candidates)
+  # (A winner by default is reported with the score of its measured steps.)
+  scores: dict[str, float] = dict(calibration_scores) if the_plan.rounds == 0 else {}
+  search_seconds = 0.0
+  # Rounds already done (an interrupted search run again): their results, not their training again. A candidate
+  # of a later round has trained past an earlier round's steps, so replaying that round would score another state.
+  done_path = os.path.join(workdir, SEARCH_DIR, _ROUNDS_FILE)
+  done = _read_rounds(done_path)
+  clock = _Budget(config, measured, t_start + startup)
+  rounds = _Rounds(the_plan, measured is not None, clock, metric, write_record,
+                   lambda recipe, steps, cap: train_fn(candidate_config(recipe, steps, cap),
+                                                       os.path.join(workdir, SEARCH_DIR, recipe.name),
+                                                       evaluate_test=False))
+  ended_early = False
+  for round_index in range(the_plan.rounds):
+    if len(alive) < 2:  # the others were left out of the rounds by the clock
+      break
+    if round_index < len(done):
+      results = done[round_index]
+      logging.info("recipe search, round %d: done before (%s)", round_index + 1,
+                   ", ".join(f"{n} {r['score']:.4f}" for n, r in results.items()))
+    else:
+      results = rounds.train(round_index, alive, done[round_index - 1] if round_index else {})
+      if results is None:
+        ended_early = True
+        break
+    for name, result in results.items():
+      scores[name] = result["score"]
+      search_seconds += result["train_seconds"]
+    alive = _better_half(alive, results, scores)
+    if round_index >= len(done):
+      done.append(results)
+      _write_rounds(done_path, done)
+      write_record({"step": 0, "search_round": round_index + 1, "search": results,
+                    "search_kept": [r.name for r in alive]})
+    _remove_eliminated(workdir, the_plan, alive)
+  if ended_early:  # the leader of the last round trained: the others' states go
+    alive = alive[:1]
+    _remove_eliminated(workdir, the_plan, alive)
+  summary = {"recipe": alive[0].name, "search_seconds": round(search_seconds, 2),
+             "search_wall_seconds": round(_clock() - t_start - startup, 2),
+             "search_scores": {name: round(value, 4) for name, value in scores.items()}}
+  logging.info("recipe search: %s wins (validation %s %.4f; %s) after %.0f s of search training (%.0f s in all, "
+               "measuring and evaluating included)", alive[0].name, metric, scores.get(alive[0].name, math.nan),
+               alive[0].summary, search_seconds, summary["search_wall_seconds"])
+  return _adopt_winner(config, workdir, alive[0], summary, done, write_record)
+
+
+def _candidate_config(config: Config, recipe: recipes.Recipe, steps: int, cap: float | None = None) -> Config:
+  """A candidate's settings: ``recipe``'s, trained to ``steps``. Under ``--max_seconds`` the search's seconds left
+  (``cap``) bound it too, which binds only where its steps run much slower than measured (they then stop short, as
+  logged and recorded); no early stop (a candidate trains its steps). Each round continues the candidate's own
+  directory: under --resume=force too (a changed setting), else auto."""
   resume = "force" if config.checkpoint.resume == "force" else "auto"
-  # A candidate trains its steps; under --max_seconds the search's seconds left cap it too, which binds only where
-  # its steps run much slower than measured (they then stop short, as logged and recorded).
-  # (No early stop by --early_stopping_ratio there: a candidate trains its steps.)
-  candidate_config = lambda recipe, steps, cap=None: override(
-      recipes.apply(config, recipe), max_steps=steps, num_epochs=None, max_seconds=cap,
-      early_stopping_patience=None, resume=resume, plan_from=None,
-      **({"early_stopping_ratio": None} if cap is not None else {}))
+  return override(recipes.apply(config, recipe), max_steps=steps, num_epochs=None, max_seconds=cap,
+                  early_stopping_patience=None, resume=resume, plan_from=None,
+                  **({"early_stopping_ratio": None} if cap is not None else {}))
+
+
+def _planned(config: Config, workdir: str, shape: DataShape, candidates, candidate_config, train_fn: TrainFn,
+             write_record: Callable[[dict], None]):
+  """``(plan, measured, calibration scores, startup seconds)`` of a search (the step times measured on this machine
+  under ``--max_seconds``), or None where the budget fits no comparison (the log says so; the measured
+  directories removed)."""
   measured, calibration_scores, startup = None, {}, 0.0
   # Measured only where the modelled step time (faster than most machines measure) leaves room for a comparison.
   if config.budget.max_seconds is not None and plan(config, shape, candidates) is not None:
@@ -255,103 +320,124 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
     if measured is not None:  # the measured directories: the run trains the defaults afresh in workdir
       shutil.rmtree(os.path.join(workdir, SEARCH_DIR), ignore_errors=True)
     return None
-  metric = config.run.selection_metric
-  logging.info("recipe search over %s: %d round(s) of successive halving on validation %s; first round: %s",
-               ", ".join(r.name for r in the_plan.candidates), the_plan.rounds, metric,
-               ", ".join(f"{n} {s} steps" for n, s in the_plan.steps.items()))
-  alive = list(the_plan.candidates)
-  # (A winner by default is reported with the score of its measured steps.)
-  scores: dict[str, float] = dict(calibration_scores) if the_plan.rounds == 0 else {}
-  search_seconds = 0.0
-  # Rounds already done (an interrupted search run again): their results, not their training again. A candidate
-  # of a later round has trained past an earlier round's steps, so replaying that round would score another state.
-  done_path = os.path.join(workdir, SEARCH_DIR, _ROUNDS_FILE)
-  done = _read_rounds(done_path)
-  clock = _Budget(config, measured, t_start + startup)
-  ended_early = False
-  for round_index in range(the_plan.rounds):
-    if len(alive) < 2:  # the others were left out of the rounds by the clock
-      break
-    if round_index < len(done):
-      results = done[round_index]
-      logging.info("recipe search, round %d: done before (%s)", round_index + 1,
-                   ", ".join(f"{n} {r['score']:.4f}" for n, r in results.items()))
-    else:
-      results = {}
-      before = done[round_index - 1] if round_index else {}
-      trained_to = {r.name: before[r.name]["steps"] if r.name in before else
-                    (CALIBRATION_STEPS if measured is not None else 0) for r in alive}
-      targets = {r.name: the_plan.steps[r.name] * 2 ** round_index for r in alive}
-      if round_index > 0 and not clock.fits(alive, trained_to, targets):
-        logging.warning("recipe search: round %d would take about %.0f s, %.0f s of the search's %.0f s are left "
-                        "(its steps ran slower than measured): the search ends with the leader so far",
-                        round_index + 1, clock.cost(alive, trained_to, targets), clock.left(),
-                        clock.budget)
-        write_record({"step": 0, "search_ended_early": round_index + 1, "search_seconds_left": round(clock.left(), 2)})
-        ended_early = True
-        break
-      for position, recipe in enumerate(alive):
-        steps = targets[recipe.name]
-        # Round 1 shares the seconds left equally (as planned, where the steps run as measured): a candidate whose
-        # part cannot buy a round's least steps is left out (the others are compared).
-        cap = clock.cap(len(alive) - position)
-        affordable = clock.affordable(recipe.name, trained_to[recipe.name], cap)
-        if round_index == 0 and results and affordable < min(steps, MIN_ROUND_STEPS):
-          logging.warning("recipe search, round 1: %s left out: the %.0f s left of the search's %.0f s buy it %d "
-                          "steps at the pace seen so far (a round takes at least %d)", recipe.name, clock.left(),
-                          clock.budget, affordable, MIN_ROUND_STEPS)
-          continue
-        t_call = _clock()
-        result = train_fn(candidate_config(recipe, steps, cap), os.path.join(workdir, SEARCH_DIR, recipe.name),
-                          evaluate_test=False)
-        trained = result.get("step", steps)
-        clock.observed(recipe.name, trained_to[recipe.name], trained, _clock() - t_call)
-        results[recipe.name] = {"steps": trained, "score": result["score"],
-                                "train_seconds": round(result["train_seconds"], 2)}
-        if trained < steps:
-          logging.warning("recipe search, round %d: %s stopped by the search's clock at step %d of %d (its steps "
-                          "ran slower than measured)", round_index + 1, recipe.name, trained, steps)
-        logging.info("recipe search, round %d: %s (%s) after %d steps: validation %s %.4f", round_index + 1,
-                     recipe.name, recipe.summary, trained, metric, result["score"])
-    for name, result in results.items():
-      scores[name] = result["score"]
-      search_seconds += result["train_seconds"]
-    # The better half goes on; ties keep the cheaper recipe (the candidates' order), for a deterministic choice; a
-    # non-finite score (a diverged candidate) ranks last; one left out of the round (the clock) goes no further.
-    ranked = sorted((r for r in alive if r.name in results),
-                    key=lambda r: -scores[r.name] if math.isfinite(scores[r.name]) else math.inf)
-    alive = ranked[:-(-len(alive) // 2)]
-    if round_index >= len(done):
-      done.append(results)
-      _write_rounds(done_path, done)
-      write_record({"step": 0, "search_round": round_index + 1, "search": results,
-                    "search_kept": [r.name for r in alive]})
-    for recipe in the_plan.candidates:  # the eliminated ones' states are not needed again (their records stay)
-      if recipe not in alive:
-        _remove_states(os.path.join(workdir, SEARCH_DIR, recipe.name))
-  if ended_early:  # the leader of the last round trained: the others' states go
-    alive = alive[:1]
-    for recipe in the_plan.candidates:
-      if recipe not in alive:
-        _remove_states(os.path.join(workdir, SEARCH_DIR, recipe.name))
-  winner = alive[0]
-  summary = {"recipe": winner.name, "search_seconds": round(search_seconds, 2),
-             "search_wall_seconds": round(_clock() - t_start - startup, 2),
-             "search_scores": {name: round(value, 4) for name, value in scores.items()}}
-  logging.info("recipe search: %s wins (validation %s %.4f; %s) after %.0f s of search training (%.0f s in all, "
-               "measuring and evaluating included)", winner.name, metric, scores.get(winner.name, math.nan),
-               winner.summary,
-               search_seconds, summary["search_wall_seconds"])
+  return the_plan, measured, calibration_scores, startup
+
+
+class _Rounds:
+  """Trains the candidates of a round of the search, within the search's clock.
+
+  Args:
+    the_plan: the search's plan (each candidate's first-round steps; each later round doubles them).
+    measured: whether the candidates' first steps were measured (they start from those).
+    clock: the search's seconds.
+    metric: the validation metric compared.
+    write_record: appends a record to the run's ``metrics.jsonl``.
+    train: ``train(recipe, steps, cap seconds) -> result`` trains a candidate to ``steps``.
+  """
+
+  def __init__(self, the_plan: Plan, measured: bool, clock: "_Budget", metric: str,
+               write_record: Callable[[dict], None], train: Callable[..., dict[str, Any]]):
+    self.plan, self.measured, self.clock, self.metric = the_plan, measured, clock, metric
+    self.write_record, self.train_candidate = write_record, train
+
+  def train(self, round_index: int, alive: list, before: dict) -> dict[str, dict] | None:
+    """Round ``round_index``'s results by candidate name (``steps``, ``score``, ``train_seconds``), or None where
+    the clock says the round would overrun the search's budget (the search ends with the leader so far)."""
+    clock = self.clock
+    trained_to = {r.name: before[r.name]["steps"] if r.name in before else
+                  (CALIBRATION_STEPS if self.measured else 0) for r in alive}
+    targets = {r.name: self.plan.steps[r.name] * 2 ** round_index for r in alive}
+    if round_index > 0 and not clock.fits(alive, trained_to, targets):
+      logging.warning("recipe search: round %d would take about %.0f s, %.0f s of the search's %.0f s are left "
+                      "(its steps ran slower than measured): the search ends with the leader so far",
+                      round_index + 1, clock.cost(alive, trained_to, targets), clock.left(), clock.budget)
+      self.write_record({"step": 0, "search_ended_early": round_index + 1,
+                         "search_seconds_left": round(clock.left(), 2)})
+      return None
+    results = {}
+    for position, recipe in enumerate(alive):
+      steps = targets[recipe.name]
+      # Round 1 shares the seconds left equally (as planned, where the steps run as measured): a candidate whose
+      # part cannot buy a round's least steps is left out (the others are compared).
+      cap = clock.cap(len(alive) - position)
+      affordable = clock.affordable(recipe.name, trained_to[recipe.name], cap)
+      if round_index == 0 and results and affordable < min(steps, MIN_ROUND_STEPS):
+        logging.warning("recipe search, round 1: %s left out: the %.0f s left of the search's %.0f s buy it %d "
+                        "steps at the pace seen so far (a round takes at least %d)", recipe.name, clock.left(),
+                        clock.budget, affordable, MIN_ROUND_STEPS)
+        continue
+      t_call = _clock()
+      result = self.train_candidate(recipe, steps, cap)
+      trained = result.get("step", steps)
+      clock.observed(recipe.name, trained_to[recipe.name], trained, _clock() - t_call)
+      results[recipe.name] = {"steps": trained, "score": result["score"],
+                              "train_seconds": round(result["train_seconds"], 2)}
+      if trained < steps:
+        logging.warning("recipe search, round %d: %s stopped by the search's clock at step %d of %d (its steps "
+                        "ran slower than measured)", round_index + 1, recipe.name, trained, steps)
+      logging.info("recipe search, round %d: %s (%s) after %d steps: validation %s %.4f", round_index + 1,
+                   recipe.name, recipe.summary, trained, self.metric, result["score"])
+    return results
+
+
+def _better_half(alive: list, results: dict, scores: dict[str, float]) -> list:
+  """The candidates that go on after a round: the better half; ties keep the cheaper recipe (the candidates' order),
+  for a deterministic choice; a non-finite score (a diverged candidate) ranks last; one left out of the round (the
+  clock) goes no further."""
+  ranked = sorted((r for r in alive if r.name in results),
+                  key=lambda r: -scores[r.name] if math.isfinite(scores[r.name]) else math.inf)
+  return ranked[:-(-len(alive) // 2)]
+
+
+def _remove_eliminated(workdir: str, the_plan: Plan, alive: list) -> None:
+  """Removes the states of the candidates no longer in the search (their records stay)."""
+  for recipe in the_plan.candidates:
+    if recipe not in alive:
+      _remove_states(os.path.join(workdir, SEARCH_DIR, recipe.name))
+
+
+def _adopt_winner(config: Config, workdir: str, winner: recipes.Recipe, summary: dict, done: list,
+           write_record: Callable[[dict], None]) -> tuple[Config, dict[str, Any]]:
+  """The winner's files moved into the run's directory; ``(the config the run continues with, summary)``."""
   write_record({"step": 0, "search_winner": winner.name, **summary})
   # The adoption is several moves: rounds.json says it began (and how long metrics.jsonl was), so that a run
   # stopped halfway finishes it (finish_adoption) instead of resuming from half the winner's files.
   metrics_path = os.path.join(workdir, METRICS_FILE)
-  _write_rounds(done_path, done, adoption={"summary": summary, "done": False,
-                                           "metrics_bytes": os.path.getsize(metrics_path)
-                                           if os.path.exists(metrics_path) else 0})
+  _write_rounds(os.path.join(workdir, SEARCH_DIR, _ROUNDS_FILE), done,
+                adoption={"summary": summary, "done": False,
+                          "metrics_bytes": os.path.getsize(metrics_path) if os.path.exists(metrics_path) else 0})
   finish_adoption(workdir)
   # The run continues the winner's checkpoints (a fresh run's: there were none before the search).
   return override(recipes.apply(config, winner), resume="auto"), summary
+
+
+def _calibration_samples(config: Config, shape: DataShape) -> tuple[int | None, float]:
+  """``(the samples a calibration's evaluation scores, a round's evaluation over the calibration's)``: a round
+  scores ``--eval_samples`` (none: all; at most the validation split's, where known), the calibration at most
+  :data:`CALIBRATION_EVAL_SAMPLES`."""
+  eval_samples, num_validation = config.run.eval_samples, shape.num_validation
+  round_samples = eval_samples if num_validation is None else min(eval_samples or num_validation, num_validation)
+  calibration_samples = (CALIBRATION_EVAL_SAMPLES if num_validation is None else
+                         min(CALIBRATION_EVAL_SAMPLES, num_validation))
+  if round_samples is not None and round_samples > calibration_samples:
+    return calibration_samples, round_samples / calibration_samples
+  return eval_samples, 1.0
+
+
+def _round_fixed_seconds(step_seconds: dict, call_seconds: dict, eval_seconds: dict, one_evaluation: dict,
+                         repeat: float, eval_scale: float) -> None:
+  """Sets each measured candidate's ``call_seconds`` to a round's fixed seconds: the first one's repeat's, in
+  proportion to a step's (a bigger network evaluates and restores more), at most what a candidate's first training
+  took besides its steps, and a round's larger last evaluation (``eval_scale`` times the calibration's)."""
+  first = next(iter(call_seconds), None)
+  if first is None:
+    return
+  for name in call_seconds:
+    ratio = (step_seconds[name] / step_seconds[first]) if step_seconds[name] and step_seconds[first] else 1.0
+    call_seconds[name] = round((repeat * max(ratio, 1.0) if name == first else
+                                min(call_seconds[name], repeat * max(ratio, 1.0)))
+                               + (eval_scale - 1) * one_evaluation[name], 3)
+    eval_seconds[name] = round(eval_seconds[name], 3)
 
 
 def _measure(config: Config, workdir: str, shape: DataShape, candidates, candidate_config, train_fn: TrainFn,
@@ -366,14 +452,7 @@ def _measure(config: Config, workdir: str, shape: DataShape, candidates, candida
     return recorded, {}, 0.0
   replayed = read_measurements(config.search.plan_from) if config.search.plan_from else None
   limit = CALIBRATION_SHARE * config.search.search_fraction * config.budget.max_seconds
-  # The samples a round's evaluation scores, and the calibration's (--eval_samples none: all; unknown split: as many).
-  eval_samples, num_validation = config.run.eval_samples, shape.num_validation
-  round_samples = eval_samples if num_validation is None else min(eval_samples or num_validation, num_validation)
-  calibration_samples = (CALIBRATION_EVAL_SAMPLES if num_validation is None else
-                         min(CALIBRATION_EVAL_SAMPLES, num_validation))
-  eval_scale = 1.0  # a round's evaluation over the calibration's
-  if round_samples is not None and round_samples > calibration_samples:
-    eval_samples, eval_scale = calibration_samples, round_samples / calibration_samples
+  eval_samples, eval_scale = _calibration_samples(config, shape)
   calibration_config = lambda recipe: override(candidate_config(recipe, CALIBRATION_STEPS), eval_samples=eval_samples)
   # (one evaluation at the last step, and one every --eval_every steps before it)
   calibration_evaluations = -(-CALIBRATION_STEPS // config.run.eval_every)
@@ -415,16 +494,7 @@ def _measure(config: Config, workdir: str, shape: DataShape, candidates, candida
       t_again = _clock()
       train_fn(calibration_config(recipe), os.path.join(workdir, SEARCH_DIR, recipe.name), evaluate_test=False)
       repeat = _clock() - t_again
-  first = next(iter(call_seconds), None)
-  if first is not None:  # a round's fixed seconds: the repeat's, in proportion to a step's (a bigger network
-    # evaluates and restores more), at most what a candidate's first training took besides its steps
-    for name in call_seconds:
-      ratio = (step_seconds[name] / step_seconds[first]) if step_seconds[name] and step_seconds[first] else 1.0
-      # (and a round's last evaluation scores --eval_samples, the repeat's the calibration's samples)
-      call_seconds[name] = round((repeat * max(ratio, 1.0) if name == first else
-                                  min(call_seconds[name], repeat * max(ratio, 1.0)))
-                                 + (eval_scale - 1) * one_evaluation[name], 3)
-      eval_seconds[name] = round(eval_seconds[name], 3)
+  _round_fixed_seconds(step_seconds, call_seconds, eval_seconds, one_evaluation, repeat, eval_scale)
   measured = Measured(step_seconds, call_seconds, round(_clock() - t_start - startup, 3), round(startup, 3),
                       eval_seconds)
   if replayed is not None:

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 
 import sparsejax
 from sparsejax.config import Config, override
-from sparsejax.train import loop
+from sparsejax.train import driver
 
 
 def settings(kind, max_steps):
@@ -34,13 +34,13 @@ def main(out):
   for kind in ("clusters", "lsh"):
     d = os.path.join(out, kind)
     shutil.rmtree(d, ignore_errors=True)
-    loop.train_and_evaluate(settings(kind, 6), d)
+    driver.train_and_evaluate(settings(kind, 6), d)
     inputs = sp.random(5, 40, density=0.2, format="csr", random_state=1, dtype=np.float32)
     expected = {"at_step_6": predictions(d, inputs)}
     with tempfile.TemporaryDirectory() as t:
       resumed = os.path.join(t, "run")
       shutil.copytree(d, resumed)
-      loop.train_and_evaluate(settings(kind, 10), resumed)
+      driver.train_and_evaluate(settings(kind, 10), resumed)
       expected["resumed_to_10"] = predictions(resumed, inputs)
     with open(os.path.join(out, f"expected_{kind}.json"), "w") as f:
       json.dump(expected, f, indent=0)

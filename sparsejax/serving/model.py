@@ -8,7 +8,7 @@
   model.evaluate(test_set)["p@1"]                       # the run's final P@1 on its test set, exactly
   model.label_names[ids[0, 0]]                          # where the dataset names its labels
 
-Training writes what this needs next to the checkpoints, in ``WORKDIR/assets``:
+Training writes what this needs next to the checkpoints, in ``WORKDIR/assets`` (:mod:`sparsejax.serving.assets`):
 the label names (``labels.txt``, one per line), the fitted text vectorizer
 (``vectorizer.json``, ICD-10), the training set's label frequencies (for
 PSP@k) and the serving index that the final evaluation built for the selected
@@ -22,212 +22,23 @@ the same computations as the run's evaluations.
 import functools
 import json
 import os
-import re
 import warnings
-import zipfile
 from collections.abc import Sequence
 
 import numpy as np
 
+from sparsejax import model_kinds
 from sparsejax.config import Config
-from sparsejax.data import LoadedData, XCDataset
-from sparsejax.data.text import VectorizerFormatError, read_vectorizer, save_vectorizer, vectorizer_from_saved
+from sparsejax.data import XCDataset
+from sparsejax.data.text import vectorizer_from_saved
 from sparsejax.network import SparseLayer
+from sparsejax.serving import assets
+from sparsejax.serving.assets import ASSETS
 from sparsejax.train import seals
 from sparsejax.train.evaluation import Evaluator, predict_in_batches
 
-ASSETS = "assets"
 # Texts without a known word named one by one, then the rest in one warning.
 _UNKNOWN_WORDS_NAMED = 10
-_LABELS, _VECTORIZER, _FREQUENCIES = "labels.txt", "vectorizer.json", "label_frequencies.npy"
-_SERVING_INDEX = "serving_index.npz"
-_FUSION = "centroid_fusion.npz"  # the labels' centroids and the weight the run chose (sparsejax.fusion)
-_ENSEMBLE = "ensemble.json"  # the run's other members' directories (sparsejax.ensemble, sparsejax.train.members)
-_SEAL = "checksums.json"  # the assets' seal (sparsejax.train.seals)
-# A member's directory, relative to the run's: nothing else is opened (a work directory from elsewhere must not make
-# load read other files).
-_MEMBER_DIRECTORY = re.compile(r"members/[1-9][0-9]{0,2}")
-# What numpy raises reading a damaged .npy or .npz: a cut-short file ends in EOFError, a changed byte in an npz member
-# in zipfile.BadZipFile (its CRC), neither an OSError nor a ValueError.
-_DAMAGED_ARRAYS = (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile)
-
-
-def save_assets(workdir: str, data: LoadedData, run_id: str | None = None) -> None:
-  """Writes the label names, the vectorizer and the label frequencies of ``data`` to ``WORKDIR/assets``, and their
-  seal (``checksums.json``: each file's checksum and run ``run_id``, :mod:`sparsejax.train.seals`).
-
-  ``data.train`` is what the run trains on (without its validation split): its label frequencies and its size
-  (the run's ``meta``) give the propensities of PSP@k. Each file is written whole or not at all (a rename). A
-  serving index that this run kept before (a resumed run) stays recorded; any other file of a former run's (a
-  serving index, label names) is removed: it would describe another model.
-  """
-  directory = os.path.join(workdir, ASSETS)
-  with seals.writing(directory):
-    os.makedirs(directory, exist_ok=True)
-  files = {_FREQUENCIES: _write_asset(directory, _FREQUENCIES,
-                                      lambda path: np.save(path, data.train.label_frequencies()))}
-  if data.label_names is not None:
-    if any("\n" in name for name in data.label_names):
-      raise ValueError("label names must not contain line breaks")
-    files[_LABELS] = _write_asset(directory, _LABELS, lambda path: _write_lines(path, data.label_names))
-  if data.vectorizer is not None:
-    files[_VECTORIZER] = _write_asset(directory, _VECTORIZER, lambda path: save_vectorizer(data.vectorizer, path))
-  previous = _own_seal(directory, run_id)
-  if previous is not None and _SERVING_INDEX in previous["files"]:
-    files[_SERVING_INDEX] = previous["files"][_SERVING_INDEX]  # its checksum as written, never recomputed
-  # A former fusion is not kept: the run's next final evaluation chooses it again (or, --nocentroid_fusion, none),
-  # and until then the model served is not the one it was chosen for.
-  for name in (_LABELS, _VECTORIZER, _SERVING_INDEX, _FUSION, _ENSEMBLE):
-    if name not in files and os.path.exists(os.path.join(directory, name)):
-      os.remove(os.path.join(directory, name))
-  if run_id is not None:
-    seals.write_json_atomically(os.path.join(directory, _SEAL), {"run_id": run_id, "step": None, "files": files})
-
-
-def _write_asset(directory: str, name: str, write) -> list:
-  """Writes ``name`` in ``directory`` whole or not at all (``write(path)`` writes a partial file, then renamed);
-  returns its seal entry (``[size, sha256]`` of the bytes written, computed before the rename)."""
-  partial = os.path.join(directory, f".partial.{name}")  # the same suffix: numpy adds none
-  path = os.path.join(directory, name)
-  with seals.writing(path, partial):  # a full disk: one line naming the file (numpy's OSError names none)
-    write(partial)
-    entry = seals.file_entry(partial)
-    os.replace(partial, path)
-  return entry
-
-
-def _record_asset(directory: str, run_id: str | None, name: str, write) -> None:
-  """Writes ``name`` in ``directory`` as :func:`_write_asset` does, and adds it to the assets' seal where that is
-  run ``run_id``'s (an asset written after :func:`save_assets`: the serving index, the fusion, the ensemble)."""
-  entry = _write_asset(directory, name, write)
-  seal = _own_seal(directory, run_id)
-  if seal is not None:
-    seal["files"][name] = entry
-    seals.write_json_atomically(os.path.join(directory, _SEAL), seal)
-
-
-def _write_lines(path: str, lines) -> None:
-  with open(path, "w") as f:
-    f.writelines(line + "\n" for line in lines)
-
-
-def _own_seal(directory: str, run_id: str | None) -> dict | None:
-  """The assets' seal if it is run ``run_id``'s and readable, else None."""
-  path = os.path.join(directory, _SEAL)
-  if run_id is None or not os.path.exists(path):
-    return None
-  try:
-    seal = seals.read_seal(path)
-  except seals.IntegrityError:
-    return None
-  return seal if seal.get("run_id") == run_id else None
-
-
-def save_serving_index(workdir: str, run_id: str | None, step: int, index) -> None:
-  """Keeps the clustered serving index that a run's final evaluation built for the state of ``step``, and
-  records it in the assets' seal.
-
-  ``sparsejax.load`` then uses it for sampled prediction instead of building it again from the rows (seconds
-  to minutes at 10^5-10^6 labels). Written whole or not at all (a rename).
-  """
-  directory = os.path.join(workdir, ASSETS)
-  _record_asset(directory, run_id, _SERVING_INDEX, lambda path: np.savez(
-      path, step=np.int64(step), centroids=np.asarray(index.centroids), offsets=np.asarray(index.offsets),
-      rows=np.asarray(index.rows)))
-
-
-def save_fusion(workdir: str, run_id: str | None, centroids, weight: float) -> None:
-  """Keeps the labels' centroids and the fusion weight that a run's final evaluation chose (:mod:`sparsejax.fusion`),
-  recorded in the assets' seal: :func:`load`'s model re-ranks as the run's final evaluation did."""
-  directory = os.path.join(workdir, ASSETS)
-  _record_asset(directory, run_id, _FUSION, lambda path: np.savez(
-      path, weight=np.float64(weight), indptr=centroids.indptr, indices=centroids.indices, values=centroids.values,
-      num_features=np.int64(centroids.num_features)))
-
-
-def save_ensemble(workdir: str, run_id: str | None, members: list[str]) -> None:
-  """Records the run's other ensemble members (directories relative to ``workdir``, ``members/M``) in its assets,
-  sealed, each with the run id and the step of the state it serves (its own seals': :func:`load` refuses another
-  run put in its place): :func:`load` serves the ensemble (:mod:`sparsejax.ensemble`)."""
-  for member in members:
-    if not _MEMBER_DIRECTORY.fullmatch(member):
-      raise ValueError(f"save_ensemble: a member's directory must be members/M (M in 1..999), got {member!r}")
-  recorded = [{"directory": member, **_served_state(os.path.join(workdir, member))} for member in members]
-  directory = os.path.join(workdir, ASSETS)
-  _record_asset(directory, run_id, _ENSEMBLE, lambda path: _write_json(path, {"members": recorded}))
-
-
-def _served_state(workdir: str) -> dict:
-  """``{"run_id", "step"}`` of what :func:`load` serves from ``workdir``: its newest checkpoint's run (None: an
-  unsealed run) and its selected state's step (else its newest checkpoint's)."""
-  from sparsejax.train import checkpoint
-
-  checkpoints = checkpoint.Checkpoints(workdir, writable=False)
-  newest = checkpoints.latest_step()
-  meta = checkpoints.meta(newest) if newest is not None else None
-  if meta is None:
-    raise FileNotFoundError(f"{workdir}: no checkpoint with its settings: not a trained member")
-  best = checkpoint.BestCheckpoint.open(workdir, Config.from_dict(meta["config"]).run.selection_metric)
-  return {"run_id": meta.get("run_id"), "step": newest if best is None else best.best_step()}
-
-
-def _write_json(path: str, value) -> None:
-  with open(path, "w") as f:
-    json.dump(value, f)
-
-
-def _read_ensemble(path: str) -> list[dict]:
-  """The members that :func:`save_ensemble` recorded: ``{"directory", "run_id", "step"}`` each, the directory
-  checked to be ``members/M``. An entry that is a directory alone (an earlier sparsejax's) has run id and step
-  None: not checked."""
-  try:
-    with open(path, encoding="utf-8") as f:
-      members = json.load(f)["members"]
-  except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
-    raise seals.IntegrityError(f"{path}: unreadable as an ensemble ({type(e).__name__}: {e})") from None
-  if isinstance(members, list):
-    members = [{"directory": m, "run_id": None, "step": None} if isinstance(m, str) else m for m in members]
-    directories = [m.get("directory") if isinstance(m, dict) else m for m in members]
-  if not isinstance(members, list) or not all(isinstance(d, str) and _MEMBER_DIRECTORY.fullmatch(d)
-                                              for d in directories) or len(set(directories)) != len(directories):
-    raise seals.IntegrityError(f"{path}: members must be distinct directories members/M, got {members!r}"[:300])
-  for m in members:
-    if set(m) != {"directory", "run_id", "step"} or not isinstance(m["run_id"], (str, type(None))) or not (
-        m["step"] is None or (isinstance(m["step"], int) and not isinstance(m["step"], bool))):
-      raise seals.IntegrityError(f"{path}: a member must record its directory, run_id and step, got {m!r}"[:300])
-  return members
-
-
-def _member_directory(workdir: str, member: str, recorded_in: str) -> str:
-  """The directory of ``member`` (``members/M``, as ``recorded_in`` names it), checked to be a real directory
-  under ``WORKDIR/members`` (no link out of it) that is no ensemble itself (which would nest, or loop)."""
-  path = os.path.join(workdir, member)
-  root = os.path.realpath(os.path.join(workdir, "members"))
-  if (os.path.islink(os.path.join(workdir, "members")) or os.path.islink(path) or not os.path.isdir(path)
-      or os.path.dirname(os.path.realpath(path)) != root):
-    raise seals.IntegrityError(f"{recorded_in}: names the ensemble member {member}, but {path} is not a directory "
-                               "of this work directory's members/")
-  if os.path.exists(os.path.join(path, ASSETS, _ENSEMBLE)):
-    raise seals.IntegrityError(f"{path}: an ensemble member that is an ensemble itself ({recorded_in} names it)")
-  return path
-
-
-def _read_fusion(path: str, num_labels: int, num_features: int):
-  """``(centroids, weight)`` from a :func:`save_fusion` file, checked against the model's sizes."""
-  from sparsejax.fusion import LabelCentroids
-
-  try:
-    with np.load(path, allow_pickle=False) as f:
-      weight, indptr, indices, values, features = (float(f["weight"]), f["indptr"], f["indices"], f["values"],
-                                                   int(f["num_features"]))
-  except _DAMAGED_ARRAYS as e:
-    raise seals.IntegrityError(f"{path}: unreadable as centroid fusion ({type(e).__name__}: {e})") from None
-  if (features != num_features or indptr.shape != (num_labels + 1,) or indices.shape != values.shape
-      or indices.ndim != 1 or indptr[0] != 0 or indptr[-1] != len(indices) or np.any(np.diff(indptr) < 0)
-      or not np.isfinite(weight) or weight < 0
-      or (len(indices) and (indices.min() < 0 or indices.max() >= num_features))):
-    raise seals.IntegrityError(f"{path}: not the centroids of {num_labels} labels over {num_features} features")
-  return LabelCentroids.of(indptr, indices, values, num_features), weight
 
 
 class UnknownWordsWarning(UserWarning):
@@ -288,7 +99,6 @@ class TrainedModel:
   """
 
   def __init__(self, workdir: str, step: int | None = None, platform: str = "cpu"):
-    from sparsejax import averaging
     from sparsejax.train import checkpoint, platforms
 
     self._workdir = workdir
@@ -306,13 +116,27 @@ class TrainedModel:
     platforms.check(platform, self.config.network.model)
     # The run's identity: what the seals of its best state and assets must name (None: an older sparsejax's run,
     # whose files have no seals).
-    run_id = self._run_id = meta.get("run_id")
-    if run_id is None:
+    self._run_id = meta.get("run_id")
+    if self._run_id is None:
       warnings.warn(seals.UnverifiedWarning(
           f"{workdir} was written by a sparsejax that did not seal its best state and assets: they are loaded "
           "without checking them"), stacklevel=3)
-    _check_assets(os.path.join(workdir, ASSETS), run_id)  # before anything of them is read
-    # The state the run selected on its validation split (and reported), not its last one, unless asked.
+    assets.check_assets(os.path.join(workdir, ASSETS), self._run_id)  # before anything of them is read
+    tree, from_best = self._restore(checkpoints, newest, step)
+    self._set_network(tree, meta)
+    self._read_assets(os.path.join(workdir, ASSETS))
+    # The run's other ensemble members (sparsejax.ensemble): each its own run directory, checked as this one is.
+    self.members: tuple[TrainedModel, ...] = ()
+    if from_best and os.path.exists(os.path.join(workdir, ASSETS, assets.ENSEMBLE)):
+      self.members = self._load_members(os.path.join(workdir, ASSETS, assets.ENSEMBLE), platform)
+
+  def _restore(self, checkpoints, newest: int, step: int | None) -> tuple[dict, bool]:
+    """``(the arrays of the state served, whether it is the run's best state)``, checked against the run's seals;
+    sets :attr:`step` and :attr:`selected_by`. The state the run selected on its validation split (and reported),
+    not its last one, unless ``step`` asks."""
+    from sparsejax.train import checkpoint
+
+    workdir, run_id = self._workdir, self._run_id
     best = checkpoint.BestCheckpoint.open(workdir, self.config.run.selection_metric)
     saved = checkpoints.all_steps()
     if step is None and best is not None:
@@ -331,27 +155,30 @@ class TrainedModel:
     if from_best:
       if run_id is not None:
         best.check(self.step, run_id)
-      tree = best.restore_arrays()
-    else:
-      problem = checkpoints.verify(self.step)
-      if problem is not None:
-        raise seals.IntegrityError(f"checkpoint {checkpoints.directory}/{self.step} {problem}")
-      other_run = (checkpoints.meta(self.step) or {}).get("run_id")
-      if run_id is not None and other_run is None:  # saved by an older sparsejax before the run was continued
-        warnings.warn(seals.UnverifiedWarning(
-            f"checkpoint {checkpoints.directory}/{self.step} was written by a sparsejax that did not record its "
-            "run: loaded without checking that it is this run's"), stacklevel=3)
-      elif run_id is not None and other_run != run_id:
-        raise seals.IntegrityError(f"checkpoint {checkpoints.directory}/{self.step}: from another run (run "
-                                   f"{other_run}; the newest checkpoint is of run {run_id})")
-      tree = checkpoints.restore_arrays(self.step)
+      return best.restore_arrays(), True
+    problem = checkpoints.verify(self.step)
+    if problem is not None:
+      raise seals.IntegrityError(f"checkpoint {checkpoints.directory}/{self.step} {problem}")
+    other_run = (checkpoints.meta(self.step) or {}).get("run_id")
+    if run_id is not None and other_run is None:  # saved by an older sparsejax before the run was continued
+      warnings.warn(seals.UnverifiedWarning(
+          f"checkpoint {checkpoints.directory}/{self.step} was written by a sparsejax that did not record its "
+          "run: loaded without checking that it is this run's"), stacklevel=4)
+    elif run_id is not None and other_run != run_id:
+      raise seals.IntegrityError(f"checkpoint {checkpoints.directory}/{self.step}: from another run (run "
+                                 f"{other_run}; the newest checkpoint is of run {run_id})")
+    return checkpoints.restore_arrays(self.step), False
+
+  def _set_network(self, tree: dict, meta: dict) -> None:
+    """The network's parameters (as the run evaluated them) and sizes, from a restored state's arrays."""
+    from sparsejax import averaging
+    from sparsejax.index import saved
+
     sizes = meta["data"]
     self.num_features, self.num_labels = sizes["num_features"], sizes["num_labels"]
     self.max_features, self._num_train = sizes["max_features"], sizes["num_train"]
     # A single-process run's training index: an LSH run's hash functions and table sizes serve sampled prediction
     # (a sharded run's are per process: not used). Checkpoints of both layouts (sparsejax.index.saved).
-    from sparsejax.index import saved
-
     self._training_index = saved.index_tree(tree) if meta.get("num_shards", 1) == 1 else None
     n = self.num_labels  # a sharded run's layer has padding rows after the N real ones
     params = _network_params(tree)
@@ -361,60 +188,37 @@ class TrainedModel:
           params, averaging.ParamAverage(_network_params(average["params"]), average["weight"], average["step"]),
           tree["step"], self.config.optim.average_steps)
     self.params = params._replace(out=SparseLayer(params.out.w[:n], params.out.b[:n]))
-    assets = os.path.join(workdir, ASSETS)
-    self.label_names = None
-    if os.path.exists(os.path.join(assets, _LABELS)):
-      path = os.path.join(assets, _LABELS)
-      try:
-        with open(path, encoding="utf-8") as f:
-          self.label_names = tuple(line.rstrip("\n") for line in f)
-      except UnicodeDecodeError:
-        raise seals.IntegrityError(f"{path}: {_not_utf8(path)}") from None
-      if len(self.label_names) != self.num_labels:
-        raise seals.IntegrityError(f"{path}: names {len(self.label_names)} labels; the model predicts "
-                                   f"{self.num_labels}")
+
+  def _read_assets(self, directory: str) -> None:
+    """The run's label names, vectorizer, centroid fusion and label frequencies, checked against the model."""
+    self.label_names = assets.read_label_names(directory, self.num_labels)
     # Checked now (a fixed schema: see load_vectorizer), built at the first text: scikit-learn's import is most of
     # sparsejax-predict's start-up, and feature-row inputs never need it.
-    self._saved_vectorizer, self._vectorizer = None, None
-    if os.path.exists(os.path.join(assets, _VECTORIZER)):
-      path = os.path.join(assets, _VECTORIZER)
-      self._saved_vectorizer = read_vectorizer(path)
-      terms = len(self._saved_vectorizer["vocabulary"])
-      if terms != self.num_features:  # another run's: its columns name other features
-        raise VectorizerFormatError(path, "vocabulary", f"has {terms} terms; the model reads {self.num_features} "
-                                    "features")
+    self._saved_vectorizer, self._vectorizer = assets.read_saved_vectorizer(directory, self.num_features), None
     # The run's centroid fusion (sparsejax.fusion): applied to every prediction, as its final evaluation did.
-    self._fusion = None
-    if os.path.exists(os.path.join(assets, _FUSION)):
-      self._fusion = _read_fusion(os.path.join(assets, _FUSION), self.num_labels, self.num_features)
-    path = os.path.join(assets, _FREQUENCIES)
-    try:
-      self._frequencies = np.load(path, allow_pickle=False)
-    except _DAMAGED_ARRAYS as e:
-      raise seals.IntegrityError(f"{path}: unreadable ({e})") from None
-    if self._frequencies.shape != (self.num_labels,) or not np.all(np.isfinite(self._frequencies)):
-      raise seals.IntegrityError(f"{path}: not {self.num_labels} finite label frequencies (shape "
-                                 f"{self._frequencies.shape})")
-    # The run's other ensemble members (sparsejax.ensemble): each its own run directory, checked as this one is.
-    self.members: tuple[TrainedModel, ...] = ()
-    if from_best and os.path.exists(os.path.join(assets, _ENSEMBLE)):
-      recorded = os.path.join(assets, _ENSEMBLE)
-      entries = _read_ensemble(recorded)
-      self.members = tuple(TrainedModel(_member_directory(workdir, m["directory"], recorded), platform=platform)
-                           for m in entries)
-      for entry, member in zip(entries, self.members):
-        if (member.num_features, member.num_labels) != (self.num_features, self.num_labels):
-          raise seals.IntegrityError(f"{member.workdir}: not a member of this ensemble ({member.num_features} "
-                                     f"features, {member.num_labels} labels; the model: {self.num_features}, "
-                                     f"{self.num_labels})")
-        if entry["run_id"] is None:
-          warnings.warn(seals.UnverifiedWarning(
-              f"{recorded} was written by a sparsejax that did not record its members' runs: {member.workdir} is "
-              "loaded without checking that it is the member trained with this run"), stacklevel=3)
-        elif (member._run_id, member.step) != (entry["run_id"], entry["step"]):
-          raise seals.IntegrityError(f"{member.workdir}: not the member that {recorded} records: run "
-                                     f"{member._run_id} step {member.step}, recorded run {entry['run_id']} "
-                                     f"step {entry['step']}")
+    self._fusion = assets.read_fusion(directory, self.num_labels, self.num_features)
+    self._frequencies = assets.read_frequencies(directory, self.num_labels)
+
+  def _load_members(self, recorded: str, platform: str) -> tuple["TrainedModel", ...]:
+    """The ensemble's other members that ``recorded`` (the assets' ensemble file) names, each checked to be the
+    one trained with this run."""
+    entries = assets.read_ensemble(recorded)
+    members = tuple(TrainedModel(assets.member_directory(self._workdir, m["directory"], recorded), platform=platform)
+                    for m in entries)
+    for entry, member in zip(entries, members):
+      if (member.num_features, member.num_labels) != (self.num_features, self.num_labels):
+        raise seals.IntegrityError(f"{member.workdir}: not a member of this ensemble ({member.num_features} "
+                                   f"features, {member.num_labels} labels; the model: {self.num_features}, "
+                                   f"{self.num_labels})")
+      if entry["run_id"] is None:
+        warnings.warn(seals.UnverifiedWarning(
+            f"{recorded} was written by a sparsejax that did not record its members' runs: {member.workdir} is "
+            "loaded without checking that it is the member trained with this run"), stacklevel=4)
+      elif (member._run_id, member.step) != (entry["run_id"], entry["step"]):
+        raise seals.IntegrityError(f"{member.workdir}: not the member that {recorded} records: run "
+                                   f"{member._run_id} step {member.step}, recorded run {entry['run_id']} "
+                                   f"step {entry['step']}")
+    return members
 
   def __repr__(self) -> str:
     """What the model is and where it came from: its sizes, its checkpoint and its work directory."""
@@ -481,10 +285,10 @@ class TrainedModel:
         shutil.copytree(os.path.join(self._workdir, name), os.path.join(partial, name))
     # The members at the same place relative to the copy: every one the assets name (loaded at another step, this
     # model serves none, but the copy's selected state must).
-    ensemble = os.path.join(self._workdir, ASSETS, _ENSEMBLE)
-    for member in (_read_ensemble(ensemble) if os.path.exists(ensemble) else ()):
+    ensemble = os.path.join(self._workdir, ASSETS, assets.ENSEMBLE)
+    for member in (assets.read_ensemble(ensemble) if os.path.exists(ensemble) else ()):
       member = member["directory"]
-      TrainedModel(_member_directory(self._workdir, member, ensemble)).save(os.path.join(partial, member))
+      TrainedModel(assets.member_directory(self._workdir, member, ensemble)).save(os.path.join(partial, member))
     if os.path.exists(os.path.join(self._workdir, "config.json")):
       shutil.copy2(os.path.join(self._workdir, "config.json"), os.path.join(partial, "config.json"))
     if os.path.isdir(target):
@@ -531,9 +335,9 @@ class TrainedModel:
 
     from sparsejax import model
 
-    if self.config.network.model != "slide":
-      raise ValueError("sampled prediction (k) needs a SLIDE model; this one was trained with --model=dense (full "
-                       "softmax): predict over all labels (k=None)")
+    if not model_kinds.of(self.config).sampled:
+      raise ValueError("sampled prediction (k) needs a SLIDE model; this one was trained with "
+                       f"--model={self.config.network.model} (full softmax): predict over all labels (k=None)")
     from sparsejax import index
 
     saved_index = None
@@ -549,27 +353,14 @@ class TrainedModel:
 
   @functools.cached_property
   def _kept_serving_index(self):
-    """The serving index the run kept for this model's step (see :func:`save_serving_index`), or None."""
-    from sparsejax.index import clusters
+    """The serving index the run kept for this model's step (see :func:`sparsejax.serving.assets.save_serving_index`),
+    or None."""
+    return assets.read_serving_index(os.path.join(self._workdir, ASSETS), self.step, self.num_labels,
+                                     self.params.out.w.shape[1])
 
-    path = os.path.join(self._workdir, ASSETS, _SERVING_INDEX)
-    if not os.path.exists(path):  # (only a run with a clustered index keeps one)
-      return None
-    d = self.params.out.w.shape[1]
-    try:
-      with np.load(path, allow_pickle=False) as f:
-        step, centroids, offsets, rows = int(f["step"]), f["centroids"], f["offsets"], f["rows"]
-    except _DAMAGED_ARRAYS as e:  # not an npz, or not one of these arrays
-      raise seals.IntegrityError(f"{path}: unreadable as a serving index ({type(e).__name__}: {e})") from None
-    # C clusters: the run's eval_num_clusters, or, sharded, every shard's (see clusters.merge_shards).
-    if step != self.step or centroids.ndim != 2 or centroids.shape[1] != d + 2 or \
-        offsets.shape != (len(centroids) + 1,) or rows.shape != (self.num_labels,):
-      return None  # another step's (or another layout's): built afresh
-    _check_serving_index(path, centroids, offsets, rows, self.num_labels)
-    return clusters.ClusterIndex(centroids, offsets, rows)
-
-  def _predict_fn(self, top: int, k: int | None = None, with_sampled: bool = False):
-    """``predict(params, fi, fv) -> (scores, ids, sampled_ids or None)``: exact top ``top`` (sampled among ``k``
+  def network_predictor(self, top: int, k: int | None = None, with_sampled: bool = False):
+    """The network's ranking without the centroid fusion, for :class:`sparsejax.train.evaluation.Evaluator`:
+    ``predict(params, fi, fv) -> (scores, ids, sampled_ids or None)``: exact top ``top`` (sampled among ``k``
     index candidates if ``k``), and with ``with_sampled`` also the sampled ids at the serving k; an ensemble's
     rankings merged (:func:`sparsejax.ensemble.merge_top`: each member's best ``max(top,
     sparsejax.fusion.CANDIDATES)``, the labels the fused re-ranking takes, mean logits)."""
@@ -594,7 +385,7 @@ class TrainedModel:
     return predict
 
   def _network_fn(self, top: int, k: int | None = None, with_sampled: bool = False):
-    """:meth:`_predict_fn` of this network alone, compiled once per (top, k, with_sampled)."""
+    """:meth:`network_predictor` of this network alone, compiled once per (top, k, with_sampled)."""
     # The cache is the model's own: one shared by all models (functools.lru_cache on the method) had an ensemble's
     # members evict each other's compiled functions, and kept every model it had served alive.
     if "_network_fns" not in self.__dict__:
@@ -650,7 +441,7 @@ class TrainedModel:
     data = self.features(inputs)
     if len(data) == 0:
       return np.zeros((0, top), np.float32), np.zeros((0, top), np.int32)
-    scores, ids, _ = predict_in_batches(self._fused(top, k) if fusion else self._predict_fn(top, k), self.params,
+    scores, ids, _ = predict_in_batches(self._fused(top, k) if fusion else self.network_predictor(top, k), self.params,
                                         data, len(data),
                                         self.config.data.max_features, batch_size)
     return scores, ids
@@ -661,15 +452,20 @@ class TrainedModel:
     or fused nothing (no validation split, ``--nocentroid_fusion``, or a run of an older sparsejax)."""
     return 0.0 if self._fusion is None else self._fusion[1]
 
+  def use_fusion(self, centroids, weight: float) -> None:
+    """Ranks with these labels' centroids at ``weight`` from now on (:mod:`sparsejax.fusion`): what a run that just
+    chose and saved them (:func:`save_fusion`) would load back."""
+    self._fusion = (centroids, float(weight))
+
   def _fused(self, top: int, k: int | None = None, with_sampled: bool = False):
-    """:meth:`_predict_fn`'s ``predict`` with the run's centroid fusion: the network's best
+    """:meth:`network_predictor`'s ``predict`` with the run's centroid fusion: the network's best
     :data:`sparsejax.fusion.CANDIDATES` (at most ``k``) re-ranked by their fused scores, then (``top`` larger) the
     network's next ones in its order, with their logits."""
     if not self.fusion_weight:
-      return self._predict_fn(top, k, with_sampled)
+      return self.network_predictor(top, k, with_sampled)
     from sparsejax import fusion
 
-    wide = self._predict_fn(max(top, min(fusion.CANDIDATES, k or self.num_labels, self.num_labels)), k,
+    wide = self.network_predictor(max(top, min(fusion.CANDIDATES, k or self.num_labels, self.num_labels)), k,
                             with_sampled)
 
     def predict(params, fi, fv):
@@ -714,7 +510,7 @@ class TrainedModel:
     propensity = metrics.propensity_scores(self._frequencies, self._num_train, self.config.run.propensity_a,
                                            self.config.run.propensity_b)
     evaluator = Evaluator(self.features(dataset), propensity, self.config.data.max_features)
-    with_sampled = sampled and self.config.network.model == "slide"
+    with_sampled = sampled and model_kinds.of(self.config).sampled
     return evaluator(self._fused(min(5, self.num_labels), with_sampled=with_sampled), self.params, num_samples)
 
   def names(self, ids: np.ndarray) -> np.ndarray:
@@ -741,56 +537,6 @@ def _check_selected(checkpoints, newest: int, kept: int | None, where: str) -> N
   # A later step is the final evaluation's (the last state, evaluated after the last checkpoint).
   if kept < recorded:
     raise seals.IntegrityError(f"{where}: from another step: the run selected step {recorded}, this is step {kept}")
-
-
-def _check_assets(directory: str, run_id: str | None) -> None:
-  """Raises :class:`IntegrityError` unless every file in ``directory`` that load reads is the one run ``run_id``
-  wrote (its seal's checksums). An older sparsejax's run (``run_id`` None) has no seal: nothing is checked."""
-  if run_id is None:
-    return
-  seal_path = os.path.join(directory, _SEAL)
-  if not os.path.exists(seal_path):
-    raise seals.IntegrityError(f"{directory}: has no checksums ({_SEAL} is missing): its run wrote them with the "
-                               "files, so they were changed since")
-  seal = seals.read_seal(seal_path)
-  seals.check_identity(seal, seal_path, directory, run_id)
-  read = (_LABELS, _VECTORIZER, _FREQUENCIES, _SERVING_INDEX, _FUSION, _ENSEMBLE)
-  present = {name for name in read if os.path.exists(os.path.join(directory, name))}
-  # The serving index is a cache: one removed is built again from the rows (the same index).
-  names = (set(seal["files"]) - {_SERVING_INDEX}) | present
-  for name in sorted(names):
-    seals.check_file(directory, name, seal, seal_path)
-
-
-def _not_utf8(path: str) -> str:
-  """``not UTF-8 text (byte 0xff at offset 34)``: where the file at ``path`` stops being UTF-8."""
-  with open(path, "rb") as f:
-    content = f.read()
-  try:
-    content.decode("utf-8")
-  except UnicodeDecodeError as e:
-    return f"not UTF-8 text (byte {content[e.start]:#04x} at offset {e.start})"
-  return "not UTF-8 text"
-
-
-def _check_serving_index(path: str, centroids: np.ndarray, offsets: np.ndarray, rows: np.ndarray,
-                         num_labels: int) -> None:
-  """Raises :class:`IntegrityError` unless the arrays of ``path`` make an index of ``num_labels`` rows: finite,
-  not all-zero centroids, ascending offsets from 0, member ids in [0, N) each once."""
-  def refuse(what: str):
-    raise seals.IntegrityError(f"{path}: not a serving index of this model: {what}")
-
-  if not np.issubdtype(centroids.dtype, np.floating) or not np.all(np.isfinite(centroids)):
-    refuse("its centroids are not all finite numbers")
-  if not np.any(centroids):
-    refuse("its centroids are all zero")
-  if not (np.issubdtype(offsets.dtype, np.integer) and np.issubdtype(rows.dtype, np.integer)):
-    refuse("its offsets and rows are not integers")
-  if offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] > num_labels:
-    refuse(f"its offsets do not ascend from 0 to at most {num_labels}")
-  members = rows[:offsets[-1]]
-  if np.any((members < 0) | (members >= num_labels)) or len(np.unique(members)) != len(members):
-    refuse(f"its member ids are not distinct label ids in [0, {num_labels})")
 
 
 def _warn_of_unknown_words(texts: list[str], rows: np.ndarray) -> None:

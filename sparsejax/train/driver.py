@@ -1,0 +1,147 @@
+"""``train_and_evaluate(config, workdir)``: a run composed of its parts, within one budget: the recipe search
+(:mod:`sparsejax.train.search`), the network's training (:func:`sparsejax.train.loop.train_one`) and the
+ensemble's members (:mod:`sparsejax.train.members`); the search and the members compose ``train_one`` runs.
+
+Files in ``workdir``: ``metrics.jsonl``, ``checkpoints/``, ``search/`` (a recipe search's candidates), ``members/``
+(the ensemble's), ``config.json`` (written once the run has started or resumed), ``assets/`` (label names,
+vectorizer: what :func:`sparsejax.load` needs) and, if asked for, ``tensorboard/``.
+"""
+
+import functools
+import json
+import os
+import time
+from typing import Any
+
+import jax
+from absl import logging
+
+from sparsejax.config import Config, override
+from sparsejax.data import LoadedData, train_test_split
+from sparsejax.train import checkpoint, loop, members, metric_writer, plan, recipes, resume, search
+from sparsejax.train.console import final_line, log_settings, log_to_console
+from sparsejax.train.metric_writer import read_records
+
+
+def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None = None,
+                       verbose: bool = False) -> dict[str, Any]:
+  """Trains and evaluates; continues the run in ``workdir`` if it holds one.
+
+  A fresh run with ``--recipe=auto`` first compares the network recipes on the validation split within part of
+  the budget (:mod:`sparsejax.train.search`) and trains the winner on; a named recipe's settings apply where the config
+  has the defaults (:mod:`sparsejax.train.recipes`); a continued run keeps the recipe its checkpoints record.
+
+  Args:
+    config: the run (validated here, before any data is loaded).
+    workdir: output directory (created).
+    data: the train and test sets (:func:`sparsejax.fit` gives its matrices so, with ``--dataset=arrays``); None:
+      those that ``config.data`` names, loaded here.
+    verbose: show the log lines ``sparsejax-train`` shows (the work directory, the settings, progress, evaluations,
+      the final evaluation) on stderr, for a caller outside ``absl.app``
+      (:func:`sparsejax.train.console.log_to_console`).
+      False: logging as the caller set it up (absl's logger, which shows only warnings unless set up).
+
+  Returns:
+    The final evaluation on the test set (exact and sampled P@k, nDCG@k, PSP@k) of the selected state (the
+    best on the validation split when there is one, else the last) with ``step`` (the selected one),
+    ``last_step``, ``samples_per_sec``, ``train_seconds`` and ``num_params``. For a run that had already
+    finished, its recorded final evaluation. An ensemble's (``--ensemble_members``) is the merged ranking's
+    evaluation with ``ensemble_members``; ``num_params``, ``train_seconds`` and ``samples_per_sec`` are the members'
+    together, and what only the first network measured (its test P@k, retrieval diagnostics, index fill, validation
+    score, last loss) is named ``member0_*`` (:func:`sparsejax.train.members.evaluate`).
+
+  Raises:
+    ConfigError: an invalid setting or an unwritable work directory (before anything is loaded).
+    NonFiniteError: a NaN or Inf loss or update (``--on_nonfinite``); the checkpoints on disk are finite.
+    ResumeError: ``workdir`` holds checkpoints of another run.
+    Interrupted: SIGINT or SIGTERM stopped the run (after saving a checkpoint).
+  """
+  if verbose:
+    with log_to_console():
+      logging.info("work directory: %s", workdir)
+      log_settings(config)
+      final = train_and_evaluate(config, workdir, data=data)
+      logging.info("%s", final_line(final, workdir))
+      return final
+  config.validate()
+  t_invocation, search_wall_seconds = time.time(), 0.0
+  # A run stopped while it took over its search's winner finishes that first (the search runs in one process; a
+  # refused --resume=never changes nothing); a run continued after its search reports it. --max_seconds counts
+  # this invocation's training: the search's seconds were charged to the invocation that searched.
+  search_summary = None
+  if config.search.recipe == recipes.AUTO and config.checkpoint.resume != "never" and jax.process_count() == 1:
+    search_summary = search.finish_adoption(workdir)
+  if config.search.recipe in recipes.names():
+    config = recipes.apply(config, recipes.get(config.search.recipe))
+  # A run continued takes the recipe its checkpoints record (loop.train_one).
+  elif config.search.recipe == recipes.AUTO and not resume.holds_checkpoints(workdir):
+    why_not = search.reason_not_to_search(config, jax.process_count())
+    interrupted_search = os.path.isdir(os.path.join(workdir, search.SEARCH_DIR))
+    if why_not is None and config.checkpoint.resume == "never" and interrupted_search:
+      raise checkpoint.ResumeError(f"{os.path.join(workdir, search.SEARCH_DIR)} holds an interrupted recipe search "
+                                   "and --resume=never: use another --workdir for a new run (or --resume=auto to "
+                                   "continue it)")
+    if why_not is None:
+      with checkpoint.new_directories_removed_on_failure(workdir):
+        checkpoint.check_writable(workdir)
+        read_records(workdir)
+        data = data if data is not None else plan.load_data(config)
+        chosen = search.run(config, workdir, plan.data_shape(config, data.train),
+                            functools.partial(loop.train_one, data=data),
+                            functools.partial(metric_writer.append_record, workdir))
+      if chosen is not None:
+        config, search_summary = chosen
+        # The search's wall time, measuring, compiling and evaluating included, counts against --max_seconds (the
+        # startup of its first training aside: a run without a search spends it as well).
+        search_wall_seconds = search_summary["search_wall_seconds"]
+        config = plan.charged_for_search(config, search_wall_seconds)
+    else:
+      logging.info("recipe: the defaults, no search (%s)", why_not)
+  final = loop.train_one(config, workdir, data=data, search_summary=search_summary)
+  final = _with_members(config, workdir, data, final)
+  _log_budget(config, final, search_wall_seconds, time.time() - t_invocation)
+  return final
+
+
+def _log_budget(config: Config, final: dict[str, Any], search_wall_seconds: float, total: float) -> None:
+  """Logs what this invocation's seconds went to: those that --max_seconds counts (the search, the training and its
+  evaluations, the ensemble's members) and the rest (loading, compiling, the final evaluations)."""
+  if final.get("budget_seconds") is None:  # a finished run's record, returned as it was
+    return
+  counted = search_wall_seconds + final["budget_seconds"]
+  budget = config.budget.max_seconds
+  logging.info("seconds: %.1f counted against the budget%s (search %.1f, training and evaluations %.1f), %.1f "
+               "besides (loading, compiling, final evaluation); %.1f in all", counted,
+               f" of {budget + search_wall_seconds:.0f}" if budget is not None else "", search_wall_seconds,
+               final["budget_seconds"], total - counted, total)
+
+
+def _with_members(config: Config, workdir: str, data: LoadedData | None, final: dict[str, Any]) -> dict[str, Any]:
+  """``final``, or the ensemble's final record where the run trains more members (:mod:`sparsejax.train.members`)."""
+  if "ensemble_members" in final:  # a finished run's recorded ensemble
+    return final
+  why_not = members.reason_not_to_train(config, final, jax.process_count())
+  if why_not is not None:
+    if config.search.ensemble_members > 1:
+      logging.info("ensemble: one network (%s)", why_not)
+    return final
+  # The first member's settings as it trained them (the recipe its search or checkpoints chose), with this
+  # invocation's budget.
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    trained_config = override(Config.from_dict(json.load(f)), max_seconds=config.budget.max_seconds,
+                              ensemble_members=config.search.ensemble_members)
+  data = data if data is not None else plan.load_data(trained_config)
+  validation_seed = plan.validation_seed(trained_config)
+  done = members.train(trained_config, final, workdir, functools.partial(loop.train_one, data=data), validation_seed)
+  if not done:
+    # Recorded as a run of one network, as a formed ensemble is recorded: a rerun neither loads the data nor tries
+    # the members again (with its budget counted afresh: a member the clock stopped would train on).
+    final = {**final, "ensemble_members": 1}
+    metric_writer.append_record(workdir, final)
+    return final
+  train, validation = train_test_split(data.train, trained_config.data.validation_fraction, seed=validation_seed)
+  record = members.evaluate(trained_config, final, workdir, done, (train, validation, data.test))
+  metric_writer.append_record(workdir, record)
+  logging.info("final (ensemble of %d, test set): P@1 %.4f  P@3 %.4f  P@5 %.4f", record["ensemble_members"],
+               record["p@1"], record["p@3"], record["p@5"])
+  return record
