@@ -316,8 +316,8 @@ def sweep_inference_k(config, state, train_path: str, test_path: str, args) -> d
   """
   from sparsejax.config import override
   from sparsejax.distributed import sharding
+  from sparsejax.evaluation import Evaluator, padded_width
   from sparsejax.model_config import ModelConfig
-  from sparsejax.train.evaluation import Evaluator, padded_width
 
   train, test = xcdata.load_xc_file(train_path), xcdata.load_xc_file(test_path)
   if config.data.validation_fraction > 0:  # the labels the run trained on (sparsejax.train's split: seed + 1)
@@ -366,7 +366,7 @@ def time_inference(config, run, state, test_path: str, args) -> dict:
 
   from sparsejax import inference
   from sparsejax.data import PAD_ID
-  from sparsejax.train.evaluation import padded_width
+  from sparsejax.evaluation import padded_width
 
   test = xcdata.load_xc_file(test_path)
   rows = np.arange(min(args.inference_batch, len(test)))

@@ -20,7 +20,7 @@ import numpy as np
 
 from sparsejax import data as xcdata
 from sparsejax import network
-from sparsejax.train import checkpoint
+from sparsejax.workdir import checkpoint
 
 import harness
 

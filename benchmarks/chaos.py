@@ -51,7 +51,7 @@ RUN_FLAGS = dict(dataset="synthetic", synthetic_samples=4000, synthetic_features
 # names) names the phase; none matching: start-up (imports, data, compilation before the loop).
 PHASES = [("restore", re.compile(r"restore")), ("checkpoint save", re.compile(r"save|wait_until_finished")),
           ("table rebuild", re.compile(r"rebuild|rehash|maintain|new_hash_functions")),
-          ("evaluation", re.compile(r"^(evaluate\w*|__call__|predict\w*)$")), ("step", re.compile(r"step|^_train$"))]
+          ("evaluation", re.compile(r"^(evaluate\w*|__call__|predict\w*)$")), ("step", re.compile(r"step|^train_one$"))]
 
 
 # --- Child: the trainer, with a stack dump on SIGUSR1 ------------------------------------------------------------

@@ -191,7 +191,7 @@ def main():
   import jax
 
   from sparsejax import inference, model
-  from sparsejax.train.evaluation import padded_width
+  from sparsejax.evaluation import padded_width
 
   run_config, test, run, state, _ = finished_runs.finished_run(args)
   config = run.config

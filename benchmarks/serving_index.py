@@ -50,7 +50,7 @@ def query_seconds(state, model_config, test, max_features, queries: int = 1024) 
   import jax.numpy as jnp
 
   from sparsejax import inference, model
-  from sparsejax.train.evaluation import padded_width
+  from sparsejax.evaluation import padded_width
 
   rows = min(queries, len(test))
   fi, fv, _ = test.to_padded(range(rows), padded_width(test, max_features), 1)

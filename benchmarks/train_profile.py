@@ -46,12 +46,12 @@ from sparsejax import model, ops, optim
 from sparsejax.config import Config, override
 from sparsejax.data import BatchIterator, load_dataset
 from sparsejax.distributed import sharding
+from sparsejax.evaluation import Evaluator
 from sparsejax.loss import label_targets, num_distinct_labels, sharded_softmax_cross_entropy
 from sparsejax.model_config import ModelConfig, local_active_k, uses_exact_path
 from sparsejax.network import dense_optimizer, hidden_forward
 from sparsejax.schedule import TableSchedule, refresh_cost_in_steps
 from sparsejax.train import train_and_evaluate
-from sparsejax.train.evaluation import Evaluator
 from sparsejax.train.metric_writer import read_records
 
 import harness

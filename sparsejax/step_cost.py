@@ -1,5 +1,5 @@
 """The modelled wall time of a training step, from the sizes alone: one model for the recipe search's step budget
-(:func:`sparsejax.train.search.modelled_step_seconds`) and for the choice between the exact and the sampled softmax
+(:func:`sparsejax.train.search_plan.modelled_step_seconds`) and for the choice between the exact and the sampled softmax
 (:func:`sparsejax.model_config.uses_exact_path`).
 
 A step costs a fixed time, one per multiply-add of dense matmuls (the hidden layers; the output layer on the exact

@@ -5,7 +5,7 @@ There is no accelerator here, so: the twins are compared with the kernels on CPU
 for CUDA (``jax.export`` needs no GPU) and must hold no sparsejax kernel, while their CPU lowering must; the dense
 model trained on the twins must match the one trained on the kernels; and the command line refuses what cannot
 run, in one line, before anything is written. Training, ``sparsejax.fit``, ``sparsejax.load`` and
-``sparsejax-predict`` decide by one check (``sparsejax.train.platforms``) and pin JAX to the platform asked for.
+``sparsejax-predict`` decide by one check (``sparsejax.platforms``) and pin JAX to the platform asked for.
 """
 
 import functools
@@ -19,10 +19,9 @@ import pytest
 from jax import export
 
 import sparsejax
-from sparsejax import _ffi, data, dense, inference, ops, selection
+from sparsejax import _ffi, data, dense, inference, ops, platforms, selection
 from sparsejax.config import Config, override
 from sparsejax.model_config import ModelConfig
-from sparsejax.train import platforms
 
 
 def _gather_data(weight_dtype=jnp.float32, seed=0, B=6, k=9, N=40, d=12):
@@ -180,6 +179,8 @@ def test_the_platform_check_allows_slide_on_cpus_only_and_the_dense_model_anywhe
       "the sampled softmax, row-sparse Adam) are CPU code; use cpu")
   assert platforms.problem("tpu", "dense") == platforms.problem("tpu") == "must be one of cpu, cuda, rocm"
   assert platforms.problem("cuda") is None  # the model not known yet: the name only
+  # A model name no kind has (a damaged config.json that load reads): refused with the message, not a KeyError.
+  assert platforms.problem("cuda", "foo") == platforms.problem("cuda", "slide").replace("model=slide:", "model=foo:")
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from sparsejax import averaging
 from sparsejax.config import override
 from sparsejax.network import NetworkParams, SparseLayer
 from sparsejax.train import train_and_evaluate
-from sparsejax.train.checkpoint import Checkpoints
 from sparsejax.train.metric_writer import read_records
+from sparsejax.workdir.checkpoint import Checkpoints
 
 
 def _params(rng, scale=1.0):

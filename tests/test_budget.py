@@ -7,10 +7,10 @@ import pytest
 from absl import logging as absl_logging
 
 from sparsejax.config import override
-from sparsejax.train import loop, search, train_and_evaluate
-from sparsejax.train.checkpoint import Checkpoints
+from sparsejax.train import loop, search_plan, train_and_evaluate
 from sparsejax.train.metric_writer import read_records
 from sparsejax.train.stopping import Interrupted, StopRequests
+from sparsejax.workdir.checkpoint import Checkpoints
 
 
 class _SignalAt(StopRequests):
@@ -39,8 +39,8 @@ def test_a_signal_stops_a_large_run_on_its_newest_checkpoint(tmp_path, small_con
 
 @pytest.fixture
 def timed_search(small_config, monkeypatch):
-  monkeypatch.setattr(search, "MIN_ROUND_STEPS", 10)
-  monkeypatch.setattr(search, "CALIBRATION_STEPS", 5)
+  monkeypatch.setattr(search_plan, "MIN_ROUND_STEPS", 10)
+  monkeypatch.setattr(search_plan, "CALIBRATION_STEPS", 5)
   verbosity = absl_logging.get_verbosity()
   absl_logging.set_verbosity(absl_logging.INFO)
   yield override(small_config, max_steps=None, max_seconds=12.0, validation_fraction=0.1, recipe="auto",

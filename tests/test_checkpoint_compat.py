@@ -13,7 +13,7 @@ import scipy.sparse as sp
 import sparsejax
 from sparsejax.config import Config, override
 from sparsejax.train import driver
-from sparsejax.train.checkpoint import Checkpoints
+from sparsejax.workdir.checkpoint import Checkpoints
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "checkpoints_before_index")
 INPUTS = sp.random(5, 40, density=0.2, format="csr", random_state=1, dtype=np.float32)  # as make.py drew them
@@ -71,7 +71,7 @@ def test_a_state_restored_without_its_average_leaves_the_field_out_of_the_target
   a None one, so the target leaves ``average`` out and the state gets it back as None (restoring the 10^6-label
   run's selected state failed with "tree structures do not match: average")."""
   from sparsejax.model import SlideState
-  from sparsejax.train import checkpoint
+  from sparsejax.workdir import checkpoint
 
   state = SlideState(step=1, rng=None, embed=2, hidden=(), out=3, embed_opt=None, out_w_opt=None, out_b_opt=None,
                      dense_opt=None, index=None, average=None)

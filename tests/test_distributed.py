@@ -14,7 +14,7 @@ import pytest
 
 import sparsejax
 from sparsejax.data import load_dataset
-from sparsejax.train.checkpoint import Checkpoints
+from sparsejax.workdir.checkpoint import Checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "train.py")

@@ -209,7 +209,7 @@ def test_the_same_seed_trains_the_same_ensemble_and_one_member_trains_none(ensem
 def test_an_ensemble_file_names_only_member_directories(tmp_path):
   """A work directory from elsewhere must not make load open other files: member paths are members/M, nothing else."""
   from sparsejax.serving import assets
-  from sparsejax.train import seals
+  from sparsejax.workdir import seals
 
   path = tmp_path / "ensemble.json"
   for members in (["../../etc"], ["/tmp/x"], ["members/1", "members/1"], ["members/0"], "members/1", [1]):
@@ -241,7 +241,7 @@ def test_a_member_swapped_for_another_run_of_the_same_sizes_is_refused(ensemble_
   import shutil
 
   import sparsejax
-  from sparsejax.train import seals
+  from sparsejax.workdir import seals
 
   workdir, final = ensemble_run
   recorded = json.load(open(os.path.join(workdir, "assets", "ensemble.json")))["members"]
@@ -259,7 +259,7 @@ def test_a_member_directory_that_links_out_or_nests_an_ensemble_is_refused(ensem
   import shutil
 
   import sparsejax
-  from sparsejax.train import seals
+  from sparsejax.workdir import seals
 
   workdir, _ = ensemble_run
   copy = str(tmp_path / "copy")

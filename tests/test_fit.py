@@ -20,7 +20,7 @@ import sparsejax
 from sparsejax import data
 from sparsejax.config import Config, ConfigError, override
 from sparsejax.train import compilation_cache, train_and_evaluate
-from sparsejax.train.checkpoint import BestCheckpoint, Checkpoints
+from sparsejax.workdir.checkpoint import BestCheckpoint, Checkpoints
 
 # A few seconds a run: a small network, no recipe search (recipe="none": the same settings for the file path).
 SETTINGS = dict(hidden_dims=(16,), active_k=16, batch_size=32, max_steps=30, eval_every=15, log_every=10,
@@ -192,9 +192,9 @@ def test_a_notebook_shows_a_progress_bar_with_the_log_lines_above_it(tmp_path, m
 
 def test_fit_searches_the_recipes_on_its_matrices(tmp_path, monkeypatch):
   """recipe="auto" (the default): the candidates train on fit's matrices, the winner trains on, all logged."""
-  from sparsejax.train import search
+  from sparsejax.train import search_plan
 
-  monkeypatch.setattr(search, "MIN_ROUND_STEPS", 10)  # rounds of a few steps: the whole search in seconds
+  monkeypatch.setattr(search_plan, "MIN_ROUND_STEPS", 10)  # rounds of a few steps: the whole search in seconds
   full = data.make_synthetic(1000, 300, 60, seed=0)
   x, y, _ = _matrices(full)
   stderr = io.StringIO()

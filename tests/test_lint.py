@@ -55,3 +55,47 @@ def test_the_registry_check_finds_a_comparison():
 
   code = "a = config.network.model == 'slide'\nb = model != 'dense'\nc = cfg.model in ('slide', 'x')\nd = x == 'y'\n"
   assert _comparisons_with_string(ast.parse(code), "model") == [1, 2, 3]
+
+
+# The layers below the training application: none of them imports it (docs/architecture.md, "The layers").
+_BELOW_TRAIN = ("sparsejax/serving", "sparsejax/workdir", "sparsejax/evaluation.py", "sparsejax/platforms.py",
+                "sparsejax/index", "sparsejax/distributed")
+
+
+def _imported_modules(tree) -> list[tuple[int, str]]:
+  """``(line, module)`` of every import in ``tree``, at any depth (inside functions too)."""
+  import ast
+
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      found += [(node.lineno, a.name) for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      found += [(node.lineno, node.module)] + [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+  return found
+
+
+def test_the_layers_below_training_do_not_import_it():
+  """Serving, the work directory, evaluation, the platforms, the index and the distributed runtime never import
+  ``sparsejax.train`` (issue 46): a loaded model needs no training code, and the arrows point one way."""
+  import ast
+
+  found = {}
+  for prefix in _BELOW_TRAIN:
+    root = ROOT / prefix
+    for path in sorted(root.rglob("*.py") if root.is_dir() else [root]):
+      lines = [line for line, module in _imported_modules(ast.parse(path.read_text()))
+               if module == "sparsejax.train" or module.startswith("sparsejax.train.")]
+      if lines:
+        found[str(path.relative_to(ROOT))] = sorted(set(lines))
+  assert not found, f"imports of sparsejax.train below it: {found}"
+
+
+def test_the_layer_check_finds_an_import():
+  import ast
+
+  code = ("import sparsejax.train.loop\nfrom sparsejax.train import seals\n"
+          "def f():\n  from sparsejax.train.cli import x\n")
+  modules = [m for _, m in _imported_modules(ast.parse(code)) if m.startswith("sparsejax.train")]
+  assert modules == ["sparsejax.train.loop", "sparsejax.train", "sparsejax.train.seals", "sparsejax.train.cli",
+                     "sparsejax.train.cli.x"]

@@ -205,12 +205,13 @@ def test_exact_path_choice_is_the_search_step_models_cheaper_path():
   The fixed rule it replaced (active_k x 8 >= N) took the exact path up to 8,192 labels at active_k 1024, where
   the model's switch is at 4 x active_k = 4,096."""
   from sparsejax.config import Config
-  from sparsejax.train import search
+  from sparsejax.train import search_plan
 
   def path(n, **settings):
     cfg = override(Config(), **settings)
-    shape = search.DataShape(num_train=50_000, num_features=50_000, num_labels=n, mean_features=20)
-    exact_s, sampled_s = (search.modelled_step_seconds(override(cfg, softmax=s), shape) for s in ("exact", "sampled"))
+    shape = search_plan.DataShape(num_train=50_000, num_features=50_000, num_labels=n, mean_features=20)
+    exact_s, sampled_s = (search_plan.modelled_step_seconds(override(cfg, softmax=s), shape)
+                          for s in ("exact", "sampled"))
     chosen = uses_exact_path(ModelConfig.from_config(cfg, 50_000, n))
     assert chosen == (exact_s <= sampled_s), (n, settings, exact_s, sampled_s)
     return "exact" if chosen else "sampled"

@@ -17,9 +17,9 @@ from sparsejax import dense, model
 from sparsejax.config import Config, override
 from sparsejax.model_config import ModelConfig, uses_exact_path
 from sparsejax.train import train_and_evaluate
-from sparsejax.train.checkpoint import Checkpoints
 from sparsejax.train.metric_writer import read_records
 from sparsejax.train.nonfinite import NonFiniteError
+from sparsejax.workdir.checkpoint import Checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -254,7 +254,7 @@ def test_a_long_input_row_pads_a_few_rows_not_the_batch(synthetic_run, monkeypat
   long row's batch holds few rows, and the other rows' predictions do not change."""
   import tracemalloc
 
-  from sparsejax.train.evaluation import padded_width
+  from sparsejax.evaluation import padded_width
 
   workdir, _, test = synthetic_run
   model = sparsejax.load(str(workdir))
@@ -316,7 +316,7 @@ def test_scoring_labels_give_the_metrics_of_all_labels(with_propensity):
   """A sample's labels cut to its hits among the candidates and its 5 heaviest: every ranking of the candidates
   scores as against all its labels (metrics.evaluate_topk of the full, widest-row padding), duplicates included."""
   from sparsejax import metrics
-  from sparsejax.train.evaluation import scoring_labels
+  from sparsejax.evaluation import scoring_labels
 
   rng = np.random.default_rng(3)
   num_labels = 300
@@ -338,8 +338,7 @@ def test_evaluating_a_sample_with_every_label_pads_the_labels_to_the_candidates_
   """Issue 35: the Evaluator padded every sample's labels to the widest row's, [n, max labels] at once: one sample
   with 2M labels among 100K made 800 GB. Now the metrics see at most the candidates' width plus 5 labels per
   sample, and equal those of the old padding."""
-  from sparsejax import metrics
-  from sparsejax.train import evaluation
+  from sparsejax import evaluation, metrics
 
   workdir, _, test = synthetic_run
   model = sparsejax.load(str(workdir))
@@ -369,9 +368,9 @@ def test_evaluating_a_long_row_pads_a_few_rows_and_gives_the_same_metrics(synthe
   as predict does, and the metrics equal those of the old padding (one width for all rows, here in 48-row batches)."""
   import functools
 
+  from sparsejax import evaluation
+  from sparsejax.evaluation import padded_width
   from sparsejax.serving import model as trained
-  from sparsejax.train import evaluation
-  from sparsejax.train.evaluation import padded_width
 
   workdir, _, test = synthetic_run
   model = sparsejax.load(str(workdir))
@@ -503,7 +502,7 @@ def _vectorizer_of(num_features: int):
 def _as_the_run_wrote_it(path, write) -> None:
   """``write()`` an asset at ``path`` and record it in the assets' seal, as if the run had written it: what these
   tests check is the file's content (a file changed after the run is refused by its seal: test_workdir_integrity)."""
-  from sparsejax.train import seals
+  from sparsejax.workdir import seals
 
   write()
   seal_path = path.parent / "checksums.json"

@@ -10,15 +10,15 @@ import pytest
 from absl import logging as absl_logging
 
 from sparsejax.config import Config, ConfigError, override
-from sparsejax.train import recipes, search, train_and_evaluate
-from sparsejax.train.checkpoint import Checkpoints, ResumeError
+from sparsejax.train import recipes, search, search_plan, train_and_evaluate
 from sparsejax.train.metric_writer import read_records
+from sparsejax.workdir.checkpoint import Checkpoints, ResumeError
 
 
 @pytest.fixture
 def search_config(monkeypatch):
   # Rounds of a few steps tell nothing apart, but they exercise the whole search in seconds.
-  monkeypatch.setattr(search, "MIN_ROUND_STEPS", 10)
+  monkeypatch.setattr(search_plan, "MIN_ROUND_STEPS", 10)
   # The search logs at INFO: absl's verbosity is process-wide, and earlier tests may have lowered it.
   verbosity = absl_logging.get_verbosity()
   absl_logging.set_verbosity(absl_logging.INFO)
@@ -159,25 +159,26 @@ def test_the_recipe_trained_is_the_named_one_or_none():
 
 
 def test_plan_gives_each_candidate_steps_for_an_equal_share_of_seconds():
-  shape = search.DataShape(num_train=130_000, num_features=100_000, num_labels=20_000, mean_features=10)
+  shape = search_plan.DataShape(num_train=130_000, num_features=100_000, num_labels=20_000, mean_features=10)
   config = override(Config(), max_seconds=300.0)
-  plan = search.plan(config, shape, recipes.RECIPES)
+  plan = search_plan.plan(config, shape, recipes.RECIPES)
   assert plan.rounds == 2 and [r.name for r in plan.candidates] == ["small", "wide", "wider"]
   share = config.search.search_fraction * 300 / 5  # 5 round-0 budgets: 3 candidates, then 2 for twice as long
   for recipe in plan.candidates:
-    seconds = search.modelled_step_seconds(recipes.apply(config, recipe), shape)
+    seconds = search_plan.modelled_step_seconds(recipes.apply(config, recipe), shape)
     assert plan.steps[recipe.name] == int(share / seconds)
   assert plan.steps["small"] > plan.steps["wide"] > plan.steps["wider"]
   # Too little time for three: the costliest is left out; for none, no plan.
-  smallest = search.MIN_ROUND_STEPS * search.modelled_step_seconds(recipes.apply(config, recipes.RECIPES[2]), shape)
+  smallest = search_plan.MIN_ROUND_STEPS * search_plan.modelled_step_seconds(recipes.apply(config, recipes.RECIPES[2]),
+                                                                             shape)
   tight = override(config, max_seconds=smallest * 5 / config.search.search_fraction * 0.9)
-  assert [r.name for r in search.plan(tight, shape, recipes.RECIPES).candidates] == ["small", "wide"]
-  assert search.plan(override(config, max_seconds=1.0), shape, recipes.RECIPES) is None
+  assert [r.name for r in search_plan.plan(tight, shape, recipes.RECIPES).candidates] == ["small", "wide"]
+  assert search_plan.plan(override(config, max_seconds=1.0), shape, recipes.RECIPES) is None
 
 
 def test_modelled_step_seconds_grows_with_width_and_active_neurons():
-  shape = search.DataShape(10_000, 50_000, 100_000, 30)
-  cost = lambda **changes: search.modelled_step_seconds(override(Config(), **changes), shape)
+  shape = search_plan.DataShape(10_000, 50_000, 100_000, 30)
+  cost = lambda **changes: search_plan.modelled_step_seconds(override(Config(), **changes), shape)
   assert cost(hidden_dims=(128,)) < cost(hidden_dims=(512,)) < cost(hidden_dims=(1024,))
   assert cost(active_k=256) < cost(active_k=1024)
   assert cost(hidden_dims=(512,)) < cost(hidden_dims=(512, 512))
@@ -223,13 +224,13 @@ def test_an_interrupted_search_goes_on_from_its_last_finished_round(tmp_path):
   """Ctrl-C in round 2: the same command does not train or record round 1 again (a candidate of round 2 has
   trained past round 1's steps: replaying it would score another state), it finishes round 2."""
   config = override(Config(), max_steps=2000, resume="force")
-  shape = search.DataShape(10_000, 1_000, 100, 10)
+  shape = search_plan.DataShape(10_000, 1_000, 100, 10)
   scores = {"small": (0.5, 0.6), "wide": (0.4, 0.7), "wider": (0.1, 0.2)}
   records = []
   first = _FakeTraining(scores, interrupt_at=5)  # 3 candidates in round 1, then wide and small
   with pytest.raises(KeyboardInterrupt):
     search.run(config, str(tmp_path), shape, first, records.append)
-  steps = search.plan(config, shape, recipes.RECIPES).steps["small"]
+  steps = search_plan.plan(config, shape, recipes.RECIPES).steps["small"]
   assert [c[:2] for c in first.calls] == [("small", steps), ("wide", steps), ("wider", steps), ("small", 2 * steps),
                                           ("wide", 2 * steps)]
   assert {c[2] for c in first.calls} == {"force"}  # --resume=force reaches the candidates
@@ -243,7 +244,7 @@ def test_an_interrupted_search_goes_on_from_its_last_finished_round(tmp_path):
 
 def test_a_diverged_candidate_ranks_last(tmp_path):
   config = override(Config(), max_steps=2000)
-  shape = search.DataShape(10_000, 1_000, 100, 10)
+  shape = search_plan.DataShape(10_000, 1_000, 100, 10)
   training = _FakeTraining({"small": (float("nan"),) * 2, "wide": (0.1, 0.2), "wider": (0.05, 0.1)})
   chosen, summary = search.run(config, str(tmp_path), shape, training, lambda record: None)
   assert summary["recipe"] == "wide" and "small" not in {c[0] for c in training.calls[3:]}
@@ -287,7 +288,7 @@ class _TimedTraining:
     assert not evaluate_test
     name = workdir.rsplit("/", 1)[-1]
     start, target, cap = self.trained.get(name, 0), config.budget.max_steps, config.budget.max_seconds
-    rate = self.step_seconds[name] * (self.slowdown if start >= search.CALIBRATION_STEPS else 1.0)
+    rate = self.step_seconds[name] * (self.slowdown if start >= search_plan.CALIBRATION_STEPS else 1.0)
     steps = target - start if cap is None else min(target - start, int(cap / rate))
     self.clock.now += self.call_seconds + steps * rate
     self.trained[name] = start + steps
@@ -296,11 +297,11 @@ class _TimedTraining:
     return {"score": score, "train_seconds": steps * rate, "step": start + steps, "step_seconds": rate}
 
 
-_SHAPE = search.DataShape(num_train=130_000, num_features=100_000, num_labels=20_000, mean_features=10)
+_SHAPE = search_plan.DataShape(num_train=130_000, num_features=100_000, num_labels=20_000, mean_features=10)
 
 
 def _ten_times_modelled(config):
-  return {r.name: 10 * search.modelled_step_seconds(recipes.apply(config, r), _SHAPE) for r in recipes.RECIPES}
+  return {r.name: 10 * search_plan.modelled_step_seconds(recipes.apply(config, r), _SHAPE) for r in recipes.RECIPES}
 
 
 def test_a_search_whose_steps_are_ten_times_slower_than_modelled_ends_within_its_share(tmp_path, monkeypatch):
@@ -312,7 +313,7 @@ def test_a_search_whose_steps_are_ten_times_slower_than_modelled_ends_within_its
   share = config.search.search_fraction * 300
   rates = _ten_times_modelled(config)
   # The modelled plan on this machine: its rounds' steps at 10x the modelled time overrun the share many times.
-  modelled = search.plan(config, _SHAPE, recipes.RECIPES)
+  modelled = search_plan.plan(config, _SHAPE, recipes.RECIPES)
   modelled_seconds = sum(s * rates[n] for n, s in modelled.steps.items())  # round 1 alone
   assert modelled_seconds > 5 * share
   records = []
@@ -325,15 +326,15 @@ def test_a_search_whose_steps_are_ten_times_slower_than_modelled_ends_within_its
   assert clock.now <= share and summary["search_wall_seconds"] == pytest.approx(clock.now - training.call_seconds,
                                                                                 abs=0.01)
   assert measured[0]["measured_step_seconds"] == {n: pytest.approx(s, rel=1e-4) for n, s in rates.items()}
-  assert measured[0]["calibration_steps"] == search.CALIBRATION_STEPS
+  assert measured[0]["calibration_steps"] == search_plan.CALIBRATION_STEPS
   # Each candidate measured (its calibration steps kept: round 1 trains on from them; the first one's directory
   # trained again at its steps, which times a round's fixed seconds), then the rounds.
-  assert training.calls[:4] == [(n, search.CALIBRATION_STEPS) for n in ("small", "small", "wide", "wider")]
+  assert training.calls[:4] == [(n, search_plan.CALIBRATION_STEPS) for n in ("small", "small", "wide", "wider")]
   rounds = [r for r in records if "search_round" in r]
   assert len(rounds) == 2 and chosen.search.recipe == "wide"
-  plan = search.plan(config, _SHAPE, recipes.RECIPES, search.Measured.from_record(measured[0]))
+  plan = search_plan.plan(config, _SHAPE, recipes.RECIPES, search_plan.Measured.from_record(measured[0]))
   assert {n: r["steps"] for n, r in rounds[0]["search"].items()} == plan.steps
-  assert plan.steps["small"] > plan.steps["wide"] > plan.steps["wider"] >= search.MIN_ROUND_STEPS
+  assert plan.steps["small"] > plan.steps["wide"] > plan.steps["wider"] >= search_plan.MIN_ROUND_STEPS
   # Most of the share is used: the plan is not timid either.
   assert clock.now > 0.7 * share
 
@@ -355,7 +356,7 @@ def test_a_recorded_plan_is_replayed_with_the_same_steps(tmp_path, monkeypatch):
              again_records.append)
   steps = lambda records: [{n: r["steps"] for n, r in x["search"].items()} for x in records if "search_round" in x]
   assert steps(again_records) == steps(first_records)
-  assert training.calls[:4] == [(n, search.CALIBRATION_STEPS) for n in ("small", "small", "wide", "wider")]
+  assert training.calls[:4] == [(n, search_plan.CALIBRATION_STEPS) for n in ("small", "small", "wide", "wider")]
   replayed = [r for r in again_records if "measured_step_seconds" in r][0]
   assert replayed["measured_step_seconds"] == [r for r in first_records if "measured_step_seconds" in r][0][
       "measured_step_seconds"] and replayed["plan_from"] == str(tmp_path / "a.jsonl")
@@ -390,7 +391,7 @@ def test_step_budgets_are_planned_without_measuring(tmp_path):
   config = override(Config(), max_steps=2000)
   training = _FakeTraining({"small": (0.5, 0.6), "wide": (0.4, 0.7), "wider": (0.1, 0.2)})
   records = []
-  search.run(config, str(tmp_path), search.DataShape(10_000, 1_000, 100, 10), training, records.append)
+  search.run(config, str(tmp_path), search_plan.DataShape(10_000, 1_000, 100, 10), training, records.append)
   assert not any("measured_step_seconds" in r for r in records)
   assert [c[1] for c in training.calls] == [200, 200, 200, 400, 400]  # 0.5 * 2000 / 5 round-0 budgets
 
@@ -415,16 +416,16 @@ def test_the_measured_plan_counts_each_rounds_evaluations():
   import dataclasses
 
   config = override(Config(), max_seconds=300.0)
-  measured = search.Measured({"small": 0.01, "wide": 0.03}, {"small": 1.0, "wide": 2.0}, 5.0)
+  measured = search_plan.Measured({"small": 0.01, "wide": 0.03}, {"small": 1.0, "wide": 2.0}, 5.0)
   evaluated = dataclasses.replace(measured, eval_seconds={"small": 5.0, "wide": 10.0})
   candidates = recipes.RECIPES[:2]
   rates = {"small": 0.01 + 5.0 / 500, "wide": 0.03 + 10.0 / 500}
   # 2 candidates: one round of 2 trainings (2 s each at most) after the 5 s of measuring.
   share = (0.5 * 300 - 5.0 - 2 * 2.0) / 2
-  assert search.plan(config, _SHAPE, candidates, evaluated).steps == {
-      n: search.CALIBRATION_STEPS + int(share / rates[n]) for n in rates}
-  assert search.plan(config, _SHAPE, candidates, measured).steps["small"] > 1.9 * \
-      search.plan(config, _SHAPE, candidates, evaluated).steps["small"]
+  assert search_plan.plan(config, _SHAPE, candidates, evaluated).steps == {
+      n: search_plan.CALIBRATION_STEPS + int(share / rates[n]) for n in rates}
+  assert search_plan.plan(config, _SHAPE, candidates, measured).steps["small"] > 1.9 * \
+      search_plan.plan(config, _SHAPE, candidates, evaluated).steps["small"]
 
 
 def test_the_calibration_evaluates_a_fifth_of_the_samples_and_scales_its_seconds_to_a_rounds(tmp_path, monkeypatch):
@@ -454,12 +455,13 @@ def test_the_calibration_evaluates_a_fifth_of_the_samples_and_scales_its_seconds
     shape = dataclasses.replace(_SHAPE, num_validation=num_validation)
     search.run(config, str(tmp_path / str(num_validation)), shape, Evaluating(clock, _ten_times_modelled(config)),
                records.append)
-    calibration = [(n, samples) for n, steps, samples in asked if steps == search.CALIBRATION_STEPS]
+    calibration = [(n, samples) for n, steps, samples in asked if steps == search_plan.CALIBRATION_STEPS]
     expected = min(search.CALIBRATION_EVAL_SAMPLES, round_samples)
     assert [n for n, _ in calibration] == ["small", "small", "wide", "wider"]
     # (asked of --eval_samples's 5,000 where the split is smaller than 1,000: the evaluator scores what there is)
     assert all(min(samples, round_samples) == expected for _, samples in calibration), calibration
-    assert all(samples == config.run.eval_samples for _, steps, samples in asked if steps != search.CALIBRATION_STEPS)
+    assert all(samples == config.run.eval_samples for _, steps, samples in asked
+               if steps != search_plan.CALIBRATION_STEPS)
     record = [r for r in records if "measured_eval_seconds" in r][0]
     assert record["measured_eval_seconds"] == {
         n: pytest.approx(per_sample[n] * round_samples, abs=1e-3) for n in per_sample}, num_validation

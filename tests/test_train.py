@@ -19,8 +19,8 @@ from sparsejax import data
 from sparsejax.config import Config, ConfigError, override
 from sparsejax.network import NetworkParams, SparseLayer
 from sparsejax.train import train_and_evaluate
-from sparsejax.train.checkpoint import Checkpoints, ResumeError
 from sparsejax.train.metric_writer import MetricWriter, read_records
+from sparsejax.workdir.checkpoint import Checkpoints, ResumeError
 
 
 def _latest(workdir):
@@ -219,7 +219,7 @@ def test_a_best_state_that_is_the_last_one_is_not_read_back(tmp_path, small_conf
   """Issue 47: restoring the best state beside the live one held two copies of the state at the end (the 10^9-
   parameter run swapped and aborted there). Where the last evaluation is the best, the live state is used: same
   test metrics as reading it back, and the kept state is never restored."""
-  from sparsejax.train.checkpoint import BestCheckpoint
+  from sparsejax.workdir.checkpoint import BestCheckpoint
 
   config = override(_selecting(small_config, max_steps=30), eval_every=1000)  # one evaluation, the last: the best
   restores = []
@@ -239,7 +239,7 @@ def test_a_best_state_read_back_replaces_the_live_parameters_never_beside_them(t
   deleted (the final checkpoint keeps them): the process's arrays grow by no second copy (bytes counted)."""
   import jax
 
-  from sparsejax.train.checkpoint import BestCheckpoint
+  from sparsejax.workdir.checkpoint import BestCheckpoint
 
   config = override(_selecting(small_config, max_steps=30), eval_every=1000)
   from sparsejax.train.model_selection import Selection

@@ -17,9 +17,10 @@ import pytest
 import sparsejax
 from sparsejax import data
 from sparsejax.config import override
-from sparsejax.train import seals, train_and_evaluate
+from sparsejax.train import train_and_evaluate
 from sparsejax.train.metric_writer import read_records
-from sparsejax.train.seals import IntegrityError
+from sparsejax.workdir import seals
+from sparsejax.workdir.seals import IntegrityError
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +214,7 @@ def test_a_resumed_run_sets_a_corrupted_best_state_aside(ours, validated_config,
 
 def test_the_final_evaluation_refuses_a_best_state_changed_during_the_run(tmp_path, validated_config,
                                                                          monkeypatch):
-  from sparsejax.train import checkpoint
+  from sparsejax.workdir import checkpoint
 
   check = checkpoint.BestCheckpoint.check
 

@@ -31,8 +31,8 @@ def restored_state(config, run_dir: str, test):
   """``(run, state)``: the run's selected (else latest) state as saved, for data shaped like ``test``."""
   from sparsejax.distributed import sharding
   from sparsejax.model_config import ModelConfig
-  from sparsejax.train import checkpoint
   from sparsejax.train.model_selection import without_optimizer
+  from sparsejax.workdir import checkpoint
 
   run = sharding.make_run(ModelConfig.from_config(config, test.num_features, test.num_labels), seed=config.run.seed)
   # The selected state is kept without its optimizer states (evaluated and served, not trained on).
@@ -64,7 +64,7 @@ def finished_run(args):
     of the test set as the run's own evaluations are made.
   """
   from sparsejax.config import Config
-  from sparsejax.train.evaluation import Evaluator
+  from sparsejax.evaluation import Evaluator
 
   workdir = os.path.join(args.workdir, args.dataset)
   run_dir = finished_run_dir(args)

@@ -5,7 +5,7 @@ Files: the label names (``labels.txt``, one per line), the fitted text vectorize
 set's label frequencies (``label_frequencies.npy``, for PSP@k), the serving index that the final evaluation built
 for the selected state (``serving_index.npz``; runs with a clustered index), the centroid fusion
 (``centroid_fusion.npz``), the ensemble's other members (``ensemble.json``), and their seal (``checksums.json``:
-each file's checksum and the run's id, :mod:`sparsejax.train.seals`). Each file is written whole or not at all.
+each file's checksum and the run's id, :mod:`sparsejax.workdir.seals`). Each file is written whole or not at all.
 """
 
 import json
@@ -18,14 +18,14 @@ import numpy as np
 from sparsejax.config import Config
 from sparsejax.data import LoadedData
 from sparsejax.data.text import VectorizerFormatError, read_vectorizer, save_vectorizer
-from sparsejax.train import seals
+from sparsejax.workdir import seals
 
 ASSETS = "assets"
 LABELS, VECTORIZER, FREQUENCIES = "labels.txt", "vectorizer.json", "label_frequencies.npy"
 SERVING_INDEX = "serving_index.npz"
 FUSION = "centroid_fusion.npz"  # the labels' centroids and the weight the run chose (sparsejax.fusion)
 ENSEMBLE = "ensemble.json"  # the run's other members' directories (sparsejax.ensemble, sparsejax.train.members)
-SEAL = "checksums.json"  # the assets' seal (sparsejax.train.seals)
+SEAL = "checksums.json"  # the assets' seal (sparsejax.workdir.seals)
 # A member's directory, relative to the run's: nothing else is opened (a work directory from elsewhere must not make
 # load read other files).
 _MEMBER_DIRECTORY = re.compile(r"members/[1-9][0-9]{0,2}")
@@ -36,7 +36,7 @@ DAMAGED_ARRAYS = (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.Ba
 
 def save_assets(workdir: str, data: LoadedData, run_id: str | None = None) -> None:
   """Writes the label names, the vectorizer and the label frequencies of ``data`` to ``WORKDIR/assets``, and their
-  seal (``checksums.json``: each file's checksum and run ``run_id``, :mod:`sparsejax.train.seals`).
+  seal (``checksums.json``: each file's checksum and run ``run_id``, :mod:`sparsejax.workdir.seals`).
 
   ``data.train`` is what the run trains on (without its validation split): its label frequencies and its size
   (the run's ``meta``) give the propensities of PSP@k. Each file is written whole or not at all (a rename). A
@@ -142,7 +142,7 @@ def save_ensemble(workdir: str, run_id: str | None, members: list[str]) -> None:
 def _served_state(workdir: str) -> dict:
   """``{"run_id", "step"}`` of what :func:`load` serves from ``workdir``: its newest checkpoint's run (None: an
   unsealed run) and its selected state's step (else its newest checkpoint's)."""
-  from sparsejax.train import checkpoint
+  from sparsejax.workdir import checkpoint
 
   checkpoints = checkpoint.Checkpoints(workdir, writable=False)
   newest = checkpoints.latest_step()

@@ -31,11 +31,11 @@ from sparsejax import model_kinds
 from sparsejax.config import Config
 from sparsejax.data import XCDataset
 from sparsejax.data.text import vectorizer_from_saved
+from sparsejax.evaluation import Evaluator, predict_in_batches
 from sparsejax.network import SparseLayer
 from sparsejax.serving import assets
 from sparsejax.serving.assets import ASSETS
-from sparsejax.train import seals
-from sparsejax.train.evaluation import Evaluator, predict_in_batches
+from sparsejax.workdir import seals
 
 # Texts without a known word named one by one, then the rest in one warning.
 _UNKNOWN_WORDS_NAMED = 10
@@ -94,12 +94,13 @@ class TrainedModel:
     workdir: the run's work directory (or a :meth:`save`'d model's).
     step: a checkpoint's step, or None: the run's selected state.
     platform: where the network runs, as ``sparsejax-train --platform``: ``"cpu"`` (SLIDE's kernels are CPU code),
-      or ``"cuda"``/``"rocm"`` for a dense model. JAX is pinned to it (:func:`sparsejax.train.platforms.pin`): a machine
+      or ``"cuda"``/``"rocm"`` for a dense model. JAX is pinned to it (:func:`sparsejax.platforms.pin`): a machine
       whose JAX defaults to a GPU serves on its CPUs; where JAX already runs elsewhere, loading is refused, saying so.
   """
 
   def __init__(self, workdir: str, step: int | None = None, platform: str = "cpu"):
-    from sparsejax.train import checkpoint, platforms
+    from sparsejax import platforms
+    from sparsejax.workdir import checkpoint
 
     self._workdir = workdir
     # JAX is pinned before anything starts it (orbax does, listing the checkpoints), by the network that config.json
@@ -134,7 +135,7 @@ class TrainedModel:
     """``(the arrays of the state served, whether it is the run's best state)``, checked against the run's seals;
     sets :attr:`step` and :attr:`selected_by`. The state the run selected on its validation split (and reported),
     not its last one, unless ``step`` asks."""
-    from sparsejax.train import checkpoint
+    from sparsejax.workdir import checkpoint
 
     workdir, run_id = self._workdir, self._run_id
     best = checkpoint.BestCheckpoint.open(workdir, self.config.run.selection_metric)
@@ -263,7 +264,7 @@ class TrainedModel:
     """
     import shutil
 
-    from sparsejax.train import checkpoint
+    from sparsejax.workdir import checkpoint
 
     target = os.path.abspath(os.path.expanduser(directory))
     if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
@@ -359,7 +360,7 @@ class TrainedModel:
                                      self.params.out.w.shape[1])
 
   def network_predictor(self, top: int, k: int | None = None, with_sampled: bool = False):
-    """The network's ranking without the centroid fusion, for :class:`sparsejax.train.evaluation.Evaluator`:
+    """The network's ranking without the centroid fusion, for :class:`sparsejax.evaluation.Evaluator`:
     ``predict(params, fi, fv) -> (scores, ids, sampled_ids or None)``: exact top ``top`` (sampled among ``k``
     index candidates if ``k``), and with ``with_sampled`` also the sampled ids at the serving k; an ensemble's
     rankings merged (:func:`sparsejax.ensemble.merge_top`: each member's best ``max(top,
@@ -415,7 +416,7 @@ class TrainedModel:
         string is one text).
       top: labels per input (at most N, and at most ``k``).
       batch_size: inputs per call (one compiled shape); an input too wide for ``batch_size`` of it to stay
-        within :data:`sparsejax.train.evaluation.PADDED_ELEMENTS` padded features goes in a smaller call of its own.
+        within :data:`sparsejax.evaluation.PADDED_ELEMENTS` padded features goes in a smaller call of its own.
       k: None: exact (every output scored). An int: sampled inference, as the run's ``sampled_p@k`` measured it:
         each input's ``k`` best candidates from the serving index (kept by the run, else built from the output
         rows on the first such call) are scored, and the top ``top`` of them returned. Faster than exact where
@@ -454,7 +455,7 @@ class TrainedModel:
 
   def use_fusion(self, centroids, weight: float) -> None:
     """Ranks with these labels' centroids at ``weight`` from now on (:mod:`sparsejax.fusion`): what a run that just
-    chose and saved them (:func:`save_fusion`) would load back."""
+    chose and saved them (:func:`sparsejax.serving.assets.save_fusion`) would load back."""
     self._fusion = (centroids, float(weight))
 
   def _fused(self, top: int, k: int | None = None, with_sampled: bool = False):

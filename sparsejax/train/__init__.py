@@ -4,7 +4,7 @@ A run's settings (:mod:`sparsejax.config`) come from the command line (:mod:`.cl
 (:mod:`.fitting`); :func:`train_and_evaluate` (:mod:`.driver`) composes the run of the recipe search
 (:mod:`.recipes`, :mod:`.search`), the network's training (:mod:`.loop`: the model of :mod:`sparsejax.model`, one
 process or several through :mod:`sparsejax.distributed`) and the ensemble's members (:mod:`.members`), with
-checkpoints (:mod:`.checkpoint`, sealed by :mod:`.seals`), evaluations (:mod:`.evaluation`), metrics
+checkpoints (:mod:`sparsejax.workdir`), evaluations (:mod:`sparsejax.evaluation`), metrics
 (:mod:`.metric_writer`, :mod:`.console`) and stops (:mod:`.stopping`, :mod:`.nonfinite`);
 :mod:`sparsejax.serving` serves the model it saved (``sparsejax.load``).
 
@@ -13,7 +13,7 @@ This package imports the model core and the distributed runtime; neither imports
 
 
 def __getattr__(name: str):
-  """``train_and_evaluate``, imported on first use: the driver imports JAX, and ``sparsejax.train.seals`` or
+  """``train_and_evaluate``, imported on first use: the driver imports JAX, and ``sparsejax.workdir.seals`` or
   ``.console`` need not."""
   if name == "train_and_evaluate":
     from sparsejax.train.driver import train_and_evaluate

@@ -19,9 +19,9 @@ from typing import NamedTuple
 
 from absl import app, flags, logging
 
-from sparsejax import flagfiles, model_kinds, rundirs
+from sparsejax import flagfiles, model_kinds, platforms, rundirs
 from sparsejax.config import Config, ConfigError, field_type, format_value, iter_fields, override
-from sparsejax.train import allocator, compilation_cache, console, platforms, recipes
+from sparsejax.train import allocator, compilation_cache, console, recipes
 
 FLAGS = flags.FLAGS
 USAGE_ERROR = 2
@@ -438,11 +438,12 @@ def train(argv: list[str]) -> None:
   _use_compilation_cache()
   from sparsejax.data import XCFormatError
   from sparsejax.distributed import sharding  # imported here: creating a JAX backend must wait for the flags
-  from sparsejax.train import checkpoint, train_and_evaluate
+  from sparsejax.train import train_and_evaluate
   from sparsejax.train.metric_writer import MetricsFileError
   from sparsejax.train.nonfinite import NonFiniteError
-  from sparsejax.train.seals import IntegrityError, WriteError
   from sparsejax.train.stopping import Interrupted, raise_on_signals
+  from sparsejax.workdir import checkpoint
+  from sparsejax.workdir.seals import IntegrityError, WriteError
 
   try:
     sharding.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
@@ -664,9 +665,9 @@ def predict(argv: list[str]) -> None:
   _check_platform(FLAGS.platform)  # the model's kind is checked as it loads
   # Set, not defaulted, as sparsejax-train sets it: SLIDE's kernels are CPU code, whatever JAX_PLATFORMS says.
   os.environ["JAX_PLATFORMS"] = FLAGS.platform
+  from sparsejax.platforms import PlatformError, PlatformUnavailable
   from sparsejax.serving.model import UnknownWordsWarning, load
-  from sparsejax.train.checkpoint import quiet_orbax_logs
-  from sparsejax.train.platforms import PlatformError, PlatformUnavailable
+  from sparsejax.workdir.checkpoint import quiet_orbax_logs
 
   quiet_orbax_logs()  # stdout is the predictions; stderr only says what went wrong
 

@@ -52,7 +52,7 @@ def log_to_console() -> Iterator[None]:
   verbosity, propagate, level = logging.get_verbosity(), absl_logger.propagate, absl_logger.level
   handler = python_logging.StreamHandler(_CurrentStderr())
   handler.setFormatter(logging.PythonFormatter())
-  # absl's handler's filters too, whenever they are added (sparsejax.train.checkpoint keeps orbax's INFO lines out).
+  # absl's handler's filters too, whenever they are added (sparsejax.workdir.checkpoint keeps orbax's INFO lines out).
   handler.addFilter(lambda record: logging.get_absl_handler().filter(record))
   absl_logger.addHandler(handler)
   absl_logger.propagate = False

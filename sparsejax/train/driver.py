@@ -18,9 +18,10 @@ from absl import logging
 
 from sparsejax.config import Config, override
 from sparsejax.data import LoadedData, train_test_split
-from sparsejax.train import checkpoint, loop, members, metric_writer, plan, recipes, resume, search
+from sparsejax.train import loop, members, metric_writer, plan, recipes, resume, search
 from sparsejax.train.console import final_line, log_settings, log_to_console
 from sparsejax.train.metric_writer import read_records
+from sparsejax.workdir import checkpoint
 
 
 def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None = None,

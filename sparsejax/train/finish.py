@@ -5,15 +5,15 @@ from typing import Any
 
 from absl import logging
 
-from sparsejax import model
-from sparsejax.train import evaluation, recipes
+from sparsejax import evaluation, model
+from sparsejax.train import recipes
 
 # Final-record fields that describe the run rather than a point of a curve.
 SUMMARY_FIELDS = ("step", "epoch", "last_loss", "samples_per_sec", "seconds", "train_seconds", "budget_seconds",
-                   "num_params", "final",
-                   "num_processes", "last_step", "selected_step", "selected_by", "stopped_by", "bad_evaluations",
-                   "improved_step", "stale_evaluations", "recipe", "search_seconds", "search_wall_seconds",
-                   "search_scores", "fusion_weight", "fusion_validation")
+                  "num_params", "final",
+                  "num_processes", "last_step", "selected_step", "selected_by", "stopped_by", "bad_evaluations",
+                  "improved_step", "stale_evaluations", "recipe", "search_seconds", "search_wall_seconds",
+                  "search_scores", "fusion_weight", "fusion_validation")
 
 
 def candidate_result(loop, state, start_step: int) -> dict[str, Any]:

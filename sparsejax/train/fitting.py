@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from sparsejax import rundirs
+from sparsejax import platforms, rundirs
 from sparsejax.config import Config, ConfigError, did_you_mean, field_type, iter_fields, override
 from sparsejax.serving.model import TrainedModel
-from sparsejax.train import platforms, recipes
+from sparsejax.train import recipes
 
 # fit's own arguments (named in the suggestions for a misspelt setting), and the settings it sets itself.
 _ARGUMENTS = ("X", "Y", "X_val", "Y_val", "workdir", "num_labels", "label_names", "verbose", "platform",

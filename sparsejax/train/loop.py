@@ -20,21 +20,22 @@ from typing import Any
 import jax
 from absl import logging
 
-from sparsejax import averaging, dense, fusion, memory, model, model_kinds
+from sparsejax import averaging, dense, evaluation, fusion, memory, model, model_kinds
 from sparsejax.config import Config
 from sparsejax.data import BatchIterator, LoadedData
 from sparsejax.distributed import sharding
+from sparsejax.evaluation import Evaluator
 from sparsejax.model_config import ModelConfig
 from sparsejax.netanalysis.collect import StepProfiler
 from sparsejax.serving.assets import save_assets, save_fusion, save_serving_index
-from sparsejax.train import checkpoint, compile_clock, evaluation, finish, members, model_selection, plan, seals
+from sparsejax.train import compile_clock, finish, members, model_selection, plan
 from sparsejax.train.console import Progress
-from sparsejax.train.evaluation import Evaluator
 from sparsejax.train.metric_writer import MetricWriter
 from sparsejax.train.nonfinite import NonFiniteError, NonFiniteWatch
 from sparsejax.train.resume import Opened, open_checkpoints
 from sparsejax.train.step_clock import LoopClock, StepTimer
 from sparsejax.train.stopping import Interrupted, StopRequests
+from sparsejax.workdir import checkpoint, seals
 
 
 def train_one(config: Config, workdir: str, *, data: LoadedData | None = None, evaluate_test: bool = True,
@@ -93,14 +94,14 @@ def train_one(config: Config, workdir: str, *, data: LoadedData | None = None, e
   selection = model_selection.for_run(config, workdir, opened, split, position, run_id, start_step, evaluator)
   fuse = config.run.centroid_fusion and split.validation is not None
   loop = Loop(config, run, checkpoints,
-               checkpoint.make_meta(config, num_shards, jax.process_count(), split.sizes, run_id),
-               evaluator(split.test), selection,
-               MetricWriter(workdir, config.run.tensorboard, resume_step=start_step) if is_chief else None,
-               split.steps_per_epoch, split.max_steps, _step_profiler(config, run, workdir),
-               functools.partial(save_serving_index, workdir, run_id) if is_chief else None,
-               # Only the final evaluation fuses: the search's candidates and the loop's evaluations score the network.
-               (lambda: fusion.label_centroids(split.train)) if fuse else None,
-               functools.partial(save_fusion, workdir, run_id) if is_chief else None)
+              checkpoint.make_meta(config, num_shards, jax.process_count(), split.sizes, run_id),
+              evaluator(split.test), selection,
+              MetricWriter(workdir, config.run.tensorboard, resume_step=start_step) if is_chief else None,
+              split.steps_per_epoch, split.max_steps, _step_profiler(config, run, workdir),
+              functools.partial(save_serving_index, workdir, run_id) if is_chief else None,
+              # Only the final evaluation fuses: the search's candidates and the loop's evaluations score the network.
+              (lambda: fusion.label_centroids(split.train)) if fuse else None,
+              functools.partial(save_fusion, workdir, run_id) if is_chief else None)
   state = _train_steps(loop, state, plan.batch_iterator(config, split, position, sized), opened, position, is_chief)
   if not evaluate_test:
     return finish.candidate_result(loop, state, start_step)
@@ -164,6 +165,8 @@ def _train_steps(loop: "Loop", state, batches: BatchIterator, opened: Opened, po
 # A state larger than this is not saved again when a signal stops the run where a periodic checkpoint is kept: a
 # 154M-parameter candidate (1.8 GB with Adam's moments) took 2.5 minutes to save and exit on SIGTERM.
 QUICK_STOP_BYTES = 512 << 20
+
+
 def _stops_on_kept_checkpoint(loop: "Loop", checkpoints: checkpoint.Checkpoints, state) -> bool:
   """Whether a run stopped by a signal exits on its newest periodic checkpoint instead of saving its state (too
   large to save in seconds); the steps after that checkpoint are trained again by the continued run, as logged."""

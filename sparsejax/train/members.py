@@ -26,8 +26,8 @@ from absl import logging
 
 from sparsejax import model_kinds
 from sparsejax.config import Config, override
-from sparsejax.train.checkpoint import ResumeError
 from sparsejax.train.nonfinite import NonFiniteError
+from sparsejax.workdir.checkpoint import ResumeError
 
 MEMBERS_DIR = "members"
 # Fields of the first network's final record that describe the run (the schedule every member followed): the
@@ -139,10 +139,10 @@ def evaluate(config: Config, final: dict[str, Any], workdir: str, members: dict[
     splits: ``(train, validation, test)``: the first member's training samples, validation split and test set.
   """
   from sparsejax import fusion
+  from sparsejax.evaluation import Evaluator
   from sparsejax.serving import assets
   from sparsejax.serving.model import load
-  from sparsejax.train import checkpoint
-  from sparsejax.train.evaluation import Evaluator
+  from sparsejax.workdir import checkpoint
 
   train_set, validation, test = splits
   checkpoints = checkpoint.Checkpoints(workdir, writable=False)

@@ -14,10 +14,9 @@ import os
 import time
 from collections.abc import Iterable
 
-import jax
 from absl import logging
 
-from sparsejax.train import seals
+from sparsejax.workdir import seals
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -122,6 +121,8 @@ class MetricWriter:
 
 def append_record(workdir: str, record: dict) -> None:
   """Appends ``record`` to ``WORKDIR/metrics.jsonl`` (the recipe search's records, written between runs)."""
+  import jax  # (lazily: sparsejax-plot reads records without JAX)
+
   if jax.process_index() == 0:
     path = os.path.join(workdir, METRICS_FILE)
     with seals.writing(path), open(path, "a") as f:

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 import jax
 from absl import logging
 
-from sparsejax import averaging
+from sparsejax import averaging, evaluation
 from sparsejax.config import MIN_STALE_EVALUATIONS, NOISE_MARGIN, Config, DataConfig
 from sparsejax.distributed import sharding
-from sparsejax.train import checkpoint, seals
-from sparsejax.train.evaluation import Evaluator, evaluate_state
-from sparsejax.train.search import CALIBRATION_STEPS
+from sparsejax.evaluation import Evaluator
+from sparsejax.train import search_plan
+from sparsejax.workdir import checkpoint, seals
 
 if TYPE_CHECKING:  # (resume reads stale_ratio from here)
   from sparsejax.train.plan import DataPlan
@@ -83,7 +83,7 @@ class Selection:
   def evaluate(self, run: sharding.Run, state, step: int, num_samples: int | None) -> dict[str, float]:
     """Validation metrics of ``state``; keeps it if it is the best so far."""
     t_scoring = time.time()
-    result, _ = evaluate_state(self.evaluator, run, state, num_samples, sampled=self.sampled)
+    result, _ = evaluation.evaluate_state(self.evaluator, run, state, num_samples, sampled=self.sampled)
     self.scoring_seconds += time.time() - t_scoring
     self.last_step = step
     value = result[self.metric]
@@ -206,7 +206,7 @@ def for_run(config: Config, workdir: str, opened: "Opened", split: "DataPlan", p
     scored_otherwise.append("the data")
   if scored_otherwise:  # the kept scores are of another validation split or metric: they do not compare
     # (a recipe search's candidate after its calibration's steps, scored on fewer samples: as expected)
-    logging.log(logging.INFO if start_step <= CALIBRATION_STEPS else logging.WARNING,
+    logging.log(logging.INFO if start_step <= search_plan.CALIBRATION_STEPS else logging.WARNING,
                 "model selection starts anew at step %d: %s changed, so the best state kept so far was scored "
                 "otherwise", start_step, ", ".join(scored_otherwise))
     best.discard_after(-1)

@@ -15,7 +15,7 @@ from sparsejax.data import BatchIterator, LoadedData, XCDataset, load_dataset, t
 from sparsejax.data.batching import bucket_widths
 from sparsejax.model_config import ModelConfig
 from sparsejax.shard import shard_rows
-from sparsejax.train import search
+from sparsejax.train import search_plan
 
 
 def load_data(config: Config) -> LoadedData:
@@ -30,12 +30,12 @@ def validation_seed(config: Config) -> int:
   return config.run.seed + 1
 
 
-def data_shape(config: Config, train) -> search.DataShape:
+def data_shape(config: Config, train) -> search_plan.DataShape:
   """The sizes the recipe search's step-cost model needs (of the samples trained on: less the validation split)."""
   num_train = len(train) - round(len(train) * config.data.validation_fraction)
   feature_counts, limit = np.diff(train.indptr), config.data.max_features
   mean_features = float(np.mean(np.minimum(feature_counts, limit) if limit else feature_counts)) if len(train) else 0.0
-  return search.DataShape(num_train, train.num_features, train.num_labels, mean_features, len(train) - num_train)
+  return search_plan.DataShape(num_train, train.num_features, train.num_labels, mean_features, len(train) - num_train)
 
 
 def charged_for_search(config: Config, search_wall_seconds: float) -> Config:

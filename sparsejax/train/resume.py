@@ -7,9 +7,10 @@ import jax
 from absl import logging
 
 from sparsejax.config import MIN_STALE_EVALUATIONS, Config
-from sparsejax.train import checkpoint, recipes, seals
+from sparsejax.train import recipes
 from sparsejax.train.metric_writer import read_records
 from sparsejax.train.model_selection import stale_ratio
+from sparsejax.workdir import checkpoint, seals
 
 
 def holds_checkpoints(workdir: str) -> bool:

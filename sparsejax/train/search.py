@@ -9,18 +9,18 @@ candidate's steps, training seconds and validation score) and one naming the win
 
 Rounds are measured in steps, never in measured seconds, so that the same seed chooses the same recipe and
 yields bit-identical parameters on any machine. With ``--max_steps`` or ``--num_epochs`` every candidate of a
-round gets the same steps. With ``--max_seconds`` each candidate first trains ``CALIBRATION_STEPS`` steps in its
-directory (kept: round 1 trains on from them), which measures its step time on this machine and data (the first
-step's compilation excluded) and the seconds a round costs besides its steps (compiling, the validation
+round gets the same steps. With ``--max_seconds`` each candidate first trains ``search_plan.CALIBRATION_STEPS``
+steps in its directory (kept: round 1 trains on from them), which measures its step time on this machine and data
+(the first step's compilation excluded) and the seconds a round costs besides its steps (compiling, the validation
 evaluation, the checkpoints); a candidate's steps are then its share of the search's seconds over its measured step
 time. ``metrics.jsonl`` records the measurements (``measured_step_seconds``): a continued search plans from them
 again, and ``--plan_from`` makes another run take the same plan, so the same seed takes the same steps. The modelled
-step time (:func:`modelled_step_seconds`) stands in only where a candidate could not be measured. While the
-rounds run, the clock is compared with the plan: a round that the seconds left cannot hold is not started (round
-1: the candidates that do not fit are left out; later: the search ends with the leader so far), as logged.
+step time (:func:`sparsejax.train.search_plan.modelled_step_seconds`) stands in only where a candidate could not be
+measured; the plan itself is :func:`sparsejax.train.search_plan.plan`. While the rounds run, the clock is compared
+with the plan: a round that the seconds left cannot hold is not started (round 1: the candidates that do not fit
+are left out; later: the search ends with the leader so far), as logged.
 """
 
-import dataclasses
 import functools
 import json
 import math
@@ -32,17 +32,14 @@ from typing import Any
 
 from absl import logging
 
-from sparsejax import model_kinds, step_cost
+from sparsejax import model_kinds
 from sparsejax.config import Config, override
-from sparsejax.train import recipes, seals
+from sparsejax.train import recipes, search_plan
 from sparsejax.train.metric_writer import METRICS_FILE
+from sparsejax.train.search_plan import DataShape, Measured, Plan
+from sparsejax.workdir import seals
 
 SEARCH_DIR = "search"
-# A round shorter than this tells recipes apart by noise (a few hundred steps of Adam at the default rate): a
-# budget that gives fewer steps to the first round compares fewer recipes, down to none.
-MIN_ROUND_STEPS = 100
-# Steps that measure a candidate's step time under --max_seconds (the first, compiled, not counted); kept.
-CALIBRATION_STEPS = 20
 # Validation samples the calibration evaluates (of --eval_samples): its evaluation, less its compilation, is scaled
 # to a round's (the score of 20 steps decides nothing; 5,000 samples took 3-11 s a candidate at 200K labels).
 CALIBRATION_EVAL_SAMPLES = 1000
@@ -51,143 +48,6 @@ CALIBRATION_EVAL_SAMPLES = 1000
 CALIBRATION_SHARE = 0.5
 # The search's clock (a test's fake clock replaces it).
 _clock = time.monotonic
-
-
-@dataclasses.dataclass(frozen=True)
-class Measured:
-  """What the calibration measured on this machine and data (or a recorded run's, replayed).
-
-  Attributes:
-    step_seconds: each measured candidate's steady step time (its first step, compiled, excluded).
-    call_seconds: each one's seconds of a round besides its steps: the split, building and restoring the state,
-      the validation evaluation, the checkpoints (measured by training the first candidate's directory once more,
-      in proportion to each one's step time, at most its first training's seconds besides its steps).
-    calibration_seconds: the wall time the calibration took, all candidates together, less ``startup_seconds``.
-    startup_seconds: the first training's seconds besides its steps, which a run without a search spends as well
-      (the process's first compilations, the first checkpoint): not charged to the search.
-    eval_seconds: each one's seconds of a validation evaluation (a round evaluates every ``--eval_every`` steps):
-      the calibration's scoring of ``CALIBRATION_EVAL_SAMPLES`` samples, less its compilation, scaled to the samples
-      a round's evaluation scores (``--eval_samples``, at most the validation split's).
-  """
-  step_seconds: dict[str, float]
-  call_seconds: dict[str, float]
-  calibration_seconds: float
-  startup_seconds: float = 0.0
-  eval_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
-
-  def record(self) -> dict[str, Any]:
-    return {"measured_step_seconds": self.step_seconds, "measured_call_seconds": self.call_seconds,
-            "measured_eval_seconds": self.eval_seconds, "calibration_seconds": self.calibration_seconds,
-            "startup_seconds": self.startup_seconds, "calibration_steps": CALIBRATION_STEPS}
-
-  @classmethod
-  def from_record(cls, record: dict[str, Any]) -> "Measured":
-    return cls(dict(record["measured_step_seconds"]), dict(record.get("measured_call_seconds", {})),
-               float(record.get("calibration_seconds", 0.0)), float(record.get("startup_seconds", 0.0)),
-               dict(record.get("measured_eval_seconds", {})))
-
-  def rate(self, name: str, eval_every: int) -> float | None:
-    """Seconds per step of a round: the step's, and its share of the periodic evaluations."""
-    step = self.step_seconds.get(name)
-    return None if step is None else step + self.eval_seconds.get(name, 0.0) / eval_every
-
-
-@dataclasses.dataclass(frozen=True)
-class DataShape:
-  """What the step cost depends on: the training set's sizes and a sample's mean non-zero features (and the
-  validation split's samples, which a round's evaluations score; None: not known)."""
-  num_train: int
-  num_features: int
-  num_labels: int
-  mean_features: float
-  num_validation: int | None = None
-
-
-def modelled_step_seconds(config: Config, shape: DataShape) -> float:
-  """Modelled wall time of one training step of ``config`` on data of ``shape`` (one process):
-  :mod:`sparsejax.step_cost`'s model, with the output layer on the path the run takes (``--softmax``).
-
-  Multiply-adds: the input layer's ``nnz x d0`` per sample (forward, and its row gradients), the hidden layers'
-  ``d_i x d_i+1`` (three products each), the output layer's ``k x d`` gathered (three products), or ``N x d`` in
-  dense matmuls on the exact path. Row updates: the input rows a batch touches and the output rows
-  (``min(B k, N)``; ``N`` exact), times ``d``.
-  """
-  from sparsejax.model_config import ModelConfig
-
-  model = ModelConfig.from_config(config, shape.num_features, shape.num_labels)
-  b, dims = config.optim.batch_size, model.hidden_dims
-  return (step_cost.input_and_hidden_seconds(b, dims, shape.mean_features, shape.num_features)
-          + step_cost.output_layer_seconds(b, model.num_labels, model.k, dims[-1], exact=model.exact_softmax))
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-  """The search's rounds: ``steps[name]`` is each candidate's step count at the end of round 0 (round r:
-  ``2**r`` times it); ``rounds`` how many rounds it takes to leave one."""
-  candidates: tuple[recipes.Recipe, ...]
-  steps: dict[str, int]
-  rounds: int
-
-
-def _round_calls(count: int) -> int:
-  """How many candidate trainings successive halving of ``count`` candidates takes (each round's survivors)."""
-  calls, alive = 0, count
-  while alive > 1:
-    calls, alive = calls + alive, -(-alive // 2)
-  return calls
-
-
-def _round_units(count: int) -> tuple[int, int]:
-  """``(rounds, units)``: successive halving of ``count`` candidates; ``units`` is the total of round-0 budgets
-  it spends (round r trains ``ceil(count / 2**r)`` candidates from ``2**(r-1)`` to ``2**r`` round-0 budgets)."""
-  rounds, alive, units = 0, count, 0
-  while alive > 1:
-    units += alive * (1 if rounds == 0 else 2 ** (rounds - 1))
-    alive, rounds = -(-alive // 2), rounds + 1
-  return rounds, units
-
-
-def plan(config: Config, shape: DataShape, candidates: tuple[recipes.Recipe, ...],
-         measured: Measured | None = None) -> Plan | None:
-  """The rounds that fit ``config``'s budget, or None where no two candidates fit (too small a budget).
-
-  Args:
-    config: the run.
-    shape: the training data's sizes.
-    candidates: the recipes, cheapest first.
-    measured: with ``--max_seconds``, the calibration's measurements: candidates it did not measure are left out,
-      the seconds it took and the rounds' fixed costs come off the search's seconds, and a candidate's steps (its
-      calibration steps included) are its share over its measured step time. None: the modelled step time.
-  """
-  steps_per_epoch = max(shape.num_train // config.optim.batch_size, 1)
-  max_steps = config.budget.max_steps_for(steps_per_epoch)
-  fraction = config.search.search_fraction
-  candidates = tuple(candidates)
-  if measured is not None and config.budget.max_seconds is not None:
-    candidates = tuple(r for r in candidates if r.name in measured.step_seconds)
-  while len(candidates) > 1:
-    rounds, units = _round_units(len(candidates))
-    configs = {r.name: recipes.apply(config, r) for r in candidates}
-    if config.budget.max_seconds is not None and measured is not None:
-      rates = {n: measured.rate(n, config.run.eval_every) or modelled_step_seconds(c, shape)
-               for n, c in configs.items()}
-      # Each training of a candidate costs its fixed seconds; the rounds after the first train the calibration's
-      # steps again (round r trains 2**(r-1) round-0 step counts, those steps included).
-      fixed = _round_calls(len(candidates)) * max(measured.call_seconds.get(n, 0.0) for n in configs)
-      again = (units - len(candidates)) * CALIBRATION_STEPS * max(rates.values())
-      share = (fraction * config.budget.max_seconds - measured.calibration_seconds - fixed - again) / units
-      steps = {n: CALIBRATION_STEPS + max(int(share / rates[n]), 0) for n in configs}
-    elif config.budget.max_seconds is not None:
-      share = fraction * config.budget.max_seconds / units  # round-0 seconds of each candidate
-      steps = {n: int(share / modelled_step_seconds(c, shape)) for n, c in configs.items()}
-      if max_steps is not None:  # a step or epoch limit too: no candidate past its share of those
-        steps = {n: min(s, int(fraction * max_steps / units)) for n, s in steps.items()}
-    else:
-      steps = {n: int(fraction * max_steps / units) for n in configs}
-    if min(steps.values()) >= MIN_ROUND_STEPS:
-      return Plan(candidates, steps, rounds)
-    candidates = candidates[:-1]  # the costliest last: drop it and plan again
-  return None
 
 
 def reason_not_to_search(config: Config, num_processes: int) -> str | None:
@@ -304,19 +164,19 @@ def _planned(config: Config, workdir: str, shape: DataShape, candidates, candida
   directories removed)."""
   measured, calibration_scores, startup = None, {}, 0.0
   # Measured only where the modelled step time (faster than most machines measure) leaves room for a comparison.
-  if config.budget.max_seconds is not None and plan(config, shape, candidates) is not None:
+  if config.budget.max_seconds is not None and search_plan.plan(config, shape, candidates) is not None:
     measured, calibration_scores, startup = _measure(config, workdir, shape, candidates, candidate_config, train_fn,
                                                      write_record)
-  the_plan = plan(config, shape, candidates, measured)
+  the_plan = search_plan.plan(config, shape, candidates, measured)
   if the_plan is None and measured is not None and measured.step_seconds.get(candidates[0].name) is not None:
     # The cheapest candidate's measured steps are kept: it wins, with no rounds (the run trains it on).
     logging.info("recipe search: by the measured step times the budget is too small to compare recipes (< %d "
-                 "steps each): %s trains on from its %d measured steps", MIN_ROUND_STEPS, candidates[0].name,
-                 CALIBRATION_STEPS)
-    the_plan = Plan((candidates[0],), {candidates[0].name: CALIBRATION_STEPS}, 0)
+                 "steps each): %s trains on from its %d measured steps", search_plan.MIN_ROUND_STEPS,
+                 candidates[0].name, search_plan.CALIBRATION_STEPS)
+    the_plan = Plan((candidates[0],), {candidates[0].name: search_plan.CALIBRATION_STEPS}, 0)
   if the_plan is None:
     logging.info("recipe search: the budget is too small to compare recipes (< %d steps each): training the "
-                 "defaults", MIN_ROUND_STEPS)
+                 "defaults", search_plan.MIN_ROUND_STEPS)
     if measured is not None:  # the measured directories: the run trains the defaults afresh in workdir
       shutil.rmtree(os.path.join(workdir, SEARCH_DIR), ignore_errors=True)
     return None
@@ -345,7 +205,7 @@ class _Rounds:
     the clock says the round would overrun the search's budget (the search ends with the leader so far)."""
     clock = self.clock
     trained_to = {r.name: before[r.name]["steps"] if r.name in before else
-                  (CALIBRATION_STEPS if self.measured else 0) for r in alive}
+                  (search_plan.CALIBRATION_STEPS if self.measured else 0) for r in alive}
     targets = {r.name: self.plan.steps[r.name] * 2 ** round_index for r in alive}
     if round_index > 0 and not clock.fits(alive, trained_to, targets):
       logging.warning("recipe search: round %d would take about %.0f s, %.0f s of the search's %.0f s are left "
@@ -361,10 +221,10 @@ class _Rounds:
       # part cannot buy a round's least steps is left out (the others are compared).
       cap = clock.cap(len(alive) - position)
       affordable = clock.affordable(recipe.name, trained_to[recipe.name], cap)
-      if round_index == 0 and results and affordable < min(steps, MIN_ROUND_STEPS):
+      if round_index == 0 and results and affordable < min(steps, search_plan.MIN_ROUND_STEPS):
         logging.warning("recipe search, round 1: %s left out: the %.0f s left of the search's %.0f s buy it %d "
                         "steps at the pace seen so far (a round takes at least %d)", recipe.name, clock.left(),
-                        clock.budget, affordable, MIN_ROUND_STEPS)
+                        clock.budget, affordable, search_plan.MIN_ROUND_STEPS)
         continue
       t_call = _clock()
       result = self.train_candidate(recipe, steps, cap)
@@ -397,7 +257,7 @@ def _remove_eliminated(workdir: str, the_plan: Plan, alive: list) -> None:
 
 
 def _adopt_winner(config: Config, workdir: str, winner: recipes.Recipe, summary: dict, done: list,
-           write_record: Callable[[dict], None]) -> tuple[Config, dict[str, Any]]:
+                  write_record: Callable[[dict], None]) -> tuple[Config, dict[str, Any]]:
   """The winner's files moved into the run's directory; ``(the config the run continues with, summary)``."""
   write_record({"step": 0, "search_winner": winner.name, **summary})
   # The adoption is several moves: rounds.json says it began (and how long metrics.jsonl was), so that a run
@@ -453,9 +313,10 @@ def _measure(config: Config, workdir: str, shape: DataShape, candidates, candida
   replayed = read_measurements(config.search.plan_from) if config.search.plan_from else None
   limit = CALIBRATION_SHARE * config.search.search_fraction * config.budget.max_seconds
   eval_samples, eval_scale = _calibration_samples(config, shape)
-  calibration_config = lambda recipe: override(candidate_config(recipe, CALIBRATION_STEPS), eval_samples=eval_samples)
+  calibration_config = lambda recipe: override(candidate_config(recipe, search_plan.CALIBRATION_STEPS),  # noqa: E731
+                                               eval_samples=eval_samples)
   # (one evaluation at the last step, and one every --eval_every steps before it)
-  calibration_evaluations = -(-CALIBRATION_STEPS // config.run.eval_every)
+  calibration_evaluations = -(-search_plan.CALIBRATION_STEPS // config.run.eval_every)
   one_evaluation = {}
   t_start = _clock()
   step_seconds, call_seconds, scores, startup, first_wall, repeat = {}, {}, {}, 0.0, 0.0, 0.0

@@ -5,7 +5,7 @@ A seal is a JSON file next to the files it covers::
   {"run_id": "3f0c...", "step": 200, "files": {"state/d/0a1b": [4096, "<sha256>"], ...}}
 
 ``run_id`` names the run that wrote the files: drawn at a run's first start and recorded in every checkpoint's
-``meta`` (:func:`sparsejax.train.checkpoint.make_meta`), so that a resumed run keeps it. ``step`` (where the files are
+``meta`` (:func:`sparsejax.workdir.checkpoint.make_meta`), so that a resumed run keeps it. ``step`` (where the files are
 one training step's state) says which. Training writes the seals of ``best_checkpoint/<step>/`` and ``assets/``
 once the files are on disk; :func:`sparsejax.load`, ``sparsejax-predict`` and a resumed run check them before they
 read a byte of what they cover, so that a flipped bit, a truncated file or another run's directory copied in is

@@ -34,7 +34,7 @@ from typing import Any
 from absl import logging
 
 from sparsejax.config import Config, ConfigError, flat_items, format_value, identity_fields
-from sparsejax.train.seals import (
+from sparsejax.workdir.seals import (
   IntegrityError,
   WriteError,
   check_sealed_directory,
@@ -465,7 +465,7 @@ def _checksums_name() -> str:
 def make_meta(config: Config, num_shards: int, num_processes: int, data: dict[str, int],
               run_id: str | None = None) -> dict[str, Any]:
   """What a checkpoint records about the run that wrote it (``run_id``: its identity, see
-  :mod:`sparsejax.train.seals`)."""
+  :mod:`sparsejax.workdir.seals`)."""
   return {"config": config.to_dict(), "version": package_version(), "num_shards": num_shards,
           "num_processes": num_processes, "data": data, "run_id": run_id}
 
@@ -535,11 +535,11 @@ def _check_metrics_files(directory: str, metric: str) -> None:
 
 class BestCheckpoint:
   """The best state by a validation metric, in ``WORKDIR/best_checkpoint`` (orbax ``best_fn``, one kept). Training
-  keeps it without optimizer states (``train.without_optimizer``).
+  keeps it without optimizer states (``sparsejax.train.model_selection.without_optimizer``).
 
   Each process seals the states it saved once they are on disk (:meth:`wait`, which training calls before each
   checkpoint save and before the final evaluation): ``checksums.p<process>.json`` in the step's directory records
-  every file's checksum, the run's id and the step (:mod:`sparsejax.train.seals`). :meth:`check` verifies them.
+  every file's checksum, the run's id and the step (:mod:`sparsejax.workdir.seals`). :meth:`check` verifies them.
 
   Args:
     workdir: the run's work directory.

@@ -30,8 +30,10 @@ def problem(platform: str, model: str | None = None) -> str | None:
   """
   if platform not in PLATFORMS:
     return f"must be one of {', '.join(PLATFORMS)}"
-  if platform != "cpu" and model is not None and not model_kinds.get(model).accelerators:
-    return (f"an accelerator runs model=dense only (the full-softmax baseline), not model={model}: SLIDE's kernels "
+  kind = model_kinds.KINDS.get(model) if model is not None else None
+  if platform != "cpu" and model is not None and (kind is None or not kind.accelerators):
+    runs = ", ".join(f"model={k.name}" for k in model_kinds.KINDS.values() if k.accelerators)
+    return (f"an accelerator runs {runs} only (the full-softmax baseline), not model={model}: SLIDE's kernels "
             "(its index, the sampled softmax, row-sparse Adam) are CPU code; use cpu")
   return None
 
