@@ -71,7 +71,9 @@ def train_one(config: Config, workdir: str, *, data: LoadedData | None = None, e
       raise checkpoint.ResumeError(f"{checkpoints.directory}/{latest} was trained on other data: {meta['data']}, "
                                    f"now {split.sizes}. Use another --workdir for a new run")
     sized = ModelConfig.from_config(config, split.train.num_features, split.train.num_labels, num_shards)
-    run, state, position = _build(config, split, opened, sized)
+    # Only the final evaluation fuses: the search's candidates and the loop's evaluations score the network.
+    fuse = config.run.centroid_fusion and split.validation is not None
+    run, state, position = _build(config, split, opened, sized, top=fusion.CANDIDATES if fuse else 5)
   start_step = int(sharding.local_value(state.step))
   # The run's identity, in its checkpoints' meta and the seals of its best state and assets: kept when it resumes.
   # A run of an older sparsejax has none: its files so far are taken as they are (unverified) and sealed from now.
@@ -92,14 +94,12 @@ def train_one(config: Config, workdir: str, *, data: LoadedData | None = None, e
   evaluator = lambda dataset: Evaluator.for_run(dataset, split.train, config.data.max_features,  # noqa: E731
                                                 config.run.propensity_a, config.run.propensity_b)
   selection = model_selection.for_run(config, workdir, opened, split, position, run_id, start_step, evaluator)
-  fuse = config.run.centroid_fusion and split.validation is not None
   loop = Loop(config, run, checkpoints,
               checkpoint.make_meta(config, num_shards, jax.process_count(), split.sizes, run_id),
               evaluator(split.test), selection,
               MetricWriter(workdir, config.run.tensorboard, resume_step=start_step) if is_chief else None,
               split.steps_per_epoch, split.max_steps, _step_profiler(config, run, workdir),
               functools.partial(save_serving_index, workdir, run_id) if is_chief else None,
-              # Only the final evaluation fuses: the search's candidates and the loop's evaluations score the network.
               (lambda: fusion.label_centroids(split.train)) if fuse else None,
               functools.partial(save_fusion, workdir, run_id) if is_chief else None)
   state = _train_steps(loop, state, plan.batch_iterator(config, split, position, sized), opened, position, is_chief)
@@ -108,16 +108,16 @@ def train_one(config: Config, workdir: str, *, data: LoadedData | None = None, e
   return finish.final_evaluation(loop, state, start_step, search_summary)
 
 
-def _build(config: Config, split: plan.DataPlan, opened: Opened, sized: ModelConfig):
+def _build(config: Config, split: plan.DataPlan, opened: Opened, sized: ModelConfig, top: int):
   """``(run, state, position)``: the run's programs, and its state and data position, restored from the newest
   checkpoint or new. Refuses a network this machine cannot hold, and a checkpoint of other shapes. ``sized``: the
-  model's settings with one shard's sizes (``--num_bits=none`` resolved)."""
+  model's settings with one shard's sizes (``--num_bits=none`` resolved); ``top``: the predictions per sample its
+  evaluations rank (the fusion's candidates where the final evaluation fuses)."""
   train, checkpoints, latest = split.train, opened.checkpoints, opened.latest
   config.check_table_memory(sized.lsh_config.num_bits, sized.table_bucket_size)
   plan.check_state_memory(config, train.num_features, train.num_labels, sized.num_shards)
-  fuse = config.run.centroid_fusion and split.validation is not None
   run = sharding.make_run(ModelConfig.from_config(config, train.num_features, train.num_labels),
-                          seed=config.run.seed, num_shards=sized.num_shards, top=fusion.CANDIDATES if fuse else 5,
+                          seed=config.run.seed, num_shards=sized.num_shards, top=top,
                           sampled_ks=tuple(k for k in [config.run.eval_sampled_k] if k))
   if latest is None:
     return run, run.init(), {"epoch": 0, "index": 0, "seconds": 0.0}
@@ -221,7 +221,7 @@ class Loop:
     """
     config = self.config
     self.step = int(sharding.local_value(state.step))
-    self.seconds_before, self.batches = seconds_before, batches
+    self.seconds_before = seconds_before
     progress = Progress(config.run.progress and show_progress, self.max_steps, self.step)
     clock = LoopClock()
     timer = StepTimer(self.step, clock.start)
