@@ -91,7 +91,8 @@ def worker(args) -> None:
 
   from sparsejax import dense, model
   from sparsejax.config import override
-  from sparsejax.netanalysis import collect, collectives
+  from sparsejax.distributed import collectives
+  from sparsejax.netanalysis import collect
 
   P = jax.process_count()
   mesh = sharding.make_mesh()
@@ -123,7 +124,7 @@ def worker(args) -> None:
       job=args.job, per_process_batch=args.batch if sparse else args.batch // P, scope_scaling=scopes)
   times, tx, window = [], [], []
   for i in range(args.warmup + args.steps + args.netanalysis_steps):
-    profiler.begin_step(i, lambda state=state: (step, (state, global_batches[0]), tuple(scopes)))  # as above
+    profiler.begin_step(i, compiled)
     tx0, t = _iface_tx_bytes(), time.perf_counter()
     state, m = step(state, global_batches[i % 4])
     profiler.end_step(i + 1, (state, m))
@@ -413,7 +414,7 @@ def validate_whatif(args) -> dict:
   jobs (profiled); at ``--transfer_rate`` also the dense job at the counts of `transfer_workers` (P = 4: 2 and
   3; P = 2: 3 and 4), whose gradient all-reduce transfer is predicted from the P-process probe.
   """
-  from sparsejax.netanalysis import profiles, whatif
+  from sparsejax.netanalysis import probe_results, profiles, whatif
   from sparsejax.rates import parse_rate
   base, P = "1gbit", args.processes
   rates = validation_rates(args.validate_rates)
@@ -443,7 +444,7 @@ def validate_whatif(args) -> dict:
            "ideal_step_seconds": whatif.predict(profile(job, rate, n), whatif.ideal_model(), n, bandwidth).step_seconds}
     row["measured_over_ideal"] = row["measured_step_seconds"] / row["ideal_step_seconds"]
     if n == P and rate != base:
-      model, _ = whatif.measured_model(profiles.read_probe(probes[rate]))
+      model, _ = whatif.measured_model(probe_results.read_probe(probes[rate]))
       predicted = whatif.predict(profile(job, base), model, P, bandwidth)
       row.update(predicted_step_seconds=predicted.step_seconds, predicted_from=f"{job} profile at {base}",
                  error=predicted.step_seconds / row["measured_step_seconds"] - 1,
@@ -455,7 +456,7 @@ def validate_whatif(args) -> dict:
   transfers = []
   dense_profile = profile("dense", base)
   grad = max(dense_profile.steps[0].collectives, key=lambda c: c.bytes)
-  model, _ = whatif.measured_model(profiles.read_probe(probes[args.transfer_rate]))
+  model, _ = whatif.measured_model(probe_results.read_probe(probes[args.transfer_rate]))
   for n in others:
     collectives = runs[("dense", args.transfer_rate, n)]["netanalysis"]["collectives"]
     measured = max(collectives, key=lambda c: c["bytes"])["transfer_seconds_median"]
@@ -467,7 +468,7 @@ def validate_whatif(args) -> dict:
           f"{predicted:.3f} s from the P={P} probe ({predicted / measured - 1:+.1%})", flush=True)
   probe_fits = {}
   for rate, path in probes.items():
-    p = profiles.read_probe(path)
+    p = probe_results.read_probe(path)
     probe_fits[rate] = {kind: {"alpha_s": f.alpha_s, "bw_bps": f.bw_bps, "r2": f.r2,
                                "bw_over_rate": f.bw_bps / parse_rate(rate)} for kind, f in p.collectives.items()}
     probe_fits[rate]["seconds"] = float(open(path + ".seconds").read())

@@ -96,7 +96,7 @@ def main() -> int:
   args = parser.parse_args()
 
   from sparsejax.netanalysis import __main__ as cli
-  from sparsejax.netanalysis import profiles, report, report_cli, whatif
+  from sparsejax.netanalysis import file_io, probe_results, profiles, report, report_cli, whatif
   from sparsejax.rates import parse_rate
 
   val = harness.local_paths(json.load(open(args.validation)))  # its run directories, as this machine names them
@@ -109,11 +109,11 @@ def main() -> int:
 
   # What-if at the measured link: the dense job's needed compression vs the sparse job's effective ratio.
   sparse, dense = (profiles.read_profile(profile_path(job, BASE)) for job in ("sparse", "dense"))
-  model, _ = whatif.measured_model(profiles.read_probe(probe_path(BASE)))
+  model, _ = whatif.measured_model(probe_results.read_probe(probe_path(BASE)))
   bandwidths = [parse_rate(r) for r in RATES]
   workers = whatif_workers(P)
   analysis = whatif.analyse([sparse, dense], model, workers, bandwidths, [1, 2, 5, 10, 100], args.target)
-  profiles.write_json_atomic(args.prefix + "-whatif.json", report.whatif_json(analysis))
+  file_io.write_json_atomic(args.prefix + "-whatif.json", report.whatif_json(analysis))
   if args.png:
     report.plot_whatif(analysis, args.prefix)
   need = {(n.profile, n.workers, n.bandwidth_bps): n for n in analysis.needed_compression}
@@ -143,7 +143,7 @@ def main() -> int:
   if cli.main(["netanalysis", "export-bk", f"--run={dense_dir}", f"--out={bk}"]) != 0:
     raise SystemExit("export-bk failed")
   overlap = profiles.read_any_profile(bk, iteration)
-  table = profiles.read_probe(probe_path(BASE)).reduce_cost
+  table = probe_results.read_probe(probe_path(BASE)).reduce_cost
   as_compiled_model, paper = whatif.ideal_model(table), whatif.paper_model(table)
   overlap_rows, out["dense_with_overlap"] = [], []
   for rate, b in zip(RATES, bandwidths):
@@ -211,7 +211,7 @@ def main() -> int:
   text = "\n".join(md) + "\n"
   with open(args.prefix + ".md", "w") as f:
     f.write(text)
-  profiles.write_json_atomic(args.prefix + ".json", out)
+  file_io.write_json_atomic(args.prefix + ".json", out)
   print(text)
   return 0
 

@@ -19,7 +19,7 @@ tests/data/training_bottleneck/resnet101.bk.log,tests/data/training_bottleneck/v
 import os
 import time
 
-from sparsejax.netanalysis import profiles, report, whatif
+from sparsejax.netanalysis import cost_tables, file_io, profiles, report, whatif
 
 import harness
 
@@ -35,7 +35,7 @@ def main():
   parser.add_argument("--target_scaling", type=float, default=0.95)
   args = parser.parse_args()
   bk = [profiles.read_bk_log(os.path.join(args.data, f"{name}.bk.log"), ms / 1e3) for name, ms in ITERATION_MS.items()]
-  model = whatif.paper_model(profiles.read_cost_table(os.path.join(args.data, "cuda_vec_add.log")))
+  model = whatif.paper_model(cost_tables.read_cost_table(os.path.join(args.data, "cuda_vec_add.log")))
   workers, bandwidths, compressions = (16, 64), (100e9, 40e9, 25e9, 10e9, 1e9), (1, 2, 5, 10, 100)
   start = time.perf_counter()
   grid = whatif.grid(bk, model, workers, bandwidths, compressions)
@@ -45,7 +45,7 @@ def main():
   analysis_seconds = time.perf_counter() - start
   assert result.grid == grid
   print(report.format_whatif(result))
-  profiles.write_json_atomic(f"{args.out}.json", report.whatif_json(result))
+  file_io.write_json_atomic(f"{args.out}.json", report.whatif_json(result))
   paths = report.plot_whatif(result, args.out)
   print(f"\ngrid of {len(grid)} predictions: {grid_seconds:.3f} s; grid + every inversion: {analysis_seconds:.3f} s")
   print("wrote", ", ".join([f"{args.out}.json", *paths]))

@@ -55,7 +55,7 @@ DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "sparsejax-suite
 DEFAULT_OUT = os.path.join(harness.RESULTS_DIR, "suite")
 SYSTEMS = ("pecos", "napkinxc", "sparsejax")
 SEED = 0  # every shape's data and split
-TRAIN_MAIN = "import sys; from sparsejax.train.cli import main; sys.argv[0] = 'sparsejax-train'; main()"
+TRAIN_MAIN = "import sys; from sparsejax.cli.train import main; sys.argv[0] = 'sparsejax-train'; main()"
 
 # The synthetic base: make_synthetic's defaults (30 non-zeros, Zipf 1 labels, noise 0.2, dropout 0.3), 10^4 labels,
 # 10 training samples per label on average (the head labels hold most: Zipf), 100K features (as accuracy.py's

@@ -17,7 +17,7 @@ import os
 import tempfile
 import time
 
-from sparsejax.netanalysis import profiles, whatif
+from sparsejax.netanalysis import cost_tables, profiles, whatif
 
 import harness
 
@@ -32,7 +32,7 @@ def time_whatif(layers: int, grid: str, directory: str) -> dict:
   path = os.path.join(directory, f"deep{layers}.bk.log")
   with open(path, "w") as f:
     f.write(f"deep\n1\n{layers}\n" + f"{LAYER_SECONDS * 1e6:g},400\n" * layers)
-  model = whatif.paper_model(profiles.read_cost_table(COST))
+  model = whatif.paper_model(cost_tables.read_cost_table(COST))
   workers, bandwidths = GRIDS[grid]
   gc.disable()  # as the command runs them
   try:

@@ -66,7 +66,7 @@ def load(workdir: str, step: int | None = None, platform: str = "cpu"):
 def __getattr__(name: str):
   """``sparsejax.fit``, imported on first use: ``import sparsejax`` stays free of JAX."""
   if name == "fit":
-    from sparsejax.train.fitting import fit
+    from sparsejax.fitting import fit
 
     return fit
   raise AttributeError(f"module 'sparsejax' has no attribute {name!r}")

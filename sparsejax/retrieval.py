@@ -10,7 +10,7 @@ how much of what the exact model ranks first the index returns:
 * :func:`label_cosine` - cosine between ``h`` and its label rows (low cosine
   is where sign-random-projection hashing of raw inner products fails).
 * :func:`candidate_mask` - which entries of an active set came from the index.
-* :func:`index_fill` - bucket / cluster fill of the index itself.
+* the fill of the index itself is its own (:attr:`sparsejax.index.Index.fill`).
 
 :func:`summarize` turns per-query sums into the scalars written to
 ``metrics.jsonl``.
@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparsejax.index.kinds import index_fill  # noqa: F401 (re-exported: the diagnostics' home)
 from sparsejax.shard import Shard
 
 TOP = 10  # topk_recall@TOP: how many of the exact top outputs the evaluation looks for among the candidates

@@ -71,12 +71,12 @@ def test_a_state_restored_without_its_average_leaves_the_field_out_of_the_target
   a None one, so the target leaves ``average`` out and the state gets it back as None (restoring the 10^6-label
   run's selected state failed with "tree structures do not match: average")."""
   from sparsejax.model import SlideState
-  from sparsejax.workdir import checkpoint
+  from sparsejax.workdir import saved_state
 
   state = SlideState(step=1, rng=None, embed=2, hidden=(), out=3, embed_opt=None, out_w_opt=None, out_b_opt=None,
                      dense_opt=None, index=None, average=None)
   saved = set(SlideState._fields) - {"average"}
-  target, as_state = checkpoint._in_saved_layout(state, saved)
+  target, as_state = saved_state.in_saved_layout(state, saved)
   assert isinstance(target, dict) and "average" not in target and target["out"] == 3
   restored = as_state(target)
   assert isinstance(restored, SlideState) and restored.average is None and restored.out == 3

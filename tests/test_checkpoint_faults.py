@@ -278,7 +278,7 @@ def test_a_metrics_line_written_on_a_full_disk_is_named(tmp_path, monkeypatch):
 def test_a_closed_event_loop_reported_by_a_failed_save_is_dropped_and_other_reports_kept(monkeypatch):
   """Issue 35: after a save that a full disk stopped, TensorStore's late writes called ``call_soon_threadsafe`` on
   orbax's closed event loop: 'Exception ignored in: None' and a traceback on stderr around the one error line."""
-  from sparsejax.workdir.checkpoint import quiet_orbax_logs
+  from sparsejax.workdir.orbax_logs import quiet_orbax_logs
 
   reports = []
   monkeypatch.setattr(sys, "unraisablehook", reports.append)

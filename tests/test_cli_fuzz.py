@@ -11,9 +11,11 @@ from absl import flags
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sparsejax.cli import flags as cli_flags
+from sparsejax.cli import predict
+from sparsejax.cli.train import TRAIN
 from sparsejax.config import Config, field_type, iter_fields
 from sparsejax.distributed import launch
-from sparsejax.train import cli
 
 SETTINGS = [field for _, field in iter_fields(Config)]
 # Text that is no number (nor an integer), none of the spellings absl or the parsers accept.
@@ -101,9 +103,9 @@ def test_invalid_train_flags_exit_2_with_one_line_naming_the_flag(capsys, fuzz_s
   def check(bad, valid):
     name, value = bad
     flag_values = flags.FlagValues()
-    cli.define_flags(cli.TRAIN, flag_values)
-    err = _one_line_exit_2(capsys, lambda: cli.parse_flags(["sparsejax-train", *valid, f"--{name}={value}"],
-                                                          flag_values))
+    cli_flags.define_flags(TRAIN, flag_values)
+    err = _one_line_exit_2(capsys, lambda: cli_flags.parse_flags(["sparsejax-train", *valid, f"--{name}={value}"],
+                                                                flag_values, TRAIN))
     assert err.startswith("sparsejax-train: error: ") and f"--{name}" in err, (name, value, err)
     tally["exit 2 naming the flag"] += 1
 
@@ -132,13 +134,13 @@ def test_invalid_predict_flags_exit_2_with_one_line_naming_the_flag(tmp_path, ca
   def check(bad):
     name, value = bad
     flag_values = flags.FlagValues()
-    cli.define_flags(cli.PREDICT, flag_values)
-    monkeypatch.setattr(cli, "FLAGS", flag_values)
+    cli_flags.define_flags(predict.PREDICT, flag_values)
+    monkeypatch.setattr(predict, "FLAGS", flag_values)  # where sparsejax-predict's main reads its flags
     argv = ["sparsejax-predict", f"--workdir={tmp_path}", "--input=-", f"--{name}={value}"]
 
     def run():
-      rest = cli.parse_flags(argv, flag_values, cli.PREDICT)
-      cli.predict(rest)
+      rest = cli_flags.parse_flags(argv, flag_values, predict.PREDICT)
+      predict.predict(rest)
 
     err = _one_line_exit_2(capsys, run)
     assert err.startswith("sparsejax-predict: error: ") and f"--{name}" in err, (name, value, err)
@@ -205,8 +207,8 @@ def test_flagfiles_and_configs_that_are_no_text_end_with_one_line(case, tmp_path
   args, message = _unreadable_files(tmp_path)[case]
   monkeypatch.setattr("sys.argv", ["sparsejax-train"])
   flag_values = flags.FlagValues()
-  cli.define_flags(cli.TRAIN, flag_values)
-  err = _one_line_exit_2(capsys, lambda: cli.parse_flags(["sparsejax-train", *args], flag_values))
+  cli_flags.define_flags(TRAIN, flag_values)
+  err = _one_line_exit_2(capsys, lambda: cli_flags.parse_flags(["sparsejax-train", *args], flag_values, TRAIN))
   assert err == f"sparsejax-train: error: {message} (--help lists the flags)\n"
 
 
@@ -231,10 +233,10 @@ def test_a_data_file_that_is_a_directory_is_named_as_one(tmp_path, capsys, monke
   (tmp_path / "test.txt").write_text("1 5 2\n0 1:1\n")
   monkeypatch.setattr("sys.argv", ["sparsejax-train"])
   flag_values = flags.FlagValues()
-  cli.define_flags(cli.TRAIN, flag_values)
-  err = _one_line_exit_2(capsys, lambda: cli.parse_flags(
+  cli_flags.define_flags(TRAIN, flag_values)
+  err = _one_line_exit_2(capsys, lambda: cli_flags.parse_flags(
       ["sparsejax-train", "--dataset=files", f"--train_file={tmp_path}", f"--test_file={tmp_path / 'test.txt'}"],
-      flag_values))
+      flag_values, TRAIN))
   assert err == f"sparsejax-train: error: --train_file={tmp_path}: is a directory (--help lists the flags)\n"
 
 
@@ -256,7 +258,7 @@ def test_every_numeric_flag_at_its_extremes_exits_2_naming_the_flag(capsys, monk
     integer = field_type(field)[0] is not float
     for value in EXTREMES + (INTEGER_EXTREMES if integer else []):
       flag_values = flags.FlagValues()
-      cli.define_flags(cli.TRAIN, flag_values)
+      cli_flags.define_flags(TRAIN, flag_values)
       argv = ["sparsejax-train", f"--{field.name}={value}"]
-      err = _one_line_exit_2(capsys, functools.partial(cli.parse_flags, argv, flag_values))
+      err = _one_line_exit_2(capsys, functools.partial(cli_flags.parse_flags, argv, flag_values, TRAIN))
       assert err.startswith("sparsejax-train: error: ") and f"--{field.name}" in err, (field.name, value, err)

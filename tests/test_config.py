@@ -9,9 +9,10 @@ import sys
 import pytest
 from absl import flags
 
+from sparsejax.cli import flags as cli_flags
+from sparsejax.cli.train import TRAIN
 from sparsejax.config import BudgetConfig, Config, ConfigError, iter_fields, override
 from sparsejax.model_config import ModelConfig
-from sparsejax.train import cli
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train.py")
 
@@ -19,9 +20,9 @@ EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _parse(*args: str) -> Config:
   """The validated config of a command line (in-process, fresh flags)."""
   flag_values = flags.FlagValues()
-  cli.define_flags(cli.TRAIN, flag_values)
-  cli.parse_flags(["sparsejax-train", *args], flag_values)
-  return cli.config_from_flags(flag_values)
+  cli_flags.define_flags(TRAIN, flag_values)
+  cli_flags.parse_flags(["sparsejax-train", *args], flag_values, TRAIN)
+  return cli_flags.config_from_flags(flag_values)
 
 
 def _usage_error(capsys, *args: str) -> str:

@@ -95,7 +95,7 @@ def test_collective_bytes_are_o_batch_times_hidden(run_python):
     from sparsejax import data, dense, model
     from sparsejax.config import override
     from sparsejax.model_config import ModelConfig
-    from sparsejax.netanalysis import collectives
+    from sparsejax.distributed import collectives
     from jax.sharding import PartitionSpec as P
     out = []
     for N in (1000, 8000):

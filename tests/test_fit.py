@@ -20,7 +20,8 @@ import sparsejax
 from sparsejax import data
 from sparsejax.config import Config, ConfigError, override
 from sparsejax.train import compilation_cache, train_and_evaluate
-from sparsejax.workdir.checkpoint import BestCheckpoint, Checkpoints
+from sparsejax.workdir.best_checkpoint import BestCheckpoint
+from sparsejax.workdir.checkpoint import Checkpoints
 
 # A few seconds a run: a small network, no recipe search (recipe="none": the same settings for the file path).
 SETTINGS = dict(hidden_dims=(16,), active_k=16, batch_size=32, max_steps=30, eval_every=15, log_every=10,
@@ -382,7 +383,7 @@ def test_an_interrupted_fit_says_how_to_continue_it(tmp_path, monkeypatch):
 
 
 def test_a_setting_is_taken_as_the_command_line_takes_it():
-  from sparsejax.train.fitting import _config
+  from sparsejax.fitting import _config
 
   config = _config(dict(hidden_dims=512, max_steps=np.int64(7), dropout=np.float32(0.5).item()))
   assert config.network.hidden_dims == (512,) and config.budget.max_steps == 7 and type(config.budget.max_steps) is int

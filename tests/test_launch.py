@@ -12,7 +12,7 @@ import time
 import pytest
 
 from sparsejax import flagfiles
-from sparsejax.distributed import launch
+from sparsejax.distributed import launch, ranks
 
 # A stand-in for a training rank. Ranks hold an flock on their own file for
 # their lifetime; a peer's death is noticed when its lock can be taken, as a
@@ -117,7 +117,7 @@ def _alive(pid):
     os.kill(pid, 0)
   except ProcessLookupError:
     return False
-  return launch.process_state(pid) not in (None, "Z")
+  return ranks.process_state(pid) not in (None, "Z")
 
 
 def test_rank0_on_console_every_rank_in_its_log(tmp_path, rank_script):
@@ -261,17 +261,17 @@ def test_helpers():
   assert launch.log_directory(["x.py", "--workdir=/w"], None) == "/w/logs"
   assert launch.log_directory(["x.py", "--workdir=/w"], "/l") == "/l"
   assert launch.log_directory(["x.py"], None).startswith(os.path.join(os.path.realpath("/tmp"), "")) or True
-  assert launch.describe_exit(-9) == "killed by signal 9 (SIGKILL)" and launch.describe_exit(2) == "exit status 2"
+  assert ranks.describe_exit(-9) == "killed by signal 9 (SIGKILL)" and ranks.describe_exit(2) == "exit status 2"
   tail = ["step 1\n", "Traceback (most recent call last):\n", '  File "x", line 1\n', "ValueError: bad x\n",
           "\n"]
-  assert launch.error_summary(tail) == "ValueError: bad x"
+  assert ranks.error_summary(tail) == "ValueError: bad x"
   fatal = ["F1123 00:32:00.187509   31980 client.h:80] Terminating process because the JAX distributed service "
            "detected fatal errors. absl::Status: UNAVAILABLE: The following tasks are unhealthy (stopped sending "
            "heartbeats):\n", "1\n", "The tasks have crashed.\n", "*** Check failure stack trace: ***\n",
            "    @     0x7f1c2da40634  absl::LogMessage\n"]
-  assert launch.error_summary(fatal) == ("UNAVAILABLE: The following tasks are unhealthy (stopped sending "
-                                         "heartbeats): 1")
-  assert launch.process_state(os.getpid()) in ("R", "S")
+  assert ranks.error_summary(fatal) == ("UNAVAILABLE: The following tasks are unhealthy (stopped sending "
+                                        "heartbeats): 1")
+  assert ranks.process_state(os.getpid()) in ("R", "S")
 
 
 def test_ranks_stopped_by_a_signal_sent_to_them_end_the_job_as_stopped(tmp_path, rank_script):

@@ -95,7 +95,63 @@ def test_the_layer_check_finds_an_import():
   import ast
 
   code = ("import sparsejax.train.loop\nfrom sparsejax.train import seals\n"
-          "def f():\n  from sparsejax.train.cli import x\n")
+          "def f():\n  from sparsejax.train.driver import x\n")
   modules = [m for _, m in _imported_modules(ast.parse(code)) if m.startswith("sparsejax.train")]
-  assert modules == ["sparsejax.train.loop", "sparsejax.train", "sparsejax.train.seals", "sparsejax.train.cli",
-                     "sparsejax.train.cli.x"]
+  assert modules == ["sparsejax.train.loop", "sparsejax.train", "sparsejax.train.seals", "sparsejax.train.driver",
+                     "sparsejax.train.driver.x"]
+
+
+# The top layer: the commands (sparsejax/cli/) and sparsejax.fit (sparsejax/fitting.py). Only they, and the package's
+# __init__.py (sparsejax.fit imported on first use), import it (docs/architecture.md, "The layers").
+_TOP_LAYER = ("sparsejax.cli", "sparsejax.fitting")
+_IN_THE_TOP_LAYER = ("sparsejax/cli", "sparsejax/fitting.py", "sparsejax/__init__.py")
+
+
+def _imports_of_the_top_layer(tree) -> list[int]:
+  """Lines of ``tree`` that import the commands or ``sparsejax.fitting`` (``from sparsejax import cli`` too)."""
+  return sorted({line for line, module in _imported_modules(tree)
+                 if any(module == top or module.startswith(top + ".") for top in _TOP_LAYER)})
+
+
+def test_nothing_below_the_commands_imports_them():
+  """The commands and ``fit`` sit above training, serving and the network analysis, and may import them all; no
+  module of those imports the commands or ``fit`` (issue 46)."""
+  import ast
+
+  found = {}
+  for path in sorted((ROOT / "sparsejax").rglob("*.py")):
+    where = str(path.relative_to(ROOT))
+    if any(where == top or where.startswith(top + "/") for top in _IN_THE_TOP_LAYER):
+      continue
+    lines = _imports_of_the_top_layer(ast.parse(path.read_text()))
+    if lines:
+      found[where] = lines
+  assert not found, f"imports of the commands or sparsejax.fitting below them: {found}"
+
+
+def test_the_top_layer_check_finds_an_import():
+  import ast
+
+  code = ("import sparsejax.cli.flags\nfrom sparsejax import cli\nimport sparsejax.client\n"
+          "def f():\n  from sparsejax.fitting import fit\n")
+  assert _imports_of_the_top_layer(ast.parse(code)) == [1, 2, 5]
+
+
+# The training path: none of it imports the network analysis (issue 46), which reaches a run only as the step
+# observer that its caller hands over (sparsejax/train/step_observer.py).
+_TRAINING_PATH = ("sparsejax/config.py", "sparsejax/model.py", "sparsejax/model_config.py", "sparsejax/model_kinds.py",
+                  "sparsejax/distributed", "sparsejax/train")
+
+
+def test_the_training_path_does_not_import_the_network_analysis():
+  import ast
+
+  found = {}
+  for prefix in _TRAINING_PATH:
+    root = ROOT / prefix
+    for path in sorted(root.rglob("*.py") if root.is_dir() else [root]):
+      lines = [line for line, module in _imported_modules(ast.parse(path.read_text()))
+               if module == "sparsejax.netanalysis" or module.startswith("sparsejax.netanalysis.")]
+      if lines:
+        found[str(path.relative_to(ROOT))] = sorted(set(lines))
+  assert not found, f"imports of sparsejax.netanalysis in the training path: {found}"

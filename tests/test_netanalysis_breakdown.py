@@ -7,9 +7,9 @@ import random
 import numpy as np
 import pytest
 
-from sparsejax.netanalysis import breakdown, collect, intervals, profiles, report_cli, timeline
+from sparsejax.distributed.collectives import Collective
+from sparsejax.netanalysis import breakdown, intervals, profiles, report_cli, timeline, window_files
 from sparsejax.netanalysis.__main__ import main as cli
-from sparsejax.netanalysis.collectives import Collective
 
 MS = 1e-3
 OFFSET = 0.5  # rank 1's clock runs 0.5 s ahead of rank 0's
@@ -114,7 +114,7 @@ def test_chains_make_a_valid_profile():
   assert (c["ready_after"], c["needed_before"], c["compressible"], c["dtype"]) == (0, 1, True, "float32")
   assert c["transfer_seconds"] == pytest.approx(2 * MS)
   run = {"job": "dense", "processes": 2, "per_process_batch": 16}
-  profile = collect.run_profile(a, run, "/tmp/somerun")
+  profile = window_files.run_profile(a, run, "/tmp/somerun")
   assert profile.workers == 2 and len(profile.steps) == 2 and profile.step_seconds == pytest.approx(10.5 * MS)
   assert profile.steps[0].compute_seconds == pytest.approx(8.5 * MS)
 
@@ -163,7 +163,7 @@ def _run_info():
 
 @pytest.fixture
 def run_dir(tmp_path):
-  collect.write_run(str(tmp_path / "netanalysis"), _windows(), _run_info())
+  window_files.write_run(str(tmp_path / "netanalysis"), _windows(), _run_info())
   return tmp_path
 
 
@@ -172,7 +172,7 @@ def test_written_run_reports(run_dir, capsys):
   profiles.read_profile(str(run_dir / "netanalysis" / "profile.json"))
   out_json, trace = run_dir / "report.json", run_dir / "timeline.json"
   one = run_dir / "one"  # a one-process baseline: rank 0's window alone
-  collect.write_run(str(one / "netanalysis"), _windows()[:1], {**_run_info(), "processes": 1})
+  window_files.write_run(str(one / "netanalysis"), _windows()[:1], {**_run_info(), "processes": 1})
   assert cli(["x", "report", f"--run={run_dir}", f"--json={out_json}", f"--trace={trace}", f"--png={run_dir}/",
               f"--baseline_run={one}"]) == 0
   text = capsys.readouterr().out
@@ -193,7 +193,7 @@ def test_written_run_reports(run_dir, capsys):
 
 def test_timeline_is_valid_chrome_trace(run_dir):
   windows, run, _ = report_cli.load_run(str(run_dir))
-  analysis = collect.analyze_run(windows, run)
+  analysis = window_files.analyze_run(windows, run)
   trace = json.loads(json.dumps(timeline.chrome_trace(windows, analysis, run)))
   events = trace["traceEvents"]
   assert all({"ph", "ts", "pid", "tid"} <= set(e) for e in events)
@@ -215,7 +215,7 @@ def test_export_bk(tmp_path, capsys):
          ("g1", MODULE, 4, 6), ("ar", MODULE, 6, 8)]
   windows = [breakdown.RankWindow(rank=r, steps=[(5, 0.0, 0.010)], ops=[(n, m, a * MS, b * MS) for n, m, a, b in ops])
              for r in (0, 1)]
-  collect.write_run(str(tmp_path / "netanalysis"), windows, _run_info())
+  window_files.write_run(str(tmp_path / "netanalysis"), windows, _run_info())
   out = tmp_path / "dense.bk.log"
   assert cli(["x", "export-bk", f"--run={tmp_path}", f"--out={out}"]) == 0
   assert "--iteration_time_ms=6.000" in capsys.readouterr().out
@@ -304,11 +304,11 @@ def test_window_from_trace_maps_the_clock():
   events = [{"ph": "X", "name": "train", "ts": 1000.0, "dur": 500.0, "args": {"step_num": "7"}},
             {"ph": "X", "name": "psum.1", "ts": 1100.0, "dur": 50.0, "args": {"hlo_op": "psum.1", "hlo_module": "m"}},
             {"ph": "X", "name": "late", "ts": 9000.0, "dur": 5.0, "args": {"hlo_op": "late", "hlo_module": "m"}}]
-  w = collect.window_from_trace(events, 0, [(7, 50.0, 50.0005)], [])
+  w = window_files.window_from_trace(events, 0, [(7, 50.0, 50.0005)], [])
   assert w.origin == 50.0 and w.steps == [(7, 0.0, pytest.approx(0.0005))]
   assert w.ops == [("psum.1", "m", pytest.approx(1e-4, abs=1e-12), pytest.approx(1.5e-4, abs=1e-12))]  # "late" is out
   with pytest.raises(ValueError, match="no step annotations"):
-    collect.window_from_trace(events[1:], 0, [(7, 50.0, 50.0005)], [])
+    window_files.window_from_trace(events[1:], 0, [(7, 50.0, 50.0005)], [])
 
 
 def test_step_breakdown_adds_up_on_random_steps():

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from sparsejax.netanalysis import profiles
+from sparsejax.netanalysis import cost_tables, probe_results, profiles, report
 from sparsejax.netanalysis.__main__ import main as cli
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "training_bottleneck")
@@ -47,7 +47,7 @@ def test_paper_run_writes_tables_json_and_pngs(capsys, tmp_path):
   assert status == 0, err
   assert "== resnet101: scaling factor, bottleneck and step (ms) at compression 2x ==" in out
   assert "bandwidth (bit/s)" in out and "1e+11 (100gbit)" in out and "none needed" in out
-  doc = profiles.read_whatif(f"{tmp_path}/w.json")
+  doc = report.read_whatif(f"{tmp_path}/w.json")
   assert doc["schema"] == "sparsejax.netanalysis.whatif/1" and doc["model"] == "paper"
   assert len(doc["grid"]) == 3 * 2 * 2 * 2
   assert {tuple(sorted(e)) for e in doc["grid"]} == {tuple(sorted([
@@ -120,9 +120,9 @@ def test_measured_model_through_the_cli(capsys, tmp_path):
   profiles.write_profile(f"{tmp_path}/profile.json", profile)
   status, _, err = _run(capsys, f"--profile={tmp_path}/profile.json", "--model=measured")
   assert status == 2 and err.startswith("error: --model=measured needs --probe=PATH")
-  probe = profiles.Probe(4, "float32", 1e8, {"all-reduce": profiles.ProbeFit(1e-4, 9e7, 0.999)},
-                         profiles.CostTable((0.0, 1e7), (0.0, 1e-3)))
-  profiles.write_probe(f"{tmp_path}/probe.json", probe)
+  probe = probe_results.Probe(4, "float32", 1e8, {"all-reduce": probe_results.ProbeFit(1e-4, 9e7, 0.999)},
+                              cost_tables.CostTable((0.0, 1e7), (0.0, 1e-3)))
+  probe_results.write_probe(f"{tmp_path}/probe.json", probe)
   status, out, err = _run(capsys, f"--profile={tmp_path}/profile.json", "--model=measured",
                           f"--probe={tmp_path}/probe.json", "--workers=2,4", f"--json={tmp_path}/w.json",
                           "--target_scaling=0.9", "--details")

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from sparsejax.netanalysis import ProfileError, profiles, whatif
+from sparsejax.netanalysis import ProfileError, cost_tables, probe_results, profiles, whatif
 from sparsejax.netanalysis.__main__ import main as cli
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "training_bottleneck")
@@ -72,17 +72,18 @@ def test_profile_json_round_trip(tmp_path):
 
 
 def test_probe_round_trip_and_cost_table(tmp_path):
-  table = profiles.read_cost_table(COST)
+  table = cost_tables.read_cost_table(COST)
   assert len(table.sizes) == 25
   assert table(40) == 1.04448e-05 and table(1) == 1.04448e-05 and table(1e12) == 0.00243368  # clamped
   assert table(60) == pytest.approx((1.04448e-05 + 9.7792e-06) / 2, rel=1e-12)
-  row = profiles.ProbeRow(1024, 256, 1e-4, 9e-5, 2e-4, 8e7, 1.2e8)
-  probe = profiles.Probe(4, "float32", 1e9, {"all-reduce": profiles.ProbeFit(3e-5, 9.1e8, 0.998, (row,)),
-                                             "collective-permute": profiles.ProbeFit(2e-5, 9.5e8, None)}, table)
-  profiles.write_probe(str(tmp_path / "probe.json"), probe)
-  assert profiles.read_probe(str(tmp_path / "probe.json")) == probe
-  profiles.write_cost_table(str(tmp_path / "add.log"), table, comment="jitted add\nfloat32")
-  assert profiles.read_cost_table(str(tmp_path / "add.log")) == table
+  row = probe_results.ProbeRow(1024, 256, 1e-4, 9e-5, 2e-4, 8e7, 1.2e8)
+  probe = probe_results.Probe(4, "float32", 1e9, {"all-reduce": probe_results.ProbeFit(3e-5, 9.1e8, 0.998, (row,)),
+                                                  "collective-permute": probe_results.ProbeFit(2e-5, 9.5e8, None)},
+                              table)
+  probe_results.write_probe(str(tmp_path / "probe.json"), probe)
+  assert probe_results.read_probe(str(tmp_path / "probe.json")) == probe
+  cost_tables.write_cost_table(str(tmp_path / "add.log"), table, comment="jitted add\nfloat32")
+  assert cost_tables.read_cost_table(str(tmp_path / "add.log")) == table
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -160,7 +161,7 @@ COST_CASES = {
 @pytest.mark.parametrize("case", sorted(COST_CASES))
 def test_bad_cost_table(case, tmp_path, capsys):
   path = tmp_path / "add.log"
-  _check_bad_file(capsys, path, *COST_CASES[case], profiles.read_cost_table, f"--profile={BK}",
+  _check_bad_file(capsys, path, *COST_CASES[case], cost_tables.read_cost_table, f"--profile={BK}",
                   "--iteration_time_ms=128.1", f"--reduce_cost={path}")
 
 
@@ -213,8 +214,8 @@ def test_bad_profile_json(case, tmp_path, capsys):
 
 
 def test_bad_probe_json(tmp_path):
-  good = profiles.probe_to_dict(profiles.Probe(2, "float32", None, {"all-reduce": profiles.ProbeFit(1e-5, 1e9, 0.99)},
-                                               profiles.read_cost_table(COST)))
+  fits = {"all-reduce": probe_results.ProbeFit(1e-5, 1e9, 0.99)}
+  good = probe_results.probe_to_dict(probe_results.Probe(2, "float32", None, fits, cost_tables.read_cost_table(COST)))
   path = tmp_path / "probe.json"
   cases = [(_edit(json.loads(json.dumps(good)), ["collectives", "all-reduce", "bw_bps"], 0),
             "$.collectives.all-reduce.bw_bps: must be > 0"),
@@ -224,7 +225,7 @@ def test_bad_probe_json(tmp_path):
   for doc, message in cases:
     path.write_text(json.dumps(doc))
     with pytest.raises(ProfileError) as e:
-      profiles.read_probe(str(path))
+      probe_results.read_probe(str(path))
     assert str(e.value).startswith(f"{path}: {message}"), str(e.value)
 
 
@@ -275,7 +276,7 @@ def _mutate(data: bytes, rng: random.Random) -> bytes:
 
 def test_random_mutations_give_a_result_or_a_profile_error(tmp_path):
   rng = random.Random(20200610)
-  table = profiles.read_cost_table(COST)
+  table = cost_tables.read_cost_table(COST)
   model = whatif.paper_model(table)
   good_json = tmp_path / "good.json"
   profiles.write_profile(str(good_json), profiles.read_bk_log(os.path.join(DATA, "vgg16.bk.log"), 0.1945))
@@ -288,7 +289,7 @@ def test_random_mutations_give_a_result_or_a_profile_error(tmp_path):
     path.write_bytes(_mutate(open(source, "rb").read(), rng))
     try:
       if source.endswith("cuda_vec_add.log"):
-        model_with_table = whatif.paper_model(profiles.read_cost_table(str(path)))
+        model_with_table = whatif.paper_model(cost_tables.read_cost_table(str(path)))
         whatif.predict(profiles.read_bk_log(BK, 0.1281), model_with_table, 16, 1e10)
       else:
         profile = profiles.read_any_profile(str(path), 0.2)

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from sparsejax.netanalysis import breakdown, collect, profiles, report_cli
+from sparsejax.netanalysis import breakdown, cost_tables, probe_results, profiles, report_cli, window_files
 from sparsejax.netanalysis.__main__ import main as cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,7 +48,7 @@ def _covered(spans, start, end, grid=1e-7) -> float:
 def test_profiled_run_breakdown(profiled_run):
   windows, run, _ = report_cli.load_run(profiled_run)
   assert run["processes"] == 2 and run["job"] == "sparse" and len(windows) == 2
-  analysis = collect.analyze_run(windows, run)
+  analysis = window_files.analyze_run(windows, run)
   windows = breakdown.common_clock(windows)
   names = {c["name"] for c in run["collectives"]}
   assert names and analysis["missing_collective_events"] == 0
@@ -107,7 +107,7 @@ def test_probe_two_processes(tmp_path):
   text = _launch(2, [sys.executable, "-P", "-m", "sparsejax.netanalysis", "probe", f"--out={out}",
                      "--max_bytes=262144", "--kinds=all-reduce,collective-permute", "--link_capacity=10gbit"])
   assert "busbw" in text and "fit         all-reduce" in text
-  probe = profiles.read_probe(str(out))
+  probe = probe_results.read_probe(str(out))
   assert probe.workers == 2 and probe.link_capacity_bps == 1e10 and set(probe.collectives) == {
       "all-reduce", "collective-permute"}
   ar = probe.collectives["all-reduce"]
@@ -116,7 +116,7 @@ def test_probe_two_processes(tmp_path):
     assert r.seconds_p10 <= r.seconds_median <= r.seconds_p90
     assert r.busbw_bps == pytest.approx(r.algbw_bps)  # P = 2: 2 (P-1)/P = 1
   assert ar.bw_bps > 0 and ar.alpha_s >= 0 and ar.r2 is not None
-  cost = profiles.read_cost_table(str(tmp_path / "probe.reduce_cost.log"))
+  cost = cost_tables.read_cost_table(str(tmp_path / "probe.reduce_cost.log"))
   assert cost.sizes[0] == 4 and len(cost.sizes) >= 10
 
 

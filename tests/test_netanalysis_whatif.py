@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparsejax.netanalysis import profiles, whatif
+from sparsejax.netanalysis import cost_tables, probe_results, profiles, report, whatif
 from sparsejax.netanalysis.profiles import END, Chain, Collective, Profile, Segment
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "training_bottleneck")
@@ -27,7 +27,7 @@ def _profile(segments, collectives, workers=1, name="p") -> Profile:
 
 def _linear_table(intercept=2e-6, slope=1e-11):
   """gamma(s) = intercept + slope * s on [0, 1e9] (clamped beyond)."""
-  return profiles.CostTable((0.0, 1e9), (intercept, intercept + slope * 1e9))
+  return cost_tables.CostTable((0.0, 1e9), (intercept, intercept + slope * 1e9))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def _reference_paper_sf(bk_path, cost_path, t_iter, n, bw, c):
 
 @pytest.fixture(scope="module")
 def paper():
-  table = profiles.read_cost_table(os.path.join(DATA, "cuda_vec_add.log"))
+  table = cost_tables.read_cost_table(os.path.join(DATA, "cuda_vec_add.log"))
   bk = {name: profiles.read_bk_log(os.path.join(DATA, f"{name}.bk.log"), t) for name, t in ITERATION_SECONDS.items()}
   return whatif.paper_model(table), bk
 
@@ -208,7 +208,7 @@ def test_whatif_time_grows_linearly_with_the_layers_fusion_holds_back(tmp_path):
                            "--bandwidths=1gbit", f"--json={tmp_path}/w.json"], capture_output=True, text=True,
                           timeout=20)
   assert result.returncode == 0, result.stderr
-  (prediction,) = profiles.read_whatif(f"{tmp_path}/w.json")["grid"]
+  (prediction,) = report.read_whatif(f"{tmp_path}/w.json")["grid"]
   assert prediction["scaling_factor"] == pytest.approx(_reference_paper_sf(str(path), cost, 0.02, 8, 1e9, 1),
                                                        abs=1e-9)
 
@@ -247,7 +247,7 @@ def test_inversions_report_none_needed_and_unreachable_with_the_cause():
   needed = whatif.needed_compression(profile, slow, 4, 1e9, 0.95)
   assert needed.status == "unreachable" and needed.compression is None and needed.cause == "latency"
   assert needed.limit_scaling == pytest.approx(0.01 / (0.01 + 6e-3 + 8e8 * 1.5 / 1e9 / 1e4), rel=1e-9)
-  costly = whatif.ideal_model(reduce_cost=profiles.CostTable((0.0, 1.0), (0.01, 0.01)))
+  costly = whatif.ideal_model(reduce_cost=cost_tables.CostTable((0.0, 1.0), (0.01, 0.01)))
   assert whatif.needed_compression(profile, costly, 4, 1e9, 0.95).cause == "reduction"
   assert whatif.needed_bandwidth(profile, slow, 4, 0.95).status == "unreachable"
   bw = whatif.needed_bandwidth(profile, whatif.ideal_model(), 4, 0.95)
@@ -297,9 +297,9 @@ def test_other_worker_counts_scale_segments():
 
 
 def test_measured_model_uses_probe_latency_bandwidth_and_reduction_cost():
-  fit = lambda alpha, bw: profiles.ProbeFit(alpha, bw, 0.999)  # noqa: E731
-  table = profiles.CostTable((0.0, 1e6), (1e-6, 1e-3))
-  probe = profiles.Probe(4, "float32", 1e9, {"all-reduce": fit(5e-5, 8e8), "all-gather": fit(7e-5, 9e8)}, table)
+  fit = lambda alpha, bw: probe_results.ProbeFit(alpha, bw, 0.999)  # noqa: E731
+  table = cost_tables.CostTable((0.0, 1e6), (1e-6, 1e-3))
+  probe = probe_results.Probe(4, "float32", 1e9, {"all-reduce": fit(5e-5, 8e8), "all-gather": fit(7e-5, 9e8)}, table)
   model, reference = whatif.measured_model(probe)
   assert reference == 1e9
   S, P = 10**6, 3
@@ -310,7 +310,7 @@ def test_measured_model_uses_probe_latency_bandwidth_and_reduction_cost():
   # kinds the probe did not measure borrow a measured one
   assert model.cost("all-to-all", S, P, 1e9).latency == pytest.approx(2 * 7e-5)
   assert model.cost("reduce-scatter", S, P, 1e9).latency == pytest.approx(2 * 5e-5)
-  no_capacity = profiles.Probe(4, "float32", None, {"all-reduce": fit(5e-5, 8e8)})
+  no_capacity = probe_results.Probe(4, "float32", None, {"all-reduce": fit(5e-5, 8e8)})
   model, reference = whatif.measured_model(no_capacity, reduce_cost=table)
   assert reference == 8e8 and model.cost("all-reduce", S, P, 8e8).bandwidth == pytest.approx(4 / 3 * S * 8 / 8e8)
   assert model.reduce_cost is table
@@ -341,7 +341,7 @@ def random_models(draw, concave_table=False):
   # A concave, non-decreasing reduction cost through gamma(0) >= 0: sampled a + b s^e, e <= 1.
   a, b, e = draw(st.floats(0.0, 1e-4)), draw(st.floats(0.0, 1e-9)), draw(st.floats(0.3, 1.0))
   sizes = (0.0, 1e3, 1e5, 1e7, 1e9)
-  table = profiles.CostTable(sizes, tuple(a + b * s**e for s in sizes))
+  table = cost_tables.CostTable(sizes, tuple(a + b * s**e for s in sizes))
   fusion = draw(st.sampled_from([None, whatif.PAPER_FUSION, whatif.Fusion(seconds=0.001)]))
   return whatif.CostModel("random", alpha, efficiency, table, fusion)
 
@@ -372,7 +372,7 @@ def test_sf_never_increases_with_workers(profile, model, workers, more, bw):
 def test_sf_can_increase_with_workers_for_a_step_shaped_reduction_cost():
   # Why the property above uses concave tables: (P-1) gamma(S/P) is not monotone in P for every
   # non-decreasing gamma. A cost that jumps between 10 and 11 bytes: P=2 adds 11-byte halves, P=3 ~7.3 bytes.
-  step = profiles.CostTable((10.0, 11.0), (0.0, 1.0))
+  step = cost_tables.CostTable((10.0, 11.0), (0.0, 1.0))
   profile = _profile([1.0], [Collective("g", "all-reduce", 22, True, 0)])
   model = whatif.ideal_model(reduce_cost=step)
   assert whatif.predict(profile, model, 3, 1e12).scaling_factor > whatif.predict(profile, model, 2, 1e12).scaling_factor

@@ -113,9 +113,9 @@ def test_default_timeouts_end_a_broken_start_within_60_seconds():
   (library and sparsejax-train's --initialization_timeout) must keep the same guarantee."""
   import inspect
 
-  from sparsejax.train import cli
+  from sparsejax.cli.train import TRAIN
   default = inspect.signature(process_group.initialize).parameters["initialization_timeout"].default
-  flag = next(f.default for f in cli.TRAIN.flags if f.name == "initialization_timeout")
+  flag = next(f.default for f in TRAIN.flags if f.name == "initialization_timeout")
   assert default <= 50 and flag <= 50, (default, flag)  # the watchdog ends the process at this many seconds
 
 

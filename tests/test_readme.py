@@ -22,15 +22,18 @@ import numpy as np
 import pytest
 from absl import flags
 
+from sparsejax.cli import flags as cli_flags
+from sparsejax.cli.plot import PLOT
+from sparsejax.cli.predict import PREDICT
+from sparsejax.cli.train import TRAIN
 from sparsejax.distributed import launch
 from sparsejax.netanalysis.__main__ import COMMANDS as NETANALYSIS_COMMANDS
 from sparsejax.netanalysis.__main__ import main as netanalysis_main
-from sparsejax.train import cli
 
 # The scripts the README runs, and the command each one is (its flags).
-SCRIPTS = {"examples/train.py": cli.TRAIN}
+SCRIPTS = {"examples/train.py": TRAIN}
 # The installed commands and their flags.
-COMMANDS = {"sparsejax-train": cli.TRAIN, "sparsejax-predict": cli.PREDICT, "sparsejax-plot": cli.PLOT}
+COMMANDS = {"sparsejax-train": TRAIN, "sparsejax-predict": PREDICT, "sparsejax-plot": PLOT}
 # Commands of the shell around sparsejax's (set-up and tests), run as written by those who copy them.
 OTHER_COMMANDS = {".", "echo", "pytest"}
 # Shell variables the README's commands take from the environment.
@@ -100,11 +103,11 @@ def _parse_problem(parse, *args) -> str | None:
   return None
 
 
-def _absl_problem(command: cli.Command, name: str, args: list[str]) -> str | None:
+def _absl_problem(command: cli_flags.Command, name: str, args: list[str]) -> str | None:
   """Whether ``args`` parse, and their settings validate, as ``command``'s (sparsejax-train's, ...) flags."""
   flag_values = flags.FlagValues()
-  cli.define_flags(command, flag_values)
-  return _parse_problem(cli.parse_flags, [name, *args], flag_values, command)
+  cli_flags.define_flags(command, flag_values)
+  return _parse_problem(cli_flags.parse_flags, [name, *args], flag_values, command)
 
 
 def _netanalysis_problem(args: list[str]) -> str | None:

@@ -138,7 +138,7 @@ def test_build_index_is_a_partition_with_the_clusters_mean_rows():
     np.testing.assert_allclose(cent[c, :-1], want, rtol=1e-4, atol=1e-5)  # probe vector: the mean row
     spread = np.sqrt(np.mean(np.sum((wb[members] - want) ** 2, axis=1))) if len(members) else 0.0
     np.testing.assert_allclose(cent[c, -1], spread, rtol=1e-3, atol=1e-4)  # rms distance from it
-  stats = retrieval.index_fill(index)
+  stats = clusters.cluster_fill(np.asarray(index.sizes))  # what the clustered Index.fill reports
   assert stats["cluster_mean"] == pytest.approx(470 / 20) and stats["cluster_max"] == np.diff(offsets).max()
 
 
@@ -450,7 +450,7 @@ def test_table_fill_against_counts():
   t = tables.build_tables(tables.init_tables(cfg, 16), params, w)
   codes = np.asarray(lsh.lsh_hash(params, w))
   counts = np.stack([np.bincount(codes[:, l], minlength=8) for l in range(3)])
-  stats = retrieval.index_fill(t)
+  stats = tables.table_fill(np.asarray(t.counts), t.buckets.shape[2])  # what the hashed Index.fill reports
   assert stats["bucket_mean"] == pytest.approx(np.minimum(counts, 16).mean())
   assert stats["buckets_empty"] == pytest.approx(np.mean(counts == 0))
   assert stats["buckets_overflowed"] == pytest.approx(np.mean(counts > 16))

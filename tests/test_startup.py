@@ -167,13 +167,13 @@ def test_the_launcher_gives_its_ranks_one_new_work_directory(tmp_path, monkeypat
 def test_a_rank_reports_the_signal_the_launcher_was_stopped_by(tmp_path, monkeypatch, stopped_by):
   """Issue 33: Ctrl-C on sparsejax-launch was reported by its ranks as "stopped by SIGTERM" (the preemption notice
   it sends them)."""
-  from sparsejax.train import cli
+  from sparsejax.cli.train import _launcher_stop_signal
 
   (tmp_path / "stop").write_text(stopped_by)
   monkeypatch.setenv(rundirs.LAUNCH_STOP_FILE_ENV, str(tmp_path / "stop"))
   want = signal.SIGINT if stopped_by else signal.SIGTERM  # empty: a signal sent to the ranks themselves
-  assert cli._launcher_stop_signal(signal.SIGTERM) == want
-  assert cli._launcher_stop_signal(signal.SIGINT) == signal.SIGINT
+  assert _launcher_stop_signal(signal.SIGTERM) == want
+  assert _launcher_stop_signal(signal.SIGINT) == signal.SIGINT
 
 
 STOP_REPORTER = """

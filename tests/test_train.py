@@ -48,6 +48,56 @@ def test_metrics_jsonl_and_final_result(tmp_path, small_config):
   assert Config.from_dict(json.load(open(tmp_path / "config.json"))) == small_config
 
 
+class _RecordingObserver:
+  """A step observer that records the loop's calls (train/step_observer.py's protocol)."""
+
+  def __init__(self, calls, settings, workdir, *, job, per_process_batch, scope_scaling):
+    self.calls = calls
+    calls.append(("made", job, per_process_batch, dict(scope_scaling)))
+
+  def begin_step(self, step, compiled):
+    self.calls.append(("begin", step, type(compiled).__name__))
+
+  def end_step(self, step, outputs):
+    self.calls.append(("end", step))
+
+  def maintenance(self, label, fn, *args, **kwargs):
+    self.calls.append(("maintenance", label))
+    return fn(*args, **kwargs)
+
+  def log_record(self):
+    return {"observed": len(self.calls)}
+
+  def finish(self):
+    self.calls.append(("finish",))
+
+  def close(self):
+    self.calls.append(("close",))
+
+
+def test_a_step_observer_sees_every_step_and_job_and_adds_to_the_records(tmp_path, small_config):
+  calls = []
+  observer = lambda *args, **kwargs: _RecordingObserver(calls, *args, **kwargs)  # noqa: E731
+  train_and_evaluate(override(small_config, max_steps=20, eval_every=10, checkpoint_every=15), str(tmp_path),
+                     step_observer=observer)
+  from sparsejax.model import STEP_SCOPES
+
+  assert calls[0] == ("made", "sparse", 64, STEP_SCOPES)
+  steps = [c for c in calls if c[0] in ("begin", "end")]
+  assert steps == [x for s in range(20) for x in (("begin", s, "CompiledStep"), ("end", s + 1))]
+  jobs = [c[1] for c in calls if c[0] == "maintenance"]
+  assert jobs.count("tables") == 20 and jobs.count("eval") == 1 and jobs.count("checkpoint") == 1, jobs
+  assert calls[-2:] == [("finish",), ("close",)]
+  records = read_records(str(tmp_path))
+  assert [r["observed"] > 0 for r in records if "loss" in r] == [True, True]  # its fields in each log record
+
+
+def test_the_profiled_window_needs_its_observer(tmp_path, small_config):
+  with pytest.raises(ConfigError, match="--netanalysis_steps=5: the profiled window is sparsejax.netanalysis"):
+    train_and_evaluate(override(small_config, netanalysis_steps=5), str(tmp_path))
+  assert not os.path.exists(tmp_path / "checkpoints")
+
+
 @pytest.mark.parametrize("changes", [{}, dict(softmax="exact", lr_scaling="sqrt", warmup_steps=30),
                                      dict(candidates="clusters", reinsert="none"),  # LSH, exact, clustered
                                      dict(candidates="clusters", reinsert="none", average_steps=12)])  # averaged
@@ -219,7 +269,7 @@ def test_a_best_state_that_is_the_last_one_is_not_read_back(tmp_path, small_conf
   """Issue 47: restoring the best state beside the live one held two copies of the state at the end (the 10^9-
   parameter run swapped and aborted there). Where the last evaluation is the best, the live state is used: same
   test metrics as reading it back, and the kept state is never restored."""
-  from sparsejax.workdir.checkpoint import BestCheckpoint
+  from sparsejax.workdir.best_checkpoint import BestCheckpoint
 
   config = override(_selecting(small_config, max_steps=30), eval_every=1000)  # one evaluation, the last: the best
   restores = []
@@ -239,7 +289,7 @@ def test_a_best_state_read_back_replaces_the_live_parameters_never_beside_them(t
   deleted (the final checkpoint keeps them): the process's arrays grow by no second copy (bytes counted)."""
   import jax
 
-  from sparsejax.workdir.checkpoint import BestCheckpoint
+  from sparsejax.workdir.best_checkpoint import BestCheckpoint
 
   config = override(_selecting(small_config, max_steps=30), eval_every=1000)
   from sparsejax.train.model_selection import Selection
@@ -384,7 +434,7 @@ def _signal_while_busy(tmp_path, module: str, name: str, signum: int) -> tuple[i
   code = textwrap.dedent(f"""
       import sys, time
       import {module}
-      from sparsejax.train import cli
+      from sparsejax.cli.train import main
 
       def busy(*args, **kwargs):
         print("ready", flush=True)
@@ -393,7 +443,7 @@ def _signal_while_busy(tmp_path, module: str, name: str, signum: int) -> tuple[i
 
       {module}.{name} = busy
       sys.argv = ["sparsejax-train", "--workdir=" + sys.argv[1]]
-      cli.main()
+      main()
   """)
   # SIGINT as a terminal gives it: a job started in the background (CI under nohup, '&') inherits it ignored.
   proc = subprocess.Popen([sys.executable, "-P", "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
@@ -424,7 +474,7 @@ def test_a_signal_during_a_garbage_collection_callback_is_not_lost(tmp_path):
   code = textwrap.dedent("""
       import gc, sys, time
       import sparsejax.train.loop
-      from sparsejax.train import cli
+      from sparsejax.cli.train import main
 
       def _xla_gc_callback(phase, info):  # JAX's name: a signal handled in it must not raise there
         if phase == "start":
@@ -443,7 +493,7 @@ def test_a_signal_during_a_garbage_collection_callback_is_not_lost(tmp_path):
 
       sparsejax.train.train_and_evaluate = busy
       sys.argv = ["sparsejax-train", "--workdir=" + sys.argv[1]]
-      cli.main()
+      main()
   """)
   proc = subprocess.Popen([sys.executable, "-P", "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)

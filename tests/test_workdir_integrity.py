@@ -214,15 +214,15 @@ def test_a_resumed_run_sets_a_corrupted_best_state_aside(ours, validated_config,
 
 def test_the_final_evaluation_refuses_a_best_state_changed_during_the_run(tmp_path, validated_config,
                                                                          monkeypatch):
-  from sparsejax.workdir import checkpoint
+  from sparsejax.workdir import best_checkpoint
 
-  check = checkpoint.BestCheckpoint.check
+  check = best_checkpoint.BestCheckpoint.check
 
   def flip_then_check(self, step, run_id):  # a bit flips on disk between the save and the final evaluation
     _flip(_largest_state_file(self.step_directory(step)))
     return check(self, step, run_id)
 
-  monkeypatch.setattr(checkpoint.BestCheckpoint, "check", flip_then_check)
+  monkeypatch.setattr(best_checkpoint.BestCheckpoint, "check", flip_then_check)
   with pytest.raises(IntegrityError, match="best_checkpoint/[0-9]+/state/.*: corrupted"):
     train_and_evaluate(validated_config, str(tmp_path / "run"))
   assert not [r for r in read_records(str(tmp_path / "run")) if r.get("final")]

@@ -32,11 +32,11 @@ def restored_state(config, run_dir: str, test):
   from sparsejax.distributed import sharding
   from sparsejax.model_config import ModelConfig
   from sparsejax.train.model_selection import without_optimizer
-  from sparsejax.workdir import checkpoint
+  from sparsejax.workdir import best_checkpoint, checkpoint
 
   run = sharding.make_run(ModelConfig.from_config(config, test.num_features, test.num_labels), seed=config.run.seed)
   # The selected state is kept without its optimizer states (evaluated and served, not trained on).
-  state = checkpoint.BestCheckpoint(run_dir, config.run.selection_metric).restore(
+  state = best_checkpoint.BestCheckpoint(run_dir, config.run.selection_metric).restore(
       without_optimizer(run.abstract_state()))
   if state is None:
     state = checkpoint.Checkpoints(run_dir, writable=False).restore(run.abstract_state())[0]

@@ -231,7 +231,7 @@ def make_merged_index(config: ModelConfig, mesh: jax.sharding.Mesh):
 
 
 def make_index_fill(config: ModelConfig, mesh: jax.sharding.Mesh):
-  """``index_fill(state) -> dict``: :func:`retrieval.index_fill` over every shard's index together (their
+  """``index_fill(state) -> dict``: :attr:`sparsejax.index.Index.fill` over every shard's index together (their
   cluster sizes or bucket counts all-gathered: ``O(P C)``)."""
   the_index = index.from_config(config)
   gather = jax.jit(_shard_map(lambda t: jax.lax.all_gather(the_index.occupancy(t), AXIS), mesh,
@@ -311,11 +311,11 @@ class Run(NamedTuple):
     refresh_index: ``state -> state`` with a freshly rebuilt index (not donated: the training state is left
       as it is), to evaluate sampled inference as a saved model would serve it (sharded: each shard's index of
       its rows); None where unavailable.
-    index_fill: ``state -> dict``: the fill of the state's index (:func:`sparsejax.retrieval.index_fill`; sharded:
+    index_fill: ``state -> dict``: the fill of the state's index (:attr:`sparsejax.index.Index.fill`; sharded:
       every shard's index together); None where there is no index.
     step_program: ``(state, batch) -> (jitted, args, scopes)``: the step as the jitted function it calls, its
       arguments for this batch and the step's named scopes, for whatever reads the compiled program (the step
-      profiler: :func:`sparsejax.netanalysis.collectives.compile_step`; compiling it does not run it, and the step
+      profiler: :func:`sparsejax.distributed.collectives.compile_step`; compiling it does not run it, and the step
       reuses that compilation).
     schedule: when ``maintain`` refreshes the index (periods lengthened by ``--refresh_budget``).
     predict_exact: ``predict`` without sampled inference (SLIDE; None: ``predict`` is exact only): what an

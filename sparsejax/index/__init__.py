@@ -15,9 +15,9 @@ Importing this package does not import JAX; the implementations load on first us
 """
 
 from sparsejax.index.base import Index
-from sparsejax.index.kinds import from_config, index_fill
+from sparsejax.index.kinds import from_config
 
-__all__ = ["Index", "from_config", "index_fill", "cluster_index", "lsh_index"]
+__all__ = ["Index", "from_config", "cluster_index", "lsh_index"]
 
 
 def __getattr__(name: str):

@@ -368,7 +368,7 @@ def index_query(index: ClusterIndex, queries: jax.Array, *, k: int, num_rows: in
 
 
 def cluster_fill(sizes: np.ndarray) -> dict[str, float]:
-  """:func:`sparsejax.index.index_fill` of a clustered index from its cluster ``sizes`` (any shape: every shard's
+  """:attr:`sparsejax.index.Index.fill` of a clustered index from its cluster ``sizes`` (any shape: every shard's
   together)."""
   return {"cluster_mean": float(sizes.mean()), "cluster_max": float(sizes.max()),
           "clusters_empty": float(np.mean(sizes == 0))}

@@ -91,24 +91,3 @@ def from_config(config):
   :class:`sparsejax.model_config.ModelConfig`: its ``tables`` section and one shard's sizes): the one place
   that maps ``--candidates`` to an implementation."""
   return KINDS[config.tables.candidates].make(config)
-
-
-def index_fill(index) -> dict[str, float]:
-  """Fill statistics of hash tables, a :class:`~sparsejax.index.hashed.HashedIndex` or a clustered index
-  (host-side, cheap).
-
-  Hash tables: mean and max ids per bucket, the fraction of empty buckets and
-  of buckets that overflowed (more rows offered than slots). Clustered index:
-  mean and max cluster size and the fraction of empty clusters.
-  """
-  import numpy as np
-
-  from sparsejax.index import clusters, hashed, tables
-
-  if isinstance(index, hashed.HashedIndex):
-    index = index.tables
-  if isinstance(index, tables.HashTables):
-    return tables.table_fill(np.asarray(index.counts), index.buckets.shape[2])
-  if isinstance(index, clusters.ClusterIndex):
-    return clusters.cluster_fill(np.asarray(index.sizes))
-  raise TypeError(f"index_fill: expected HashTables or ClusterIndex, got {type(index).__name__}")

@@ -248,7 +248,7 @@ def lsh_query(tables: HashTables, params: LSHParams, queries: jax.Array, *, k: i
 
 
 def table_fill(counts: np.ndarray, slots: int) -> dict[str, float]:
-  """:func:`sparsejax.index.index_fill` of hash tables from their bucket ``counts`` (any shape: every shard's
+  """:attr:`sparsejax.index.Index.fill` of hash tables from their bucket ``counts`` (any shape: every shard's
   tables together) and their ``slots`` per bucket."""
   held = np.minimum(counts, slots)
   return {"bucket_mean": float(held.mean()), "bucket_max": float(held.max()),

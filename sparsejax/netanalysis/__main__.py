@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   try:
-    from sparsejax.netanalysis.profiles import check_output_file
+    from sparsejax.netanalysis.file_io import check_output_file
 
     for name in ("json", "trace"):  # files written at the end: checked before the work
       if name in flags.FLAGS and flags.FLAGS[name].value:

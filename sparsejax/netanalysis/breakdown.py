@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from sparsejax.distributed.collectives import Collective
 from sparsejax.netanalysis import intervals as iv
-from sparsejax.netanalysis.collectives import Collective
 
 FIELDS = ("step", "compute", "comm", "overlap", "exposed_comm", "wait", "transfer", "other")
 # Collectives of these named scopes carry gradients, which a compression scheme could shrink.
@@ -174,7 +174,7 @@ def analyze(windows: Sequence[RankWindow], module: str, collectives: Sequence[Co
   Args:
     windows: one per rank.
     module: the step's HLO module name (its trace events' ``hlo_module``).
-    collectives: the step's collectives (:func:`~sparsejax.netanalysis.collectives.compile_step`).
+    collectives: the step's collectives (:func:`~sparsejax.distributed.collectives.compile_step`).
     processes: P.
     scopes: instruction name -> named scope, for the segments of the profile chain.
     scope_scaling: named scope -> ``replicated``, ``sharded`` or ``batch``.

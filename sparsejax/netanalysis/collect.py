@@ -1,24 +1,25 @@
-"""In-run measurement: per-step times always, and a profiled window of steps on request.
+"""In-run measurement: a profiled window of training steps, the training loop's step observer.
 
-A training loop drives a :class:`StepProfiler` through four hooks::
+The training loop (:class:`sparsejax.train.loop.Loop`) drives a :class:`StepProfiler` through the hooks of
+:class:`sparsejax.train.step_observer.StepObserver`; ``sparsejax-train`` and :func:`sparsejax.fit` pass
+:meth:`StepProfiler.from_config` to :func:`sparsejax.train.train_and_evaluate`, and a benchmark may drive one
+itself::
 
   profiler = StepProfiler(workdir, steps=10, start=50, link_capacity="1gbit", ...)
+  compiled = collectives.compile_step(jitted, state, batch, known_scopes=scopes)   # once
   while training:
-    profiler.begin_step(step, program)            # program() -> (jitted, args, scopes), compiled once
+    profiler.begin_step(step, compiled)
     state, metrics = train_step(state, batch)
-    profiler.end_step(step + 1, (state, metrics))  # a timestamp (with a window: waits for the step)
+    profiler.end_step(step + 1, (state, metrics))  # waits for the step (a window is requested)
     state = profiler.maintenance("tables", rebuild, state)   # timed as its own row in the window
-    if step % log_every == 0: record.update(profiler.log_record())   # after the loop's own sync
+    if step % log_every == 0: record.update(profiler.log_record())   # median and p90 step times
   profiler.finish()                               # every process; writes the files
 
-**Always (nearly free).** Two timestamps per step and nothing else: the loop is not synchronized.
-:meth:`StepProfiler.log_record`, called right after the loop's own sync every ``log_every`` steps,
-gives the mean step time over that window (wall time since the previous record over the steps
-taken: exact, since the loop waits for the last step's loss) and the analytic collective bytes of
-the compiled step, for ``metrics.jsonl``. With a profiled window requested (``steps > 0``), every
-step of the run is waited for, so that each step's own wall time is known (median and p90 per
-``log_every`` window too) and the steps inside and outside the window are timed alike; the loop
-then keeps at most one step in flight (its host work is no longer hidden behind the previous step).
+The loop's always-on step fields (mean step time, collective bytes) are its own
+(:class:`sparsejax.train.step_clock.StepMeans`). With a profiled window requested (``steps > 0``), every step of
+the run is waited for, so that each step's own wall time is known (median and p90 per ``log_every`` window) and the
+steps inside and outside the window are timed alike; the loop then keeps at most one step in flight (its host work
+is no longer hidden behind the previous step).
 
 **The profiled window** (``steps > 0``): ``steps`` steps from step ``start`` (at least two steps
 after this process started, so compilation is never profiled; process 0 decides, every process
@@ -36,8 +37,6 @@ computes the breakdown (:mod:`sparsejax.netanalysis.breakdown`) and writes, atom
 """
 
 import contextlib
-import glob
-import gzip
 import json
 import math
 import os
@@ -46,25 +45,24 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 
+import jax
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 
-from sparsejax.netanalysis import breakdown, collectives, netif, profiles
-from sparsejax.netanalysis.collectives import Collective, CompiledStep
+from sparsejax.distributed.collectives import CompiledStep
+from sparsejax.netanalysis import breakdown, netif
+from sparsejax.netanalysis.window_files import STEP_ANNOTATION, read_trace, window_from_trace, write_run
 from sparsejax.rates import parse_rate
 
-RANK_SCHEMA = "sparsejax.netanalysis.rank/1"
 WARMUP_STEPS = 2  # steps of a process that are never profiled (compilation, first runs)
-STEP_ANNOTATION = "train"
 MAINTENANCE_PREFIX = "maintenance:"
 
 
 def broadcast_int(value: int) -> int:
   """Process 0's ``value`` on every process."""
-  import jax
   if jax.process_count() == 1:
     return value
-  from jax.experimental import multihost_utils
   return int(multihost_utils.broadcast_one_to_all(np.asarray(value, np.int32)))
 
 
@@ -74,10 +72,8 @@ def gather_json(obj) -> list | None:
   Uses ``multihost_utils.process_allgather`` of the encoded bytes (lengths first, then padded
   buffers), so it needs no shared file system.
   """
-  import jax
   if jax.process_count() == 1:
     return [obj]
-  from jax.experimental import multihost_utils
   data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
   sizes = np.asarray(multihost_utils.process_allgather(np.asarray([data.size], np.int32))).reshape(-1)
   buf = np.zeros(int(sizes.max()), np.uint8)
@@ -88,57 +84,12 @@ def gather_json(obj) -> list | None:
   return [json.loads(bytes(everything[r, :int(n)])) for r, n in enumerate(sizes)]
 
 
-def read_trace(log_dir: str) -> list[dict]:
-  """The events of the newest ``log_dir/plugins/profile/<run>/<host>.trace.json.gz``.
-
-  Raises:
-    FileNotFoundError: the profiler wrote no trace there.
-  """
-  files = sorted(glob.glob(os.path.join(log_dir, "plugins", "profile", "*", "*.trace.json.gz")), key=os.path.getmtime)
-  if not files:
-    raise FileNotFoundError(f"no profiler trace (*.trace.json.gz) under {log_dir}/plugins/profile")
-  with gzip.open(files[-1], "rt") as f:
-    return json.load(f).get("traceEvents", [])
-
-
-def window_from_trace(events: list[dict], rank: int, steps: list[tuple[int, float, float]],
-                      maintenance: list[tuple[str, int, float, float]]) -> breakdown.RankWindow:
-  """The rank's window: XLA instruction events of a trace, on the wall clock of ``steps``.
-
-  The trace's clock (microseconds from the start of the profile) is mapped onto ``time.time()``
-  by the step annotations: ``steps`` holds each step's wall-clock begin, taken just before its
-  annotation opened. The window's times count from its first step's begin (``origin``).
-
-  Args:
-    events: Chrome trace events (:func:`read_trace`).
-    rank: this process's index.
-    steps: ``(step, wall begin, wall end)`` as recorded by the loop.
-    maintenance: ``(label, step, wall begin, wall end)``.
-  """
-  origin = min(a for _, a, _ in steps)
-  steps = [(s, a - origin, b - origin) for s, a, b in steps]
-  maintenance = [(label, s, a - origin, b - origin) for label, s, a, b in maintenance]
-  begins = {s: a for s, a, _ in steps}
-  shifts = [begins[int(e["args"]["step_num"])] - e["ts"] * 1e-6 for e in events
-            if e.get("ph") == "X" and e.get("name") == STEP_ANNOTATION and "step_num" in e.get("args", {})
-            and int(e["args"]["step_num"]) in begins]
-  if not shifts:
-    raise ValueError("the profiler trace holds no step annotations: cannot place its events in time")
-  shift = float(np.median(shifts))
-  ops = [(e["args"]["hlo_op"], e["args"].get("hlo_module", ""), e["ts"] * 1e-6 + shift,
-          (e["ts"] + e.get("dur", 0.0)) * 1e-6 + shift)
-         for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})]
-  last = max([b for _, _, b in steps] + [b for *_, b in maintenance])
-  ops = sorted(op for op in ops if op[3] >= 0 and op[2] <= last)
-  return breakdown.RankWindow(rank=rank, steps=steps, ops=ops, maintenance=maintenance, origin=origin)
-
-
 class StepProfiler:
-  """Per-step timing of a training loop, and an optional profiled window (see the module docstring).
+  """The profiled window of a training loop's steps, and their median and p90 times (see the module docstring).
 
   Args:
     workdir: the run's directory (files go to ``workdir/netanalysis``).
-    steps: steps in the profiled window; 0: no window.
+    steps: steps in the profiled window; 0: no window (the profiler then does nothing).
     start: the first step (0-based count of steps taken before it) of the window.
     link_capacity: the link's rate (``"1gbit"``, bit/s as a number) for utilisations, or None.
     iface: the interface whose counters to sample, ``"auto"``: the one this process advertises.
@@ -162,8 +113,6 @@ class StepProfiler:
     self.window_start: int | None = None
     self._times: list[float] = []  # each step's wall time (only when every step is waited for)
     self._t0 = 0.0
-    self._record_t0: float | None = None  # first step's start since the last log_record
-    self._record_steps = 0
     self._active = False
     self._done = False
     self._annotation = None
@@ -191,31 +140,26 @@ class StepProfiler:
   def in_window(self) -> bool:
     return self._active
 
-  def begin_step(self, step: int, program: Callable[[], tuple]) -> None:
+  def begin_step(self, step: int, compiled: CompiledStep) -> None:
     """Before step ``step`` (steps taken so far) is dispatched.
 
     Args:
       step: steps taken before this one.
-      program: returns ``(jitted, args, scopes)``, the step's jitted function, its arguments and named scopes
-        (:attr:`sparsejax.distributed.sharding.Run.step_program`), compiled here once, before the first step
-        (:func:`~sparsejax.netanalysis.collectives.compile_step`; JAX reuses that compilation for the step).
+      compiled: the step's compiled program (:func:`~sparsejax.distributed.collectives.compile_step`), whose
+        collectives the window's files describe.
     """
     if self.compiled is None:
-      jitted, args, scopes = program()
-      self.compiled = collectives.compile_step(jitted, *args, known_scopes=scopes)
+      self.compiled = compiled
       if self.steps:
         self.window_start = broadcast_int(max(self.start, step + WARMUP_STEPS))
     if self.steps and not self._done and not self._active and step == self.window_start:
       self._start_window()
     if self._active:
-      import jax
       self._io0 = netif.read_counters(self.iface_name) if self.iface_name else None
       self._annotation = jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=step)
       self._steps.append((step, time.time(), math.nan))
       self._annotation.__enter__()
     self._t0 = time.perf_counter()
-    if self._record_t0 is None:
-      self._record_t0 = self._t0
 
   def end_step(self, step: int, outputs) -> None:
     """After the step's dispatch; with a window requested, waits for ``outputs`` and records the step's time.
@@ -225,10 +169,8 @@ class StepProfiler:
       outputs: the step's results (e.g. ``(state, metrics)``), waited for only if ``steps > 0``.
     """
     self._step = step
-    self._record_steps += 1
     if not self.steps:
       return
-    import jax
     jax.block_until_ready(outputs)
     self._times.append(time.perf_counter() - self._t0)
     if not self._active:
@@ -247,7 +189,6 @@ class StepProfiler:
     """``fn(*args, **kwargs)``; inside the window, annotated, waited for and recorded as a ``label`` row."""
     if not self._active:
       return fn(*args, **kwargs)
-    import jax
     begin = time.time()
     with jax.profiler.TraceAnnotation(MAINTENANCE_PREFIX + label):
       result = jax.block_until_ready(fn(*args, **kwargs))
@@ -255,26 +196,12 @@ class StepProfiler:
     return result
 
   def log_record(self) -> dict:
-    """The always-on fields for ``metrics.jsonl``; call right after the loop waited for its last step.
-
-    ``step_seconds_mean`` (wall time since the previous record's first step over the steps taken since),
-    ``steps_timed``; with a window requested also ``step_seconds_median`` and ``step_seconds_p90`` of the
-    single steps; with a described step ``collective_bytes_per_step`` and ``wire_bytes_per_step``
-    (ring bytes one process sends). Empty if no step was taken since the last record.
-    """
+    """``step_seconds_median`` and ``step_seconds_p90`` of the single steps since the last record (a window
+    requested; else empty); call right after the loop waited for its last step."""
     times, self._times = self._times, []
-    steps, t0 = self._record_steps, self._record_t0
-    self._record_steps, self._record_t0 = 0, None
-    if not steps or t0 is None:
+    if not times:
       return {}
-    record = {"step_seconds_mean": (time.perf_counter() - t0) / steps, "steps_timed": steps}
-    if times:
-      record.update(step_seconds_median=float(np.median(times)), step_seconds_p90=float(np.percentile(times, 90)))
-    if self.compiled is not None:
-      import jax
-      record["collective_bytes_per_step"] = sum(c.operand_bytes for c in self.compiled.collectives)
-      record["wire_bytes_per_step"] = sum(c.wire_bytes(jax.process_count()) for c in self.compiled.collectives)
-    return record
+    return {"step_seconds_median": float(np.median(times)), "step_seconds_p90": float(np.percentile(times, 90))}
 
   def finish(self) -> None:
     """After the loop, on every process: completes a window the loop ended early."""
@@ -284,7 +211,6 @@ class StepProfiler:
   def close(self) -> None:
     """On any exit (also after an error): stops tracing and sampling; no collectives."""
     if self._active:
-      import jax
       self._active = False
       if self._sampler is not None:
         self._sampler.stop()
@@ -299,7 +225,6 @@ class StepProfiler:
     return os.path.join(self.workdir, "netanalysis")
 
   def _start_window(self):
-    import jax
     rank = jax.process_index()
     if self.keep_raw:
       self._raw_dir = os.path.join(self.directory, "raw", f"rank{rank}")
@@ -320,7 +245,6 @@ class StepProfiler:
       shutil.rmtree(self._raw_dir, ignore_errors=True)
 
   def _finish_window(self):
-    import jax
     self._active, self._done = False, True
     wall, cpu = time.time() - self._wall0, time.process_time() - self._cpu0
     counters = self._sampler.stop() if self._sampler is not None else []
@@ -356,34 +280,3 @@ class StepProfiler:
             "link_capacity_bps": self.capacity_bps, "module": c.module,
             "collectives": [x.to_json(processes) for x in c.collectives],
             "scope_scaling": self.scope_scaling, "scopes": dict(c.scopes)}
-
-
-def analyze_run(windows, run: Mapping, capacity_bps: float | None = None) -> dict:
-  """:func:`breakdown.analyze` of a run's windows with its recorded settings (``capacity_bps`` overrides)."""
-  return breakdown.analyze(
-      windows, run["module"], tuple(Collective.from_json(c) for c in run["collectives"]), processes=run["processes"],
-      scopes=run["scopes"], scope_scaling=run["scope_scaling"],
-      capacity_bps=capacity_bps if capacity_bps is not None else run["link_capacity_bps"])
-
-
-def run_profile(analysis: Mapping, run: Mapping, workdir: str) -> profiles.Profile:
-  """The job's ``profile/1`` from an analysis: one chain per profiled step, the median job step."""
-  name = os.path.basename(os.path.normpath(os.path.abspath(workdir)))
-  return profiles.profile_from_dict({
-      "schema": profiles.PROFILE_SCHEMA, "name": name, "source": "run", "path": os.path.abspath(workdir),
-      "job": run["job"], "workers": run["processes"], "per_process_batch": run["per_process_batch"],
-      "step_seconds": analysis["summary"]["step_seconds_median"], "steps": analysis["chains"]},
-      file=os.path.join(workdir, "netanalysis", "profile.json"))
-
-
-def write_run(directory: str, windows, run: Mapping) -> dict:
-  """Analyses the gathered windows and writes ``rank{r}.json`` and ``profile.json`` (atomically)."""
-  analysis = analyze_run(windows, run)
-  workdir = os.path.dirname(os.path.abspath(directory))
-  for window, rank_info in zip(windows, analysis["ranks"]):
-    scopes = {n: run["scopes"][n] for n in {op[0] for op in window.ops} if n in run["scopes"]}
-    profiles.write_json_atomic(os.path.join(directory, f"rank{window.rank}.json"), {
-        "schema": RANK_SCHEMA, "rank": window.rank, "run": dict(run, scopes=scopes), "window": window.to_json(),
-        "breakdown": rank_info})
-  profiles.write_profile(os.path.join(directory, "profile.json"), run_profile(analysis, run, workdir))
-  return analysis

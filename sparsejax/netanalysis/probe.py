@@ -32,8 +32,8 @@ import time
 import numpy as np
 from absl import flags, logging
 
-from sparsejax.netanalysis import profiles
-from sparsejax.netanalysis.collectives import ring_wire_bytes
+from sparsejax.distributed.collectives import ring_wire_bytes
+from sparsejax.netanalysis import cost_tables, probe_results
 from sparsejax.rates import parse_rate
 
 FLAGS = flags.FLAGS
@@ -74,7 +74,7 @@ def sizes(max_bytes: int, processes: int, kind: str) -> list[int]:
   return out
 
 
-def fit(kind: str, processes: int, rows: list[profiles.ProbeRow]) -> profiles.ProbeFit:
+def fit(kind: str, processes: int, rows: list[probe_results.ProbeRow]) -> probe_results.ProbeFit:
   """Least-squares ``t = hops * alpha + wire * 8 / bw`` of one kind's rows.
 
   ``bw`` is the slope of ``t`` against wire bytes over sizes >= 64 KiB (R^2 of that line); ``alpha``
@@ -97,20 +97,20 @@ def fit(kind: str, processes: int, rows: list[profiles.ProbeRow]) -> profiles.Pr
   bw = 8.0 / slope
   small = np.array([r.bytes <= ALPHA_MAX_BYTES for r in rows]) | (np.arange(len(rows)) == 0)
   alpha = max(0.0, float(np.median((t[small] - wire[small] * slope) / HOPS[kind](processes))))
-  return profiles.ProbeFit(alpha_s=alpha, bw_bps=bw, r2=r2, rows=tuple(rows))
+  return probe_results.ProbeFit(alpha_s=alpha, bw_bps=bw, r2=r2, rows=tuple(rows))
 
 
-def probe_row(kind: str, processes: int, nbytes: int, times: list[float]) -> profiles.ProbeRow:
+def probe_row(kind: str, processes: int, nbytes: int, times: list[float]) -> probe_results.ProbeRow:
   """One table row from the call times (seconds) of one size."""
   t = np.asarray(times)
   median = float(np.median(t))
-  return profiles.ProbeRow(bytes=nbytes, elements=nbytes // ELEMENT_BYTES, seconds_median=median,
+  return probe_results.ProbeRow(bytes=nbytes, elements=nbytes // ELEMENT_BYTES, seconds_median=median,
                            seconds_p10=float(np.percentile(t, 10)), seconds_p90=float(np.percentile(t, 90)),
                            algbw_bps=nbytes * 8 / median,
                            busbw_bps=ring_wire_bytes(kind, nbytes, processes) * 8 / median)
 
 
-def format_table(probe: profiles.Probe) -> str:
+def format_table(probe: probe_results.Probe) -> str:
   """The NCCL-tests-style table of every row."""
   cap = f", link capacity {probe.link_capacity_bps:.4g} bit/s" if probe.link_capacity_bps else ""
   lines = [f"# sparsejax.netanalysis probe: {probe.workers} processes, {probe.dtype}{cap}",
@@ -202,7 +202,7 @@ def measure(kinds, max_bytes: int, max_call: float, iters: int, warmup: int, bud
   return out
 
 
-def reduce_cost(max_bytes: int, budget: float) -> profiles.CostTable:
+def reduce_cost(max_bytes: int, budget: float) -> cost_tables.CostTable:
   """Seconds of a jitted add of two float32 buffers on this process, by buffer size (4 B doubling)."""
   import jax
   add = jax.jit(lambda a, b: a + b)
@@ -217,7 +217,7 @@ def reduce_cost(max_bytes: int, budget: float) -> profiles.CostTable:
       times += _calls(fn, (a, b), 5)
     rows.append((float(s), float(np.median(times))))
     s *= 2
-  return profiles.cost_table(rows, path="reduce cost")
+  return cost_tables.cost_table(rows, path="reduce cost")
 
 
 def main(command: str, argv) -> int:
@@ -262,13 +262,14 @@ def main(command: str, argv) -> int:
       fits[kind] = fit(kind, P, rows)
     else:
       logging.warning("probe: %s measured at fewer than 2 sizes; no fit", kind)
-  probe = profiles.Probe(workers=P, dtype="float32", link_capacity_bps=capacity, collectives=fits, reduce_cost=cost)
+  probe = probe_results.Probe(workers=P, dtype="float32", link_capacity_bps=capacity, collectives=fits,
+                              reduce_cost=cost)
   print(format_table(probe))
   print(f"# probe took {time.time() - t0:.1f} s")
   if FLAGS.out:
-    profiles.write_probe(FLAGS.out, probe)
+    probe_results.write_probe(FLAGS.out, probe)
     cost_path = FLAGS.reduce_cost_out or os.path.splitext(FLAGS.out)[0] + ".reduce_cost.log"
-    profiles.write_cost_table(cost_path, cost, comment="jitted float32 a + b on one process (netanalysis probe): "
+    cost_tables.write_cost_table(cost_path, cost, comment="jitted float32 a + b on one process (netanalysis probe): "
                               "bytes per buffer, seconds")
     print(f"wrote {FLAGS.out} and {cost_path}")
   sys.stdout.flush()

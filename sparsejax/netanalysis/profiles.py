@@ -1,32 +1,34 @@
-"""Profile schemas and file readers of netanalysis: one typed model of a step, many ways to get it.
+"""The profile schema of netanalysis: one typed model of a step, read from a run's JSON or the paper's profiles.
 
 * ``sparsejax.netanalysis.profile/1`` (JSON): a step as a chain of compute segments and collectives.
   sparsejax runs write it (``workdir/netanalysis/profile.json``); :func:`read_profile` reads it.
 * ``.bk.log`` (the paper's backward-pass profiles): :func:`read_bk_log` maps one onto the same schema.
-* ``bytes,seconds`` reduction-cost tables (``cuda_vec_add.log``, or the probe's): :func:`read_cost_table`.
-* ``sparsejax.netanalysis.probe/1`` (JSON): fitted latency/bandwidth per collective kind, the raw
-  probe rows and the local reduction cost: :func:`write_probe` / :func:`read_probe`.
 
-Every reader raises :class:`ProfileError` whose message starts with where the problem is:
-``PATH:LINE:`` for text files, ``PATH:LINE:COL:`` for invalid JSON and ``PATH: $.json.path:`` for a
-bad value in valid JSON. Writers write a temporary file and rename it, so an interrupted writer never
-leaves a broken file. Units: seconds, bytes, bits per second.
+The other files of netanalysis: ``bytes,seconds`` reduction-cost tables (:mod:`.cost_tables`), the probe's fitted
+latency/bandwidth per collective kind (``sparsejax.netanalysis.probe/1``: :mod:`.probe_results`) and the what-if
+document (:func:`sparsejax.netanalysis.report.read_whatif`). Every reader raises :class:`ProfileError` whose message
+starts with where the problem is, and writers never leave a broken file (:mod:`.file_io`). Units: seconds, bytes,
+bits per second.
 """
 
-import bisect
 import dataclasses
-import json
 import math
 import os
-import tempfile
-from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sparsejax.netanalysis.file_io import (
+  JsonValue,
+  check_schema,
+  load_json,
+  number_field,
+  read_lines,
+  read_text,
+  two_fields,
+  write_checked,
+)
 from sparsejax.netanalysis.units import ProfileError
 
 PROFILE_SCHEMA = "sparsejax.netanalysis.profile/1"
-PROBE_SCHEMA = "sparsejax.netanalysis.probe/1"
-WHATIF_SCHEMA = "sparsejax.netanalysis.whatif/1"
 
 # How a compute segment's time changes with the number of processes P (see whatif.scale_chain).
 SCALES = ("replicated", "sharded", "batch")
@@ -127,153 +129,6 @@ class Profile:
 
 
 # ---------------------------------------------------------------------------------------------------
-# JSON: atomic writer and a reader that says where a bad value is.
-
-
-def write_text_atomic(path: str, text: str) -> None:
-  """Write ``text`` to ``path`` through a temporary file in the same directory and a rename.
-
-  An interrupted writer leaves the previous file (or none), never a partial one. The file gets the
-  usual permissions (0666 less the umask), not the temporary file's 0600.
-  """
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-  try:
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
-
-
-def check_output_file(flag: str, path: str) -> None:
-  """Raises ValueError where ``--flag=path`` cannot be written as a file (a directory, under a file, or in a
-  directory this user cannot write), before anything is computed: the write failed at the end with a traceback."""
-  if os.path.isdir(path):
-    raise ValueError(f"--{flag}={path}: is a directory (give a file name)")
-  existing = os.path.dirname(os.path.abspath(path))
-  while not os.path.exists(existing):  # missing directories are created
-    existing = os.path.dirname(existing)
-  if not os.path.isdir(existing):
-    raise ValueError(f"--{flag}={path}: {existing} is not a directory")
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise ValueError(f"--{flag}={path}: cannot write in {existing}")
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-  """Write ``obj`` as JSON to ``path`` atomically (see :func:`write_text_atomic`); NaN and inf are refused."""
-  write_text_atomic(path, json.dumps(obj, indent=1, allow_nan=False) + "\n")
-
-
-def load_json(path: str) -> Any:
-  """Parse a JSON file. Raises :class:`ProfileError` (``PATH:LINE:COL:`` for invalid JSON)."""
-  text = _read_text(path)
-  try:
-    return json.loads(text, parse_constant=_refuse_constant)
-  except json.JSONDecodeError as e:
-    raise ProfileError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
-  except ValueError as e:
-    raise ProfileError(f"{path}:1:1: invalid JSON: {e}") from None
-
-
-def _refuse_constant(name: str):
-  raise ValueError(f"{name} is not a JSON number")
-
-
-class _Json:
-  """A JSON value and its path (``$.steps[0].bytes``), with typed getters that raise ProfileError."""
-
-  def __init__(self, file: str, value: Any, path: str = "$"):
-    self.file, self.value, self.path = file, value, path
-
-  def error(self, message: str) -> ProfileError:
-    return ProfileError(f"{self.file}: {self.path}: {message}")
-
-  def _child(self, key: str | int, value: Any) -> "_Json":
-    path = f"{self.path}[{key}]" if isinstance(key, int) else f"{self.path}.{key}"
-    return _Json(self.file, value, path)
-
-  def obj(self, keys: Sequence[str], optional: Sequence[str] = ()) -> dict[str, "_Json"]:
-    """The members of an object that must have ``keys`` and may have ``optional`` (nothing else)."""
-    if not isinstance(self.value, dict):
-      raise self.error(f"expected an object, got {_type_name(self.value)}")
-    for key in keys:
-      if key not in self.value:
-        raise self.error(f"missing key {key!r}")
-    for key in self.value:
-      if key not in keys and key not in optional:
-        raise self.error(f"unknown key {key!r} (expected {', '.join(list(keys) + list(optional))})")
-    return {k: self._child(k, v) for k, v in self.value.items()}
-
-  def items(self, min_len: int = 0) -> list["_Json"]:
-    if not isinstance(self.value, list):
-      raise self.error(f"expected a list, got {_type_name(self.value)}")
-    if len(self.value) < min_len:
-      raise self.error(f"expected at least {min_len} item(s), got {len(self.value)}")
-    return [self._child(i, v) for i, v in enumerate(self.value)]
-
-  def string(self, choices: Sequence[str] | None = None) -> str:
-    if not isinstance(self.value, str):
-      raise self.error(f"expected a string, got {_type_name(self.value)}")
-    if choices is not None and self.value not in choices:
-      raise self.error(f"expected one of {', '.join(choices)}, got {self.value!r}")
-    return self.value
-
-  def boolean(self) -> bool:
-    if not isinstance(self.value, bool):
-      raise self.error(f"expected true or false, got {_type_name(self.value)}")
-    return self.value
-
-  def integer(self, minimum: int | None = None, maximum: int | None = None) -> int:
-    v = self.value
-    if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
-      raise self.error(f"expected a whole number, got {_type_name(v)} {v!r}")
-    v = int(v)
-    if minimum is not None and v < minimum:
-      raise self.error(f"must be >= {minimum}, got {v}")
-    if maximum is not None and v > maximum:
-      raise self.error(f"must be <= {maximum}, got {v}")
-    return v
-
-  def number(self, minimum: float | None = None, positive: bool = False) -> float:
-    v = self.value
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-      raise self.error(f"expected a finite number, got {_type_name(v)} {v!r}")
-    if positive and v <= 0:
-      raise self.error(f"must be > 0, got {v!r}")
-    if minimum is not None and v < minimum:
-      raise self.error(f"must be >= {minimum}, got {v!r}")
-    return float(v)
-
-  def optional(self, getter: str, **kwargs) -> Any:
-    return None if self.value is None else getattr(self, getter)(**kwargs)
-
-
-def _type_name(value: Any) -> str:
-  return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
-          int: "a number", float: "a number"}.get(type(value), type(value).__name__)
-
-
-def _schema(doc: _Json, expected: str) -> None:
-  if not isinstance(doc.value, dict):
-    raise doc.error(f"expected an object with \"schema\": \"{expected}\", got {_type_name(doc.value)}")
-  if "schema" not in doc.value:
-    raise doc.error(f"missing key 'schema' (expected \"{expected}\")")
-  version = doc.value["schema"]
-  if version != expected:
-    raise _Json(doc.file, version, "$.schema").error(
-        f"unsupported schema {version!r} (this version reads {expected!r})")
-
-
-# ---------------------------------------------------------------------------------------------------
 # profile/1
 
 
@@ -301,8 +156,8 @@ def profile_to_dict(profile: Profile) -> dict:
 
 def profile_from_dict(obj: Any, file: str = "<profile>") -> Profile:
   """Validate a ``profile/1`` JSON object and build the :class:`Profile`; errors name ``file`` and the JSON path."""
-  doc = _Json(file, obj)
-  _schema(doc, PROFILE_SCHEMA)
+  doc = JsonValue(file, obj)
+  check_schema(doc, PROFILE_SCHEMA)
   keys = doc.obj(["schema", "name", "source", "path", "job", "workers", "per_process_batch", "step_seconds", "steps"])
   return Profile(
       name=keys["name"].string(),
@@ -316,7 +171,7 @@ def profile_from_dict(obj: Any, file: str = "<profile>") -> Profile:
   )
 
 
-def _chain_from_json(step: _Json) -> Chain:
+def _chain_from_json(step: JsonValue) -> Chain:
   keys = step.obj(["segments", "collectives"])
   segments = []
   for item in keys["segments"].items(min_len=1):
@@ -353,15 +208,9 @@ def _chain_from_json(step: _Json) -> Chain:
   return Chain(tuple(segments), tuple(collectives))
 
 
-def _write_checked(path: str, obj: dict, from_dict) -> None:
-  """Write a schema document atomically, after checking that its reader accepts it."""
-  from_dict(obj, file=f"{path} (being written)")
-  write_json_atomic(path, obj)
-
-
 def write_profile(path: str, profile: Profile) -> None:
   """Write ``profile`` as ``profile/1`` JSON (atomically). Raises ProfileError if it would not read back."""
-  _write_checked(path, profile_to_dict(profile), profile_from_dict)
+  write_checked(path, profile_to_dict(profile), profile_from_dict)
 
 
 def read_profile(path: str) -> Profile:
@@ -370,46 +219,7 @@ def read_profile(path: str) -> Profile:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Text files: .bk.log and bytes,seconds tables.
-
-
-def _read_text(path: str) -> str:
-  try:
-    with open(path, "rb") as f:
-      data = f.read()
-  except OSError as e:
-    raise ProfileError(f"{path}: cannot read: {e.strerror or e}") from None
-  # Undecodable bytes become U+FFFD, so they fail as a bad field on their own line.
-  return data.decode("utf-8", errors="replace")
-
-
-def _lines(path: str) -> list[str]:
-  """The file's lines (CRLF accepted) without trailing blank lines. Raises ProfileError when empty."""
-  lines = _read_text(path).replace("\r\n", "\n").replace("\r", "\n").split("\n")
-  while lines and not lines[-1].strip():
-    lines.pop()
-  if not lines:
-    raise ProfileError(f"{path}:1: empty file")
-  return lines
-
-
-def _two_fields(path: str, lineno: int, line: str, what: str) -> tuple[str, str]:
-  fields = line.split(",")
-  if len(fields) != 2:
-    got = "an empty line" if not line.strip() else f"{len(fields)} field(s): {line.strip()[:60]!r}"
-    raise ProfileError(f"{path}:{lineno}: expected a row '{what}' (2 comma-separated fields), got {got}")
-  return fields[0].strip(), fields[1].strip()
-
-
-def _number(path: str, lineno: int, text: str, name: str) -> float:
-  """A finite number >= 0."""
-  try:
-    value = float(text)
-  except ValueError:
-    value = math.nan
-  if not math.isfinite(value) or value < 0:
-    raise ProfileError(f"{path}:{lineno}: {name} must be a finite number >= 0, got {text!r}")
-  return value
+# The paper's .bk.log.
 
 
 def _whole(path: str, lineno: int, text: str, name: str) -> int:
@@ -464,7 +274,7 @@ def read_bk_log(path: str, iteration_seconds: float, name: str | None = None) ->
     ProfileError: ``PATH:LINE: ...`` for any malformed content, or an iteration time shorter than a
       batch's backward pass.
   """
-  lines = _lines(path)
+  lines = read_lines(path)
   if len(lines) < 3:
     raise ProfileError(f"{path}:{len(lines)}: file ends after line {len(lines)}: expected 3 header lines "
                        "(free text, number of batches, number of layers) before the rows")
@@ -480,8 +290,8 @@ def read_bk_log(path: str, iteration_seconds: float, name: str | None = None) ->
   parsed = []
   for i, line in enumerate(rows):
     lineno = i + 4
-    wait_text, bytes_text = _two_fields(path, lineno, line, "wait_us,bytes")
-    parsed.append((_number(path, lineno, wait_text, "wait_us") * 1e-6, _whole(path, lineno, bytes_text, "bytes")))
+    wait_text, bytes_text = two_fields(path, lineno, line, "wait_us,bytes")
+    parsed.append((number_field(path, lineno, wait_text, "wait_us") * 1e-6, _whole(path, lineno, bytes_text, "bytes")))
   if not any(nbytes for _, nbytes in parsed):
     raise ProfileError(f"{path}:4: the profile has no gradient bytes (all {expected} rows have bytes 0)")
   if not (math.isfinite(iteration_seconds) and iteration_seconds > 0):
@@ -505,220 +315,6 @@ def read_bk_log(path: str, iteration_seconds: float, name: str | None = None) ->
                  step_seconds=iteration_seconds, steps=tuple(chains))
 
 
-@dataclasses.dataclass(frozen=True)
-class CostTable:
-  """A measured cost of a local operation by size (``bytes,seconds``), linearly interpolated.
-
-  Attributes:
-    sizes: bytes, strictly increasing (at least 2).
-    seconds: seconds >= 0, one per size.
-    path: where it came from (for messages; not part of equality).
-  """
-  sizes: tuple[float, ...]
-  seconds: tuple[float, ...]
-  path: str = dataclasses.field(default="", compare=False)
-
-  def __call__(self, nbytes: float) -> float:
-    """Seconds for ``nbytes``: linear between rows, the first/last row's time outside the table."""
-    if nbytes <= self.sizes[0]:
-      return self.seconds[0]
-    if nbytes >= self.sizes[-1]:
-      return self.seconds[-1]
-    i = bisect.bisect_right(self.sizes, nbytes)
-    x0, x1, y0, y1 = self.sizes[i - 1], self.sizes[i], self.seconds[i - 1], self.seconds[i]
-    return y0 + (y1 - y0) * ((nbytes - x0) / (x1 - x0))
-
-  def rows(self) -> list[list[float]]:
-    return [[s, t] for s, t in zip(self.sizes, self.seconds)]
-
-
-def cost_table(rows: Sequence[tuple[float, float]], where: Sequence[str] | None = None, path: str = "") -> CostTable:
-  """Build a :class:`CostTable` from ``(bytes, seconds)`` rows, checking it.
-
-  Args:
-    rows: ``(bytes, seconds)`` pairs.
-    where: one location prefix per row for messages (``PATH:LINE``); default ``PATH: $.reduce_cost[i]``.
-    path: file the rows came from.
-
-  Raises:
-    ProfileError: fewer than 2 rows, sizes that do not increase, negative or non-finite values.
-  """
-  where = list(where) if where is not None else [f"{path}: $.reduce_cost[{i}]" for i in range(len(rows))]
-  if len(rows) < 2:
-    at = where[-1] if where else f"{path}:1"
-    raise ProfileError(f"{at}: a bytes,seconds table needs at least 2 rows to interpolate, found {len(rows)}")
-  for i, (size, seconds) in enumerate(rows):
-    if not (math.isfinite(size) and size >= 0):
-      raise ProfileError(f"{where[i]}: bytes must be a finite number >= 0, got {size!r}")
-    if not (math.isfinite(seconds) and seconds >= 0):
-      raise ProfileError(f"{where[i]}: seconds must be a finite number >= 0, got {seconds!r}")
-    if i and size <= rows[i - 1][0]:
-      raise ProfileError(f"{where[i]}: sizes must increase, got {size:g} bytes after {rows[i - 1][0]:g}")
-  return CostTable(tuple(float(s) for s, _ in rows), tuple(float(t) for _, t in rows), path)
-
-
-def read_cost_table(path: str) -> CostTable:
-  """Read a ``bytes,seconds`` table such as ``cuda_vec_add.log`` (lines starting with ``#`` are comments).
-
-  Raises:
-    ProfileError: ``PATH:LINE: ...`` for a malformed row, fewer than 2 rows, sizes that do not
-      increase or negative times.
-  """
-  rows, where = [], []
-  for lineno, line in enumerate(_lines(path), start=1):
-    if line.lstrip().startswith("#"):
-      continue
-    size_text, seconds_text = _two_fields(path, lineno, line, "bytes,seconds")
-    rows.append((_number(path, lineno, size_text, "bytes"), _number(path, lineno, seconds_text, "seconds")))
-    where.append(f"{path}:{lineno}")
-  return cost_table(rows, where, path)
-
-
-def write_cost_table(path: str, table: CostTable, comment: str = "") -> None:
-  """Write ``table`` as ``bytes,seconds`` rows (the format of ``cuda_vec_add.log``), atomically."""
-  lines = [f"# {line}" for line in comment.splitlines()]
-  lines += [f"{s:.17g},{t:.17g}" for s, t in zip(table.sizes, table.seconds)]
-  write_text_atomic(path, "\n".join(lines) + "\n")
-
-
-# ---------------------------------------------------------------------------------------------------
-# probe/1
-
-
-@dataclasses.dataclass(frozen=True)
-class ProbeRow:
-  """One message size of a probe (the NCCL tests' columns). Times in seconds, rates in bit/s."""
-  bytes: int
-  elements: int
-  seconds_median: float
-  seconds_p10: float
-  seconds_p90: float
-  algbw_bps: float
-  busbw_bps: float
-
-
-@dataclasses.dataclass(frozen=True)
-class ProbeFit:
-  """``t = hops * alpha_s + wire_bytes * 8 / bw_bps`` fitted for one collective kind.
-
-  Attributes:
-    alpha_s: latency per hop, seconds.
-    bw_bps: bandwidth of the wire bytes (bus bandwidth), bit/s.
-    r2: coefficient of determination of the bandwidth fit, or None.
-    rows: the measurements.
-  """
-  alpha_s: float
-  bw_bps: float
-  r2: float | None
-  rows: tuple[ProbeRow, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class Probe:
-  """Result of ``netanalysis probe``.
-
-  Attributes:
-    workers: processes that took part.
-    dtype: element type of the probe buffers.
-    link_capacity_bps: nominal capacity of the link (``--link_capacity`` or the tbf rate), or None.
-    collectives: fit per collective kind (keys from :data:`KINDS`).
-    reduce_cost: local reduction cost (a jitted add of two buffers) by size, or None.
-  """
-  workers: int
-  dtype: str
-  link_capacity_bps: float | None
-  collectives: Mapping[str, ProbeFit]
-  reduce_cost: CostTable | None = None
-
-
-def probe_to_dict(probe: Probe) -> dict:
-  """The ``sparsejax.netanalysis.probe/1`` JSON object of a :class:`Probe`."""
-  return {
-      "schema": PROBE_SCHEMA,
-      "workers": probe.workers,
-      "dtype": probe.dtype,
-      "link_capacity_bps": probe.link_capacity_bps,
-      "collectives": {kind: {"alpha_s": fit.alpha_s, "bw_bps": fit.bw_bps, "r2": fit.r2,
-                             "rows": [dataclasses.asdict(r) for r in fit.rows]}
-                      for kind, fit in probe.collectives.items()},
-      "reduce_cost": probe.reduce_cost.rows() if probe.reduce_cost is not None else None,
-  }
-
-
-def probe_from_dict(obj: Any, file: str = "<probe>") -> Probe:
-  """Validate a ``probe/1`` JSON object and build the :class:`Probe`."""
-  doc = _Json(file, obj)
-  _schema(doc, PROBE_SCHEMA)
-  keys = doc.obj(["schema", "workers", "dtype", "link_capacity_bps", "collectives", "reduce_cost"])
-  fits = {}
-  kinds = keys["collectives"].obj([], optional=KINDS)
-  for kind, entry in kinds.items():
-    f = entry.obj(["alpha_s", "bw_bps", "r2", "rows"])
-    rows = []
-    for item in f["rows"].items():
-      r = item.obj([field.name for field in dataclasses.fields(ProbeRow)])
-      rows.append(ProbeRow(bytes=r["bytes"].integer(minimum=0), elements=r["elements"].integer(minimum=0),
-                           **{k: r[k].number(minimum=0.0) for k in ("seconds_median", "seconds_p10", "seconds_p90",
-                                                                    "algbw_bps", "busbw_bps")}))
-    fits[kind] = ProbeFit(alpha_s=f["alpha_s"].number(minimum=0.0), bw_bps=f["bw_bps"].number(positive=True),
-                          r2=f["r2"].optional("number"), rows=tuple(rows))
-  reduce_cost = None
-  if keys["reduce_cost"].value is not None:
-    rows = []
-    for item in keys["reduce_cost"].items():
-      pair = item.items()
-      if len(pair) != 2:
-        raise item.error(f"expected [bytes, seconds], got {len(pair)} item(s)")
-      rows.append((pair[0].number(), pair[1].number()))
-    reduce_cost = cost_table(rows, [f"{file}: $.reduce_cost[{i}]" for i in range(len(rows))], file)
-  return Probe(workers=keys["workers"].integer(minimum=1), dtype=keys["dtype"].string(),
-               link_capacity_bps=keys["link_capacity_bps"].optional("number", positive=True),
-               collectives=fits, reduce_cost=reduce_cost)
-
-
-def write_probe(path: str, probe: Probe) -> None:
-  """Write ``probe`` as ``probe/1`` JSON (atomically). Raises ProfileError if it would not read back."""
-  _write_checked(path, probe_to_dict(probe), probe_from_dict)
-
-
-def read_probe(path: str) -> Probe:
-  """Read a ``probe/1`` JSON file. Raises :class:`ProfileError`."""
-  return probe_from_dict(load_json(path), file=path)
-
-
-# ---------------------------------------------------------------------------------------------------
-# whatif/1 (the output of `netanalysis whatif --json`)
-
-_WHATIF_ENTRIES = {
-    "grid": ("profile", "workers", "bandwidth_bps", "compression", "scaling_factor", "step_seconds",
-             "exposed_comm_seconds"),
-    "needed_compression": ("profile", "workers", "bandwidth_bps", "target_scaling", "compression"),
-}
-
-
-def read_whatif(path: str) -> dict:
-  """Read the JSON written by ``netanalysis whatif --json``, checking its schema and the entries of its
-  ``grid`` and ``needed_compression`` lists (``compression`` may be null: unreachable).
-
-  Raises:
-    ProfileError: invalid JSON, another schema, a missing or unknown key, a wrong type.
-  """
-  doc = _Json(path, load_json(path))
-  _schema(doc, WHATIF_SCHEMA)
-  keys = doc.obj(["schema", "model", "scaling", "fusion", "notes", "grid", "effective_compression"],
-                 optional=["target_scaling", "needed_compression", "needed_bandwidth", "network_bound_below",
-                           "predictions"])
-  for name, fields in _WHATIF_ENTRIES.items():
-    for entry in keys[name].items() if name in keys else ():
-      values = entry.obj(fields)
-      values["profile"].string()
-      values["workers"].integer(minimum=1)
-      for field in fields[2:]:
-        if field != "compression" or name == "grid" or values[field].value is not None:
-          values[field].number()
-  return doc.value
-
-
 # ---------------------------------------------------------------------------------------------------
 # Dispatch on the file type.
 
@@ -729,7 +325,7 @@ def read_any_profile(path: str, iteration_seconds: float | None = None) -> Profi
   Raises:
     ProfileError: unreadable or malformed file, or a ``.bk.log`` without an iteration time.
   """
-  if path.endswith(".json") or _read_text(path).lstrip()[:1] in ("{", "["):
+  if path.endswith(".json") or read_text(path).lstrip()[:1] in ("{", "["):
     return read_profile(path)
   if iteration_seconds is None:
     raise ProfileError(f"{path}: a .bk.log profile needs its one-worker iteration time: pass "

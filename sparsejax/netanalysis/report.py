@@ -1,4 +1,4 @@
-"""Rendering of netanalysis results: text tables, JSON documents and PNG plots.
+"""Rendering of netanalysis results: text tables, JSON documents (and the reader of the what-if one) and PNG plots.
 
 Pure functions of already-computed results (nothing here measures or simulates). Every rate in a
 header is in bit/s; JSON keys carry their unit (``bandwidth_bps``, ``step_seconds``). PNGs need
@@ -10,8 +10,10 @@ import os
 from collections.abc import Sequence
 
 from sparsejax.netanalysis import whatif
-from sparsejax.netanalysis.profiles import WHATIF_SCHEMA
+from sparsejax.netanalysis.file_io import JsonValue, check_schema, load_json
 from sparsejax.rates import format_rate
+
+WHATIF_SCHEMA = "sparsejax.netanalysis.whatif/1"
 
 # One letter per bottleneck in the grids.
 _BOTTLENECK_LETTER = {"compute": "C", "bandwidth": "B", "latency": "L", "reduction": "R"}
@@ -155,6 +157,36 @@ def whatif_json(result: whatif.Analysis) -> dict:
     doc["network_bound_below"] = [{"profile": n.profile, "workers": n.workers, "bandwidth_bps": n.bandwidth_bps,
                                    "status": n.status} for n in result.network_bound]
   return doc
+
+
+_WHATIF_ENTRIES = {
+    "grid": ("profile", "workers", "bandwidth_bps", "compression", "scaling_factor", "step_seconds",
+             "exposed_comm_seconds"),
+    "needed_compression": ("profile", "workers", "bandwidth_bps", "target_scaling", "compression"),
+}
+
+
+def read_whatif(path: str) -> dict:
+  """Read the JSON written by ``netanalysis whatif --json``, checking its schema and the entries of its
+  ``grid`` and ``needed_compression`` lists (``compression`` may be null: unreachable).
+
+  Raises:
+    ProfileError: invalid JSON, another schema, a missing or unknown key, a wrong type.
+  """
+  doc = JsonValue(path, load_json(path))
+  check_schema(doc, WHATIF_SCHEMA)
+  keys = doc.obj(["schema", "model", "scaling", "fusion", "notes", "grid", "effective_compression"],
+                 optional=["target_scaling", "needed_compression", "needed_bandwidth", "network_bound_below",
+                           "predictions"])
+  for name, fields in _WHATIF_ENTRIES.items():
+    for entry in keys[name].items() if name in keys else ():
+      values = entry.obj(fields)
+      values["profile"].string()
+      values["workers"].integer(minimum=1)
+      for field in fields[2:]:
+        if field != "compression" or name == "grid" or values[field].value is not None:
+          values[field].number()
+  return doc.value
 
 
 # ---------------------------------------------------------------------------------------------------

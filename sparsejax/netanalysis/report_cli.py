@@ -19,8 +19,8 @@ import re
 import numpy as np
 from absl import flags
 
-from sparsejax.netanalysis import breakdown, collect, profiles, report, timeline
-from sparsejax.netanalysis.collectives import Collective
+from sparsejax.distributed.collectives import Collective
+from sparsejax.netanalysis import breakdown, file_io, probe_results, report, timeline, window_files
 from sparsejax.netanalysis.flagdefs import define_flag
 from sparsejax.netanalysis.units import ProfileError
 from sparsejax.rates import parse_rate
@@ -125,11 +125,11 @@ def load_run(run: str) -> tuple[list[breakdown.RankWindow], dict, str]:
                  key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or 0))
   windows, runs = [], []
   for path in paths:
-    doc = profiles.load_json(path)
+    doc = file_io.load_json(path)
     _check_keys(path, doc, _RANK_KEYS)
-    if doc["schema"] != collect.RANK_SCHEMA:
+    if doc["schema"] != window_files.RANK_SCHEMA:
       raise ProfileError(f"{path}: $.schema: unsupported schema {doc['schema']!r} (this version reads "
-                         f"{collect.RANK_SCHEMA!r})")
+                         f"{window_files.RANK_SCHEMA!r})")
     _check_keys(path, doc["run"], _RUN_KEYS, "$.run")
     _check_keys(path, doc["window"], ("rank", "steps", "ops"), "$.window")
     _check_window_values(path, doc["window"])
@@ -152,7 +152,7 @@ def link_capacity(flag: str | None, probe_path: str | None, recorded: float | No
   if flag:
     return parse_rate(flag), f"--link_capacity={flag}"
   if probe_path:
-    probe = profiles.read_probe(probe_path)
+    probe = probe_results.read_probe(probe_path)
     fit = probe.collectives.get("all-reduce")
     if fit is None:
       raise ProfileError(f"{probe_path}: $.collectives: no all-reduce fit to take the link's capacity from")
@@ -306,7 +306,7 @@ def run_report(run: str, capacity_flag: str | None = None, probe: str | None = N
   windows, run_info, directory = load_run(run)
   capacity, source = link_capacity(capacity_flag, probe, run_info["link_capacity_bps"])
   try:
-    analysis = collect.analyze_run(windows, run_info, capacity)
+    analysis = window_files.analyze_run(windows, run_info, capacity)
   except ValueError as e:
     raise ProfileError(f"{directory}: {e}") from None
   analysis.update(job=run_info["job"], bottleneck=breakdown.bottleneck(analysis), capacity_source=source)
@@ -323,7 +323,7 @@ def _report(argv) -> int:
   if FLAGS.json:
     doc = {"schema": REPORT_SCHEMA, "run": os.path.abspath(FLAGS.run),
            **{k: v for k, v in analysis.items() if k != "chains"}}
-    profiles.write_json_atomic(FLAGS.json, _finite(doc))
+    file_io.write_json_atomic(FLAGS.json, _finite(doc))
     print(f"wrote {FLAGS.json}")
   if FLAGS.png:
     print(f"wrote {plot_breakdown(analysis, FLAGS.png)}")

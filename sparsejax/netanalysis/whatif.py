@@ -28,7 +28,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
-from sparsejax.netanalysis.profiles import END, KINDS, Chain, Probe, Profile, ProfileError, Segment
+from sparsejax.netanalysis.probe_results import Probe
+from sparsejax.netanalysis.profiles import END, KINDS, Chain, Profile, ProfileError, Segment
 
 MIB = 1024 * 1024
 COMPRESSION_RANGE = (1.0, 1e4)  # searched by needed_compression

@@ -17,7 +17,7 @@ import os
 
 from absl import flags
 
-from sparsejax.netanalysis import profiles, report, whatif
+from sparsejax.netanalysis import cost_tables, file_io, probe_results, profiles, report, whatif
 from sparsejax.netanalysis.flagdefs import define_flag
 from sparsejax.rates import parse_rate
 
@@ -119,7 +119,7 @@ def _fusion() -> whatif.Fusion | None:
 def build_model() -> tuple[whatif.CostModel, list[float], list[str]]:
   """The cost model, the link rates to predict at and notes for the reader, from the flags."""
   notes = []
-  table = profiles.read_cost_table(FLAGS.reduce_cost) if FLAGS.reduce_cost else None
+  table = cost_tables.read_cost_table(FLAGS.reduce_cost) if FLAGS.reduce_cost else None
   try:
     bandwidths = [parse_rate(b) for b in FLAGS.bandwidths] if FLAGS.bandwidths else None
   except ValueError as e:
@@ -127,7 +127,7 @@ def build_model() -> tuple[whatif.CostModel, list[float], list[str]]:
   if FLAGS.model == "measured":
     if not FLAGS.probe:
       raise ValueError("--model=measured needs --probe=PATH (from `python -m sparsejax.netanalysis probe`)")
-    probe = profiles.read_probe(FLAGS.probe)
+    probe = probe_results.read_probe(FLAGS.probe)
     model, reference = whatif.measured_model(probe, table, _fusion())
     if probe.link_capacity_bps is None and bandwidths:
       notes.append("the probe recorded no link capacity: the all-reduce is assumed to reach each nominal rate")
@@ -170,7 +170,7 @@ def main(command: str, argv: list[str]) -> int:
   if FLAGS.details:
     print("\n" + report.format_predictions(result))
   if FLAGS.json:
-    profiles.write_json_atomic(FLAGS.json, report.whatif_json(result))
+    file_io.write_json_atomic(FLAGS.json, report.whatif_json(result))
     print(f"wrote {FLAGS.json}")
   if FLAGS.png:
     for path in report.plot_whatif(result, FLAGS.png):

@@ -142,14 +142,14 @@ def save_ensemble(workdir: str, run_id: str | None, members: list[str]) -> None:
 def _served_state(workdir: str) -> dict:
   """``{"run_id", "step"}`` of what :func:`load` serves from ``workdir``: its newest checkpoint's run (None: an
   unsealed run) and its selected state's step (else its newest checkpoint's)."""
-  from sparsejax.workdir import checkpoint
+  from sparsejax.workdir import best_checkpoint, checkpoint
 
   checkpoints = checkpoint.Checkpoints(workdir, writable=False)
   newest = checkpoints.latest_step()
   meta = checkpoints.meta(newest) if newest is not None else None
   if meta is None:
     raise FileNotFoundError(f"{workdir}: no checkpoint with its settings: not a trained member")
-  best = checkpoint.BestCheckpoint.open(workdir, Config.from_dict(meta["config"]).run.selection_metric)
+  best = best_checkpoint.BestCheckpoint.open(workdir, Config.from_dict(meta["config"]).run.selection_metric)
   return {"run_id": meta.get("run_id"), "step": newest if best is None else best.best_step()}
 
 

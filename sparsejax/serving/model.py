@@ -22,20 +22,25 @@ the same computations as the run's evaluations.
 import functools
 import json
 import os
+import shutil
 import warnings
 from collections.abc import Sequence
 
+import jax
 import numpy as np
+import scipy.sparse
 
-from sparsejax import model_kinds
+from sparsejax import averaging, ensemble, fusion, index, inference, metrics, model, model_kinds, network, platforms
 from sparsejax.config import Config
-from sparsejax.data import XCDataset
+from sparsejax.data import XCDataset, from_arrays
 from sparsejax.data.text import vectorizer_from_saved
 from sparsejax.evaluation import Evaluator, predict_in_batches
+from sparsejax.index import saved
+from sparsejax.model_config import ModelConfig
 from sparsejax.network import SparseLayer
 from sparsejax.serving import assets
 from sparsejax.serving.assets import ASSETS
-from sparsejax.workdir import seals
+from sparsejax.workdir import best_checkpoint, checkpoint, seals
 
 # Texts without a known word named one by one, then the rest in one warning.
 _UNKNOWN_WORDS_NAMED = 10
@@ -64,8 +69,6 @@ class UnknownWordsWarning(UserWarning):
 
 def _network_params(tree: dict):
   """The ``embed``, ``hidden`` and ``out`` of a state read back as plain dicts (``restore_arrays``)."""
-  from sparsejax import network
-
   return network.NetworkParams(network.SparseLayer(tree["embed"]["w"], tree["embed"]["b"]),
                                tuple((w, b) for w, b in tree["hidden"]),
                                network.SparseLayer(tree["out"]["w"], tree["out"]["b"]))
@@ -99,8 +102,6 @@ class TrainedModel:
   """
 
   def __init__(self, workdir: str, step: int | None = None, platform: str = "cpu"):
-    from sparsejax import platforms
-    from sparsejax.workdir import checkpoint
 
     self._workdir = workdir
     # JAX is pinned before anything starts it (orbax does, listing the checkpoints), by the network that config.json
@@ -135,10 +136,8 @@ class TrainedModel:
     """``(the arrays of the state served, whether it is the run's best state)``, checked against the run's seals;
     sets :attr:`step` and :attr:`selected_by`. The state the run selected on its validation split (and reported),
     not its last one, unless ``step`` asks."""
-    from sparsejax.workdir import checkpoint
-
     workdir, run_id = self._workdir, self._run_id
-    best = checkpoint.BestCheckpoint.open(workdir, self.config.run.selection_metric)
+    best = best_checkpoint.BestCheckpoint.open(workdir, self.config.run.selection_metric)
     saved = checkpoints.all_steps()
     if step is None and best is not None:
       self.step, self.selected_by, from_best = best.best_step(), f"validation {best.metric}", True
@@ -172,9 +171,6 @@ class TrainedModel:
 
   def _set_network(self, tree: dict, meta: dict) -> None:
     """The network's parameters (as the run evaluated them) and sizes, from a restored state's arrays."""
-    from sparsejax import averaging
-    from sparsejax.index import saved
-
     sizes = meta["data"]
     self.num_features, self.num_labels = sizes["num_features"], sizes["num_labels"]
     self.max_features, self._num_train = sizes["max_features"], sizes["num_train"]
@@ -262,9 +258,7 @@ class TrainedModel:
     Returns:
       The directory's absolute path.
     """
-    import shutil
 
-    from sparsejax.workdir import checkpoint
 
     target = os.path.abspath(os.path.expanduser(directory))
     if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
@@ -312,7 +306,6 @@ class TrainedModel:
       texts = list(inputs)
       inputs = self.vectorizer.transform(texts)
       _warn_of_unknown_words(texts, np.flatnonzero(np.diff(inputs.indptr) == 0))
-    import scipy.sparse
 
     if not scipy.sparse.issparse(inputs) or inputs.ndim != 2 or inputs.shape[1] != self.num_features:
       raise ValueError(f"inputs must be an XCDataset, texts, or a sparse [n, {self.num_features}] matrix; got "
@@ -324,7 +317,6 @@ class TrainedModel:
 
   @functools.cached_property
   def _model_config(self):
-    from sparsejax.model_config import ModelConfig
 
     return ModelConfig.from_config(self.config, self.num_features, self.num_labels)
 
@@ -332,14 +324,11 @@ class TrainedModel:
   def _inference_state(self):
     """The state that sampled prediction queries: the serving index of the output rows (kept by the run, else
     built on first use)."""
-    import jax
 
-    from sparsejax import model
 
     if not model_kinds.of(self.config).sampled:
       raise ValueError("sampled prediction (k) needs a SLIDE model; this one was trained with "
                        f"--model={self.config.network.model} (full softmax): predict over all labels (k=None)")
-    from sparsejax import index
 
     saved_index = None
     if self._training_index is not None:  # the run's own (LSH: hash functions), for the index its evaluations queried
@@ -367,7 +356,6 @@ class TrainedModel:
     sparsejax.fusion.CANDIDATES)``, the labels the fused re-ranking takes, mean logits)."""
     if not self.members:
       return self._network_fn(top, k, with_sampled)
-    from sparsejax import ensemble, fusion
 
     models = (self, *self.members)
     listed = max(top, min(fusion.CANDIDATES, k or self.num_labels, self.num_labels))
@@ -394,9 +382,7 @@ class TrainedModel:
     return self._network_fns(top, k, with_sampled)
 
   def _compile_network_fn(self, top: int, k: int | None, with_sampled: bool):
-    import jax
 
-    from sparsejax import inference
 
     exact = jax.jit(functools.partial(inference.predict_exact, top=top))
     if k is None and not with_sampled:
@@ -464,7 +450,6 @@ class TrainedModel:
     network's next ones in its order, with their logits."""
     if not self.fusion_weight:
       return self.network_predictor(top, k, with_sampled)
-    from sparsejax import fusion
 
     wide = self.network_predictor(max(top, min(fusion.CANDIDATES, k or self.num_labels, self.num_labels)), k,
                             with_sampled)
@@ -490,12 +475,9 @@ class TrainedModel:
       labels: the labels of a feature matrix ``dataset``, as :func:`sparsejax.fit` takes them: a sparse indicator
         matrix ``[n, N]``, label-id lists or one id per sample (:func:`sparsejax.data.from_arrays`).
     """
-    from sparsejax import metrics
-
     if labels is not None:
       if isinstance(dataset, XCDataset):
         raise TypeError("evaluate: an XCDataset holds its labels: give labels= with a feature matrix only")
-      from sparsejax.data import from_arrays
 
       dataset = from_arrays(dataset, labels, num_labels=self.num_labels, num_features=self.num_features,
                             names=("dataset", "labels"))

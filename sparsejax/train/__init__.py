@@ -1,7 +1,7 @@
-"""The training application: the commands, the training loop and what a run writes and reads back.
+"""The training application: the training loop and what a run writes and reads back.
 
-A run's settings (:mod:`sparsejax.config`) come from the command line (:mod:`.cli`) or ``sparsejax.fit``
-(:mod:`.fitting`); :func:`train_and_evaluate` (:mod:`.driver`) composes the run of the recipe search
+A run's settings (:mod:`sparsejax.config`) come from the command line (:mod:`sparsejax.cli`) or ``sparsejax.fit``
+(:mod:`sparsejax.fitting`); :func:`train_and_evaluate` (:mod:`.driver`) composes the run of the recipe search
 (:mod:`.recipes`, :mod:`.search`), the network's training (:mod:`.loop`: the model of :mod:`sparsejax.model`, one
 process or several through :mod:`sparsejax.distributed`) and the ensemble's members (:mod:`.members`), with
 checkpoints (:mod:`sparsejax.workdir`), evaluations (:mod:`sparsejax.evaluation`), metrics

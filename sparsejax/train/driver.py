@@ -11,21 +11,23 @@ import functools
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
 from absl import logging
 
-from sparsejax.config import Config, override
+from sparsejax.config import Config, ConfigError, override
 from sparsejax.data import LoadedData, train_test_split
 from sparsejax.train import loop, members, metric_writer, plan, recipes, resume, search
 from sparsejax.train.console import final_line, log_settings, log_to_console
 from sparsejax.train.metric_writer import read_records
+from sparsejax.train.step_observer import StepObserverFactory
 from sparsejax.workdir import checkpoint
 
 
-def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None = None,
-                       verbose: bool = False) -> dict[str, Any]:
+def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None = None, verbose: bool = False,
+                       step_observer: StepObserverFactory | None = None) -> dict[str, Any]:
   """Trains and evaluates; continues the run in ``workdir`` if it holds one.
 
   A fresh run with ``--recipe=auto`` first compares the network recipes on the validation split within part of
@@ -41,6 +43,9 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
       the final evaluation) on stderr, for a caller outside ``absl.app``
       (:func:`sparsejax.train.console.log_to_console`).
       False: logging as the caller set it up (absl's logger, which shows only warnings unless set up).
+    step_observer: makes the observer of each network's steps (:mod:`sparsejax.train.step_observer`); the profiled
+      window that ``--netanalysis_steps`` asks for is :meth:`sparsejax.netanalysis.collect.StepProfiler.from_config`,
+      which ``sparsejax-train`` and :func:`sparsejax.fit` pass. None: none.
 
   Returns:
     The final evaluation on the test set (exact and sampled P@k, nDCG@k, PSP@k) of the selected state (the
@@ -52,7 +57,8 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
     score, last loss) is named ``member0_*`` (:func:`sparsejax.train.members.evaluate`).
 
   Raises:
-    ConfigError: an invalid setting or an unwritable work directory (before anything is loaded).
+    ConfigError: an invalid setting or an unwritable work directory (before anything is loaded); also
+      ``--netanalysis_steps`` without a ``step_observer``.
     NonFiniteError: a NaN or Inf loss or update (``--on_nonfinite``); the checkpoints on disk are finite.
     ResumeError: ``workdir`` holds checkpoints of another run.
     Interrupted: SIGINT or SIGTERM stopped the run (after saving a checkpoint).
@@ -61,10 +67,15 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
     with log_to_console():
       logging.info("work directory: %s", workdir)
       log_settings(config)
-      final = train_and_evaluate(config, workdir, data=data)
+      final = train_and_evaluate(config, workdir, data=data, step_observer=step_observer)
       logging.info("%s", final_line(final, workdir))
       return final
   config.validate()
+  if config.netanalysis.netanalysis_steps and step_observer is None:
+    raise ConfigError("netanalysis_steps", config.netanalysis.netanalysis_steps,
+                      "the profiled window is sparsejax.netanalysis's step observer: train with sparsejax-train or "
+                      "sparsejax.fit, or pass step_observer=sparsejax.netanalysis.collect.StepProfiler.from_config")
+  train_one = functools.partial(loop.train_one, step_observer=step_observer)
   t_invocation, search_wall_seconds = time.time(), 0.0
   # A run stopped while it took over its search's winner finishes that first (the search runs in one process; a
   # refused --resume=never changes nothing); a run continued after its search reports it. --max_seconds counts
@@ -88,7 +99,7 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
         read_records(workdir)
         data = data if data is not None else plan.load_data(config)
         chosen = search.run(config, workdir, plan.data_shape(config, data.train),
-                            functools.partial(loop.train_one, data=data),
+                            functools.partial(train_one, data=data),
                             functools.partial(metric_writer.append_record, workdir))
       if chosen is not None:
         config, search_summary = chosen
@@ -98,8 +109,8 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
         config = plan.charged_for_search(config, search_wall_seconds)
     else:
       logging.info("recipe: the defaults, no search (%s)", why_not)
-  final = loop.train_one(config, workdir, data=data, search_summary=search_summary)
-  final = _with_members(config, workdir, data, final)
+  final = train_one(config, workdir, data=data, search_summary=search_summary)
+  final = _with_members(config, workdir, data, final, train_one)
   _log_budget(config, final, search_wall_seconds, time.time() - t_invocation)
   return final
 
@@ -117,7 +128,8 @@ def _log_budget(config: Config, final: dict[str, Any], search_wall_seconds: floa
                final["budget_seconds"], total - counted, total)
 
 
-def _with_members(config: Config, workdir: str, data: LoadedData | None, final: dict[str, Any]) -> dict[str, Any]:
+def _with_members(config: Config, workdir: str, data: LoadedData | None, final: dict[str, Any],
+                  train_one: Callable[..., dict[str, Any]]) -> dict[str, Any]:
   """``final``, or the ensemble's final record where the run trains more members (:mod:`sparsejax.train.members`)."""
   if "ensemble_members" in final:  # a finished run's recorded ensemble
     return final
@@ -133,7 +145,7 @@ def _with_members(config: Config, workdir: str, data: LoadedData | None, final: 
                               ensemble_members=config.search.ensemble_members)
   data = data if data is not None else plan.load_data(trained_config)
   validation_seed = plan.validation_seed(trained_config)
-  done = members.train(trained_config, final, workdir, functools.partial(loop.train_one, data=data), validation_seed)
+  done = members.train(trained_config, final, workdir, functools.partial(train_one, data=data), validation_seed)
   if not done:
     # Recorded as a run of one network, as a formed ensemble is recorded: a rerun neither loads the data nor tries
     # the members again (with its budget counted afresh: a member the clock stopped would train on).

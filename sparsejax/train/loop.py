@@ -23,23 +23,24 @@ from absl import logging
 from sparsejax import averaging, dense, evaluation, fusion, memory, model, model_kinds
 from sparsejax.config import Config
 from sparsejax.data import BatchIterator, LoadedData
-from sparsejax.distributed import sharding
+from sparsejax.distributed import collectives, sharding
 from sparsejax.evaluation import Evaluator
 from sparsejax.model_config import ModelConfig
-from sparsejax.netanalysis.collect import StepProfiler
 from sparsejax.serving.assets import save_assets, save_fusion, save_serving_index
 from sparsejax.train import compile_clock, finish, members, model_selection, plan
 from sparsejax.train.console import Progress
 from sparsejax.train.metric_writer import MetricWriter
 from sparsejax.train.nonfinite import NonFiniteError, NonFiniteWatch
 from sparsejax.train.resume import Opened, open_checkpoints
-from sparsejax.train.step_clock import LoopClock, StepTimer
+from sparsejax.train.step_clock import LoopClock, StepMeans, StepTimer
+from sparsejax.train.step_observer import NoObserver, StepObserver, StepObserverFactory
 from sparsejax.train.stopping import Interrupted, StopRequests
 from sparsejax.workdir import checkpoint, seals
 
 
 def train_one(config: Config, workdir: str, *, data: LoadedData | None = None, evaluate_test: bool = True,
-              search_summary: dict | None = None, validation_seed: int | None = None) -> dict[str, Any]:
+              search_summary: dict | None = None, validation_seed: int | None = None,
+              step_observer: StepObserverFactory | None = None) -> dict[str, Any]:
   """One network of a run (:func:`sparsejax.train.driver.train_and_evaluate`) with its recipe chosen.
 
   Args:
@@ -51,6 +52,7 @@ def train_one(config: Config, workdir: str, *, data: LoadedData | None = None, e
     search_summary: the recipe search's figures, for the final record.
     validation_seed: the seed of the validation split (None: ``--seed`` + 1; an ensemble's members take the first
       member's).
+    step_observer: makes the observer of the loop's steps (None: none; :mod:`sparsejax.train.step_observer`).
 
   Returns:
     The final record (:func:`sparsejax.train.finish.final_evaluation`), or the candidate's result.
@@ -98,7 +100,7 @@ def train_one(config: Config, workdir: str, *, data: LoadedData | None = None, e
               checkpoint.make_meta(config, num_shards, jax.process_count(), split.sizes, run_id),
               evaluator(split.test), selection,
               MetricWriter(workdir, config.run.tensorboard, resume_step=start_step) if is_chief else None,
-              split.steps_per_epoch, split.max_steps, _step_profiler(config, run, workdir),
+              split.steps_per_epoch, split.max_steps, _step_observer(step_observer, config, run, workdir),
               functools.partial(save_serving_index, workdir, run_id) if is_chief else None,
               (lambda: fusion.label_centroids(split.train)) if fuse else None,
               functools.partial(save_fusion, workdir, run_id) if is_chief else None)
@@ -181,10 +183,13 @@ def _stops_on_kept_checkpoint(loop: "Loop", checkpoints: checkpoint.Checkpoints,
   return True
 
 
-def _step_profiler(config: Config, run: sharding.Run, workdir: str) -> StepProfiler:
-  """Step times for metrics.jsonl and the profiled window of ``config.netanalysis`` (sparsejax.netanalysis)."""
+def _step_observer(factory: StepObserverFactory | None, config: Config, run: sharding.Run,
+                   workdir: str) -> StepObserver:
+  """The observer that ``factory`` makes for this network's run (e.g. the profiled window of ``config.netanalysis``)."""
+  if factory is None:
+    return NoObserver()
   kind = model_kinds.of(config)
-  return StepProfiler.from_config(
+  return factory(
       config.netanalysis, workdir, job=kind.step_job,
       per_process_batch=config.optim.batch_size // (run.num_shards if kind.data_parallel else 1),
       scope_scaling=model.STEP_SCOPES if kind.sampled else dense.STEP_SCOPES)
@@ -195,13 +200,15 @@ class Loop:
 
   def __init__(self, config: Config, run: sharding.Run, checkpoints: checkpoint.Checkpoints, meta: dict,
                evaluator: Evaluator, selection: "model_selection.Selection | None", writer: MetricWriter | None,
-               steps_per_epoch: int, max_steps: int | None, profiler: StepProfiler,
+               steps_per_epoch: int, max_steps: int | None, observer: StepObserver,
                save_serving_index: Callable[[int, Any], None] | None = None,
                centroids: Callable[[], fusion.LabelCentroids] | None = None,
                save_fusion: Callable[[fusion.LabelCentroids, float], None] | None = None):
     self.config, self.run, self.checkpoints, self.meta = config, run, checkpoints, meta
     self.save_serving_index, self.centroids, self.save_fusion = save_serving_index, centroids, save_fusion
-    self.evaluator, self.selection, self.writer, self.profiler = evaluator, selection, writer, profiler
+    self.evaluator, self.selection, self.writer, self.observer = evaluator, selection, writer, observer
+    self.compiled: collectives.CompiledStep | None = None  # the step's program, compiled before its first run
+    self.step_means = StepMeans()
     self.steps_per_epoch, self.max_steps = steps_per_epoch, max_steps
     self.step, self.last_loss, self.stop_signal = 0, None, None
     self.stopped_by = config.budget.step_limit_name(steps_per_epoch)  # or "max_seconds", "early_stopping"
@@ -256,12 +263,12 @@ class Loop:
             break
       if metrics is not None and self.step % config.run.log_every:  # the final record's loss: the last step's
         self.last_loss = float(sharding.local_value(metrics["loss"]))
-      self.profiler.finish()  # a window the loop cut short (every process gets here together)
+      self.observer.finish()  # a window the loop cut short (every process gets here together)
       self.budget_seconds, self.eval_seconds, self.eval_compile_seconds = clock.elapsed(), clock.eval_seconds, \
           clock.eval_compiling
       self.step_seconds = timer.step_seconds(self.train_seconds, self.step, clock.eval_compiling)
     finally:
-      self.profiler.close()
+      self.observer.close()
       progress.close()
     self.nonfinite.check()
     return state
@@ -270,10 +277,15 @@ class Loop:
     """One training step on the next batch, profiled and timed: ``(state, metrics)``."""
     timer.begin(self.step)
     batch = next(batches)
-    self.profiler.begin_step(self.step, lambda state=state, batch=batch: self.run.step_program(state, batch))
+    if self.compiled is None:  # the log records' collective bytes; the step reuses this compilation
+      jitted, args, scopes = self.run.step_program(state, batch)
+      self.compiled = collectives.compile_step(jitted, *args, known_scopes=scopes)
+    self.step_means.begin()
+    self.observer.begin_step(self.step, self.compiled)
     state, metrics = self.run.step(state, batch)
     self.step += 1
-    self.profiler.end_step(self.step, (state, metrics))
+    self.step_means.end()
+    self.observer.end_step(self.step, (state, metrics))
     timer.end(self.step, metrics)
     self.nonfinite.add(self.step, metrics.get("finite"))  # read at the sync points
     self._window[1] += 1
@@ -281,10 +293,10 @@ class Loop:
 
   def _maintain(self, state):
     """The step's maintenance: the index's refresh on its schedule, the parameter average every period."""
-    state = self.profiler.maintenance("tables", self.run.maintain, state, self.step)
+    state = self.observer.maintenance("tables", self.run.maintain, state, self.step)
     average_steps = self.config.optim.average_steps
     if average_steps and self.step % averaging.period(average_steps) == 0:
-      state = self.profiler.maintenance("average", averaging.update_state, state, average_steps)
+      state = self.observer.maintenance("average", averaging.update_state, state, average_steps)
     return state
 
   def _clock_says_last(self, clock: "LoopClock") -> bool:
@@ -303,14 +315,14 @@ class Loop:
     return True
 
   def _log_record(self, metrics, last: bool, clock: "LoopClock") -> dict:
-    """The record of a logged step: loss, learning rate, samples/s, the profiler's step times (syncs with the
+    """The record of a logged step: loss, learning rate, samples/s, the step's times and bytes (syncs with the
     device: only every log_every steps and at the last)."""
     self.last_loss = float(sharding.local_value(metrics["loss"]))
     self.train_seconds = clock.train_seconds()  # the steps done, not only dispatched
     window_start, window_steps = self._window
     record = {"loss": self.last_loss, "learning_rate": float(sharding.local_value(metrics["learning_rate"])),
               "samples_per_sec": window_steps * self.config.optim.batch_size / max(time.time() - window_start, 1e-9),
-              **self.profiler.log_record()}
+              **self.step_means.record(self.compiled, self.observer.log_record())}
     self._window = [time.time(), 0]
     if self.nonfinite.check() or self.nonfinite.skipped:
       record["skipped_steps"] = self.nonfinite.skipped
@@ -320,7 +332,7 @@ class Loop:
     """Evaluates the state into ``record`` (the validation split where the run selects on it, else the test set);
     returns ``(stopped early, last)``: an early stop writes the record itself, and an evaluation that spent the rest
     of the budget makes this step the last."""
-    config, run, prof = self.config, self.run, self.profiler
+    config, run, prof = self.config, self.run, self.observer
     t_eval, compiled_at_eval = time.time(), compile_clock.seconds()
     self.nonfinite.check()
     if self.selection is not None:  # periodic evaluations select the model: on the validation split
@@ -350,9 +362,9 @@ class Loop:
     """The periodic checkpoint (the last one comes after the loop) and the replicas' checksum."""
     config = self.config
     if self.step % config.checkpoint.checkpoint_every == 0 and not last:
-      self.profiler.maintenance("checkpoint", self.save, state, batches)
+      self.observer.maintenance("checkpoint", self.save, state, batches)
     if config.dist.checksum_every and self.step % config.dist.checksum_every == 0:
-      self.profiler.maintenance("checksum", self.run.check_replicas, state, self.step)
+      self.observer.maintenance("checksum", self.run.check_replicas, state, self.step)
 
   def evaluated(self, state):
     """The state that an evaluation scores (and model selection keeps): its parameters' moving average, if any."""

@@ -20,7 +20,7 @@ from sparsejax.config import MIN_STALE_EVALUATIONS, NOISE_MARGIN, Config, DataCo
 from sparsejax.distributed import sharding
 from sparsejax.evaluation import Evaluator
 from sparsejax.train import search_plan
-from sparsejax.workdir import checkpoint, seals
+from sparsejax.workdir import best_checkpoint, saved_state, seals
 
 if TYPE_CHECKING:  # (resume reads stale_ratio from here)
   from sparsejax.train.plan import DataPlan
@@ -51,7 +51,7 @@ class Selection:
       (None: any improvement counts). The best state is the best evaluated, whatever the margin.
   """
 
-  def __init__(self, evaluator: Evaluator, best: checkpoint.BestCheckpoint, config, restored: dict | None,
+  def __init__(self, evaluator: Evaluator, best: best_checkpoint.BestCheckpoint, config, restored: dict | None,
                stale_ratio: float | None = None, noise_samples: int | None = None):
     self.evaluator, self.best, self.metric, self.patience = evaluator, best, config.selection_metric, \
         config.early_stopping_patience
@@ -151,7 +151,7 @@ class Selection:
     return best, int(sharding.local_value(best.step))
 
 
-def kept_selection(best: checkpoint.BestCheckpoint, restored: dict | None, run_id: str | None,
+def kept_selection(best: best_checkpoint.BestCheckpoint, restored: dict | None, run_id: str | None,
                     start_step: int) -> dict | None:
   """The model selection ``restored`` from a checkpoint, if the best state it names is kept intact; else None
   (selection starts anew), with a warning that says what happened to the recorded best state.
@@ -189,7 +189,7 @@ def without_optimizer(state):
   """``state`` (a SLIDE or dense model's) without its optimizer states and parameter average, which a selected state
   does not need: it is evaluated and served, not trained on (``checkpoints/`` keeps them for resuming; a selected
   state's parameters are already the average it was evaluated with). Two thirds of an Adam-trained state's bytes."""
-  return state._replace(**{f: None for f in state._fields if checkpoint.is_optimizer_state(f) or f == "average"})
+  return state._replace(**{f: None for f in state._fields if saved_state.is_optimizer_state(f) or f == "average"})
 
 
 def for_run(config: Config, workdir: str, opened: "Opened", split: "DataPlan", position: dict, run_id: str,
@@ -199,7 +199,7 @@ def for_run(config: Config, workdir: str, opened: "Opened", split: "DataPlan", p
   if split.validation is None:
     return None
   meta = opened.meta
-  best = checkpoint.BestCheckpoint(workdir, config.run.selection_metric, run_id=run_id)
+  best = best_checkpoint.BestCheckpoint(workdir, config.run.selection_metric, run_id=run_id)
   restored_selection = position.get("selection")
   scored_otherwise = [f"--{n}" for n in sorted(set(opened.changed) & SELECTION_SETTINGS)]
   if meta is not None and meta["data"] != split.sizes:  # --resume=force past other data

@@ -10,7 +10,7 @@ from sparsejax.config import MIN_STALE_EVALUATIONS, Config
 from sparsejax.train import recipes
 from sparsejax.train.metric_writer import read_records
 from sparsejax.train.model_selection import stale_ratio
-from sparsejax.workdir import checkpoint, seals
+from sparsejax.workdir import checkpoint, orbax_logs, seals
 
 
 def holds_checkpoints(workdir: str) -> bool:
@@ -77,7 +77,7 @@ def open_checkpoints(config: Config, workdir: str, num_shards: int) -> Opened:
   """The checkpoints of ``workdir``, checked against ``config`` (corrupted ones named and set aside)."""
   checkpoint.check_writable(workdir)
   read_records(workdir)  # another program's metrics.jsonl is named before anything in workdir is written
-  checkpoint.quiet_orbax_logs()
+  orbax_logs.quiet_orbax_logs()
   checkpoints = checkpoint.Checkpoints(workdir, config.checkpoint.keep_checkpoints)
   latest = checkpoints.latest_good_step()  # corrupted ones: named, set aside
   meta = None if latest is None else checkpoints.meta(latest)

@@ -1,11 +1,12 @@
-"""The training loop's clocks: its seconds (training and evaluations apart) and the measured step time that the recipe
-search plans from."""
+"""The training loop's clocks: its seconds (training and evaluations apart), the measured step time that the recipe
+search plans from, and the step fields of its log records."""
 
 import time
 
 import jax
 import numpy as np
 
+from sparsejax.distributed import collectives
 from sparsejax.train import compile_clock
 
 # The first steps of a run, each timed on its own (waited for): the median of those that compiled nothing bounds the
@@ -73,3 +74,34 @@ class StepTimer:
     if self.timed:
       seconds = max(seconds, float(np.median(self.timed)))
     return seconds
+
+
+class StepMeans:
+  """The always-on step fields of a log record (:meth:`Loop._log_record`), nearly free: two timestamps a step, no
+  sync. ``step_seconds_mean`` is the wall time since the previous record's first step over the steps taken since
+  (exact: the loop waited for the last step's loss); with the step's compiled collectives
+  (:func:`sparsejax.distributed.collectives.compile_step`) ``collective_bytes_per_step`` and ``wire_bytes_per_step``
+  (the ring bytes one process sends)."""
+
+  def __init__(self):
+    self._t0, self._steps = None, 0
+
+  def begin(self) -> None:
+    if self._t0 is None:
+      self._t0 = time.perf_counter()
+
+  def end(self) -> None:
+    self._steps += 1
+
+  def record(self, compiled: "collectives.CompiledStep | None", observed: dict) -> dict:
+    """The fields since the previous record (``observed``: the step observer's, placed before the bytes); empty if
+    no step was taken since."""
+    steps, t0 = self._steps, self._t0
+    self._t0, self._steps = None, 0
+    if not steps or t0 is None:
+      return {}
+    record = {"step_seconds_mean": (time.perf_counter() - t0) / steps, "steps_timed": steps, **observed}
+    if compiled is not None:
+      record["collective_bytes_per_step"] = sum(c.operand_bytes for c in compiled.collectives)
+      record["wire_bytes_per_step"] = sum(c.wire_bytes(jax.process_count()) for c in compiled.collectives)
+    return record

@@ -24,24 +24,20 @@ import importlib.metadata
 import json
 import logging as pylogging
 import os
-import sys
 import tempfile
 import time
-import traceback
 import weakref
 from typing import Any
 
 from absl import logging
 
 from sparsejax.config import Config, ConfigError, flat_items, format_value, identity_fields
+from sparsejax.workdir import saved_state
+from sparsejax.workdir.orbax_logs import quiet
 from sparsejax.workdir.seals import (
-  IntegrityError,
   WriteError,
-  check_sealed_directory,
   failure_reason,
   file_checksums,
-  is_full_disk,
-  seal_directory,
   sha256_file,
   write_json_atomically,
 )
@@ -49,10 +45,10 @@ from sparsejax.workdir.seals import (
 # Every live orbax CheckpointManager of this process. A save first waits for the others' background saves: orbax
 # synchronizes each save across processes with a barrier of the same name, and two managers saving at once
 # (the run's checkpoints and the best state) fail with "Barrier ... is already ongoing" under load.
-_MANAGERS = weakref.WeakSet()
+MANAGERS = weakref.WeakSet()
 
 
-def _item_handlers(ocp, *json_items: str) -> dict[str, Any]:
+def item_handlers(ocp, *json_items: str) -> dict[str, Any]:
   """The items' handlers: ``json_items`` as JSON, and ``state`` by orbax's standard handler writing arrays without
   zstd compression.
 
@@ -70,15 +66,15 @@ def _item_handlers(ocp, *json_items: str) -> dict[str, Any]:
   return {"state": handler} | {name: ocp.JsonCheckpointHandler() for name in json_items}
 
 
-def _finish_other_saves(manager) -> None:
-  for other in list(_MANAGERS):
+def finish_other_saves(manager) -> None:
+  for other in list(MANAGERS):
     if other is not manager:
-      with _save_errors(f"a checkpoint in {other.directory}"):
+      with save_errors(f"a checkpoint in {other.directory}"):
         other.wait_until_finished()
 
 
 @contextlib.contextmanager
-def _save_errors(what: str):
+def save_errors(what: str):
   """Turns a failed orbax save (raised by the save or by a later wait) into one :class:`CheckpointError` line."""
   try:
     yield
@@ -95,59 +91,6 @@ class CheckpointError(WriteError):
 
 class ResumeError(RuntimeError):
   """The work directory holds a run that this one must not continue (the message says why and what to do)."""
-
-
-class _QuietOrbax:
-  """absl's logger's filter (whichever handler prints: absl's under the commands, Python's under a script): orbax
-  logs every step of every save at INFO, and a save that a full disk stops in each of its threads, with a
-  traceback (4-5 of them, about 350 lines); :class:`CheckpointError` reports that in one line."""
-
-  def filter(self, record) -> bool:
-    if "orbax" not in record.pathname:
-      return True
-    if record.levelno <= pylogging.INFO:
-      return False
-    error = record.exc_info[1] if record.exc_info else None
-    return not (is_full_disk(record.getMessage()) or (error is not None and is_full_disk(error)))
-
-
-def quiet_orbax_logs() -> None:
-  """Keeps orbax's INFO lines and its threads' reports of a full disk out of the log (other warnings and errors
-  still show), and the closed event loop of a save that failed out of stderr (:func:`_drop_closed_loop_reports`)."""
-  logger = logging.get_absl_logger()
-  if not any(isinstance(f, _QuietOrbax) for f in logger.filters):
-    logger.addFilter(_QuietOrbax())
-  if not getattr(sys.unraisablehook, "drops_closed_loop_reports", False):
-    sys.unraisablehook = _drop_closed_loop_reports(sys.unraisablehook)
-
-
-def _drop_closed_loop_reports(hook):
-  """``hook`` (a ``sys.unraisablehook``) but for TensorStore's writes that end after orbax closed the event loop of
-  their failed save (a full disk): each calls ``loop.call_soon_threadsafe`` from C++, which raises "Event loop is
-  closed" as an unraisable error (``Exception ignored in: None`` and a traceback, before or after the one line that
-  reports the failure). Any other report goes to ``hook``."""
-
-  def unraisable(report) -> None:
-    frames = traceback.extract_tb(report.exc_traceback) if report.exc_traceback is not None else []
-    if not (report.object is None and isinstance(report.exc_value, RuntimeError)
-            and str(report.exc_value) == "Event loop is closed"
-            and [frame.name for frame in frames[-2:]] == ["call_soon_threadsafe", "_check_closed"]):
-      hook(report)
-
-  unraisable.drops_closed_loop_reports = True
-  return unraisable
-
-
-@contextlib.contextmanager
-def _quiet(level: int = pylogging.ERROR):
-  """Raises absl's threshold (a Python logging level) for a while: orbax warns about read-only directories."""
-  logger = logging.get_absl_logger()
-  previous = logger.level
-  logger.setLevel(max(level, previous))
-  try:
-    yield
-  finally:
-    logger.setLevel(previous)
 
 
 def package_version() -> str:
@@ -208,11 +151,11 @@ class Checkpoints:
       check_writable(self.directory)
     elif not os.path.isdir(self.directory):
       raise FileNotFoundError(f"{self.directory}: no checkpoints (nothing was trained with --workdir={workdir})")
-    with _quiet(pylogging.ERROR if not writable else pylogging.WARNING):
+    with quiet(pylogging.ERROR if not writable else pylogging.WARNING):
       options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=writable, read_only=not writable)
       self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                            item_handlers=_item_handlers(ocp, "data", "meta"))
-    _MANAGERS.add(self._manager)
+                                            item_handlers=item_handlers(ocp, "data", "meta"))
+    MANAGERS.add(self._manager)
 
     self._unsealed: list[int] = []  # saved by this object, checksums not written yet
     self._resume_step: int | None = None
@@ -255,7 +198,7 @@ class Checkpoints:
 
   def is_sealed(self, step: int) -> bool:
     """Whether checkpoint ``step`` holds this process's checksums (else :meth:`verify` could only read it)."""
-    return os.path.exists(os.path.join(self._step_dir(step), _checksums_name()))
+    return os.path.exists(os.path.join(self._step_dir(step), checksums_name()))
 
   def verify(self, step: int) -> str | None:
     """What is wrong with checkpoint ``step`` (empty, a file missing, truncated or changed, unreadable), or None.
@@ -266,7 +209,7 @@ class Checkpoints:
     directory = self._step_dir(step)
     if not os.path.isdir(directory) or not os.listdir(directory):
       return "is empty"
-    path = os.path.join(directory, _checksums_name())
+    path = os.path.join(directory, checksums_name())
     if os.path.exists(path):
       try:
         with open(path) as f:
@@ -295,7 +238,7 @@ class Checkpoints:
       directory = self._step_dir(step)
       if not os.path.isdir(directory):  # already deleted (keep_checkpoints)
         continue
-      path = os.path.join(directory, _checksums_name())
+      path = os.path.join(directory, checksums_name())
       try:
         write_json_atomically(path, file_checksums(directory))
       except WriteError as e:  # the seal itself (a full disk): its message names it
@@ -323,8 +266,8 @@ class Checkpoints:
     """Saves ``state``, the data position and ``meta`` as checkpoint ``step`` (in the background unless ``wait``)."""
     ocp = self._ocp
     self.wait()  # the previous save first (orbax would wait for it too): its checksums are written now
-    _finish_other_saves(self._manager)
-    with _save_errors(f"checkpoint {self._step_dir(step)}"):
+    finish_other_saves(self._manager)
+    with save_errors(f"checkpoint {self._step_dir(step)}"):
       self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                        data=ocp.args.JsonSave(data_state),
                                                        meta=ocp.args.JsonSave(meta)))
@@ -342,7 +285,8 @@ class Checkpoints:
     if step is None:
       return None
     ocp = self._ocp
-    target, as_state = _in_saved_layout(abstract_state, _saved_fields(ocp, self._step_dir(step)))
+    target, as_state = saved_state.in_saved_layout(abstract_state,
+                                                   saved_state.top_level_fields(ocp, self._step_dir(step)))
     restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                                    data=ocp.args.JsonRestore()))
     return as_state(restored["state"]), restored["data"]
@@ -353,7 +297,7 @@ class Checkpoints:
     Sharded arrays come back whole (global shape); named tuples come back as dicts and tuples as lists.
     """
     step = self.latest_step() if step is None else step
-    return _restore_arrays(self._ocp, os.path.join(self.directory, str(step), "state"))
+    return saved_state.restore_arrays(self._ocp, os.path.join(self.directory, str(step), "state"))
 
   def shape_differences(self, step: int, abstract_state) -> list[str]:
     """How the arrays saved in checkpoint ``step`` differ in shape from ``abstract_state``'s (empty: they fit).
@@ -362,13 +306,15 @@ class Checkpoints:
     """
     import jax
 
-    with _quiet():
+    with quiet():
       saved = self._ocp.StandardCheckpointer().metadata(
           os.path.join(self.directory, str(step), "state")).item_metadata.tree
-    shapes = lambda tree: {_path_name(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
-    before, now = shapes(saved), shapes(_in_saved_layout(abstract_state, saved.keys())[0])
+    shapes = lambda tree: {saved_state.path_name(p): tuple(x.shape)
+                           for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    before, now = shapes(saved), shapes(saved_state.in_saved_layout(abstract_state, saved.keys())[0])
     return [f"{name}: saved {before.get(name, 'none')}, now {now.get(name, 'none')}"
-            for name in sorted(before.keys() | now.keys(), key=_parameters_first) if before.get(name) != now.get(name)]
+            for name in sorted(before.keys() | now.keys(), key=saved_state.parameters_first)
+            if before.get(name) != now.get(name)]
 
   def wait(self) -> None:
     """Blocks until background saves are on disk (and sealed with their checksums).
@@ -386,77 +332,7 @@ class Checkpoints:
     self._seal()
 
 
-def _saved_fields(ocp, step_directory: str) -> set[str]:
-  """The top-level fields of the state saved in a checkpoint's step directory."""
-  with _quiet():
-    return set(ocp.StandardCheckpointer().metadata(os.path.join(step_directory, "state")).item_metadata.tree)
-
-
-def _in_saved_layout(abstract_state, saved_fields):
-  """``(target, as_state)``: ``abstract_state`` in the layout of a checkpoint whose state has ``saved_fields``, and
-  the function that turns what was restored into it back into a state: the state itself, but for a checkpoint
-  that holds the index in its earlier layout (two fields, ``lsh`` and ``tables``: :mod:`sparsejax.index.saved`) or
-  no parameter average (saved by an earlier sparsejax, or with ``--average_steps=0``: the average then starts anew
-  from the restored parameters, with no snapshot)."""
-  fields = getattr(abstract_state, "_fields", ())
-  state_type = type(abstract_state)
-  target, as_state = abstract_state, lambda state: state
-  if "index" in fields:
-    from sparsejax.index import saved
-
-    if saved.written_before(saved_fields):
-      target, as_state = saved.as_written_before(abstract_state), lambda tree: saved.from_written_before(tree,
-                                                                                                          state_type)
-  if "average" in fields and "average" not in saved_fields:
-    from sparsejax import averaging
-
-    # A dict without the field (orbax refuses a target with a field the checkpoint lacks, even a None one: a
-    # selected state is restored without its average).
-    as_tree = as_state if isinstance(target, dict) else (lambda tree: state_type(**tree))
-    target = {k: v for k, v in (target if isinstance(target, dict) else target._asdict()).items() if k != "average"}
-    wanted = abstract_state.average is not None
-
-    def as_state(tree):
-      state = as_tree(tree)
-      return state._replace(average=averaging.started(state) if wanted else None)
-  return target, as_state
-
-
-def _restore_arrays(ocp, path: str):
-  """The state saved in ``path`` as a plain tree of host arrays on one device (see ``restore_arrays``)."""
-  import jax
-
-  checkpointer = ocp.StandardCheckpointer()
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  try:
-    with _quiet():  # it warns that the step's own metadata file is not in the item's directory
-      target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                            checkpointer.metadata(path).item_metadata.tree)
-      return checkpointer.restore(path, target)
-  # A damaged file of a state no seal covers (an older sparsejax's) fails anywhere in orbax or TensorStore, with any
-  # exception type (KeyError, AttributeError, bare Exception) and pages of detail: named by its directory instead.
-  except Exception as e:  # noqa: BLE001 -- see above
-    reason = (str(e).strip().splitlines() or [""])[0][:200]
-    raise IntegrityError(f"{path}: unreadable as a saved state: a file in it is damaged ({type(e).__name__}: "
-                         f"{reason})") from None
-
-
-def _path_name(path) -> str:
-  """``embed.w``, ``hidden.0.1``: a tree path, the same for a named tuple's field as for a dict's key."""
-  return ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-
-
-def is_optimizer_state(field: str) -> bool:
-  """Whether a model state's field holds optimizer state (``embed_opt``, ``out_w_opt``, a dense state's ``opt``)."""
-  return field == "opt" or field.endswith("_opt")
-
-
-def _parameters_first(name: str) -> tuple[bool, str]:
-  """Sort key: the layers' arrays before the optimizer states'."""
-  return any(is_optimizer_state(part) for part in name.split(".")), name
-
-
-def _checksums_name() -> str:
+def checksums_name() -> str:
   import jax
 
   return f"checksums.p{jax.process_index()}.json"
@@ -511,131 +387,3 @@ def check_resume(meta: dict[str, Any] | None, step: int, config: Config, num_sha
                       f"(--config={os.path.join(workdir, 'config.json')} has them), use another --workdir for a new "
                       f"run, or --resume=force to continue it with the new ones")
   return changed
-
-
-def _check_metrics_files(directory: str, metric: str) -> None:
-  """Raises :class:`IntegrityError` naming the file unless each kept state's ``metrics/metrics`` in ``directory``
-  (``best_checkpoint``) is a JSON object with a number under ``metric``: orbax reads them to pick the best state,
-  before any seal is checked, and a damaged one ended in its JSONDecodeError or KeyError, naming no file."""
-  for name in sorted(os.listdir(directory)):
-    path = os.path.join(directory, name, "metrics", "metrics")
-    if not name.isdigit():  # (an interrupted save's temporary directory, a state set aside as .corrupt)
-      continue
-    if not os.path.isfile(path):  # orbax would pass the state over, as if the run had kept none
-      raise IntegrityError(f"{path}: missing: the state kept in {os.path.join(directory, name)} has no score")
-    try:
-      with open(path, "rb") as f:
-        value = json.loads(f.read().decode("utf-8"))[metric]
-    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError) as e:
-      raise IntegrityError(f"{path}: not the validation metrics of a kept state ({type(e).__name__}: "
-                           f"{str(e)[:100]})") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-      raise IntegrityError(f"{path}: not the validation metrics of a kept state ({metric} is {value!r})")
-
-
-class BestCheckpoint:
-  """The best state by a validation metric, in ``WORKDIR/best_checkpoint`` (orbax ``best_fn``, one kept). Training
-  keeps it without optimizer states (``sparsejax.train.model_selection.without_optimizer``).
-
-  Each process seals the states it saved once they are on disk (:meth:`wait`, which training calls before each
-  checkpoint save and before the final evaluation): ``checksums.p<process>.json`` in the step's directory records
-  every file's checksum, the run's id and the step (:mod:`sparsejax.workdir.seals`). :meth:`check` verifies them.
-
-  Args:
-    workdir: the run's work directory.
-    metric: the name of the (higher-is-better) metric it is selected by.
-    writable: for saving (the directory is created); False: read only (see :meth:`open`).
-    run_id: the run's identity, written into the seals (None: read only, nothing is sealed).
-  """
-
-  def __init__(self, workdir: str, metric: str, *, writable: bool = True, run_id: str | None = None):
-    import orbax.checkpoint as ocp
-
-    self._ocp, self.metric, self.run_id = ocp, metric, run_id
-    self.directory = os.path.abspath(os.path.join(workdir, "best_checkpoint"))
-    with _quiet(pylogging.ERROR if not writable else pylogging.WARNING):
-      self._manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
-          max_to_keep=1, best_fn=lambda metrics: metrics[metric], best_mode="max", create=writable,
-          read_only=not writable), item_handlers=_item_handlers(ocp))
-    _MANAGERS.add(self._manager)
-    self._unsealed: list[int] = []
-
-  @classmethod
-  def open(cls, workdir: str, metric: str) -> "BestCheckpoint | None":
-    """The run's best state, read only; None if the run kept none (no validation split, or no evaluation yet)."""
-    if not os.path.isdir(os.path.join(workdir, "best_checkpoint")):
-      return None
-    _check_metrics_files(os.path.join(workdir, "best_checkpoint"), metric)
-    best = cls(workdir, metric, writable=False)
-    return best if best.best_step() is not None else None
-
-  def step_directory(self, step: int) -> str:
-    return os.path.join(self.directory, str(step))
-
-  def discard_after(self, step: int) -> None:
-    """Deletes the kept states of steps after ``step`` (a resumed run trains those steps again)."""
-    self.wait()
-    for newer in [s for s in self._manager.all_steps() if s > step]:
-      self._manager.delete(newer)
-
-  def set_aside(self, step: int) -> None:
-    """Moves the kept state of ``step`` out of the way (renamed ``<step>.corrupt.<time>``), as a damaged one."""
-    import jax
-
-    if jax.process_index() == 0:
-      os.replace(self.step_directory(step), f"{self.step_directory(step)}.corrupt.{int(time.time())}")
-    self._manager.reload()
-
-  def save(self, step: int, state, value: float) -> None:
-    """Saves ``state`` of step ``step`` whose metric is ``value`` (orbax keeps the best one); a state already
-    kept for ``step`` is replaced."""
-    _finish_other_saves(self._manager)
-    with _save_errors(f"the best state (step {step}) in {self.directory}"):
-      if step in self._manager.all_steps():
-        self._manager.wait_until_finished()
-        self._manager.delete(step)
-      self._manager.save(step, args=self._ocp.args.Composite(state=self._ocp.args.StandardSave(state)),
-                         metrics={self.metric: float(value)}, force=True)
-    self._unsealed.append(step)
-
-  def best_step(self) -> int | None:
-    return self._manager.best_step()
-
-  def check(self, step: int, run_id: str) -> None:
-    """Raises :class:`IntegrityError` (naming the file) unless the kept state of ``step`` is the one run ``run_id``
-    sealed for that step: every file unchanged, none missing."""
-    check_sealed_directory(self.step_directory(step), run_id, step)
-
-  def restore(self, abstract_state):
-    """The best state (None if none was saved)."""
-    self.wait()
-    step = self.best_step()
-    if step is None:
-      return None
-    target, as_state = _in_saved_layout(abstract_state, _saved_fields(self._ocp, self.step_directory(step)))
-    restored = self._manager.restore(step, args=self._ocp.args.Composite(state=self._ocp.args.StandardRestore(target)))
-    return as_state(restored["state"])
-
-  def restore_arrays(self):
-    """The best state as a plain tree of host arrays (as :meth:`Checkpoints.restore_arrays`)."""
-    return _restore_arrays(self._ocp, os.path.join(self.directory, str(self.best_step()), "state"))
-
-  def wait(self) -> None:
-    """Blocks until the saves are on disk, and seals them."""
-    with _save_errors(f"the best state in {self.directory}"):
-      self._manager.wait_until_finished()
-    self.seal(self._unsealed)
-    self._unsealed = []
-
-  def seal(self, steps: list[int]) -> None:
-    """Writes this process's seal of the kept states of ``steps`` (those orbax has not replaced since)."""
-    kept = set(self._manager.all_steps())
-    for step in steps:
-      if step in kept and self.run_id is not None:
-        try:
-          seal_directory(self.step_directory(step), _checksums_name(), self.run_id, step)
-        except WriteError as e:
-          raise CheckpointError(str(e)) from None
-        except OSError as e:
-          raise CheckpointError(f"cannot seal the best state {self.step_directory(step)}: "
-                                f"{failure_reason(e)}") from None

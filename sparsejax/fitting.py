@@ -28,6 +28,7 @@ import numpy as np
 
 from sparsejax import platforms, rundirs
 from sparsejax.config import Config, ConfigError, did_you_mean, field_type, iter_fields, override
+from sparsejax.netanalysis.collect import StepProfiler
 from sparsejax.serving.model import TrainedModel
 from sparsejax.train import recipes
 
@@ -117,7 +118,7 @@ def fit(X: Any, Y: Any, *, X_val: Any = None, Y_val: Any = None, workdir: str | 
         logging.warning("%s", cache_problem)
       if X_val is not None and "test_fraction" in settings:
         logging.warning("--test_fraction=%s has no effect: X_val is the test set", settings["test_fraction"])
-      driver.train_and_evaluate(config, workdir, data=data, verbose=verbose)
+      driver.train_and_evaluate(config, workdir, data=data, verbose=verbose, step_observer=StepProfiler.from_config)
   except Interrupted as e:  # Ctrl-C (a notebook's interrupt): say how to continue in Python, not on a command line
     e.args = (e.describe(how_to_continue=f"fit(...) with workdir={workdir!r} and the same data and settings "
                          "continues the run"),)

@@ -11,7 +11,8 @@ import math
 import re
 from typing import NamedTuple
 
-from sparsejax.netanalysis.profiles import KINDS
+# The collective kinds of XLA's HLO that a step's list (and netanalysis's profiles) name.
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 # Bytes per element of HLO primitive types (sub-byte types round up to one byte).
 _ELEMENT_BYTES = {

@@ -1,4 +1,4 @@
-"""netanalysis.collectives: the per-collective list of a compiled step vs independent counts (jaxpr, HLO results)."""
+"""distributed.collectives: the per-collective list of a compiled step vs independent counts (jaxpr, HLO results)."""
 
 import json
 import os
@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from sparsejax.netanalysis import collectives
+from sparsejax.distributed import collectives
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,7 +25,7 @@ sharding.initialize(args.get("coordinator_address"), int(args.get("num_processes
 import jax, jax.extend, jax.numpy as jnp
 from sparsejax import dense, model
 from sparsejax.config import override
-from sparsejax.netanalysis import collectives
+from sparsejax.distributed import collectives
 from sparsejax.model_config import ModelConfig
 
 def jaxpr_bytes(fn, *a):
