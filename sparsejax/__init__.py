@@ -1,7 +1,9 @@
 """sparsejax: LSH-sampled sparse training of huge output layers in JAX."""
 
 import importlib.machinery as _machinery
+import importlib.metadata
 import os as _os
+import tomllib
 
 
 def _use_installed_extension() -> None:
@@ -17,7 +19,6 @@ def _use_installed_extension() -> None:
   names = ["_sparsejax" + suffix for suffix in _machinery.EXTENSION_SUFFIXES]
   if any(_os.path.exists(_os.path.join(here, n)) for n in names):
     return
-  import importlib.metadata
 
   try:
     installed = _os.path.abspath(str(importlib.metadata.distribution("sparsejax").locate_file("sparsejax")))
@@ -33,13 +34,11 @@ _use_installed_extension()
 def _version(source_root: str | None = None) -> str:
   """The installed distribution's version, else (a source tree never installed) the version in
   ``source_root/pyproject.toml`` (default: the directory above the package)."""
-  import importlib.metadata
 
   try:
     return importlib.metadata.version("sparsejax")
   except importlib.metadata.PackageNotFoundError:
     pass
-  import tomllib
 
   source_root = source_root or _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
   try:

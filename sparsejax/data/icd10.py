@@ -15,6 +15,8 @@ Requires ``simple-icd-10-cm`` and ``scikit-learn`` (imported lazily).
 from __future__ import annotations
 
 import dataclasses
+import warnings
+from importlib.metadata import version
 from typing import Any, Literal
 
 import numpy as np
@@ -117,8 +119,6 @@ def load_icd10(
     raise ValueError(f"label_level must be 'category' or 'hierarchy', got {label_level!r}")
   if not 0.0 <= test_fraction < 1.0:
     raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
-  import warnings
-  from importlib.metadata import version
 
   with warnings.catch_warnings():  # it uses deprecated importlib.resources calls
     warnings.simplefilter("ignore", DeprecationWarning)

@@ -76,7 +76,20 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
                       "the profiled window is sparsejax.netanalysis's step observer: train with sparsejax-train or "
                       "sparsejax.fit, or pass step_observer=sparsejax.netanalysis.collect.StepProfiler.from_config")
   train_one = functools.partial(loop.train_one, step_observer=step_observer)
-  t_invocation, search_wall_seconds = time.time(), 0.0
+  t_invocation = time.time()
+  config, data, search_summary, search_wall_seconds = _with_recipe(config, workdir, data, train_one)
+  final = train_one(config, workdir, data=data, search_summary=search_summary)
+  final = _with_members(config, workdir, data, final, train_one)
+  _log_budget(config, final, search_wall_seconds, time.time() - t_invocation)
+  return final
+
+
+def _with_recipe(config: Config, workdir: str, data: LoadedData | None,
+                 train_one: Callable[..., dict[str, Any]]) -> tuple[Config, LoadedData | None, dict | None, float]:
+  """``(config, data, search summary, search seconds)``: the run's config with its recipe applied (named, or the
+  winner of a recipe search run here, whose wall seconds are charged to the budget), the data if the search loaded
+  it, the search's figures (None without a search in this run's history) and the seconds of a search run in this
+  invocation (0 otherwise)."""
   # A run stopped while it took over its search's winner finishes that first (the search runs in one process; a
   # refused --resume=never changes nothing); a run continued after its search reports it. --max_seconds counts
   # this invocation's training: the search's seconds were charged to the invocation that searched.
@@ -84,35 +97,31 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
   if config.search.recipe == recipes.AUTO and config.checkpoint.resume != "never" and jax.process_count() == 1:
     search_summary = search.finish_adoption(workdir)
   if config.search.recipe in recipes.names():
-    config = recipes.apply(config, recipes.get(config.search.recipe))
+    return recipes.apply(config, recipes.get(config.search.recipe)), data, search_summary, 0.0
   # A run continued takes the recipe its checkpoints record (loop.train_one).
-  elif config.search.recipe == recipes.AUTO and not resume.holds_checkpoints(workdir):
-    why_not = search.reason_not_to_search(config, jax.process_count())
-    interrupted_search = os.path.isdir(os.path.join(workdir, search.SEARCH_DIR))
-    if why_not is None and config.checkpoint.resume == "never" and interrupted_search:
-      raise checkpoint.ResumeError(f"{os.path.join(workdir, search.SEARCH_DIR)} holds an interrupted recipe search "
-                                   "and --resume=never: use another --workdir for a new run (or --resume=auto to "
-                                   "continue it)")
-    if why_not is None:
-      with checkpoint.new_directories_removed_on_failure(workdir):
-        checkpoint.check_writable(workdir)
-        read_records(workdir)
-        data = data if data is not None else plan.load_data(config)
-        chosen = search.run(config, workdir, plan.data_shape(config, data.train),
-                            functools.partial(train_one, data=data),
-                            functools.partial(metric_writer.append_record, workdir))
-      if chosen is not None:
-        config, search_summary = chosen
-        # The search's wall time, measuring, compiling and evaluating included, counts against --max_seconds (the
-        # startup of its first training aside: a run without a search spends it as well).
-        search_wall_seconds = search_summary["search_wall_seconds"]
-        config = plan.charged_for_search(config, search_wall_seconds)
-    else:
-      logging.info("recipe: the defaults, no search (%s)", why_not)
-  final = train_one(config, workdir, data=data, search_summary=search_summary)
-  final = _with_members(config, workdir, data, final, train_one)
-  _log_budget(config, final, search_wall_seconds, time.time() - t_invocation)
-  return final
+  if config.search.recipe != recipes.AUTO or resume.holds_checkpoints(workdir):
+    return config, data, search_summary, 0.0
+  why_not = search.reason_not_to_search(config, jax.process_count())
+  if why_not is not None:
+    logging.info("recipe: the defaults, no search (%s)", why_not)
+    return config, data, search_summary, 0.0
+  if config.checkpoint.resume == "never" and os.path.isdir(os.path.join(workdir, search.SEARCH_DIR)):
+    raise checkpoint.ResumeError(f"{os.path.join(workdir, search.SEARCH_DIR)} holds an interrupted recipe search "
+                                 "and --resume=never: use another --workdir for a new run (or --resume=auto to "
+                                 "continue it)")
+  with checkpoint.new_directories_removed_on_failure(workdir):
+    checkpoint.check_writable(workdir)
+    read_records(workdir)
+    data = data if data is not None else plan.load_data(config)
+    chosen = search.run(config, workdir, plan.data_shape(config, data.train), functools.partial(train_one, data=data),
+                        functools.partial(metric_writer.append_record, workdir))
+  if chosen is None:
+    return config, data, search_summary, 0.0
+  config, search_summary = chosen
+  # The search's wall time, measuring, compiling and evaluating included, counts against --max_seconds (the
+  # startup of its first training aside: a run without a search spends it as well).
+  seconds = search_summary["search_wall_seconds"]
+  return plan.charged_for_search(config, seconds), data, search_summary, seconds
 
 
 def _log_budget(config: Config, final: dict[str, Any], search_wall_seconds: float, total: float) -> None:
