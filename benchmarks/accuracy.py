@@ -136,7 +136,8 @@ def sampled_k_for(num_labels: int) -> int:
 
 def run_sparsejax(system: str, train_path: str, test_path: str, run_dir: str, args) -> dict:
   """One sparsejax run (default, all-active or dense); returns its curve and final test metrics."""
-  from sparsejax.config import Config, override
+  from sparsejax.config import Config
+  from sparsejax.settings import override
   from sparsejax.train import train_and_evaluate
 
   num_labels = xcdata.load_xc_file(test_path).num_labels
@@ -314,10 +315,10 @@ def sweep_inference_k(config, state, train_path: str, test_path: str, args) -> d
   trained on cannot be retrieved by any index: its row is still the random initialisation), and on the whole
   test set (their weighted means: every query of the benchmark's datasets has a label).
   """
-  from sparsejax.config import override
   from sparsejax.distributed import sharding
   from sparsejax.evaluation import Evaluator, padded_width
   from sparsejax.model_config import ModelConfig
+  from sparsejax.settings import override
 
   train, test = xcdata.load_xc_file(train_path), xcdata.load_xc_file(test_path)
   if config.data.validation_fraction > 0:  # the labels the run trained on (sparsejax.train's split: seed + 1)

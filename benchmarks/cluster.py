@@ -90,9 +90,9 @@ def worker(args) -> None:
   import numpy as np
 
   from sparsejax import dense, model
-  from sparsejax.config import override
   from sparsejax.distributed import collectives
   from sparsejax.netanalysis import collect
+  from sparsejax.settings import override
 
   P = jax.process_count()
   mesh = sharding.make_mesh()

@@ -25,9 +25,9 @@ import numpy as np
 import optax
 
 from sparsejax import dense
-from sparsejax.config import override
 from sparsejax.model_config import ModelConfig
 from sparsejax.network import NetworkParams, init_params
+from sparsejax.settings import override
 
 import harness
 

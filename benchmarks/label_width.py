@@ -30,11 +30,12 @@ import jax
 import numpy as np
 
 from sparsejax import model
-from sparsejax.config import Config, override
+from sparsejax.config import Config
 from sparsejax.data import BatchIterator, XCDataset, make_synthetic
 from sparsejax.distributed import sharding
 from sparsejax.loss import label_targets
 from sparsejax.model_config import ModelConfig
+from sparsejax.settings import override
 
 import harness
 

@@ -94,7 +94,8 @@ def measure(config, state, h, labels, top_ids, exact_hits, settings: dict, repea
   import jax.numpy as jnp
 
   from sparsejax import index, model, ops, retrieval
-  from sparsejax.config import TablesConfig, override
+  from sparsejax.config import TablesConfig
+  from sparsejax.settings import override
 
   settings = dict(settings)
   uncentred = settings.pop("uncentred", False)

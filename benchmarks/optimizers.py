@@ -20,7 +20,8 @@ here is only indicative).
 import json
 import tempfile
 
-from sparsejax.config import Config, override
+from sparsejax.config import Config
+from sparsejax.settings import override
 from sparsejax.train import driver
 
 import harness

@@ -17,7 +17,8 @@ import sys
 import tempfile
 import time
 
-from sparsejax.config import Config, override
+from sparsejax.config import Config
+from sparsejax.settings import override
 from sparsejax.train import driver, plan
 from sparsejax.train.metric_writer import read_records
 

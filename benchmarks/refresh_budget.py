@@ -12,9 +12,10 @@ least ``refresh_cost_in_steps / b`` steps. Timings want a quiet machine; run the
 import json
 import tempfile
 
-from sparsejax.config import Config, override
+from sparsejax.config import Config
 from sparsejax.model_config import ModelConfig
 from sparsejax.schedule import TableSchedule
+from sparsejax.settings import override
 from sparsejax.train import train_and_evaluate
 
 import harness

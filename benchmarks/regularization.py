@@ -16,8 +16,9 @@ import json
 import math
 import tempfile
 
-from sparsejax.config import Config, override
+from sparsejax.config import Config
 from sparsejax.data import load_dataset
+from sparsejax.settings import override
 from sparsejax.train import train_and_evaluate
 from sparsejax.train.metric_writer import read_records
 

@@ -81,8 +81,8 @@ def main() -> None:
   import jax
 
   from sparsejax import model
-  from sparsejax.config import override
   from sparsejax.distributed import sharding
+  from sparsejax.settings import override
 
   config, test, _, state, evaluator = finished_runs.finished_run(args)
   results = []

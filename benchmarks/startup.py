@@ -78,7 +78,7 @@ def predict_timer(env: dict, directory: str):
 INIT = """
 import resource, sys, time, jax
 from sparsejax import dense, model
-from sparsejax.config import override
+from sparsejax.settings import override
 from sparsejax.model_config import ModelConfig
 cfg = override(ModelConfig(100_000, int(sys.argv[2])), hidden_dims=(128,), active_k=1024)
 start = time.perf_counter()

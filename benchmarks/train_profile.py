@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparsejax import model, ops, optim
-from sparsejax.config import Config, override
+from sparsejax.config import Config
 from sparsejax.data import BatchIterator, load_dataset
 from sparsejax.distributed import sharding
 from sparsejax.evaluation import Evaluator
@@ -51,6 +51,7 @@ from sparsejax.loss import label_targets, num_distinct_labels, sharded_softmax_c
 from sparsejax.model_config import ModelConfig, local_active_k, uses_exact_path
 from sparsejax.network import dense_optimizer, hidden_forward
 from sparsejax.schedule import TableSchedule, refresh_cost_in_steps
+from sparsejax.settings import override
 from sparsejax.train import train_and_evaluate
 from sparsejax.train.metric_writer import read_records
 

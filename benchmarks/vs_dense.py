@@ -13,7 +13,8 @@ seconds (--budget, default) or epochs (--epochs).
 import os
 import tempfile
 
-from sparsejax.config import Config, override
+from sparsejax.config import Config
+from sparsejax.settings import override
 from sparsejax.train import train_and_evaluate
 
 import harness

@@ -34,7 +34,6 @@ _use_installed_extension()
 def _version(source_root: str | None = None) -> str:
   """The installed distribution's version, else (a source tree never installed) the version in
   ``source_root/pyproject.toml`` (default: the directory above the package)."""
-
   try:
     return importlib.metadata.version("sparsejax")
   except importlib.metadata.PackageNotFoundError:

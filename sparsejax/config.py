@@ -1,88 +1,47 @@
 """The configuration of a training run: one nested, documented, validated dataclass.
 
-:class:`Config` groups the settings in sections (``data``, ``network``,
-``tables``, ``optim``, ``budget``, ``run``, ``checkpoint``, ``dist``, ``netanalysis``, ``search``). Each
-field is documented once, by the ``help`` of its :func:`option`; the command
-line (:mod:`sparsejax.train.cli`) turns every field into a flag of the same name
-with that text as its ``--help``, so field names are unique across sections.
-:meth:`Config.validate` checks every value (types, ranges, finiteness,
-choices, combinations) before anything is loaded and raises a
-:class:`ConfigError` naming the field.
+:class:`Config` groups the settings in sections (``data``, ``network``, ``tables``, ``optim``, ``budget``, ``run``,
+``checkpoint``, ``dist``, ``netanalysis``, ``search``), each a :class:`sparsejax.settings.Section` of fields made by
+:func:`sparsejax.settings.option`, which documents the field once: the command line (:mod:`sparsejax.cli.flags`)
+turns every field into a flag of the same name with that text as its ``--help``, so field names are unique across
+sections. :meth:`Config.validate` checks every value (types, ranges, finiteness, choices, combinations) before
+anything is loaded and raises a :class:`sparsejax.settings.ConfigError` naming the field.
 
-The model's static jit argument, :class:`sparsejax.model_config.ModelConfig`, is built
-from the ``network``, ``tables`` and ``optim`` sections (it holds them, it does
-not copy their fields; this module knows nothing of the model)::
+The model's static jit argument, :class:`sparsejax.model_config.ModelConfig`, is built from the ``network``,
+``tables`` and ``optim`` sections (it holds them, it does not copy their fields)::
 
-  config = override(Config(), dataset="synthetic", learning_rate=1e-2)
-  config.validate()
-  model_config = ModelConfig.from_config(config, num_features, num_labels)
+  config = override(Config(), dataset="synthetic", learning_rate=1e-2)   # sparsejax.settings.override
+  model_config = ModelConfig.from_config(config.validate(), num_features, num_labels)
 
-To add settings, add a field (with :func:`option`) to the section it belongs
-to, or a new section dataclass and a field of that type in :class:`Config`.
+To add settings, add a field (with ``option``) to the section it belongs to, or a new section dataclass and a field
+of that type in :class:`Config`.
 """
 
 import dataclasses
 import json
 import math
 import os
-import types
-import typing
 from collections.abc import Mapping
 from typing import Any
 
 from sparsejax import model_kinds  # (no JAX)
 from sparsejax.index import kinds as index_kinds  # (no JAX)
 from sparsejax.rates import parse_rate
+from sparsejax.settings import (
+  AT_LEAST_ONE,
+  NON_NEGATIVE,
+  POSITIVE,
+  ConfigError,
+  Range,
+  Section,
+  flat_items,
+  format_value,
+  from_dict,
+  iter_fields,
+  option,
+  section,
+)
 
-
-class ConfigError(ValueError):
-  """An invalid setting; ``str()`` names it as its flag: ``--name=value: reason``.
-
-  Attributes:
-    name: the field (and flag) name.
-    value: the rejected value.
-    reason: what a valid value looks like.
-  """
-
-  def __init__(self, name: str, value: Any, reason: str):
-    self.name, self.value, self.reason = name, value, reason
-    super().__init__(f"--{name}={format_value(value)}: {reason}")
-
-
-def format_value(value: Any) -> str:
-  """A value as it is written on the command line (``none``, ``128,64``, ``true``)."""
-  if value is None:
-    return "none"
-  if isinstance(value, bool):
-    return str(value).lower()
-  if isinstance(value, (tuple, list)):
-    return ",".join(format_value(v) for v in value)
-  return str(value)
-
-
-@dataclasses.dataclass(frozen=True)
-class Range:
-  """Allowed numeric values: ``lo <(=) value <(=) hi`` (``None``: unbounded)."""
-  lo: float | None = None
-  hi: float | None = None
-  lo_open: bool = False
-  hi_open: bool = False
-
-  def __str__(self) -> str:
-    lo = None if self.lo is None else f"{'>' if self.lo_open else '>='} {self.lo:g}"
-    hi = None if self.hi is None else f"{'<' if self.hi_open else '<='} {self.hi:g}"
-    return " and ".join(s for s in (lo, hi) if s)
-
-  def contains(self, value: float) -> bool:
-    if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
-      return False
-    return self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
-
-
-# Every setting's limits beyond its own bounds: counts, ids and seeds become JAX's 32-bit integers, and numbers
-# float32s (a larger value overflowed in Python or numpy, or became inf, long after validation).
-INT_LIMIT = 2**31 - 1
-FLOAT_LIMIT = 3.4028234663852886e38  # float32's largest
 # --early_stopping_ratio stops no sooner than this many evaluations after the best: one or two worse evaluations
 # are noise, and early in a run the best is often the last evaluation but one.
 MIN_STALE_EVALUATIONS = 3
@@ -90,111 +49,6 @@ MIN_STALE_EVALUATIONS = 3
 # standard errors of a proportion on the evaluated samples: on a plateau the best creeps up by noise (WordNet: 0.6965
 # at step 3,000, 0.6981 at 20,000 on 5,000 samples, whose standard error is 0.0065), and the run spent 140 s there.
 NOISE_MARGIN = 0.5
-POSITIVE = Range(0, lo_open=True)
-NON_NEGATIVE = Range(0)
-AT_LEAST_ONE = Range(1)
-
-
-def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, bounds: Range | None = None,
-           identity: bool = True) -> Any:
-  """A documented config field.
-
-  Args:
-    default: the default value (the one default of this setting).
-    help: one or more sentences: what the setting does and what ``none``
-      means where allowed. It is the flag's ``--help`` text.
-    choices: the allowed strings (an enum).
-    bounds: the allowed numbers (each element of a tuple, for tuples).
-    identity: whether the setting is part of what a run *is* (changes what is
-      trained). Settings that only say how long, how often or how verbosely
-      (budgets, periods, logging) are not, and may change when a run resumes.
-  """
-  metadata = {"help": help, "choices": choices, "bounds": bounds, "identity": identity}
-  if isinstance(default, (list, dict, set)):
-    raise TypeError("use an immutable default (a tuple)")
-  return dataclasses.field(default=default, metadata=metadata)
-
-
-def _section(cls) -> Any:
-  return dataclasses.field(default_factory=cls)
-
-
-def is_section(field: dataclasses.Field) -> bool:
-  return dataclasses.is_dataclass(field.type) if isinstance(field.type, type) else False
-
-
-def field_type(field: dataclasses.Field) -> tuple[type, bool]:
-  """``(base type, accepts None)`` of a field: ``(int, True)`` for ``int | None``."""
-  t = field.type
-  if isinstance(t, types.UnionType) or typing.get_origin(t) is typing.Union:
-    args = [a for a in typing.get_args(t) if a is not type(None)]
-    return args[0], len(args) < len(typing.get_args(t))
-  return t, False
-
-
-def _check_field(field: dataclasses.Field, value: Any) -> None:
-  """Raises a ConfigError unless ``value`` is valid for ``field`` on its own."""
-  base, optional = field_type(field)
-  meta = field.metadata
-  if value is None:
-    if not optional:
-      raise ConfigError(field.name, value, "cannot be none")
-    return
-  if typing.get_origin(base) is tuple:
-    items = value if isinstance(value, (tuple, list)) else None
-    if not items or not all(isinstance(v, int) and not isinstance(v, bool) for v in items):
-      raise ConfigError(field.name, value, "must be a non-empty comma-separated list of integers")
-    elements = items
-  elif base is bool:
-    if not isinstance(value, bool):
-      raise ConfigError(field.name, value, "must be true or false")
-    return
-  elif base is int:
-    if not isinstance(value, int) or isinstance(value, bool):
-      raise ConfigError(field.name, value, "must be an integer")
-    elements = (value,)
-  elif base is float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-      raise ConfigError(field.name, value, "must be a number")
-    if not math.isfinite(value):
-      raise ConfigError(field.name, value, "must be a finite number")
-    elements = (value,)
-  else:
-    if not isinstance(value, str):
-      raise ConfigError(field.name, value, "must be a string")
-    if meta.get("choices") and value not in meta["choices"]:
-      raise ConfigError(field.name, value, f"must be one of {', '.join(meta['choices'])}")
-    return
-  bounds = meta.get("bounds")
-  if bounds is not None and not all(bounds.contains(v) for v in elements):
-    raise ConfigError(field.name, value, f"must be {bounds}{' or none' if optional else ''}")
-  if base is float and any(abs(v) > FLOAT_LIMIT for v in elements):
-    raise ConfigError(field.name, value, f"must be at most {FLOAT_LIMIT:.4g} in size (the computations are float32)")
-  if base is not float and any(not -INT_LIMIT - 1 <= v <= INT_LIMIT for v in elements):
-    raise ConfigError(field.name, value, f"must be at most {INT_LIMIT} (steps, sizes, ids and seeds are 32-bit "
-                      "integers)")
-
-
-class Section:
-  """Base of the config sections: :meth:`validate` checks each field, then their combinations."""
-
-  def __post_init__(self) -> None:
-    # A list for a list setting (override(config, hidden_dims=[16])) is kept as a tuple, as from_dict keeps it: a
-    # list left the model's static config unhashable, which failed deep inside jit at the first step.
-    for field in dataclasses.fields(self):
-      if isinstance(value := getattr(self, field.name), list):
-        object.__setattr__(self, field.name, tuple(value))
-
-  def validate(self) -> None:
-    """Raises :class:`ConfigError` naming the first invalid setting."""
-    for field in dataclasses.fields(self):
-      _check_field(field, getattr(self, field.name))
-    self.check_combinations()
-
-  def check_combinations(self) -> None:
-    """Checks that need several fields (after each field passed on its own)."""
-
-
 # --- Sections ---------------------------------------------------------------------
 
 
@@ -651,7 +505,6 @@ NO_RECORDED_PLAN = ("holds no measured_step_seconds record (a run with --max_sec
 def recorded_plan(path: str) -> dict | None:
   """The last ``measured_step_seconds`` record (the recipe search's measured step times) in ``path``: a
   ``metrics.jsonl``, or a work directory holding one. None where there is none (or no such file)."""
-
   file = os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path
   found = None
   try:
@@ -670,16 +523,16 @@ def recorded_plan(path: str) -> dict | None:
 @dataclasses.dataclass(frozen=True)
 class Config:
   """A training run: every setting, in sections (see the module docstring)."""
-  data: DataConfig = _section(DataConfig)
-  network: NetworkConfig = _section(NetworkConfig)
-  tables: TablesConfig = _section(TablesConfig)
-  optim: OptimizerConfig = _section(OptimizerConfig)
-  budget: BudgetConfig = _section(BudgetConfig)
-  run: RunConfig = _section(RunConfig)
-  checkpoint: CheckpointConfig = _section(CheckpointConfig)
-  dist: DistConfig = _section(DistConfig)
-  netanalysis: NetanalysisConfig = _section(NetanalysisConfig)
-  search: RecipeConfig = _section(RecipeConfig)
+  data: DataConfig = section(DataConfig)
+  network: NetworkConfig = section(NetworkConfig)
+  tables: TablesConfig = section(TablesConfig)
+  optim: OptimizerConfig = section(OptimizerConfig)
+  budget: BudgetConfig = section(BudgetConfig)
+  run: RunConfig = section(RunConfig)
+  checkpoint: CheckpointConfig = section(CheckpointConfig)
+  dist: DistConfig = section(DistConfig)
+  netanalysis: NetanalysisConfig = section(NetanalysisConfig)
+  search: RecipeConfig = section(RecipeConfig)
 
   def validate(self) -> "Config":
     """Checks every setting; raises :class:`ConfigError` naming the first bad one. Returns ``self``."""
@@ -690,37 +543,9 @@ class Config:
       if self.optim.batch_size > num_train:
         raise ConfigError("batch_size", self.optim.batch_size,
                           f"exceeds the {num_train} synthetic training samples")
-    self.check_table_memory()
+    if model_kinds.of(self).sampled:
+      index_kinds.check_table_memory(self.tables)
     return self
-
-  def check_table_memory(self, num_bits: int | None = None, bucket_size: int | None = None) -> None:
-    """Raises a :class:`ConfigError` where the LSH hash tables cannot fit in this machine's memory.
-
-    The tables are allocated whole (and filled) when a run starts: ``num_tables x 2^num_bits`` buckets of
-    ``bucket_size`` int32 ids. One that cannot be allocated aborted the process inside jit (SIGABRT) instead of
-    failing. Before the data is loaded ``--num_bits=none`` counts as its least value (a lower bound); the run
-    checks again with the sizes the data gives (``num_bits``, ``bucket_size``).
-    """
-    from sparsejax.memory import machine_memory_bytes
-
-    t = self.tables
-    sizes = index_kinds.KINDS[t.candidates].table_bytes(t, num_bits, bucket_size)  # None: an index without hash tables
-    if not model_kinds.of(self).sampled or sizes is None:
-      return
-    bits, slots, need = sizes
-    have = machine_memory_bytes()
-    if have is None or need <= have:
-      return
-    if t.bucket_size is not None and (t.bucket_size > 64 or t.num_bits is None):
-      name = "bucket_size"
-    elif t.num_bits is not None:
-      name = "num_bits"
-    else:
-      name = "num_tables"
-    raise ConfigError(name, getattr(t, name), f"LSH tables of {t.num_tables} x 2^{bits} buckets x {slots} ids "
-                      "and the evaluations' (4x as many) need "
-                      f"{_gib(need)} of memory; this machine has {_gib(have)}. Lower --num_bits, --num_tables or "
-                      "--bucket_size (or --lsh_serving=training: smaller evaluation tables)")
 
   def unused_settings(self) -> list[str]:
     """Settings changed from their defaults that this run does not read, one line each (logged as warnings)."""
@@ -759,77 +584,7 @@ class Config:
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "Config":
     """The inverse of :meth:`to_dict`; missing fields keep their defaults, unknown ones raise."""
-    return _from_dict(cls, values)
-
-
-def _gib(num_bytes: int) -> str:
-  return f"{num_bytes / 2**30:,.1f} GiB"
-
-
-def _from_dict(cls, values: Mapping[str, Any], name: str = "config"):
-  if not isinstance(values, Mapping):  # a JSON string or list: named, not a TypeError from deep inside
-    raise ConfigError(name, values, f"must be an object of {cls.__name__}'s settings, got {type(values).__name__}")
-  fields = {f.name: f for f in dataclasses.fields(cls)}
-  for name in values:
-    if name not in fields:
-      raise ConfigError(name, values[name], f"unknown setting of {cls.__name__}")
-  kwargs = {}
-  for name, value in values.items():
-    field = fields[name]
-    if is_section(field):
-      kwargs[name] = _from_dict(field.type, value, name)
-    elif isinstance(value, list):
-      kwargs[name] = tuple(value)
-    else:
-      kwargs[name] = value
-  return cls(**kwargs)
-
-
-def iter_fields(obj_or_cls: Any) -> list[tuple[str, dataclasses.Field]]:
-  """``(section name, field)`` of every setting of a sectioned config, in order."""
-  cls = obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)
-  return [(s.name, f) for s in dataclasses.fields(cls) if is_section(s) for f in dataclasses.fields(s.type)]
-
-
-def override(obj: Any, **changes: Any) -> Any:
-  """A copy of a sectioned config with settings changed by their (unique) names.
-
-  ``override(config, learning_rate=1e-2, dataset="synthetic")`` sets
-  ``config.optim.learning_rate`` and ``config.data.dataset``. Works for
-  :class:`Config` and :class:`sparsejax.model_config.ModelConfig` (whose own fields,
-  such as ``num_labels``, may be given too).
-
-  Raises:
-    TypeError: for a name that is no setting.
-  """
-  own = {f.name for f in dataclasses.fields(obj)}
-  direct = {k: v for k, v in changes.items() if k in own}
-  by_section: dict[str, dict[str, Any]] = {}
-  for name, value in changes.items():
-    if name in own:
-      continue
-    section = next((s for s, f in iter_fields(obj) if f.name == name), None)
-    if section is None:
-      names = [f.name for _, f in iter_fields(obj)] + sorted(own)
-      raise TypeError(f"{type(obj).__name__} has no setting {name!r}{did_you_mean(name, names)}")
-    by_section.setdefault(section, {})[name] = value
-  for section, values in by_section.items():
-    direct[section] = dataclasses.replace(getattr(obj, section), **values)
-  return dataclasses.replace(obj, **direct)
-
-
-def did_you_mean(name: str, names: list[str]) -> str:
-  """``". Did you mean: learning_rate ?"`` for a misspelt setting, worded and chosen as absl words and chooses them
-  for an unknown flag on the command line; empty where no name is close."""
-  from absl.flags import _helpers  # absl's own suggestions: the command line's, for the same mistake
-
-  suggestions = _helpers.get_flag_suggestions(name, names)
-  return f". Did you mean: {', '.join(suggestions)} ?" if suggestions else ""
-
-
-def flat_items(config: Any) -> dict[str, Any]:
-  """``{setting name: value}`` over all sections."""
-  return {f.name: getattr(getattr(config, s), f.name) for s, f in iter_fields(config)}
+    return from_dict(cls, values)
 
 
 def non_default_settings(config: "Config") -> dict[str, Any]:

@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 
 from sparsejax import platforms, rundirs
-from sparsejax.config import Config, ConfigError, did_you_mean, field_type, iter_fields, override
+from sparsejax.config import Config
 from sparsejax.netanalysis.collect import StepProfiler
 from sparsejax.serving.model import TrainedModel
+from sparsejax.settings import ConfigError, did_you_mean, field_type, iter_fields, override
 from sparsejax.train import recipes
 
 # fit's own arguments (named in the suggestions for a misspelt setting), and the settings it sets itself.
@@ -84,7 +85,7 @@ def fit(X: Any, Y: Any, *, X_val: Any = None, Y_val: Any = None, workdir: str | 
       arguments of the wrong kind (named).
     ValueError: data that cannot be trained on, naming the argument (and the row): mismatched shapes, a value
       that is not finite, an unlabelled sample, a label id out of range ...; a
-      :class:`sparsejax.config.ConfigError` (a ValueError) for a setting's value, worded as the command line words
+      :class:`sparsejax.settings.ConfigError` (a ValueError) for a setting's value, worded as the command line words
       it (``--hidden_dims=0: must be >= 1``).
     ResumeError: ``workdir`` holds a run of other settings or data (``resume="force"`` continues it anyway where the
       shapes allow).

@@ -11,8 +11,9 @@ from typing import NamedTuple
 import optax
 
 from sparsejax import step_cost
-from sparsejax.config import ConfigError, NetworkConfig, OptimizerConfig, TablesConfig
+from sparsejax.config import NetworkConfig, OptimizerConfig, TablesConfig
 from sparsejax.index import clusters, lsh, tables
+from sparsejax.settings import ConfigError
 from sparsejax.shard import shard_rows
 
 # Default clusters of the evaluation index: at least this many (and 4 x the training index's). Measured on a
@@ -163,7 +164,7 @@ class ModelConfig:
     return dict(b1=self.optim.b1, b2=self.optim.b2, eps=self.optim.eps, weight_decay=self.optim.weight_decay)
 
   def validate(self) -> None:
-    """Raises :class:`sparsejax.config.ConfigError` (a ``ValueError``) naming a bad setting."""
+    """Raises :class:`sparsejax.settings.ConfigError` (a ``ValueError``) naming a bad setting."""
     for name in ("num_features", "num_labels", "num_shards"):
       if getattr(self, name) < 1:
         raise ConfigError(name, getattr(self, name), "must be >= 1")

@@ -97,7 +97,8 @@ def installed_command():
 @pytest.fixture(scope="session")
 def small_config():
   """A config that trains a small synthetic problem in a few seconds (override what a test needs)."""
-  from sparsejax.config import Config, override
+  from sparsejax.config import Config
+  from sparsejax.settings import override
 
   return override(
       Config(), dataset="synthetic", synthetic_samples=3000, synthetic_features=1000, synthetic_labels=200,

@@ -20,8 +20,9 @@ from jax import export
 
 import sparsejax
 from sparsejax import _ffi, data, dense, inference, ops, platforms, selection
-from sparsejax.config import Config, override
+from sparsejax.config import Config
 from sparsejax.model_config import ModelConfig
+from sparsejax.settings import override
 
 
 def _gather_data(weight_dtype=jnp.float32, seed=0, B=6, k=9, N=40, d=12):

@@ -6,8 +6,8 @@ import pytest
 
 import sparsejax
 from sparsejax import averaging
-from sparsejax.config import override
 from sparsejax.network import NetworkParams, SparseLayer
+from sparsejax.settings import override
 from sparsejax.train import train_and_evaluate
 from sparsejax.train.metric_writer import read_records
 from sparsejax.workdir.checkpoint import Checkpoints

@@ -6,7 +6,7 @@ import signal
 import pytest
 from absl import logging as absl_logging
 
-from sparsejax.config import override
+from sparsejax.settings import override
 from sparsejax.train import loop, search_plan, train_and_evaluate
 from sparsejax.train.metric_writer import read_records
 from sparsejax.train.stopping import Interrupted, StopRequests

@@ -11,7 +11,8 @@ import pytest
 import scipy.sparse as sp
 
 import sparsejax
-from sparsejax.config import Config, override
+from sparsejax.config import Config
+from sparsejax.settings import override
 from sparsejax.train import driver
 from sparsejax.workdir.checkpoint import Checkpoints
 

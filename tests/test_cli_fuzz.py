@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from sparsejax.cli import flags as cli_flags
 from sparsejax.cli import predict
 from sparsejax.cli.train import TRAIN
-from sparsejax.config import Config, field_type, iter_fields
+from sparsejax.config import Config
 from sparsejax.distributed import launch
+from sparsejax.settings import field_type, iter_fields
 
 SETTINGS = [field for _, field in iter_fields(Config)]
 # Text that is no number (nor an integer), none of the spellings absl or the parsers accept.

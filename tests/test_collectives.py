@@ -24,7 +24,7 @@ sharding.initialize(args.get("coordinator_address"), int(args.get("num_processes
                     int(args.get("process_id", 0)))
 import jax, jax.extend, jax.numpy as jnp
 from sparsejax import dense, model
-from sparsejax.config import override
+from sparsejax.settings import override
 from sparsejax.distributed import collectives
 from sparsejax.model_config import ModelConfig
 

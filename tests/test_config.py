@@ -11,8 +11,9 @@ from absl import flags
 
 from sparsejax.cli import flags as cli_flags
 from sparsejax.cli.train import TRAIN
-from sparsejax.config import BudgetConfig, Config, ConfigError, iter_fields, override
+from sparsejax.config import BudgetConfig, Config
 from sparsejax.model_config import ModelConfig
+from sparsejax.settings import ConfigError, iter_fields, override
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train.py")
 

@@ -622,8 +622,9 @@ def test_gcide_cloze_loader_removes_a_zipf_distributed_word():
 def test_gcide_datasets_without_their_package_are_a_config_error(monkeypatch):
   import importlib.util as util
 
-  from sparsejax.config import ConfigError, DataConfig
+  from sparsejax.config import DataConfig
   from sparsejax.data import load_dataset
+  from sparsejax.settings import ConfigError
 
   find_spec = util.find_spec
   monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "dictionary" else find_spec(name, *a))
@@ -634,8 +635,9 @@ def test_gcide_datasets_without_their_package_are_a_config_error(monkeypatch):
 
 def test_a_data_set_without_a_labelled_sample_is_refused_at_load(tmp_path, monkeypatch):
   """Trained on, it gave loss 0.0000 and an untrained model's metrics, reported as a success."""
-  from sparsejax.config import ConfigError, DataConfig
+  from sparsejax.config import DataConfig
   from sparsejax.data import load_dataset
+  from sparsejax.settings import ConfigError
 
   (tmp_path / "labelled.txt").write_text("2 4 3\n0 1:0.5\n2 3:1\n")
   (tmp_path / "unlabelled.txt").write_text("2 4 3\n 1:0.5 2:1\n 3:0.25\n")  # lines without a label field

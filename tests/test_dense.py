@@ -8,7 +8,7 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from sparsejax.distributed import sharding
 from sparsejax import data, dense, model
-from sparsejax.config import override
+from sparsejax.settings import override
 from sparsejax.model_config import ModelConfig
 
 ds = data.make_synthetic(500, 300, 40, labels_per_sample=2, seed=1)

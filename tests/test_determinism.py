@@ -40,7 +40,7 @@ SCRIPT = textwrap.dedent("""
             digest.update(np.asarray(a).tobytes())
     # The index of the run (KIND): built, queried, refreshed from moved rows and given new hash functions (seeds).
     from sparsejax import index, model
-    from sparsejax.config import override
+    from sparsejax.settings import override
     from sparsejax.model_config import ModelConfig
     cfg = override(ModelConfig(10, N), hidden_dims=(d,), active_k=k, candidates="KIND", num_tables=8,
                    num_clusters=64, kmeans_sample=16)

@@ -24,7 +24,7 @@ SHARDED_VS_SINGLE = """
     import dataclasses, functools, json, jax, jax.numpy as jnp, numpy as np
     from sparsejax.distributed import sharding
     from sparsejax import data, model
-    from sparsejax.config import override
+    from sparsejax.settings import override
     from sparsejax.model_config import ModelConfig, uses_exact_path
     ds = data.make_synthetic(400, 200, {N}, labels_per_sample=2, seed=3)
     base = override(ModelConfig(200, {N}), hidden_dims=(16,), active_k={K}, num_tables=4,
@@ -93,7 +93,7 @@ def test_collective_bytes_are_o_batch_times_hidden(run_python):
     import dataclasses, jax, jax.numpy as jnp, numpy as np
     from sparsejax.distributed import sharding
     from sparsejax import data, dense, model
-    from sparsejax.config import override
+    from sparsejax.settings import override
     from sparsejax.model_config import ModelConfig
     from sparsejax.distributed import collectives
     from jax.sharding import PartitionSpec as P
@@ -325,7 +325,7 @@ def test_checksum_detects_replica_drift(run_python):
     import json, jax, numpy as np
     from sparsejax.distributed import sharding
     from sparsejax import model
-    from sparsejax.config import override
+    from sparsejax.settings import override
     from sparsejax.model_config import ModelConfig
     cfg = override(ModelConfig(50, 30), hidden_dims=(8,), active_k=8, num_tables=2, num_shards=2)
     mesh = sharding.make_mesh(2)

@@ -70,9 +70,10 @@ def test_merge_top_skips_missing_labels_and_keeps_ties_in_member_order():
 
 
 def _config(**changes):
-  from sparsejax.config import Config, override
+  from sparsejax.config import Config
 
   # A small problem whose validation P@1 stops rising within a few hundred steps: --early_stopping_ratio stops it
+  from sparsejax.settings import override
   # well before its --max_seconds, and the second member trains in the time left.
   return override(
       Config(), dataset="synthetic", synthetic_samples=600, synthetic_features=1000, synthetic_labels=200,
@@ -314,7 +315,7 @@ def test_a_run_whose_members_were_all_left_out_is_not_tried_again(tmp_path, monk
 def test_a_run_started_afresh_removes_a_former_runs_members(tmp_path):
   """A member directory left by an earlier run of the work directory was resumed (a finished one taken as it was)
   and served with the new run's first network."""
-  from sparsejax.config import override
+  from sparsejax.settings import override
   from sparsejax.train import train_and_evaluate
 
   workdir = tmp_path / "run"

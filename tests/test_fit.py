@@ -18,7 +18,8 @@ from absl import logging
 
 import sparsejax
 from sparsejax import data
-from sparsejax.config import Config, ConfigError, override
+from sparsejax.config import Config
+from sparsejax.settings import ConfigError, override
 from sparsejax.train import compilation_cache, train_and_evaluate
 from sparsejax.workdir.best_checkpoint import BestCheckpoint
 from sparsejax.workdir.checkpoint import Checkpoints

@@ -107,7 +107,8 @@ def test_choose_weight_picks_the_best_validation_score_ties_to_the_smaller_weigh
 
 
 def _train(workdir, **settings):
-  from sparsejax.config import Config, override
+  from sparsejax.config import Config
+  from sparsejax.settings import override
   from sparsejax.train import train_and_evaluate
 
   config = override(Config(), dataset="synthetic", synthetic_samples=3000, synthetic_features=400,
@@ -129,8 +130,9 @@ def fused_run(tmp_path_factory):
 
 def test_a_run_fuses_with_the_weight_chosen_on_validation_and_load_serves_it(fused_run):
   import sparsejax
-  from sparsejax.config import Config, override
+  from sparsejax.config import Config
   from sparsejax.data import load_dataset
+  from sparsejax.settings import override
 
   workdir, final = fused_run
   weights = {float(w): v for w, v in final["fusion_validation"].items()}

@@ -139,7 +139,7 @@ SHARDED_INFERENCE = """
     import json, jax, numpy as np
     from sparsejax.distributed import sharding
     from sparsejax import data, model
-    from sparsejax.config import override
+    from sparsejax.settings import override
     from sparsejax.model_config import ModelConfig
     N, P = 91, 3  # 31 rows per shard: the last holds 29 real rows and 2 of padding (random weights, bias 0)
     ds = data.make_synthetic(64, 200, N, labels_per_sample=3, seed=1)

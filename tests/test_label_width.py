@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from sparsejax import data, model
-from sparsejax.config import override
 from sparsejax.data.batching import batch_widths, bucket_width, bucket_widths
 from sparsejax.loss import label_targets, leading_label_targets, num_distinct_labels
 from sparsejax.model_config import ModelConfig
+from sparsejax.settings import override
 
 
 def _heavy_tailed(n=300, num_features=200, num_labels=400, long_row=300, long_features=100, seed=0):

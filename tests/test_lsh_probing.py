@@ -10,10 +10,10 @@ import pytest
 from test_lsh_retrieval import _planted_layer, _recall_of_planted
 
 from sparsejax import model
-from sparsejax.config import override
 from sparsejax.index import from_config, lsh, mips, probing, tables
 from sparsejax.model_config import ModelConfig
 from sparsejax.network import SparseLayer
+from sparsejax.settings import override
 
 
 def _dwta_probes_ref(params, x, num_probes):

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from sparsejax import index, model
-from sparsejax.config import override
 from sparsejax.index import mips
 from sparsejax.model_config import ModelConfig
 from sparsejax.network import SparseLayer
+from sparsejax.settings import override
 
 
 def test_centred_mips_rows_rank_like_the_logits():

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from sparsejax import data, dense, inference, metrics, model
-from sparsejax.config import override
 from sparsejax.distributed import sharding
 from sparsejax.loss import (
   all_rows_label_targets,
@@ -23,6 +22,7 @@ from sparsejax.loss import (
 )
 from sparsejax.model_config import ModelConfig, softmax_choice, softmax_costs, uses_exact_path
 from sparsejax.schedule import REFRESH_PRODUCTS_PER_TOUCHED_ROW, TableSchedule, refresh_cost_in_steps
+from sparsejax.settings import override
 from sparsejax.shard import Shard
 
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sparsejax.distributed.collectives import KINDS
 from sparsejax.netanalysis import cost_tables, probe_results, profiles, report, whatif
 from sparsejax.netanalysis.profiles import END, Chain, Collective, Profile, Segment
 
@@ -34,7 +35,7 @@ def _linear_table(intercept=2e-6, slope=1e-11):
 # Closed forms.
 
 
-@pytest.mark.parametrize("kind", profiles.KINDS)
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("workers", [2, 3, 16])
 @pytest.mark.parametrize("compressible", [True, False])
 def test_one_message_matches_closed_form(kind, workers, compressible):
@@ -328,7 +329,7 @@ def random_profiles(draw):
   for k in range(draw(st.integers(0, 6))):
     ready = draw(st.integers(-1, n - 1))
     needed = draw(st.one_of(st.just(END), st.integers(ready + 1, n))) if ready + 1 <= n else END
-    collectives.append(Collective(f"c{k}", draw(st.sampled_from(profiles.KINDS)), draw(st.integers(0, 10**8)),
+    collectives.append(Collective(f"c{k}", draw(st.sampled_from(KINDS)), draw(st.integers(0, 10**8)),
                                   draw(st.booleans()), ready, END if needed == n else needed))
   chain = Chain(tuple(segments), tuple(collectives))
   return Profile("random", "run", "", "dense", draw(st.integers(1, 8)), None, chain.compute_seconds or 1.0, (chain,))
@@ -336,8 +337,8 @@ def random_profiles(draw):
 
 @st.composite
 def random_models(draw, concave_table=False):
-  alpha = {k: draw(st.floats(0.0, 1e-4)) for k in profiles.KINDS}
-  efficiency = {k: draw(st.floats(0.1, 1.0)) for k in profiles.KINDS}
+  alpha = {k: draw(st.floats(0.0, 1e-4)) for k in KINDS}
+  efficiency = {k: draw(st.floats(0.1, 1.0)) for k in KINDS}
   # A concave, non-decreasing reduction cost through gamma(0) >= 0: sampled a + b s^e, e <= 1.
   a, b, e = draw(st.floats(0.0, 1e-4)), draw(st.floats(0.0, 1e-9)), draw(st.floats(0.3, 1.0))
   sizes = (0.0, 1e3, 1e5, 1e7, 1e9)

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from sparsejax import dense, model
-from sparsejax.config import Config, override
+from sparsejax.config import Config
 from sparsejax.model_config import ModelConfig, uses_exact_path
+from sparsejax.settings import override
 from sparsejax.train import train_and_evaluate
 from sparsejax.train.metric_writer import read_records
 from sparsejax.train.nonfinite import NonFiniteError

@@ -14,8 +14,8 @@ import scipy.sparse
 
 import sparsejax
 from sparsejax import data
-from sparsejax.config import override
 from sparsejax.data import XCDataset
+from sparsejax.settings import override
 from sparsejax.train import train_and_evaluate
 from sparsejax.train.metric_writer import read_records
 

@@ -7,7 +7,8 @@ import subprocess
 import pytest
 
 from sparsejax import memory
-from sparsejax.config import Config, ConfigError, override
+from sparsejax.config import Config
+from sparsejax.settings import ConfigError, override
 from sparsejax.train import train_and_evaluate
 
 
@@ -122,6 +123,9 @@ def test_absurd_flag_values_end_the_command_with_one_line(tmp_path, installed_co
                                                              "this host"),
 ])
 def test_settings_the_job_or_host_cannot_take_are_refused_before_loading(small_config, tmp_path, settings, message):
-  with pytest.raises(ConfigError, match=re.escape(message)):
-    train_and_evaluate(override(small_config, **settings), str(tmp_path / "run"))
+  from sparsejax.netanalysis.collect import StepProfiler
+
+  with pytest.raises(ConfigError, match=re.escape(message)):  # with the step observer that sparsejax-train passes
+    train_and_evaluate(override(small_config, **settings), str(tmp_path / "run"),
+                       step_observer=StepProfiler.from_config)
   assert not (tmp_path / "run").exists()

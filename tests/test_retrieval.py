@@ -471,7 +471,8 @@ def test_probe_skips_empty_clusters():
 
 
 def test_serving_index_is_built_finer_on_the_final_rows():
-  from sparsejax.config import Config, override
+  from sparsejax.config import Config
+  from sparsejax.settings import override
 
   config = ModelConfig.from_config(override(Config(), hidden_dims=(8,), num_clusters=5, eval_num_clusters=40,
                                             eval_kmeans_iterations=3, active_k=64), 50, 400)
@@ -497,7 +498,8 @@ def test_serving_index_is_built_finer_on_the_final_rows():
 
 
 def test_serving_index_of_bfloat16_rows():
-  from sparsejax.config import Config, override
+  from sparsejax.config import Config
+  from sparsejax.settings import override
 
   config = override(Config(), hidden_dims=(8,), num_clusters=4, eval_num_clusters=12, active_k=32,
                     weight_dtype="bfloat16")
@@ -514,7 +516,8 @@ def test_serving_k_is_a_fixed_share_of_the_labels_or_the_training_k():
   """(N / 4000)^2 candidates, at most N / 16, at least the training k: at 10^6 labels the training k (1,024) found
   the exact top label for 8% of the queries, a sixteenth of the rows for 99% (benchmarks/RESULTS.md, "Sampled
   inference at 10^6 labels")."""
-  from sparsejax.config import Config, override
+  from sparsejax.config import Config
+  from sparsejax.settings import override
 
   def serving_k(num_labels, **settings):
     return ModelConfig.from_config(override(Config(), **settings), 50, num_labels).serving_k
@@ -531,7 +534,8 @@ def test_sampled_inference_scores_serving_k_candidates_exactly(setting, k):
   """Default at 400 rows: the training k, 8 (the square rule gives 0), each query's best 5 by their exact logits;
   all 400 rows as candidates: the brute-force top 5."""
   from sparsejax import inference
-  from sparsejax.config import Config, override
+  from sparsejax.config import Config
+  from sparsejax.settings import override
 
   config = ModelConfig.from_config(override(Config(), hidden_dims=(8,), num_clusters=5, eval_num_clusters=40,
                                             active_k=8, serving_k=setting), 50, 400)

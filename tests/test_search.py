@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from absl import logging as absl_logging
 
-from sparsejax.config import Config, ConfigError, override
+from sparsejax.config import Config
+from sparsejax.settings import ConfigError, override
 from sparsejax.train import recipes, search, search_plan, train_and_evaluate
 from sparsejax.train.metric_writer import read_records
 from sparsejax.workdir.checkpoint import Checkpoints, ResumeError

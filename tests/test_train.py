@@ -16,8 +16,9 @@ import pytest
 
 import sparsejax
 from sparsejax import data
-from sparsejax.config import Config, ConfigError, override
+from sparsejax.config import Config
 from sparsejax.network import NetworkParams, SparseLayer
+from sparsejax.settings import ConfigError, override
 from sparsejax.train import train_and_evaluate
 from sparsejax.train.metric_writer import MetricWriter, read_records
 from sparsejax.workdir.checkpoint import Checkpoints, ResumeError

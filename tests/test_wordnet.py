@@ -226,7 +226,8 @@ def test_dataset_wordnet_loads_through_the_config(fixture_dir, monkeypatch):
 
 
 def test_dataset_wordnet_without_the_database_is_a_config_error(tmp_path, monkeypatch):
-  from sparsejax.config import ConfigError, DataConfig
+  from sparsejax.config import DataConfig
+  from sparsejax.settings import ConfigError
 
   monkeypatch.setenv(wordnet.DIR_VARIABLE, str(tmp_path))
   (tmp_path / "data.noun").write_text("")

@@ -16,7 +16,7 @@ import pytest
 
 import sparsejax
 from sparsejax import data
-from sparsejax.config import override
+from sparsejax.settings import override
 from sparsejax.train import train_and_evaluate
 from sparsejax.train.metric_writer import read_records
 from sparsejax.workdir import seals

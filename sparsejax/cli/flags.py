@@ -21,7 +21,8 @@ from typing import NamedTuple
 from absl import app, flags
 
 from sparsejax import flagfiles, platforms, rundirs
-from sparsejax.config import Config, ConfigError, field_type, format_value, iter_fields, override
+from sparsejax.config import Config
+from sparsejax.settings import ConfigError, field_type, format_value, iter_fields, override
 from sparsejax.train import compilation_cache
 
 FLAGS = flags.FLAGS

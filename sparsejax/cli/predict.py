@@ -112,7 +112,6 @@ def _not_an_xc_header(path: str) -> str | None:
 def _svmlight_value_not_finite(path: str) -> str | None:
   """``FILE:LINE: ...`` of the first feature value that is not finite in float32 (NaN, inf, 1e39), as the XC reader
   words it."""
-
   import numpy as np
 
   from sparsejax.data.xc_format import FLOAT32_MAX, FLOAT32_OVERFLOW
@@ -148,7 +147,6 @@ def _svmlight_id_out_of_range(path: str, num_features: int) -> str | None:
 
 def _read_stdin_as_file(input_format: str, model):
   """Feature rows (xc, svmlight) from stdin: their readers take files, so stdin is copied to one first."""
-
   with tempfile.NamedTemporaryFile(prefix="sparsejax-stdin-") as f:
     shutil.copyfileobj(sys.stdin.buffer, f)
     f.flush()

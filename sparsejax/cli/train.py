@@ -20,7 +20,8 @@ from sparsejax.cli.flags import (
   usage_error,
   use_compilation_cache,
 )
-from sparsejax.config import Config, ConfigError, iter_fields
+from sparsejax.config import Config
+from sparsejax.settings import ConfigError, iter_fields
 from sparsejax.train import allocator, console, recipes
 
 TRAIN = Command("""\

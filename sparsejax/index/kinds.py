@@ -7,6 +7,9 @@ Free of JAX (the settings are validated before JAX is imported): the implementat
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from sparsejax import memory
+from sparsejax.settings import ConfigError
+
 
 class Kind(NamedTuple):
   """One kind of index, as the settings see it.
@@ -91,3 +94,36 @@ def from_config(config):
   :class:`sparsejax.model_config.ModelConfig`: its ``tables`` section and one shard's sizes): the one place
   that maps ``--candidates`` to an implementation."""
   return KINDS[config.tables.candidates].make(config)
+
+
+def check_table_memory(t, num_bits: int | None = None, bucket_size: int | None = None) -> None:
+  """Raises a :class:`~sparsejax.settings.ConfigError` where the hash tables of the index that the settings ``t``
+  (a :class:`sparsejax.config.TablesConfig`) describe cannot fit in this machine's memory (an index without them
+  always fits).
+
+  The tables are allocated whole (and filled) when a run starts: ``num_tables x 2^num_bits`` buckets of
+  ``bucket_size`` int32 ids. One that cannot be allocated aborted the process inside jit (SIGABRT) instead of
+  failing. Before the data is loaded ``--num_bits=none`` counts as its least value (a lower bound); the run
+  checks again with the sizes the data gives (``num_bits``, ``bucket_size``).
+  """
+  sizes = KINDS[t.candidates].table_bytes(t, num_bits, bucket_size)  # None: an index without hash tables
+  if sizes is None:
+    return
+  bits, slots, need = sizes
+  have = memory.machine_memory_bytes()
+  if have is None or need <= have:
+    return
+  if t.bucket_size is not None and (t.bucket_size > 64 or t.num_bits is None):
+    name = "bucket_size"
+  elif t.num_bits is not None:
+    name = "num_bits"
+  else:
+    name = "num_tables"
+  raise ConfigError(name, getattr(t, name), f"LSH tables of {t.num_tables} x 2^{bits} buckets x {slots} ids "
+                    "and the evaluations' (4x as many) need "
+                    f"{_gib(need)} of memory; this machine has {_gib(have)}. Lower --num_bits, --num_tables or "
+                    "--bucket_size (or --lsh_serving=training: smaller evaluation tables)")
+
+
+def _gib(num_bytes: int) -> str:
+  return f"{num_bytes / 2**30:,.1f} GiB"

@@ -5,9 +5,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from sparsejax.distributed.collectives import KINDS
 from sparsejax.netanalysis.cost_tables import CostTable, cost_table
 from sparsejax.netanalysis.file_io import JsonValue, check_schema, load_json, write_checked
-from sparsejax.netanalysis.profiles import KINDS
 
 PROBE_SCHEMA = "sparsejax.netanalysis.probe/1"
 

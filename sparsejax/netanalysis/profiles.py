@@ -16,6 +16,7 @@ import math
 import os
 from typing import Any
 
+from sparsejax.distributed.collectives import KINDS  # collective kinds, spelled as in XLA's HLO
 from sparsejax.netanalysis.file_io import (
   JsonValue,
   check_schema,
@@ -32,8 +33,6 @@ PROFILE_SCHEMA = "sparsejax.netanalysis.profile/1"
 
 # How a compute segment's time changes with the number of processes P (see whatif.scale_chain).
 SCALES = ("replicated", "sharded", "batch")
-# Collective kinds, spelled as in XLA's HLO.
-KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 END = "end"  # Collective.needed_before value: needed only when the step ends.
 MAX_BYTES = 2**62  # larger byte counts are corrupt input, not messages
 

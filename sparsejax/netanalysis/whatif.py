@@ -28,8 +28,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
+from sparsejax.distributed.collectives import KINDS
 from sparsejax.netanalysis.probe_results import Probe
-from sparsejax.netanalysis.profiles import END, KINDS, Chain, Profile, ProfileError, Segment
+from sparsejax.netanalysis.profiles import END, Chain, Profile, ProfileError, Segment
 
 MIB = 1024 * 1024
 COMPRESSION_RANGE = (1.0, 1e4)  # searched by needed_compression
@@ -95,7 +96,7 @@ class CostModel:
     """Cost of one collective (the closed forms of the module docstring).
 
     Args:
-      kind: one of :data:`~sparsejax.netanalysis.profiles.KINDS`.
+      kind: one of :data:`~sparsejax.distributed.collectives.KINDS`.
       nbytes: ``S``, bytes (all-gather: the gathered total).
       workers: ``P`` processes, one link each.
       bandwidth_bps: nominal link rate ``B``, bit/s (scaled by ``efficiency[kind]``).

@@ -259,7 +259,6 @@ class TrainedModel:
       The directory's absolute path.
     """
 
-
     target = os.path.abspath(os.path.expanduser(directory))
     if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
       raise FileExistsError(f"save: {target} exists and is not an empty directory (save makes a new one)")
@@ -324,7 +323,6 @@ class TrainedModel:
   def _inference_state(self):
     """The state that sampled prediction queries: the serving index of the output rows (kept by the run, else
     built on first use)."""
-
 
     if not model_kinds.of(self.config).sampled:
       raise ValueError("sampled prediction (k) needs a SLIDE model; this one was trained with "

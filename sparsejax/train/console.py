@@ -71,7 +71,8 @@ def log_to_console() -> Iterator[None]:
 
 def log_settings(config) -> None:
   """Logs the settings of ``config`` that are not at their defaults (a :class:`sparsejax.config.Config`)."""
-  from sparsejax.config import format_value, non_default_settings
+  from sparsejax.config import non_default_settings
+  from sparsejax.settings import format_value
 
   changed = [f"--{k}={format_value(v)}" for k, v in non_default_settings(config).items()]
   logging.info("settings not at their defaults: %s (all of them: WORKDIR/config.json)", " ".join(changed) or "none")

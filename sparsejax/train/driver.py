@@ -17,8 +17,9 @@ from typing import Any
 import jax
 from absl import logging
 
-from sparsejax.config import Config, ConfigError, override
+from sparsejax.config import Config
 from sparsejax.data import LoadedData, train_test_split
+from sparsejax.settings import ConfigError, override
 from sparsejax.train import loop, members, metric_writer, plan, recipes, resume, search
 from sparsejax.train.console import final_line, log_settings, log_to_console
 from sparsejax.train.metric_writer import read_records
@@ -75,6 +76,9 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
     raise ConfigError("netanalysis_steps", config.netanalysis.netanalysis_steps,
                       "the profiled window is sparsejax.netanalysis's step observer: train with sparsejax-train or "
                       "sparsejax.fit, or pass step_observer=sparsejax.netanalysis.collect.StepProfiler.from_config")
+  if step_observer is not None and not callable(step_observer):
+    raise TypeError(f"step_observer must make an observer per network (a factory such as "
+                    f"StepProfiler.from_config), got a {type(step_observer).__name__}")
   train_one = functools.partial(loop.train_one, step_observer=step_observer)
   t_invocation = time.time()
   config, data, search_summary, search_wall_seconds = _with_recipe(config, workdir, data, train_one)

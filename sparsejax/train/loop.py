@@ -25,6 +25,7 @@ from sparsejax.config import Config
 from sparsejax.data import BatchIterator, LoadedData
 from sparsejax.distributed import collectives, sharding
 from sparsejax.evaluation import Evaluator
+from sparsejax.index import kinds as index_kinds
 from sparsejax.model_config import ModelConfig
 from sparsejax.serving.assets import save_assets, save_fusion, save_serving_index
 from sparsejax.train import compile_clock, finish, members, model_selection, plan
@@ -116,7 +117,8 @@ def _build(config: Config, split: plan.DataPlan, opened: Opened, sized: ModelCon
   model's settings with one shard's sizes (``--num_bits=none`` resolved); ``top``: the predictions per sample its
   evaluations rank (the fusion's candidates where the final evaluation fuses)."""
   train, checkpoints, latest = split.train, opened.checkpoints, opened.latest
-  config.check_table_memory(sized.lsh_config.num_bits, sized.table_bucket_size)
+  if model_kinds.of(config).sampled:
+    index_kinds.check_table_memory(config.tables, sized.lsh_config.num_bits, sized.table_bucket_size)
   plan.check_state_memory(config, train.num_features, train.num_labels, sized.num_shards)
   run = sharding.make_run(ModelConfig.from_config(config, train.num_features, train.num_labels),
                           seed=config.run.seed, num_shards=sized.num_shards, top=top,
@@ -280,8 +282,8 @@ class Loop:
     if self.compiled is None:  # the log records' collective bytes; the step reuses this compilation
       jitted, args, scopes = self.run.step_program(state, batch)
       self.compiled = collectives.compile_step(jitted, *args, known_scopes=scopes)
+    self.observer.begin_step(self.step, self.compiled)  # (a window's start is not the step's time)
     self.step_means.begin()
-    self.observer.begin_step(self.step, self.compiled)
     state, metrics = self.run.step(state, batch)
     self.step += 1
     self.step_means.end()

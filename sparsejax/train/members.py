@@ -25,7 +25,8 @@ import numpy as np
 from absl import logging
 
 from sparsejax import model_kinds
-from sparsejax.config import Config, override
+from sparsejax.config import Config
+from sparsejax.settings import override
 from sparsejax.train.nonfinite import NonFiniteError
 from sparsejax.workdir.checkpoint import ResumeError
 

@@ -10,10 +10,11 @@ import numpy as np
 from absl import logging
 
 from sparsejax import memory, model_kinds
-from sparsejax.config import Config, ConfigError, override
+from sparsejax.config import Config
 from sparsejax.data import BatchIterator, LoadedData, XCDataset, load_dataset, train_test_split
 from sparsejax.data.batching import bucket_widths
 from sparsejax.model_config import ModelConfig
+from sparsejax.settings import ConfigError, override
 from sparsejax.shard import shard_rows
 from sparsejax.train import search_plan
 

@@ -77,9 +77,9 @@ class StepTimer:
 
 
 class StepMeans:
-  """The always-on step fields of a log record (:meth:`Loop._log_record`), nearly free: two timestamps a step, no
-  sync. ``step_seconds_mean`` is the wall time since the previous record's first step over the steps taken since
-  (exact: the loop waited for the last step's loss); with the step's compiled collectives
+  """The always-on step fields of a log record (:meth:`sparsejax.train.loop.Loop._log_record`), nearly free: two
+  timestamps a step, no sync. ``step_seconds_mean`` is the wall time since the previous record's first step over the
+  steps taken since (exact: the loop waited for the last step's loss); with the step's compiled collectives
   (:func:`sparsejax.distributed.collectives.compile_step`) ``collective_bytes_per_step`` and ``wire_bytes_per_step``
   (the ring bytes one process sends)."""
 

@@ -31,7 +31,8 @@ from typing import Any
 
 from absl import logging
 
-from sparsejax.config import Config, ConfigError, flat_items, format_value, identity_fields
+from sparsejax.config import Config, identity_fields
+from sparsejax.settings import ConfigError, flat_items, format_value
 from sparsejax.workdir import saved_state
 from sparsejax.workdir.orbax_logs import quiet
 from sparsejax.workdir.seals import (
