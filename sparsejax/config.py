@@ -34,10 +34,10 @@ from sparsejax.settings import (
   ConfigError,
   Range,
   Section,
-  flat_items,
   format_value,
   from_dict,
   iter_fields,
+  non_default_settings,
   option,
   section,
 )
@@ -49,6 +49,7 @@ MIN_STALE_EVALUATIONS = 3
 # standard errors of a proportion on the evaluated samples: on a plateau the best creeps up by noise (WordNet: 0.6965
 # at step 3,000, 0.6981 at 20,000 on 5,000 samples, whose standard error is 0.0065), and the run spent 140 s there.
 NOISE_MARGIN = 0.5
+
 # --- Sections ---------------------------------------------------------------------
 
 
@@ -585,12 +586,6 @@ class Config:
   def from_dict(cls, values: Mapping[str, Any]) -> "Config":
     """The inverse of :meth:`to_dict`; missing fields keep their defaults, unknown ones raise."""
     return from_dict(cls, values)
-
-
-def non_default_settings(config: "Config") -> dict[str, Any]:
-  """``{setting name: value}`` of the settings of ``config`` that differ from :class:`Config`'s defaults."""
-  defaults = flat_items(Config())
-  return {name: value for name, value in flat_items(config).items() if value != defaults[name]}
 
 
 def identity_fields() -> set[str]:

@@ -25,13 +25,19 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from absl import logging
+from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
 from sparsejax import platforms, rundirs
 from sparsejax.config import Config
+from sparsejax.data import LoadedData, XCDataset, train_test_split
+from sparsejax.data.arrays import features, label_count, label_rows
 from sparsejax.netanalysis.collect import StepProfiler
 from sparsejax.serving.model import TrainedModel
 from sparsejax.settings import ConfigError, did_you_mean, field_type, iter_fields, override
-from sparsejax.train import recipes
+from sparsejax.train import compilation_cache, driver, recipes
+from sparsejax.train.console import log_to_console
+from sparsejax.train.stopping import Interrupted
 
 # fit's own arguments (named in the suggestions for a misspelt setting), and the settings it sets itself.
 _ARGUMENTS = ("X", "Y", "X_val", "Y_val", "workdir", "num_labels", "label_names", "verbose", "platform",
@@ -105,11 +111,7 @@ def fit(X: Any, Y: Any, *, X_val: Any = None, Y_val: Any = None, workdir: str | 
   platforms.pin(platform, config.network.model, "fit")
   data = _data(X, Y, X_val, Y_val, num_labels, label_names, config)
   cache_problem = _use_compilation_cache(compilation_cache)
-  from absl import logging
 
-  from sparsejax.train import driver
-  from sparsejax.train.console import log_to_console
-  from sparsejax.train.stopping import Interrupted
 
   new_run = workdir is None
   workdir = rundirs.new_run_directory(RUN_NAME) if new_run else os.path.expanduser(os.fspath(workdir))
@@ -135,9 +137,6 @@ def fit(X: Any, Y: Any, *, X_val: Any = None, Y_val: Any = None, workdir: str | 
 def _use_compilation_cache(setting: str | os.PathLike | None) -> str | None:
   """JAX's persistent compilation cache as ``--compilation_cache=setting`` sets it; why a directory named cannot be
   used, or None."""
-  from jax.experimental.compilation_cache import compilation_cache as jax_cache
-
-  from sparsejax.train import compilation_cache
 
   _, problem = compilation_cache.configure(compilation_cache.NONE if setting is None else os.fspath(setting))
   jax_cache.reset_cache()  # JAX decides on its cache once, at its first compilation: from now on, these settings
@@ -172,9 +171,6 @@ def _as_setting(field: dataclasses.Field, value: Any) -> Any:
 
 def _data(X, Y, X_val, Y_val, num_labels, label_names, config: Config):
   """The run's train and test sets (``X_val``, else ``test_fraction`` of ``X``'s rows), checked."""
-  from sparsejax.data import LoadedData, XCDataset, train_test_split
-  from sparsejax.data.arrays import features, label_count, label_rows
-
   if (X_val is None) != (Y_val is None):
     given, missing = ("X_val", "Y_val") if Y_val is None else ("Y_val", "X_val")
     raise TypeError(f"{given} is given without {missing}: the held-out samples need both")

@@ -4,7 +4,8 @@ A setting is a field made by :func:`option` (its default, its ``--help`` text, i
 part of what a run *is*); a section is a frozen dataclass of such fields deriving from :class:`Section`, whose
 ``validate`` checks each value (type, bounds, finiteness, choices, 32-bit limits) and then their combinations,
 raising a :class:`ConfigError` that names the setting as its flag. :func:`override` changes settings of a sectioned
-config by their unique names; :func:`from_dict` reads one back from JSON. Free of JAX.
+config by their unique names, :func:`from_dict` reads one back from JSON and :func:`non_default_settings`
+says which differ from the defaults. Free of JAX.
 """
 
 import dataclasses
@@ -13,6 +14,8 @@ import types
 import typing
 from collections.abc import Mapping
 from typing import Any
+
+from absl.flags import _helpers
 
 
 class ConfigError(ValueError):
@@ -66,7 +69,6 @@ FLOAT_LIMIT = 3.4028234663852886e38  # float32's largest
 POSITIVE = Range(0, lo_open=True)
 NON_NEGATIVE = Range(0)
 AT_LEAST_ONE = Range(1)
-
 
 
 def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, bounds: Range | None = None,
@@ -227,12 +229,16 @@ def override(obj: Any, **changes: Any) -> Any:
 def did_you_mean(name: str, names: list[str]) -> str:
   """``". Did you mean: learning_rate ?"`` for a misspelt setting, worded and chosen as absl words and chooses them
   for an unknown flag on the command line; empty where no name is close."""
-  from absl.flags import _helpers  # absl's own suggestions: the command line's, for the same mistake
-
-  suggestions = _helpers.get_flag_suggestions(name, names)
+  suggestions = _helpers.get_flag_suggestions(name, names)  # absl's own, for the same mistake
   return f". Did you mean: {', '.join(suggestions)} ?" if suggestions else ""
 
 
 def flat_items(config: Any) -> dict[str, Any]:
   """``{setting name: value}`` over all sections."""
   return {f.name: getattr(getattr(config, s), f.name) for s, f in iter_fields(config)}
+
+
+def non_default_settings(config: Any) -> dict[str, Any]:
+  """``{setting name: value}`` of the settings of a sectioned config that differ from its class's defaults."""
+  defaults = flat_items(type(config)())
+  return {name: value for name, value in flat_items(config).items() if value != defaults[name]}

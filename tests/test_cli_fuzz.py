@@ -41,7 +41,7 @@ def _outside(bounds, integer: bool):
   if bounds is not None and bounds.hi is not None:
     above = bounds.hi if bounds.hi_open else bounds.hi + (1 if integer else 1e-6)
     options.append(st.integers(int(math.ceil(above)), 2**40) if integer else st.floats(above, 1e30, allow_nan=False))
-  # Beyond every setting's own bounds: 32-bit integers, float32 numbers (config.INT_LIMIT, config.FLOAT_LIMIT).
+  # Beyond every setting's own bounds: 32-bit integers, float32 numbers (settings.INT_LIMIT, settings.FLOAT_LIMIT).
   options.append(st.integers(2**31, 2**70) if integer else st.floats(3.5e38, 1e308, allow_nan=False))
   return [o.map(repr) for o in options]
 

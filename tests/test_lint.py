@@ -139,8 +139,8 @@ def test_the_top_layer_check_finds_an_import():
 
 # The training path: none of it imports the network analysis (issue 46), which reaches a run only as the step
 # observer that its caller hands over (sparsejax/train/step_observer.py).
-_TRAINING_PATH = ("sparsejax/config.py", "sparsejax/model.py", "sparsejax/model_config.py", "sparsejax/model_kinds.py",
-                  "sparsejax/distributed", "sparsejax/train")
+_TRAINING_PATH = ("sparsejax/config.py", "sparsejax/settings.py", "sparsejax/rates.py", "sparsejax/model.py",
+                  "sparsejax/model_config.py", "sparsejax/model_kinds.py", "sparsejax/distributed", "sparsejax/train")
 
 
 def test_the_training_path_does_not_import_the_network_analysis():

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -285,7 +286,6 @@ def agree(flag: bool) -> bool:
   """Process 0's ``flag``, on every process (for decisions that change control flow)."""
   if jax.process_count() == 1:
     return flag
-  from jax.experimental import multihost_utils
   return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
 
 

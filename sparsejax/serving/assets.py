@@ -18,7 +18,9 @@ import numpy as np
 from sparsejax.config import Config
 from sparsejax.data import LoadedData
 from sparsejax.data.text import VectorizerFormatError, read_vectorizer, save_vectorizer
-from sparsejax.workdir import seals
+from sparsejax.fusion import LabelCentroids
+from sparsejax.index import clusters
+from sparsejax.workdir import best_checkpoint, checkpoint, seals
 
 ASSETS = "assets"
 LABELS, VECTORIZER, FREQUENCIES = "labels.txt", "vectorizer.json", "label_frequencies.npy"
@@ -142,8 +144,6 @@ def save_ensemble(workdir: str, run_id: str | None, members: list[str]) -> None:
 def _served_state(workdir: str) -> dict:
   """``{"run_id", "step"}`` of what :func:`load` serves from ``workdir``: its newest checkpoint's run (None: an
   unsealed run) and its selected state's step (else its newest checkpoint's)."""
-  from sparsejax.workdir import best_checkpoint, checkpoint
-
   checkpoints = checkpoint.Checkpoints(workdir, writable=False)
   newest = checkpoints.latest_step()
   meta = checkpoints.meta(newest) if newest is not None else None
@@ -196,8 +196,6 @@ def member_directory(workdir: str, member: str, recorded_in: str) -> str:
 
 def _read_fusion_file(path: str, num_labels: int, num_features: int):
   """``(centroids, weight)`` from a :func:`save_fusion` file, checked against the model's sizes."""
-  from sparsejax.fusion import LabelCentroids
-
   try:
     with np.load(path, allow_pickle=False) as f:
       weight, indptr, indices, values, features = (float(f["weight"]), f["indptr"], f["indices"], f["values"],
@@ -313,8 +311,6 @@ def read_serving_index(directory: str, step: int, num_labels: int, hidden: int):
   """The clustered serving index that :func:`save_serving_index` kept for the state of ``step`` (a
   :class:`sparsejax.index.clusters.ClusterIndex` over ``num_labels`` rows of width ``hidden``), or None: none kept
   (only a run with a clustered index keeps one), or another step's or layout's (built afresh)."""
-  from sparsejax.index import clusters  # (JAX: not needed to read the other assets)
-
   path = os.path.join(directory, SERVING_INDEX)
   if not os.path.exists(path):
     return None

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 
 from absl import logging
 
+from sparsejax.settings import format_value, non_default_settings
+
 # The handler that log_to_console installed, while it is active: the bar writes the log lines through it.
 _console_handler: python_logging.StreamHandler | None = None
 
@@ -71,9 +73,6 @@ def log_to_console() -> Iterator[None]:
 
 def log_settings(config) -> None:
   """Logs the settings of ``config`` that are not at their defaults (a :class:`sparsejax.config.Config`)."""
-  from sparsejax.config import non_default_settings
-  from sparsejax.settings import format_value
-
   changed = [f"--{k}={format_value(v)}" for k, v in non_default_settings(config).items()]
   logging.info("settings not at their defaults: %s (all of them: WORKDIR/config.json)", " ".join(changed) or "none")
 

@@ -24,10 +24,14 @@ import jax
 import numpy as np
 from absl import logging
 
-from sparsejax import model_kinds
+from sparsejax import fusion, model_kinds
 from sparsejax.config import Config
+from sparsejax.evaluation import Evaluator
+from sparsejax.serving import assets
+from sparsejax.serving.model import load
 from sparsejax.settings import override
 from sparsejax.train.nonfinite import NonFiniteError
+from sparsejax.workdir import checkpoint
 from sparsejax.workdir.checkpoint import ResumeError
 
 MEMBERS_DIR = "members"
@@ -139,12 +143,6 @@ def evaluate(config: Config, final: dict[str, Any], workdir: str, members: dict[
     members: the other members' directories, relative to ``workdir``, with what :func:`train` returns of them.
     splits: ``(train, validation, test)``: the first member's training samples, validation split and test set.
   """
-  from sparsejax import fusion
-  from sparsejax.evaluation import Evaluator
-  from sparsejax.serving import assets
-  from sparsejax.serving.model import load
-  from sparsejax.workdir import checkpoint
-
   train_set, validation, test = splits
   checkpoints = checkpoint.Checkpoints(workdir, writable=False)
   run_id = (checkpoints.meta(checkpoints.latest_step()) or {}).get("run_id")

@@ -12,8 +12,8 @@ A recipe's settings apply only where the config still has the default: a setting
 
 from typing import Any, NamedTuple
 
-from sparsejax.config import Config, non_default_settings
-from sparsejax.settings import ConfigError, flat_items, override
+from sparsejax.config import Config
+from sparsejax.settings import ConfigError, flat_items, non_default_settings, override
 
 
 class Recipe(NamedTuple):

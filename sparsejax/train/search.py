@@ -33,8 +33,8 @@ from typing import Any
 from absl import logging
 
 from sparsejax import model_kinds
-from sparsejax.config import Config
-from sparsejax.settings import override
+from sparsejax.config import NO_RECORDED_PLAN, Config, recorded_plan
+from sparsejax.settings import ConfigError, override
 from sparsejax.train import recipes, search_plan
 from sparsejax.train.metric_writer import METRICS_FILE
 from sparsejax.train.search_plan import DataShape, Measured, Plan
@@ -378,9 +378,6 @@ def _describe(measured: Measured) -> str:
 def read_measurements(path: str, required: bool = True) -> Measured | None:
   """The step times recorded in ``path`` (a ``metrics.jsonl``, or a work directory holding one): its last
   ``measured_step_seconds`` record. None where there is none and not ``required`` (else a :class:`ConfigError`)."""
-  from sparsejax.config import NO_RECORDED_PLAN, recorded_plan
-  from sparsejax.settings import ConfigError
-
   found = recorded_plan(path)
   if found is None:
     if required:

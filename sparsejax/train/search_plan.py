@@ -11,6 +11,7 @@ from typing import Any
 
 from sparsejax import step_cost
 from sparsejax.config import Config
+from sparsejax.model_config import ModelConfig
 from sparsejax.train import recipes
 
 # A round shorter than this tells recipes apart by noise (a few hundred steps of Adam at the default rate): a
@@ -79,8 +80,6 @@ def modelled_step_seconds(config: Config, shape: DataShape) -> float:
   dense matmuls on the exact path. Row updates: the input rows a batch touches and the output rows
   (``min(B k, N)``; ``N`` exact), times ``d``.
   """
-  from sparsejax.model_config import ModelConfig
-
   model = ModelConfig.from_config(config, shape.num_features, shape.num_labels)
   b, dims = config.optim.batch_size, model.hidden_dims
   return (step_cost.input_and_hidden_seconds(b, dims, shape.mean_features, shape.num_features)

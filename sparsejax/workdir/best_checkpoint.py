@@ -6,6 +6,9 @@ import logging as pylogging
 import os
 import time
 
+import jax
+import orbax.checkpoint as ocp
+
 from sparsejax.workdir import saved_state
 from sparsejax.workdir.checkpoint import (
   MANAGERS,
@@ -55,7 +58,6 @@ class BestCheckpoint:
   """
 
   def __init__(self, workdir: str, metric: str, *, writable: bool = True, run_id: str | None = None):
-    import orbax.checkpoint as ocp
 
     self._ocp, self.metric, self.run_id = ocp, metric, run_id
     self.directory = os.path.abspath(os.path.join(workdir, "best_checkpoint"))
@@ -86,8 +88,6 @@ class BestCheckpoint:
 
   def set_aside(self, step: int) -> None:
     """Moves the kept state of ``step`` out of the way (renamed ``<step>.corrupt.<time>``), as a damaged one."""
-    import jax
-
     if jax.process_index() == 0:
       os.replace(self.step_directory(step), f"{self.step_directory(step)}.corrupt.{int(time.time())}")
     self._manager.reload()

@@ -29,6 +29,8 @@ import time
 import weakref
 from typing import Any
 
+import jax
+import orbax.checkpoint as ocp
 from absl import logging
 
 from sparsejax.config import Config, identity_fields
@@ -144,7 +146,6 @@ class Checkpoints:
   """
 
   def __init__(self, workdir: str, keep: int | None = None, *, writable: bool = True):
-    import orbax.checkpoint as ocp  # imported lazily: heavy
 
     self._ocp = ocp
     self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
@@ -178,8 +179,6 @@ class Checkpoints:
     Each bad one is named in a warning and renamed ``<step>.corrupt`` (by process 0), so that the run goes on
     from the good one and may save those steps again. Later :meth:`restore` calls restore this step.
     """
-    import jax
-
     steps = sorted(self._manager.all_steps(), reverse=True)
     good = None
     for i, step in enumerate(steps):
@@ -305,8 +304,6 @@ class Checkpoints:
 
     Read from the checkpoint's metadata, so that a restore that could not fit is never started.
     """
-    import jax
-
     with quiet():
       saved = self._ocp.StandardCheckpointer().metadata(
           os.path.join(self.directory, str(step), "state")).item_metadata.tree
@@ -334,7 +331,6 @@ class Checkpoints:
 
 
 def checksums_name() -> str:
-  import jax
 
   return f"checksums.p{jax.process_index()}.json"
 

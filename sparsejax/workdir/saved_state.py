@@ -3,6 +3,10 @@ converted), or as a plain tree of host arrays; and the names of its arrays."""
 
 import os
 
+import jax
+
+from sparsejax import averaging
+from sparsejax.index import saved
 from sparsejax.workdir.orbax_logs import quiet
 from sparsejax.workdir.seals import IntegrityError
 
@@ -23,14 +27,10 @@ def in_saved_layout(abstract_state, saved_fields):
   state_type = type(abstract_state)
   target, as_state = abstract_state, lambda state: state
   if "index" in fields:
-    from sparsejax.index import saved
-
     if saved.written_before(saved_fields):
       target, as_state = saved.as_written_before(abstract_state), lambda tree: saved.from_written_before(tree,
                                                                                                           state_type)
   if "average" in fields and "average" not in saved_fields:
-    from sparsejax import averaging
-
     # A dict without the field (orbax refuses a target with a field the checkpoint lacks, even a None one: a
     # selected state is restored without its average).
     as_tree = as_state if isinstance(target, dict) else (lambda tree: state_type(**tree))
@@ -45,8 +45,6 @@ def in_saved_layout(abstract_state, saved_fields):
 
 def restore_arrays(ocp, path: str):
   """The state saved in ``path`` as a plain tree of host arrays on one device (see ``restore_arrays``)."""
-  import jax
-
   checkpointer = ocp.StandardCheckpointer()
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   try:

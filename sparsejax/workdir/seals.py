@@ -21,7 +21,9 @@ import os
 import secrets
 from typing import Any
 
+import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 
 class IntegrityError(ValueError):
@@ -40,11 +42,8 @@ class UnverifiedWarning(UserWarning):
 
 def new_run_id() -> str:
   """A new run's identity: 128 random bits as hex, the same on every process (process 0's)."""
-  import jax
-
   words = np.frombuffer(secrets.token_bytes(16), np.uint32)
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
     words = np.asarray(multihost_utils.broadcast_one_to_all(words), np.uint32)
   return words.tobytes().hex()
 

@@ -12,7 +12,8 @@ import numpy as np
 import scipy.sparse as sp
 
 import sparsejax
-from sparsejax.config import Config, override
+from sparsejax.config import Config
+from sparsejax.settings import override
 from sparsejax.train import driver
 
 
