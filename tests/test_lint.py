@@ -75,19 +75,30 @@ def _imported_modules(tree) -> list[tuple[int, str]]:
   return found
 
 
-def test_the_layers_below_training_do_not_import_it():
-  """Serving, the work directory, evaluation, the platforms, the index and the distributed runtime never import
-  ``sparsejax.train`` (issue 46): a loaded model needs no training code, and the arrows point one way."""
+def _lines_importing(tree, packages) -> list[int]:
+  """Lines of ``tree`` that import any of ``packages`` or a module inside one (``from sparsejax import cli`` too)."""
+  return sorted({line for line, module in _imported_modules(tree)
+                 if any(module == package or module.startswith(package + ".") for package in packages)})
+
+
+def _files_importing(prefixes, packages) -> dict[str, list[int]]:
+  """``{file: lines}`` of the modules under ``prefixes`` (folders or files) that import any of ``packages``."""
   import ast
 
   found = {}
-  for prefix in _BELOW_TRAIN:
+  for prefix in prefixes:
     root = ROOT / prefix
     for path in sorted(root.rglob("*.py") if root.is_dir() else [root]):
-      lines = [line for line, module in _imported_modules(ast.parse(path.read_text()))
-               if module == "sparsejax.train" or module.startswith("sparsejax.train.")]
+      lines = _lines_importing(ast.parse(path.read_text()), packages)
       if lines:
-        found[str(path.relative_to(ROOT))] = sorted(set(lines))
+        found[str(path.relative_to(ROOT))] = lines
+  return found
+
+
+def test_the_layers_below_training_do_not_import_it():
+  """Serving, the work directory, evaluation, the platforms, the index and the distributed runtime never import
+  ``sparsejax.train`` (issue 46): a loaded model needs no training code, and the arrows point one way."""
+  found = _files_importing(_BELOW_TRAIN, ("sparsejax.train",))
   assert not found, f"imports of sparsejax.train below it: {found}"
 
 
@@ -107,25 +118,11 @@ _TOP_LAYER = ("sparsejax.cli", "sparsejax.fitting")
 _IN_THE_TOP_LAYER = ("sparsejax/cli", "sparsejax/fitting.py", "sparsejax/__init__.py")
 
 
-def _imports_of_the_top_layer(tree) -> list[int]:
-  """Lines of ``tree`` that import the commands or ``sparsejax.fitting`` (``from sparsejax import cli`` too)."""
-  return sorted({line for line, module in _imported_modules(tree)
-                 if any(module == top or module.startswith(top + ".") for top in _TOP_LAYER)})
-
-
 def test_nothing_below_the_commands_imports_them():
   """The commands and ``fit`` sit above training, serving and the network analysis, and may import them all; no
   module of those imports the commands or ``fit`` (issue 46)."""
-  import ast
-
-  found = {}
-  for path in sorted((ROOT / "sparsejax").rglob("*.py")):
-    where = str(path.relative_to(ROOT))
-    if any(where == top or where.startswith(top + "/") for top in _IN_THE_TOP_LAYER):
-      continue
-    lines = _imports_of_the_top_layer(ast.parse(path.read_text()))
-    if lines:
-      found[where] = lines
+  found = {where: lines for where, lines in _files_importing(("sparsejax",), _TOP_LAYER).items()
+           if not any(where == top or where.startswith(top + "/") for top in _IN_THE_TOP_LAYER)}
   assert not found, f"imports of the commands or sparsejax.fitting below them: {found}"
 
 
@@ -134,7 +131,7 @@ def test_the_top_layer_check_finds_an_import():
 
   code = ("import sparsejax.cli.flags\nfrom sparsejax import cli\nimport sparsejax.client\n"
           "def f():\n  from sparsejax.fitting import fit\n")
-  assert _imports_of_the_top_layer(ast.parse(code)) == [1, 2, 5]
+  assert _lines_importing(ast.parse(code), _TOP_LAYER) == [1, 2, 5]
 
 
 # The training path: none of it imports the network analysis (issue 46), which reaches a run only as the step
@@ -144,14 +141,5 @@ _TRAINING_PATH = ("sparsejax/config.py", "sparsejax/settings.py", "sparsejax/rat
 
 
 def test_the_training_path_does_not_import_the_network_analysis():
-  import ast
-
-  found = {}
-  for prefix in _TRAINING_PATH:
-    root = ROOT / prefix
-    for path in sorted(root.rglob("*.py") if root.is_dir() else [root]):
-      lines = [line for line, module in _imported_modules(ast.parse(path.read_text()))
-               if module == "sparsejax.netanalysis" or module.startswith("sparsejax.netanalysis.")]
-      if lines:
-        found[str(path.relative_to(ROOT))] = sorted(set(lines))
+  found = _files_importing(_TRAINING_PATH, ("sparsejax.netanalysis",))
   assert not found, f"imports of sparsejax.netanalysis in the training path: {found}"
