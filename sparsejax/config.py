@@ -357,6 +357,11 @@ class RunConfig(Section):
   eval_samples: int | None = option(
       5000, "Samples of the periodic evaluations; none: all (the final evaluation on the test set always uses all).",
       bounds=AT_LEAST_ONE, identity=False)
+  eval_memory_mb: int = option(
+      512, "Megabytes of temporaries per process that one call of an evaluation (and of the served model's "
+      "predict) may take: its samples per call are planned from it (sampled inference's candidates cost about "
+      "12-72 bytes per sample each, sparsejax.inference.rows_within): at 8·10^6 labels over 4 processes, 1,024 "
+      "samples x 125,000 candidates took 6-8 GB per process.", bounds=AT_LEAST_ONE, identity=False)
   selection_metric: str = option(
       "p@1", "Validation metric that selects the best checkpoint (higher is better).",
       choices=("p@1", "p@3", "p@5", "ndcg@3", "ndcg@5", "psp@1", "psp@3", "psp@5"), identity=False)

@@ -24,20 +24,26 @@ class Evaluator:
     feature_limit: features kept per sample, those of largest |value| (the run's ``--max_features``); None: all
       of them (see :func:`padded_width`).
     batch_size: samples per predict call (rows wider than ``PADDED_ELEMENTS / batch_size`` go in fewer).
+    sampled_batch_size: ``() -> samples per call`` of the calls with ``diagnose`` (sampled inference, whose
+      temporaries grow with its candidates: :func:`sparsejax.inference.rows_within`), asked once, at the first
+      such call; None: ``batch_size``.
   """
 
-  def __init__(self, test: XCDataset, propensity: np.ndarray, feature_limit: int | None, batch_size: int = 1024):
+  def __init__(self, test: XCDataset, propensity: np.ndarray, feature_limit: int | None, batch_size: int = 1024,
+               sampled_batch_size: Callable[[], int] | None = None):
     self.test, self.propensity, self.batch_size = test, propensity, batch_size
+    self.feature_limit, self._sampled_batch_size, self._sampled_groups = feature_limit, sampled_batch_size, None
     # Planned over the whole set, whatever num_samples a call asks for: the same shapes, no recompilation.
     self.groups = batch_groups(test.feature_counts(), feature_limit, batch_size)
     # The width of the labels that diagnose takes (one compiled shape); the metrics need far fewer (scoring_labels).
     self.max_labels = max(test.max_labels_per_sample(), 1)
 
   @classmethod
-  def for_run(cls, test: XCDataset, train: XCDataset, feature_limit: int | None, a: float, b: float) -> "Evaluator":
+  def for_run(cls, test: XCDataset, train: XCDataset, feature_limit: int | None, a: float, b: float,
+              sampled_batch_size: Callable[[], int] | None = None) -> "Evaluator":
     """An evaluator with the training set's propensities (Jain et al. parameters ``a``, ``b``)."""
     propensity = metrics.propensity_scores(train.label_frequencies(), len(train), a, b)
-    return cls(test, propensity, feature_limit)
+    return cls(test, propensity, feature_limit, sampled_batch_size=sampled_batch_size)
 
   def __call__(self, predict: Predict, state, num_samples: int | None = None, diagnose=None,
                fusion: "tuple[fusion_lib.LabelCentroids, float] | None" = None) -> dict[str, float]:
@@ -58,7 +64,7 @@ class Evaluator:
     """
     k = max(metrics.DEFAULT_KS)
     rows_of, batches = [], []
-    for rows, fi, fv in self._batches(num_samples):
+    for rows, fi, fv in self._batches(num_samples, sampled=diagnose is not None):
       n, extra = len(rows), {"sampled": {}}
       if diagnose is None:
         scores, ids, sampled = predict(state, fi, fv)
@@ -104,11 +110,17 @@ class Evaluator:
     labels = scoring_labels(self.test, len(ids), ids, self.propensity)  # re-rankings keep to these ids
     return fusion_lib.choose_weight(scores, ids, centroid_score, labels, metric=metric, propensity=self.propensity)
 
-  def _batches(self, num_samples: int | None):
+  def _batches(self, num_samples: int | None, sampled: bool = False):
     """``(rows, feat_ids, feat_vals)`` per predict call: the padded batches of the first ``num_samples`` samples
-    (rows: which ones; the features padded to the call's shape)."""
+    (rows: which ones; the features padded to the call's shape); ``sampled``: in the calls' size for ``diagnose``."""
     n = len(self.test) if num_samples is None else min(num_samples, len(self.test))
-    for group_rows, width, rows_per_call in self.groups:
+    groups = self.groups
+    if sampled and self._sampled_batch_size is not None:
+      if self._sampled_groups is None:
+        size = min(self._sampled_batch_size(), self.batch_size)
+        self._sampled_groups = batch_groups(self.test.feature_counts(), self.feature_limit, size)
+      groups = self._sampled_groups
+    for group_rows, width, rows_per_call in groups:
       group_rows = group_rows[group_rows < n]
       for start in range(0, len(group_rows), rows_per_call):
         rows = group_rows[start:start + rows_per_call]

@@ -20,7 +20,7 @@ global.
 """
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 
 import jax
@@ -204,6 +204,61 @@ def merge_index(stacked, config: ModelConfig):
 # selection that reads them (benchmarks/exact_topk.py, N = 2e5, top 10, 2-vCPU VM: 446-452 ms for 1,024 queries
 # against 538-555 with chunks of 65,536 and 517-521 with 4,096; 62-64 against 92-93 ms for 128 queries).
 ROW_CHUNK = 16384
+
+# Bytes per sample of the exact top k's temporaries: [n, ROW_CHUNK] logits and their selection (XLA counted 100 KB
+# at ROW_CHUNK = 16,384, tests/test_evaluation_memory.py).
+EXACT_ROW_BYTES = 8 * ROW_CHUNK
+# Samples per call of an evaluation where memory allows (fewer compiled shapes and calls than smaller batches).
+MAX_ROWS_PER_CALL = 1024
+# Samples per call of the two programs compiled to count a call's temporaries (a fixed part and a part per sample).
+PROBE_ROWS = (16, 64)
+
+
+def rows_within(config: ModelConfig, memory_bytes: int, ks: Sequence[int] = (),
+                max_rows: int = MAX_ROWS_PER_CALL) -> int:
+  """Samples per call of evaluation or inference whose temporaries stay within ``memory_bytes`` per process.
+
+  Exact top k only (no ``ks``): :data:`EXACT_ROW_BYTES` a sample. With ``ks`` (sampled inference's candidates over
+  all shards, the first ``serving_k``), XLA counts the temporaries of the final evaluation's program compiled on
+  abstract shapes (:func:`temp_bytes`; nothing runs): a part per sample, about 4-90 bytes per candidate of this
+  shard's share (at 8·10^6 labels over 4 processes the default ``serving_k``, 500,000, is 125,000 per shard), and
+  a fixed part (hash tables' queries centre the rows: ``O(N d)``).
+
+  Returns:
+    The largest power of two at most ``max_rows`` within the bound (one compiled shape for any test set), at
+    least 1 (checked by XLA's count at that size).
+  """
+  if not ks:
+    rows = max(1, min(max_rows, memory_bytes // EXACT_ROW_BYTES))
+    return 1 << (rows.bit_length() - 1)
+  small, large = (temp_bytes(config, ks, rows) for rows in PROBE_ROWS)
+  per_row = max(large - small, 1) / (PROBE_ROWS[1] - PROBE_ROWS[0])
+  fixed = max(small - per_row * PROBE_ROWS[0], 0.0)
+  rows = max(1, min(max_rows, int((memory_bytes - fixed) // per_row)))
+  rows = 1 << (rows.bit_length() - 1)
+  # XLA lays out a larger program otherwise (up to 10% more than the line through the probes): counted again.
+  while rows > 1 and rows not in PROBE_ROWS and temp_bytes(config, ks, rows) > memory_bytes:
+    rows //= 2
+  return rows
+
+
+def temp_bytes(config: ModelConfig, ks: Sequence[int], rows: int, width: int = 32) -> int:
+  """Bytes of temporaries of one process's final-evaluation program for ``rows`` samples of ``width`` features, as
+  XLA counts them in the program compiled on abstract shapes: :func:`diagnose` at ``serving_k = ks[0]`` and
+  sampled inference at the other ``ks``, over one shard's rows and share of the candidates."""
+  if config.num_shards > 1:  # one shard's program: its rows, its share of each k
+    shard = shard_rows(config.num_labels, config.num_shards)
+    ks = [min(_local_k(config, min(k, config.num_labels)), shard) for k in ks]
+    config = dataclasses.replace(config, num_labels=shard, num_shards=1)
+  config = dataclasses.replace(config, tables=dataclasses.replace(config.tables, serving_k=ks[0]))
+  state = jax.eval_shape(partial(model.init, jax.random.key(0), config))
+  state = jax.eval_shape(partial(model.serving_index, config=config), state)
+  args = (state, jax.ShapeDtypeStruct((rows, width), jnp.int32), jax.ShapeDtypeStruct((rows, width), jnp.float32),
+          jax.ShapeDtypeStruct((rows, 4), jnp.int32))
+  program = jax.jit(partial(diagnose, config=config, top=5, sampled_ks=tuple(ks[1:])))
+  return program.lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
 
 
 @partial(jax.jit, static_argnames=("k", "chunk", "precision"))

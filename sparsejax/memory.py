@@ -45,6 +45,21 @@ def machine_memory_bytes() -> int | None:
   return total
 
 
+def peak_resident_mb(reset: bool = True) -> float | None:
+  """This process's peak resident memory (``VmHWM``) in MB since it started or since the last reset; None where
+  Linux's ``/proc`` does not say. ``reset``: start counting anew from the memory resident now (``clear_refs``),
+  so that the next reading is one stage's peak."""
+  try:
+    with open("/proc/self/status") as f:
+      peak = next((int(line.split()[1]) for line in f if line.startswith("VmHWM:")), None)
+    if reset:
+      with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+  except (OSError, ValueError):
+    return None
+  return None if peak is None else round(peak / 1024, 1)
+
+
 def advise_huge_pages(tree, min_bytes: int = 64 << 20) -> int:
   """Asks the kernel to back the large CPU arrays in ``tree`` with huge pages.
 

@@ -85,6 +85,22 @@ def test_the_network_s_memory_is_checked_against_the_machine_s(small_config, tmp
   assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.skipif(memory.peak_resident_mb(reset=False) is None, reason="no /proc/self/status (not Linux)")
+def test_peak_resident_memory_is_each_stages_own():
+  """What each metrics.jsonl record states: the peak since the record before, not since the process started."""
+  import numpy as np
+
+  memory.peak_resident_mb()
+  baseline = memory.peak_resident_mb()
+  block = np.ones(200 << 17)  # 200 MB, touched
+  with_block = memory.peak_resident_mb()
+  del block
+  after = memory.peak_resident_mb()  # counted from the reset above, which the block was still resident for
+  assert with_block - baseline > 180
+  assert after >= with_block - 5
+  assert memory.peak_resident_mb() < with_block - 180  # the next stage's own peak: the block is gone
+
+
 def test_machine_memory_is_known_here():
   assert memory.machine_memory_bytes() > 1 << 28
 

@@ -391,7 +391,7 @@ class TrainedModel:
       return lambda params, fi, fv: (*map(np.asarray, sampled(state, fi, fv)), None)
     return lambda params, fi, fv: (*map(np.asarray, exact(params, fi, fv)), np.asarray(sampled(state, fi, fv)[1]))
 
-  def predict(self, inputs, top: int = 5, batch_size: int = 1024,
+  def predict(self, inputs, top: int = 5, batch_size: int | None = None,
               k: int | None = None, fusion: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The ``top`` best labels of each input: over all N outputs, or over ``k`` candidates from the index.
 
@@ -401,6 +401,8 @@ class TrainedModel:
       top: labels per input (at most N, and at most ``k``).
       batch_size: inputs per call (one compiled shape); an input too wide for ``batch_size`` of it to stay
         within :data:`sparsejax.evaluation.PADDED_ELEMENTS` padded features goes in a smaller call of its own.
+        None: as many as keep a call's temporaries within the run's ``--eval_memory_mb`` (at most 1,024;
+        :func:`sparsejax.inference.rows_within`: sampled inference over many candidates takes fewer).
       k: None: exact (every output scored). An int: sampled inference, as the run's ``sampled_p@k`` measured it:
         each input's ``k`` best candidates from the serving index (kept by the run, else built from the output
         rows on the first such call) are scored, and the top ``top`` of them returned. Faster than exact where
@@ -419,17 +421,23 @@ class TrainedModel:
       raise ValueError(f"top must be in [1, {self.num_labels}], got {top}")
     if k is not None and not top <= k <= self.num_labels:
       raise ValueError(f"k must be in [top = {top}, {self.num_labels}] (the candidates scored per input), got {k}")
-    if batch_size < 1:
+    if batch_size is not None and batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if isinstance(inputs, Sequence) and not isinstance(inputs, str) and len(inputs) == 0:
       return np.zeros((0, top), np.float32), np.zeros((0, top), np.int32)  # no texts (a vectorizer refuses none)
     data = self.features(inputs)
     if len(data) == 0:
       return np.zeros((0, top), np.float32), np.zeros((0, top), np.int32)
+    batch_size = batch_size or self._rows_per_call(() if k is None else (k,))
     scores, ids, _ = predict_in_batches(self._fused(top, k) if fusion else self.network_predictor(top, k), self.params,
-                                        data, len(data),
-                                        self.config.data.max_features, batch_size)
+                                        data, len(data), self.config.data.max_features, batch_size)
     return scores, ids
+
+  @functools.cache  # noqa: B019 (a model is loaded once and kept: the count compiles programs)
+  def _rows_per_call(self, ks: tuple[int, ...]) -> int:
+    """Inputs per call of a prediction that scores ``ks`` candidates from the index (none: exact only) within the
+    run's ``--eval_memory_mb`` (:func:`sparsejax.inference.rows_within`)."""
+    return inference.rows_within(self._model_config, self.config.run.eval_memory_mb << 20, ks)
 
   @property
   def fusion_weight(self) -> float:
@@ -490,8 +498,9 @@ class TrainedModel:
       raise ValueError(f"num_samples must be an integer >= 1 or None (all), got {num_samples!r}")
     propensity = metrics.propensity_scores(self._frequencies, self._num_train, self.config.run.propensity_a,
                                            self.config.run.propensity_b)
-    evaluator = Evaluator(self.features(dataset), propensity, self.config.data.max_features)
     with_sampled = sampled and model_kinds.of(self.config).sampled
+    evaluator = Evaluator(self.features(dataset), propensity, self.config.data.max_features,
+                          self._rows_per_call((self._model_config.serving_k,) if with_sampled else ()))  # one shape
     return evaluator(self._fused(min(5, self.num_labels), with_sampled=with_sampled), self.params, num_samples)
 
   def names(self, ids: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 from absl import logging
 
-from sparsejax import averaging, dense, evaluation, fusion, memory, model, model_kinds
+from sparsejax import averaging, dense, evaluation, fusion, inference, memory, model, model_kinds
 from sparsejax.config import Config
 from sparsejax.data import BatchIterator, LoadedData
 from sparsejax.distributed import collectives, sharding
@@ -95,7 +95,8 @@ def train_one(config: Config, workdir: str, *, data: LoadedData | None = None, e
     logging.warning("--batch_size changed at step %d: the epochs that metrics.jsonl records and that --num_epochs "
                     "counts are steps of the new batch size, the steps so far included", start_step)
   evaluator = lambda dataset: Evaluator.for_run(dataset, split.train, config.data.max_features,  # noqa: E731
-                                                config.run.propensity_a, config.run.propensity_b)
+                                                config.run.propensity_a, config.run.propensity_b,
+                                                functools.partial(_sampled_rows_per_call, config, run))
   selection = model_selection.for_run(config, workdir, opened, split, position, run_id, start_step, evaluator)
   loop = Loop(config, run, checkpoints,
               checkpoint.make_meta(config, num_shards, jax.process_count(), split.sizes, run_id),
@@ -109,6 +110,16 @@ def train_one(config: Config, workdir: str, *, data: LoadedData | None = None, e
   if not evaluate_test:
     return finish.candidate_result(loop, state, start_step)
   return finish.final_evaluation(loop, state, start_step, search_summary)
+
+
+def _sampled_rows_per_call(config: Config, run: sharding.Run) -> int:
+  """Samples per call of the run's evaluations with sampled inference (at ``serving_k`` and ``--eval_sampled_k``
+  candidates) within ``--eval_memory_mb`` of temporaries (the exact ones keep 1,024: 128 KB a sample)."""
+  ks = (run.config.serving_k, *[k for k in [config.run.eval_sampled_k] if k])
+  rows = inference.rows_within(run.config, config.run.eval_memory_mb << 20, ks)
+  logging.info("sampled evaluations: %d samples per call (--eval_memory_mb=%d, %s candidates)", rows,
+               config.run.eval_memory_mb, " and ".join(f"{k:,}" for k in ks))
+  return rows
 
 
 def _build(config: Config, split: plan.DataPlan, opened: Opened, sized: ModelConfig, top: int):
