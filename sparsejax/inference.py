@@ -127,7 +127,8 @@ def sampled_topk(state: model.SlideState, h: jax.Array, *, config: ModelConfig, 
   out = state.out
   offset, num_valid = shard.row_range(out.w.shape[0], config.num_labels)
   active, from_index = index_candidates(state, h, config=config, k=k, num_valid=num_valid, shard=shard, seed=seed)
-  logits = jnp.where(active >= 0, ops.sparse_logits(h, out.w, out.b, jnp.maximum(active, 0)), jnp.nan)  # ranks last
+  # Padding ids (-1) cost the kernel nothing (a sharded clustered query pads each shard past its share of k).
+  logits = jnp.where(active >= 0, ops.sparse_logits(h, out.w, out.b, active), jnp.nan)  # ranks last
   scores, pos = selection.row_topk(logits, min(top, active.shape[1]))
   ids = jnp.take_along_axis(active, pos, axis=1)
   return (*_merge(shard, scores, jnp.where(ids >= 0, ids + offset, -1), top), active, from_index)
@@ -220,9 +221,9 @@ def rows_within(config: ModelConfig, memory_bytes: int, ks: Sequence[int] = (),
 
   Exact top k only (no ``ks``): :data:`EXACT_ROW_BYTES` a sample. With ``ks`` (sampled inference's candidates over
   all shards, the first ``serving_k``), XLA counts the temporaries of the final evaluation's program compiled on
-  abstract shapes (:func:`temp_bytes`; nothing runs): a part per sample, about 4-90 bytes per candidate of this
-  shard's share (at 8·10^6 labels over 4 processes the default ``serving_k``, 500,000, is 125,000 per shard), and
-  a fixed part (hash tables' queries centre the rows: ``O(N d)``).
+  abstract shapes (:func:`temp_bytes`; nothing runs): a part per sample, about 4-90 bytes per candidate (a
+  shard of a clustered index has room for all ``k``: at 8·10^6 labels the default ``serving_k`` is 500,000), and a
+  fixed part (hash tables' queries centre the rows: ``O(N d)``).
 
   Returns:
     The largest power of two at most ``max_rows`` within the bound (one compiled shape for any test set), at
@@ -245,10 +246,13 @@ def rows_within(config: ModelConfig, memory_bytes: int, ks: Sequence[int] = (),
 def temp_bytes(config: ModelConfig, ks: Sequence[int], rows: int, width: int = 32) -> int:
   """Bytes of temporaries of one process's final-evaluation program for ``rows`` samples of ``width`` features, as
   XLA counts them in the program compiled on abstract shapes: :func:`diagnose` at ``serving_k = ks[0]`` and
-  sampled inference at the other ``ks``, over one shard's rows and share of the candidates."""
-  if config.num_shards > 1:  # one shard's program: its rows, its share of each k
+  sampled inference at the other ``ks``, over one shard's rows."""
+  if config.num_shards > 1:
+    # One shard's program, over its rows. A sharded clustered query gives each shard room for all k candidates
+    # (they are not shared out by a fixed quota: the best clusters may all be one shard's); hash tables take a
+    # shard's share, for which k bounds the count from above.
     shard = shard_rows(config.num_labels, config.num_shards)
-    ks = [min(_local_k(config, min(k, config.num_labels)), shard) for k in ks]
+    ks = [min(k, shard) for k in ks]
     config = dataclasses.replace(config, num_labels=shard, num_shards=1)
   config = dataclasses.replace(config, tables=dataclasses.replace(config.tables, serving_k=ks[0]))
   state = jax.eval_shape(partial(model.init, jax.random.key(0), config))

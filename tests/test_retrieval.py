@@ -1,5 +1,7 @@
 """Candidate retrieval: MIPS reduction, clustered index, merge kernel and diagnostics against brute force."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -412,6 +414,44 @@ def test_index_query_finds_the_top_logits():
   top = np.argsort(-(h @ w.T + b), axis=1)[:, :10]
   found = np.mean([len(set(top[i]) & set(np.asarray(active)[i, :int(n[i])].tolist())) / 10 for i in range(32)])
   assert found > 0.5, found  # 10% of the rows (random ones would hold 10% of the top 10)
+
+
+SHARDED_RECALL = """
+import json
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import PartitionSpec as P
+from sparsejax import retrieval
+from sparsejax.distributed.sharding import make_mesh
+from sparsejax.shard import Shard
+rng = np.random.default_rng(5)
+shards, B, k, R, d = 3, 8, 6, 20, 4  # each shard 20 rows: global ids [20 p, 20 p + 20)
+active = np.stack([np.stack([rng.permutation(R)[:k] for _ in range(B)]) for _ in range(shards)]).astype(np.int32)
+active[:, 0, 4:] = -1  # a shard's share ends early (a clustered query's padding)
+n = rng.integers(0, k + 1, size=(shards, B)).astype(np.int32)
+labels = rng.integers(-1, shards * R, size=(B, 3)).astype(np.int32)
+top = np.stack([rng.permutation(shards * R)[:5] for _ in range(B)]).astype(np.int32)
+h, w = rng.normal(size=(B, d)).astype(np.float32), rng.normal(size=(shards * R, d)).astype(np.float32)
+def local(active, n, labels, top, h, w):
+  out = retrieval.per_query(active[0], n[0], labels, top, h, w, Shard("shard"))
+  return out["label_recall"], out["topk_recall"]
+f = jax.shard_map(local, mesh=make_mesh(shards), in_specs=(P("shard"), P("shard"), P(), P(), P(), P("shard")),
+                  out_specs=(P(), P()), check_vma=False)
+recall, topk = f(*map(jnp.asarray, (active, n, labels, top, h, w)))
+print(json.dumps(dict(active=active.tolist(), n=n.tolist(), labels=labels.tolist(), top=top.tolist(),
+                      recall=np.asarray(recall).tolist(), topk=np.asarray(topk).tolist())))
+"""
+
+
+def test_sharded_recalls_are_of_the_union_of_the_shards_candidates(run_python):
+  """Each shard looks for the labels and the exact top ids among its own candidates and the shards add up what they
+  found: the recalls of the union of every shard's candidates (global ids), against a set-based count."""
+  got = json.loads(run_python(code=SHARDED_RECALL, devices=3).stdout.splitlines()[-1])
+  active, n = np.asarray(got["active"]), np.asarray(got["n"])
+  for b, (ys, top) in enumerate(zip(got["labels"], got["top"])):
+    union = {int(a) + 20 * p for p in range(3) for a in active[p, b, :n[p, b]] if a >= 0}
+    ys = {y for y in ys if y >= 0}
+    assert got["recall"][b] == pytest.approx(len(ys & union) / len(ys) if ys else 0.0)
+    assert got["topk"][b] == pytest.approx(len(set(top) & union) / 5)
 
 
 def test_diagnostics_against_brute_force():
