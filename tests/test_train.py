@@ -281,8 +281,9 @@ def test_a_best_state_that_is_the_last_one_is_not_read_back(tmp_path, small_conf
   monkeypatch.setattr("sparsejax.train.model_selection.Selection.is_live", lambda self, step: False)  # read it back
   read_back = train_and_evaluate(config, str(tmp_path / "read_back"))
   assert restores == [1]
-  assert {k: v for k, v in live.items() if "seconds" not in k and k != "samples_per_sec"} == \
-      {k: v for k, v in read_back.items() if "seconds" not in k and k != "samples_per_sec"}
+  measured = ("samples_per_sec", "peak_rss_mb")  # (and the seconds)
+  assert {k: v for k, v in live.items() if "seconds" not in k and k not in measured} == \
+      {k: v for k, v in read_back.items() if "seconds" not in k and k not in measured}
 
 
 def test_a_best_state_read_back_replaces_the_live_parameters_never_beside_them(tmp_path, small_config, monkeypatch):
@@ -313,6 +314,43 @@ def test_a_best_state_read_back_replaces_the_live_parameters_never_beside_them(t
   final = train_and_evaluate(config, str(tmp_path))
   assert final["selected_step"] == 30 and counted["restored"] > 100_000  # the parameters, index and step
   assert counted["after"] - counted["before"] <= 0.01 * counted["restored"], counted
+
+
+@pytest.mark.parametrize("read_back", [False, True])
+def test_the_final_evaluation_holds_no_optimizer_states(tmp_path, small_config, monkeypatch, read_back):
+  """Issue 47: the final evaluation and the serving index read the parameters and the index only; the optimizer
+  states (two thirds of an Adam state's bytes) are deleted first, the final checkpoint keeping them: the arrays
+  alive when the test set is scored are those of the state without them (bytes counted), whether the selected
+  state is the live one or read back; the run resumes from that checkpoint as before."""
+  import gc
+
+  import jax
+
+  from sparsejax import evaluation
+  from sparsejax.train import model_selection
+  from sparsejax.workdir.checkpoint import Checkpoints
+
+  config = override(_selecting(small_config, max_steps=30), eval_every=1000)
+  if read_back:
+    monkeypatch.setattr(model_selection.Selection, "is_live", lambda self, step: False)
+  original, counted = evaluation.evaluate_state, {}
+
+  def evaluate_state(evaluator, run, state, *args, **kwargs):
+    if "sampled" not in kwargs:  # the final evaluation (model selection's say whether they sample)
+      counted["live"] = sum(a.nbytes for a in jax.live_arrays() if id(a) not in before)
+      counted["state"] = sum(a.nbytes for a in jax.tree.leaves(state))
+      counted["optimizer"] = [f for f in state._fields if "opt" in f and getattr(state, f) is not None]
+    return original(evaluator, run, state, *args, **kwargs)
+
+  monkeypatch.setattr(evaluation, "evaluate_state", evaluate_state)
+  gc.collect()
+  before = {id(a) for a in jax.live_arrays()}  # (another test's, not yet collected)
+  final = train_and_evaluate(config, str(tmp_path))
+  assert final["selected_step"] == 30 and counted["optimizer"] == []
+  assert counted["live"] <= 1.01 * counted["state"] + 100_000, counted  # (and the evaluator's few small arrays)
+  checkpoints = Checkpoints(str(tmp_path), writable=False)
+  saved = checkpoints.restore_arrays(30)  # what a resumed run reads: the optimizer states too
+  assert any("opt" in key and jax.tree.leaves(value) for key, value in saved.items())
 
 
 def test_an_early_stopped_run_is_finished_until_its_patience_is_raised(tmp_path, small_config, caplog):

@@ -199,13 +199,29 @@ def make_rebuild(config: ModelConfig, mesh: jax.sharding.Mesh, new_hash_function
   return jax.jit(_shard_map(local, mesh, (specs,), specs), donate_argnums=0)
 
 
+def _by_structure(make_program):
+  """``program(state, *args)`` compiled by ``make_program(specs_of(state))`` once for each set of the state's fields
+  that are None (a state without its optimizer states, as the final evaluation holds it: ``specs_of`` gives the
+  full state's partition specs with those fields None)."""
+  programs = {}
+
+  def call(state, *args):
+    missing = tuple(f for f in state._fields if getattr(state, f) is None)
+    if missing not in programs:
+      programs[missing] = make_program(lambda specs: specs._replace(**{f: None for f in missing}))
+    return programs[missing](state, *args)
+  return call
+
+
 def _per_shard(fn, config: ModelConfig, mesh: jax.sharding.Mesh, num_inputs: int):
   """``fn(state, *inputs, shard=...)`` on every shard (:mod:`sparsejax.inference`'s functions): jitted, the state
-  sharded, the ``num_inputs`` inputs and the results replicated."""
+  sharded (with or without its optimizer states), the ``num_inputs`` inputs and the results replicated."""
   def local(state, *inputs):
     return fn(_local_index(config, state), *inputs, shard=SHARD)
 
-  return jax.jit(_shard_map(local, mesh, (_abstract_specs(config, mesh), *[P()] * num_inputs), P()))
+  specs = _abstract_specs(config, mesh)
+  return _by_structure(lambda specs_of: jax.jit(_shard_map(local, mesh, (specs_of(specs), *[P()] * num_inputs),
+                                                           P())))
 
 
 def make_serving_index(config: ModelConfig, mesh: jax.sharding.Mesh):
@@ -219,7 +235,7 @@ def make_serving_index(config: ModelConfig, mesh: jax.sharding.Mesh):
     served = model.serving_index(_local_index(config, state), config, _num_valid(config, rows))
     return _stacked_index(config, served).index
 
-  build = jax.jit(_shard_map(local, mesh, (specs,), specs.index))
+  build = _by_structure(lambda specs_of: jax.jit(_shard_map(local, mesh, (specs_of(specs),), specs.index)))
   return lambda state: state._replace(index=build(state))
 
 

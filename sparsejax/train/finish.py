@@ -3,10 +3,11 @@ selected state on the whole test set (the centroid fusion chosen, the serving in
 
 from typing import Any
 
+import jax
 from absl import logging
 
 from sparsejax import evaluation, model
-from sparsejax.train import recipes
+from sparsejax.train import model_selection, recipes
 
 # Final-record fields that describe the run rather than a point of a curve.
 SUMMARY_FIELDS = ("step", "epoch", "last_loss", "samples_per_sec", "seconds", "train_seconds", "budget_seconds",
@@ -31,10 +32,25 @@ def candidate_result(loop, state, start_step: int) -> dict[str, Any]:
           "eval_compile_seconds": loop.eval_compile_seconds, "eval_scoring_seconds": loop.selection.scoring_seconds}
 
 
+def _without_training_arrays(loop, state, trained):
+  """``state`` (the selected one) without its optimizer states and parameter average, every other array of it and
+  of ``trained`` (the state as training left it: with parameter averaging, its own parameters besides the averaged
+  ones selected) deleted; the final checkpoint keeps them. The final evaluation, the serving index and the served
+  model read the parameters and the index only. At 8·10^6 labels over 4 processes a process's Adam moments (2 GB)
+  beside the serving index's build (3 GB of temporaries) did not fit the 24 GB machine."""
+  loop.checkpoints.wait()  # (saved: not read by a save in the background any more)
+  kept = model_selection.without_optimizer(state)
+  keep = {id(a) for a in jax.tree.leaves(kept)}  # a restored state's average holds its parameters
+  for array in jax.tree.leaves((state, trained)):
+    if id(array) not in keep and isinstance(array, jax.Array) and not array.is_deleted():
+      array.delete()
+  return kept
+
+
 def final_evaluation(loop, state, start_step: int, search_summary: dict | None = None) -> dict[str, Any]:
   """The final evaluation of ``loop`` (a :class:`sparsejax.train.loop.Loop` that has trained ``state``) on the whole
   test set, of the selected state, recorded and logged."""
-  step = loop.step
+  step, trained = loop.step, state
   if loop.selection is not None:
     if loop.selection.last_step != step:  # the last state competes too (the loop evaluated it, if it trained)
       loop.write(loop.selection.evaluate(loop.run, loop.evaluated(state), step,
@@ -49,6 +65,8 @@ def final_evaluation(loop, state, start_step: int, search_summary: dict | None =
                  loop.selection.metric, loop.selection.best_value, loop.step)
   else:
     state = loop.evaluated(state)
+  state = _without_training_arrays(loop, state, trained)
+  del trained
   fused, fusion_record = None, {}
   if loop.centroids is not None and loop.selection is not None:
     centroids = loop.centroids()

@@ -135,7 +135,11 @@ def _build(config: Config, split: plan.DataPlan, opened: Opened, sized: ModelCon
                           seed=config.run.seed, num_shards=sized.num_shards, top=top,
                           sampled_ks=tuple(k for k in [config.run.eval_sampled_k] if k))
   if latest is None:
-    return run, run.init(), {"epoch": 0, "index": 0, "seconds": 0.0}
+    # The initialisation's temporaries (random weights, the index's k-means: 3 GB each at 2·10^6 rows) returned as
+    # they are freed, not kept resident beside the state (sparsejax.memory.freed_memory_returned).
+    with memory.freed_memory_returned():
+      state = jax.block_until_ready(run.init())
+    return run, state, {"epoch": 0, "index": 0, "seconds": 0.0}
   abstract = run.abstract_state()
   differences = checkpoints.shape_differences(latest, abstract)
   if differences:  # --resume=force past a setting that changes the model's shapes
@@ -144,7 +148,8 @@ def _build(config: Config, split: plan.DataPlan, opened: Opened, sized: ModelCon
         + "; ".join(differences[:3]) + (f"; {len(differences) - 3} more" if len(differences) > 3 else "")
         + "): --resume=force continues a run with new settings only where they keep the model's shapes. Use "
         "another --workdir for a new run")
-  state, position = checkpoints.restore(abstract)
+  with memory.freed_memory_returned():
+    state, position = checkpoints.restore(abstract)
   logging.info("resumed from step %d (epoch %d, index %d)", latest, position["epoch"], position["index"])
   return run, state, position
 

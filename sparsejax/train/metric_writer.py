@@ -95,8 +95,9 @@ class MetricWriter:
                                 filename_suffix=f".{time.time_ns()}")
 
   def write(self, record: dict, curves: Iterable[str] | None = None) -> None:
-    """Appends ``record`` (it must hold ``step``) with ``peak_rss_mb``: this process's peak resident memory since
-    the record before (:func:`sparsejax.memory.peak_resident_mb`), where the record does not give its own.
+    """Appends ``record`` (it must hold ``step``), adding to it (in place: what a run returns is what it wrote)
+    ``peak_rss_mb``: this process's peak resident memory since the record before
+    (:func:`sparsejax.memory.peak_resident_mb`), where the record does not give its own.
 
     Args:
       record: JSON-ready values.
@@ -104,7 +105,7 @@ class MetricWriter:
     """
     peak = memory.peak_resident_mb()
     if peak is not None and "peak_rss_mb" not in record:
-      record = {**record, "peak_rss_mb": peak}
+      record["peak_rss_mb"] = peak
     with seals.writing(self.path), open(self.path, "a") as f:  # a partial last line is dropped when read
       f.write(json.dumps(record) + "\n")
     if self.tb is None:
