@@ -36,6 +36,7 @@ from sparsejax.index import mips
 
 _ASSIGN_CHUNK_BYTES = 4 << 20  # scores of a chunk of rows against all centroids, while clustering
 _ASSIGN_MIN_CHUNK = 64
+_ROW_BLOCK = 16384  # rows per block where the index is built without copying every row (8 MB of them at d = 128)
 
 
 @jax.tree_util.register_dataclass
@@ -85,6 +86,43 @@ def init_index(num_clusters: int, num_rows: int, dim: int) -> ClusterIndex:
                       rows=jnp.full((num_rows,), -1, jnp.int32))
 
 
+def _blocks(n: int, block: int):
+  """``(count, start(i))``: blocks of ``block`` rows over ``[0, n)``, the last one ending at row ``n`` (it re-reads
+  rows of the one before)."""
+  block = min(block, n)
+  return -(-n // block), block, lambda i: jnp.minimum(i * block, n - block)
+
+
+def _map_rows(fn, n: int, block: int, *arrays) -> tuple[jax.Array, ...]:
+  """``fn(*blocks) -> tuple of [block, ...]`` over blocks of rows of ``arrays`` (each ``[n, ...]``), joined into
+  ``[n, ...]`` arrays: never more than a block of whatever ``fn`` makes at once."""
+  count, block, start = _blocks(n, block)
+  outs = jax.lax.map(lambda i: fn(*[jax.lax.dynamic_slice_in_dim(a, start(i), block) for a in arrays]),
+                     jnp.arange(count))
+  overlap = count * block - n  # rows at the last block's start that the one before gave
+  return tuple(jnp.concatenate([o[:-1].reshape(-1, *o.shape[2:]), o[-1, overlap:]]) for o in outs)
+
+
+def _sum_rows(fn, n: int, block: int, discarded: int, *arrays):
+  """The sum over blocks of rows of ``fn(start, *blocks)``: the rows that a last block re-reads are given the
+  segment id ``discarded`` in the last array (the segment ids; that segment is not kept)."""
+  count, block, start = _blocks(n, block)
+
+  def add(i, total):
+    blocks = [jax.lax.dynamic_slice_in_dim(a, start(i), block) for a in arrays]
+    fresh = jnp.arange(block) + start(i) >= i * block
+    blocks[-1] = jnp.where(fresh, blocks[-1], discarded)
+    return jax.tree.map(jnp.add, total, fn(start(i), *blocks))
+
+  first = fn(0, *[jax.lax.dynamic_slice_in_dim(a, 0, block) for a in arrays])
+  return jax.lax.fori_loop(1, count, add, first)
+
+
+def _assign_chunk(num_centroids: int) -> int:
+  """Rows per block of :func:`_assign`: their ``[chunk, C]`` scores about ``_ASSIGN_CHUNK_BYTES``."""
+  return max(_ASSIGN_CHUNK_BYTES // (4 * num_centroids), _ASSIGN_MIN_CHUNK)
+
+
 def _assign(x: jax.Array, centroids: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Best centroid ``[N]`` and its score ``[N]`` of each row, in chunks of rows (never ``[N, C]``).
 
@@ -93,7 +131,7 @@ def _assign(x: jax.Array, centroids: jax.Array) -> tuple[jax.Array, jax.Array]:
   n, c = x.shape[0], centroids.shape[0]
   # A chunk's [chunk, C] scores stay about _ASSIGN_CHUNK_BYTES, in cache for the kernel that reads them. (XLA:CPU's
   # argmax over a row's C scores took longer than the matmul: 1.9 s of 3.2 s for 2e5 rows and 4096 centroids.)
-  chunk = min(max(_ASSIGN_CHUNK_BYTES // (4 * c), _ASSIGN_MIN_CHUNK), n)
+  chunk = min(_assign_chunk(c), n)
   pad = -n % chunk
   xs = jnp.pad(x, ((0, pad), (0, 0))).reshape(-1, chunk, x.shape[1])
 
@@ -162,20 +200,42 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
   valid = jnp.arange(n) < (n if num_valid is None else num_valid)
   # A non-finite row (a diverged one) would turn the mean row, so every centred row and centroid, into NaN and
   # collapse the index into one cluster: it is left out of every cluster instead, as padding is.
-  valid &= jnp.all(jnp.isfinite(weight), axis=1) & jnp.isfinite(bias)
+  row_largest = jnp.maximum(jnp.max(jnp.abs(weight), axis=1), jnp.abs(bias))  # NaN where a value is (max keeps it)
+  valid &= jnp.isfinite(row_largest)
+  row_largest = jnp.where(valid, row_largest, 0.0)
   n_valid = jnp.sum(valid)
-  w = jnp.where(valid[:, None], weight, 0.0)
-  b = jnp.where(valid, bias, 0.0)
+  # The [N, d] rows are never copied whole (at 2·10^6 rows a shard, three such copies were 3 GB of temporaries beside
+  # a 4.7 GB state, and 4 processes did not fit 24 GB): the reductions below read them in place, and the centred,
+  # augmented rows are made block by block where they are needed (the Lloyd iterations see a sample of them).
   # The clusters are those of the rows scaled by a power of two (exact) to a largest |value| in [1/2, 1): finite
   # rows near float32's maximum would overflow the mean row's sum and the squared norms into inf and NaN (tiny
   # ones would underflow), and spherical k-means of centred rows does not depend on their scale.
-  _, exponent = jnp.frexp(jnp.maximum(jnp.max(jnp.abs(w)), jnp.max(jnp.abs(b))))
-  w_scaled, b_scaled = jnp.ldexp(w, -exponent), jnp.ldexp(b, -exponent)
+  _, exponent = jnp.frexp(jnp.max(row_largest))
   # Centred rows: subtracting the mean row changes every logit of a query by the same amount (its ranking is
-  # unchanged) but removes the component all rows share, which otherwise dominates their directions.
-  w_mean = jnp.sum(w_scaled, axis=0) / jnp.maximum(n_valid, 1)
-  b_mean = jnp.sum(b_scaled) / jnp.maximum(n_valid, 1)
-  x = jnp.where(valid[:, None], mips.augment_rows(w_scaled - w_mean, b_scaled - b_mean), 0.0)
+  # unchanged) but removes the component all rows share, which otherwise dominates their directions. (Summed block
+  # by block: XLA:CPU made the masked, scaled rows whole for one sum over them.)
+  w_sum, b_sum = _sum_rows(lambda _, w, b, ok: (jnp.sum(jnp.where(ok[:, None], jnp.ldexp(w, -exponent), 0.0), axis=0),
+                                                jnp.sum(jnp.where(ok, jnp.ldexp(b, -exponent), 0.0))),
+                           n, _ROW_BLOCK, False, weight, bias, valid)
+  w_mean, b_mean = w_sum / jnp.maximum(n_valid, 1), b_sum / jnp.maximum(n_valid, 1)
+
+  def centred(w, b, ok):
+    """A block's centred, scaled rows and biases (a row left out counts as zero before centring)."""
+    w, b = jnp.where(ok[:, None], w, 0.0), jnp.where(ok, b, 0.0)
+    return jnp.ldexp(w, -exponent) - w_mean, jnp.ldexp(b, -exponent) - b_mean
+
+  # The unit sphere's radius M of the augmented rows: the longest centred row of all (a row left out too, as one
+  # mips.augment_rows call over every row measured it).
+  def norms(w, b, ok):
+    cw, cb = centred(w, b, ok)
+    return (jnp.linalg.norm(jnp.concatenate([cw, cb[:, None]], axis=1), axis=1),)
+
+  max_norm = jnp.max(_map_rows(norms, n, _ROW_BLOCK, weight, bias, valid)[0])
+
+  def augmented(w, b, ok):
+    """A block's rows as the clusters see them: centred, augmented to unit norm; zero where left out."""
+    return jnp.where(ok[:, None], mips.augment_rows(*centred(w, b, ok), max_norm), 0.0)
+
   offset = jax.random.uniform(jax.random.key(0) if key is None else key, ())
 
   def spread(count: int, among):
@@ -185,11 +245,13 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
   valid_rows = jnp.nonzero(valid, size=n, fill_value=0)[0]  # [0, n_valid) but where a non-finite row is left out
   sample_size = n if sample_per_cluster is None else min(n, sample_per_cluster * num_clusters)
   if sample_size < n:  # every sampled row is a valid one
-    train, train_valid = x[valid_rows[spread(sample_size, n_valid)]], None
+    sample = valid_rows[spread(sample_size, n_valid)]
+    train, train_valid = augmented(weight[sample], bias[sample], valid[sample]), None
     centroids = train[spread(num_clusters, sample_size)]  # seeds spread over the sampled rows
-  else:
-    train, train_valid = x, valid
-    centroids = x[valid_rows[spread(num_clusters, n_valid)]]  # seeds spread over the valid rows
+  else:  # few rows: all of them, made once
+    train = _map_rows(lambda w, b, ok: (augmented(w, b, ok),), n, _ROW_BLOCK, weight, bias, valid)[0]
+    train_valid = valid
+    centroids = train[valid_rows[spread(num_clusters, n_valid)]]  # seeds spread over the valid rows
 
   def lloyd(_, c):
     assign, _ = _assign(train, c)
@@ -200,7 +262,11 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
     return jnp.where(norms > 0, sums / jnp.maximum(norms, 1e-30), c)
 
   centroids = jax.lax.fori_loop(0, iterations, lloyd, centroids)
-  assign, score = _assign(x, centroids)
+  if train_valid is None:  # every row's best centroid, block by block
+    assign, score = _map_rows(lambda w, b, ok: _assign(augmented(w, b, ok), centroids), n,
+                              _assign_chunk(centroids.shape[0]), weight, bias, valid)
+  else:
+    assign, score = _assign(train, centroids)
   assign = jnp.where(valid, assign, num_clusters)  # padding rows: a cluster past the end
   sizes = jnp.bincount(assign, length=num_clusters + 1)[:num_clusters]
   offsets = jnp.concatenate([jnp.zeros((1,), sizes.dtype), jnp.cumsum(sizes)]).astype(jnp.int32)
@@ -211,13 +277,19 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
   # Both are summed over the members scaled by a power of two of their cluster's own (so that neither sum overflows
   # nor a cluster of small rows beside huge ones loses precision), then scaled back; a spread beyond float32's
   # range (members near its maximum, far apart) is the largest float32.
-  wb = jnp.concatenate([w, b[:, None]], axis=1)
-  largest = jax.ops.segment_max(jnp.max(jnp.abs(wb), axis=1), assign, num_clusters + 1)[:num_clusters]
+  largest = jax.ops.segment_max(row_largest, assign, num_clusters + 1)[:num_clusters]
   _, cluster_exponent = jnp.frexp(jnp.maximum(largest, 0.0))  # an empty cluster's -inf: 0
-  wb = jnp.ldexp(wb, -jnp.append(cluster_exponent, 0)[assign][:, None])
+  scale = jnp.append(cluster_exponent, 0)
+
+  def scaled_sums(start, w, b, ok, which):
+    wb = jnp.where(ok[:, None], jnp.concatenate([w, b[:, None]], axis=1), 0.0)
+    wb = jnp.ldexp(wb, -scale[which][:, None])
+    return jax.ops.segment_sum(wb, which, num_clusters + 1), jax.ops.segment_sum(jnp.sum(wb * wb, axis=1), which,
+                                                                                num_clusters + 1)
+  sums, square = _sum_rows(scaled_sums, n, _ROW_BLOCK, num_clusters, weight, bias, valid, assign)
   count = jnp.maximum(sizes, 1)[:, None].astype(jnp.float32)
-  means = jax.ops.segment_sum(wb, assign, num_clusters + 1)[:num_clusters] / count
-  square = jax.ops.segment_sum(jnp.sum(wb * wb, axis=1), assign, num_clusters + 1)[:num_clusters] / count[:, 0]
+  means = sums[:num_clusters] / count
+  square = square[:num_clusters] / count[:, 0]
   spreads = jnp.sqrt(jnp.maximum(square - jnp.sum(means * means, axis=1), 0.0))
   limit = np.finfo(np.float32).max
   means = jnp.clip(jnp.ldexp(means, cluster_exponent[:, None]), -limit, limit)
