@@ -263,8 +263,6 @@ def temp_bytes(config: ModelConfig, ks: Sequence[int], rows: int, width: int = 3
   return program.lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
-
-
 @partial(jax.jit, static_argnames=("k", "chunk", "precision"))
 def _exact_topk_jit(h, weight, bias, k, chunk, precision):
   num_out = weight.shape[0]

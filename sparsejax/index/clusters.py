@@ -87,8 +87,8 @@ def init_index(num_clusters: int, num_rows: int, dim: int) -> ClusterIndex:
 
 
 def _blocks(n: int, block: int):
-  """``(count, start(i))``: blocks of ``block`` rows over ``[0, n)``, the last one ending at row ``n`` (it re-reads
-  rows of the one before)."""
+  """``(count, rows per block, start(i))``: blocks of ``block`` rows (at most ``n``) over ``[0, n)``, the last one
+  ending at row ``n`` (it re-reads rows of the one before)."""
   block = min(block, n)
   return -(-n // block), block, lambda i: jnp.minimum(i * block, n - block)
 
@@ -104,43 +104,39 @@ def _map_rows(fn, n: int, block: int, *arrays) -> tuple[jax.Array, ...]:
 
 
 def _sum_rows(fn, n: int, block: int, discarded: int, *arrays):
-  """The sum over blocks of rows of ``fn(start, *blocks)``: the rows that a last block re-reads are given the
-  segment id ``discarded`` in the last array (the segment ids; that segment is not kept)."""
+  """The sum over blocks of rows of ``fn(*blocks)``: the rows that a last block re-reads are given the segment id
+  ``discarded`` in the last array (the segment ids, or a mask with ``discarded = False``)."""
   count, block, start = _blocks(n, block)
 
   def add(i, total):
     blocks = [jax.lax.dynamic_slice_in_dim(a, start(i), block) for a in arrays]
     fresh = jnp.arange(block) + start(i) >= i * block
     blocks[-1] = jnp.where(fresh, blocks[-1], discarded)
-    return jax.tree.map(jnp.add, total, fn(start(i), *blocks))
+    return jax.tree.map(jnp.add, total, fn(*blocks))
 
-  first = fn(0, *[jax.lax.dynamic_slice_in_dim(a, 0, block) for a in arrays])
+  first = fn(*[jax.lax.dynamic_slice_in_dim(a, 0, block) for a in arrays])
   return jax.lax.fori_loop(1, count, add, first)
 
 
 def _assign_chunk(num_centroids: int) -> int:
-  """Rows per block of :func:`_assign`: their ``[chunk, C]`` scores about ``_ASSIGN_CHUNK_BYTES``."""
+  """Rows per block of :func:`_assign`: their ``[chunk, C]`` scores stay about ``_ASSIGN_CHUNK_BYTES``, in cache for
+  the kernel that reads them. (XLA:CPU's argmax over a row's C scores took longer than the matmul: 1.9 s of 3.2 s
+  for 2e5 rows and 4096 centroids.)"""
   return max(_ASSIGN_CHUNK_BYTES // (4 * num_centroids), _ASSIGN_MIN_CHUNK)
 
 
+def _best_centroid(rows: jax.Array, centroids: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``(best centroid [m], its score [m])`` of a block of rows ``[m, d + 2]``."""
+  score, assign = selection.row_topk(jnp.dot(rows, centroids.T, precision="highest"), 1)
+  return assign[:, 0], score[:, 0]
+
+
 def _assign(x: jax.Array, centroids: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Best centroid ``[N]`` and its score ``[N]`` of each row, in chunks of rows (never ``[N, C]``).
+  """Best centroid ``[N]`` and its score ``[N]`` of each row, in blocks of rows (never ``[N, C]``).
 
   Ties go to the lower centroid and NaN scores rank last (:func:`selection.row_topk`, as :func:`probe` ranks).
   """
-  n, c = x.shape[0], centroids.shape[0]
-  # A chunk's [chunk, C] scores stay about _ASSIGN_CHUNK_BYTES, in cache for the kernel that reads them. (XLA:CPU's
-  # argmax over a row's C scores took longer than the matmul: 1.9 s of 3.2 s for 2e5 rows and 4096 centroids.)
-  chunk = min(_assign_chunk(c), n)
-  pad = -n % chunk
-  xs = jnp.pad(x, ((0, pad), (0, 0))).reshape(-1, chunk, x.shape[1])
-
-  def best(rows):
-    score, assign = selection.row_topk(jnp.dot(rows, centroids.T, precision="highest"), 1)
-    return assign[:, 0], score[:, 0]
-
-  assign, score = jax.lax.map(best, xs)
-  return assign.reshape(-1)[:n], score.reshape(-1)[:n]
+  return _map_rows(lambda rows: _best_centroid(rows, centroids), x.shape[0], _assign_chunk(centroids.shape[0]), x)
 
 
 def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iterations: int = 2,
@@ -214,7 +210,7 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
   # Centred rows: subtracting the mean row changes every logit of a query by the same amount (its ranking is
   # unchanged) but removes the component all rows share, which otherwise dominates their directions. (Summed block
   # by block: XLA:CPU made the masked, scaled rows whole for one sum over them.)
-  w_sum, b_sum = _sum_rows(lambda _, w, b, ok: (jnp.sum(jnp.where(ok[:, None], jnp.ldexp(w, -exponent), 0.0), axis=0),
+  w_sum, b_sum = _sum_rows(lambda w, b, ok: (jnp.sum(jnp.where(ok[:, None], jnp.ldexp(w, -exponent), 0.0), axis=0),
                                                 jnp.sum(jnp.where(ok, jnp.ldexp(b, -exponent), 0.0))),
                            n, _ROW_BLOCK, False, weight, bias, valid)
   w_mean, b_mean = w_sum / jnp.maximum(n_valid, 1), b_sum / jnp.maximum(n_valid, 1)
@@ -263,7 +259,7 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
 
   centroids = jax.lax.fori_loop(0, iterations, lloyd, centroids)
   if train_valid is None:  # every row's best centroid, block by block
-    assign, score = _map_rows(lambda w, b, ok: _assign(augmented(w, b, ok), centroids), n,
+    assign, score = _map_rows(lambda w, b, ok: _best_centroid(augmented(w, b, ok), centroids), n,
                               _assign_chunk(centroids.shape[0]), weight, bias, valid)
   else:
     assign, score = _assign(train, centroids)
@@ -281,7 +277,7 @@ def build_index(index: ClusterIndex, weight: jax.Array, bias: jax.Array, *, iter
   _, cluster_exponent = jnp.frexp(jnp.maximum(largest, 0.0))  # an empty cluster's -inf: 0
   scale = jnp.append(cluster_exponent, 0)
 
-  def scaled_sums(start, w, b, ok, which):
+  def scaled_sums(w, b, ok, which):
     wb = jnp.where(ok[:, None], jnp.concatenate([w, b[:, None]], axis=1), 0.0)
     wb = jnp.ldexp(wb, -scale[which][:, None])
     return jax.ops.segment_sum(wb, which, num_clusters + 1), jax.ops.segment_sum(jnp.sum(wb * wb, axis=1), which,
