@@ -355,7 +355,8 @@ class RunConfig(Section):
       500, "Steps between periodic evaluations: of the validation split (the test set with "
       "--validation_fraction=0).", bounds=AT_LEAST_ONE, identity=False)
   eval_samples: int | None = option(
-      5000, "Samples of the periodic evaluations; none: all (the final evaluation on the test set always uses all).",
+      5000, "Samples of the periodic evaluations and of the centroid fusion's choice of weight; none: all (the final "
+      "evaluation on the test set always uses all).",
       bounds=AT_LEAST_ONE, identity=False)
   eval_memory_mb: int = option(
       512, "Megabytes of temporaries per process that one call of an evaluation (and of the served model's "

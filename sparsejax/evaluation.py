@@ -97,11 +97,14 @@ class Evaluator:
     return result
 
   def fusion_weight(self, predict: Predict, state, centroids: "fusion_lib.LabelCentroids",
-                    metric: str = "p@1") -> tuple[float, dict[float, float]]:
-    """The centroids' weight that scores best on this evaluator's set (:func:`sparsejax.fusion.choose_weight`
-    over the exact predictions of ``predict``, which must return enough candidates: its ``top``)."""
+                    metric: str = "p@1", num_samples: int | None = None) -> tuple[float, dict[float, float]]:
+    """The centroids' weight that scores best on the first ``num_samples`` samples of this evaluator's set (None:
+    all) (:func:`sparsejax.fusion.choose_weight` over the exact predictions of ``predict``, which must return
+    enough candidates: its ``top``). A run passes ``--eval_samples``, the samples its checkpoints were selected
+    on: scoring every label for a whole validation split of 50,000 samples and 8·10^6 labels took over 20 minutes
+    on 2 cores."""
     rows_of, batches = [], []
-    for rows, fi, fv in self._batches(None):
+    for rows, fi, fv in self._batches(num_samples):
       scores, ids, _ = predict(state, fi, fv)
       scores, ids = np.asarray(scores)[:len(rows)], np.asarray(ids)[:len(rows)]
       rows_of.append(rows)

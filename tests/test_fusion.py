@@ -106,6 +106,34 @@ def test_choose_weight_picks_the_best_validation_score_ties_to_the_smaller_weigh
   assert weight == 0.0  # the centroids only hurt: the network alone
 
 
+def test_the_fusion_weight_is_chosen_on_the_first_samples_asked_for():
+  from sparsejax.evaluation import Evaluator
+
+  rng = np.random.default_rng(3)
+  data, train = _dataset(rng, n=300), _dataset(rng, n=200)
+  centroids = fusion.label_centroids(train)
+  weights = rng.normal(size=(data.num_features, data.num_labels)).astype(np.float32)
+  seen = []
+
+  def predict(state, fi, fv):  # a linear network's 6 best labels, scored by numpy
+    x = np.zeros((len(fi), data.num_features), np.float32)
+    for b in range(len(fi)):
+      real = fi[b] >= 0
+      np.add.at(x[b], fi[b][real], fv[b][real])
+    seen.append(int((fi >= 0).any(1).sum()))
+    logits = x @ weights
+    ids = np.argsort(-logits, 1, kind="stable")[:, :6]
+    return np.take_along_axis(logits, ids, 1), ids, None
+
+  propensity = np.ones(data.num_labels)
+  first = Evaluator(data, propensity, None, batch_size=32).fusion_weight(predict, None, centroids, "p@1", 100)
+  assert sum(seen) == 100  # the samples after the first 100 are not predicted
+  subset = Evaluator(data.subset(np.arange(100)), propensity, None, batch_size=32)
+  assert first == subset.fusion_weight(predict, None, centroids, "p@1")
+  whole = Evaluator(data, propensity, None, batch_size=32).fusion_weight(predict, None, centroids, "p@1")
+  assert whole[1] != first[1]  # all 300 samples score otherwise
+
+
 def _train(workdir, **settings):
   from sparsejax.config import Config
   from sparsejax.settings import override

@@ -71,7 +71,7 @@ def final_evaluation(loop, state, start_step: int, search_summary: dict | None =
   if loop.centroids is not None and loop.selection is not None:
     centroids = loop.centroids()
     weight, table = loop.selection.evaluator.fusion_weight(loop.run.exact_predictor(), state, centroids,
-                                                           loop.selection.metric)
+                                                           loop.selection.metric, loop.config.run.eval_samples)
     logging.info("centroid fusion: weight %g (validation %s by weight: %s)", weight, loop.selection.metric,
                  ", ".join(f"{w:g} {v:.4f}" for w, v in table.items()))
     fused, fusion_record = (centroids, weight), {"fusion_weight": weight,

@@ -155,7 +155,7 @@ def evaluate(config: Config, final: dict[str, Any], workdir: str, members: dict[
     centroids = fusion.label_centroids(train_set)
     listed = min(fusion.CANDIDATES, model.num_labels)
     weight, table = evaluator(validation).fusion_weight(model.network_predictor(listed), model.params, centroids,
-                                                        config.run.selection_metric)
+                                                        config.run.selection_metric, config.run.eval_samples)
     logging.info("ensemble: centroid fusion weight %g (validation %s by weight: %s)", weight,
                  config.run.selection_metric, ", ".join(f"{w:g} {v:.4f}" for w, v in table.items()))
     assets.save_fusion(workdir, run_id, centroids, weight)
