@@ -6,7 +6,7 @@ from typing import Any
 import jax
 from absl import logging
 
-from sparsejax import evaluation, model
+from sparsejax import evaluation, memory, model
 from sparsejax.train import model_selection, recipes
 
 # Final-record fields that describe the run rather than a point of a curve.
@@ -44,6 +44,9 @@ def _without_training_arrays(loop, state, trained):
   for array in jax.tree.leaves((state, trained)):
     if id(array) not in keep and isinstance(array, jax.Array) and not array.is_deleted():
       array.delete()
+  # Given back to the system, not kept by the allocator for this process alone: the other processes of the machine
+  # may need it (the 10^9-parameter run's final evaluation ran with 0.6 GB of the 24 GB free).
+  memory.release_free_memory()
   return kept
 
 

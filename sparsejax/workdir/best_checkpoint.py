@@ -120,8 +120,10 @@ class BestCheckpoint:
       return None
     saved_fields = saved_state.top_level_fields(self._ocp, self.step_directory(step))
     target, as_state = saved_state.in_saved_layout(abstract_state, saved_fields)
-    restored = self._manager.restore(step, args=self._ocp.args.Composite(state=self._ocp.args.StandardRestore(target)))
-    return as_state(restored["state"])
+    args = self._ocp.args
+    state, _ = saved_state.restore_in_stages(self._ocp, lambda part: self._manager.restore(step, args=args.Composite(
+        state=args.StandardRestore(part))), target)
+    return as_state(state)
 
   def restore_arrays(self):
     """The best state as a plain tree of host arrays (as

@@ -20,6 +20,7 @@ run (other settings, another process count), naming what differs.
 """
 
 import contextlib
+import functools
 import importlib.metadata
 import json
 import logging as pylogging
@@ -61,12 +62,25 @@ def item_handlers(ocp, *json_items: str) -> dict[str, Any]:
   array. Where an orbax version lacks the option, its default (compressed) handler is kept.
   """
   handler = ocp.StandardCheckpointHandler()
+  # On the instance: orbax matches a handler's class to its arguments' (a subclass would match none).
+  handler.restore = functools.partial(_restore_with_placeholders, handler, handler.restore)
   impl = getattr(handler, "_impl", None)
   try:
     handler._impl = type(impl)(use_compression=False, use_ocdbt=True)
   except TypeError:  # another orbax: its own defaults
     handler._impl = impl
   return {"state": handler} | {name: ocp.JsonCheckpointHandler() for name in json_items}
+
+
+def _restore_with_placeholders(handler, restore, directory, item=None, args=None):
+  """``handler.restore`` (orbax's standard handler's), also for a target whose arrays are in part ``ocp.PLACEHOLDER``
+  (not read: :func:`sparsejax.workdir.saved_state.restore_in_stages`), which the standard handler's checks refuse."""
+  target = args.item if args is not None else item
+  if not any(leaf is ocp.PLACEHOLDER for leaf in jax.tree.leaves(target)):
+    return restore(directory, item, args)
+  restore_args = jax.tree.map(lambda x: x if x is ocp.PLACEHOLDER else ocp.ArrayRestoreArgs(
+      sharding=x.sharding, global_shape=x.shape, dtype=x.dtype), target)
+  return handler._impl.restore(directory, args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args))
 
 
 def finish_other_saves(manager) -> None:
@@ -287,9 +301,10 @@ class Checkpoints:
     ocp = self._ocp
     target, as_state = saved_state.in_saved_layout(abstract_state,
                                                    saved_state.top_level_fields(ocp, self._step_dir(step)))
-    restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                                                   data=ocp.args.JsonRestore()))
-    return as_state(restored["state"]), restored["data"]
+    args = ocp.args
+    state, restored = saved_state.restore_in_stages(ocp, lambda part: self._manager.restore(step, args=args.Composite(
+        state=args.StandardRestore(part), data=args.JsonRestore())), target)
+    return as_state(state), restored["data"]
 
   def restore_arrays(self, step: int | None = None):
     """The newest (or ``step``'s) state as a plain tree of host arrays, whatever the run's layout.
