@@ -56,7 +56,7 @@ def load(workdir: str, step: int | None = None, platform: str = "cpu"):
 
   See :mod:`sparsejax.serving.model`.
   """
-  from sparsejax.serving.model import load as _load
+  from sparsejax.serving.model import load as _load  # deferred: import sparsejax stays free of JAX
 
   return _load(workdir, step, platform)
 
@@ -64,7 +64,7 @@ def load(workdir: str, step: int | None = None, platform: str = "cpu"):
 def __getattr__(name: str):
   """``sparsejax.fit``, imported on first use: ``import sparsejax`` stays free of JAX."""
   if name == "fit":
-    from sparsejax.fitting import fit
+    from sparsejax.fitting import fit  # deferred: import sparsejax stays free of JAX
 
     return fit
   raise AttributeError(f"module 'sparsejax' has no attribute {name!r}")

@@ -115,7 +115,7 @@ def advise_huge_pages(tree, min_bytes: int = 64 << 20) -> int:
   Returns:
     Bytes now advised (0 where unsupported).
   """
-  import jax  # lazily: the config's validation imports this module for machine_memory_bytes
+  import jax  # deferred: the config's validation imports this module (before JAX may start)
 
   if not sys.platform.startswith("linux"):
     return 0

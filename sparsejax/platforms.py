@@ -79,15 +79,11 @@ def pin(platform: str, model: str | None, caller: str) -> None:
     PlatformUnavailable: JAX has no device of ``platform`` here, or already runs on another platform in this process.
   """
   check(platform, model)
-  import jax
-  from jax._src import xla_bridge
-
+  # deferred: the commands check --platform with this module before JAX may start (sharding imports JAX)
   from sparsejax.distributed import sharding
 
-  if not xla_bridge.backends_are_initialized():  # JAX reads jax_platforms when it starts its backends
-    jax.config.update("jax_platforms", platform)
   try:
-    running = sharding.first_device(platform).platform
+    running = sharding.start_on(platform).platform
   except RuntimeError as e:  # no device of it
     raise PlatformUnavailable(platform, str(e)) from None
   if running != DEVICE_PLATFORMS[platform]:

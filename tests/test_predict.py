@@ -456,7 +456,7 @@ def test_predict_refuses_svmlight_values_not_finite_in_float32(tmp_path, monkeyp
   import io
   import types
 
-  from sparsejax.cli.predict import read_inputs
+  from sparsejax.cli.predict_run import read_inputs
 
   model = types.SimpleNamespace(text_input=False, num_features=10)  # what read_inputs asks of a model
   content = f"1 0:0.5 2:3.4028235e+38\n2 qid:7 1:0.25 3:{value}\n"
@@ -480,7 +480,7 @@ def test_a_malformed_xc_header_is_named_as_one(tmp_path, header):
   svmlight file ... need more than 1 value to unpack"."""
   import types
 
-  from sparsejax.cli.predict import read_inputs
+  from sparsejax.cli.predict_run import read_inputs
 
   (tmp_path / "x.txt").write_text(f"{header}\n1 0:0.5 3:1\n2 5:1\n")
   with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'x.txt'}:1: {header!r} is neither an XC header (three "

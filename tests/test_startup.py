@@ -167,7 +167,7 @@ def test_the_launcher_gives_its_ranks_one_new_work_directory(tmp_path, monkeypat
 def test_a_rank_reports_the_signal_the_launcher_was_stopped_by(tmp_path, monkeypatch, stopped_by):
   """Issue 33: Ctrl-C on sparsejax-launch was reported by its ranks as "stopped by SIGTERM" (the preemption notice
   it sends them)."""
-  from sparsejax.cli.train import _launcher_stop_signal
+  from sparsejax.cli.train_run import _launcher_stop_signal
 
   (tmp_path / "stop").write_text(stopped_by)
   monkeypatch.setenv(rundirs.LAUNCH_STOP_FILE_ENV, str(tmp_path / "stop"))

@@ -23,6 +23,7 @@ Needs matplotlib (pip install matplotlib).
 
 def plot(argv: list[str]) -> None:
   """absl main of ``sparsejax-plot``."""
+  # deferred: it imports JAX (through the metrics' seals); --help and a flag's error need not wait for it
   from sparsejax.train import plot as plotting
 
   workdir = argv[1]

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
+import scipy.sparse
 
 from .dataset import XCDataset
 from .xc_format import FLOAT32_OVERFLOW
@@ -43,8 +44,6 @@ def features(X: Any, name: str = "X") -> Any:
     TypeError: ``X`` is not a 2-D numeric matrix.
     ValueError: ``X`` has no rows or a value that is not finite in float32 (NaN, inf, 1e39).
   """
-  import scipy.sparse
-
   if X is None or isinstance(X, (str, bytes)):
     raise TypeError(f"{name}: give a sparse [n, num_features] matrix (scipy.sparse.csr_matrix), got {X!r}")
   try:
@@ -83,8 +82,6 @@ def label_rows(Y: Any, num_samples: int, name: str = "Y") -> LabelRows:
     ValueError: another number of rows than ``num_samples``, an unlabelled sample, an indicator entry other than
       0 or 1, a label id that is negative, not an integer or repeated within its sample.
   """
-  import scipy.sparse
-
   if scipy.sparse.issparse(Y):
     rows = _indicator(Y, name)
   elif isinstance(Y, np.ndarray) and Y.ndim == 2:
@@ -108,8 +105,6 @@ def label_rows(Y: Any, num_samples: int, name: str = "Y") -> LabelRows:
 
 
 def _indicator(Y: Any, name: str) -> LabelRows:
-  import scipy.sparse
-
   if Y.ndim != 2:
     raise TypeError(f"{name}: a sparse indicator matrix must be 2-D [n, num_labels], got shape {Y.shape}")
   y = scipy.sparse.csr_matrix(Y, copy=True)

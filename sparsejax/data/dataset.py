@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable
 
 import numpy as np
+import scipy.sparse
 
 from sparsejax.padding import PAD_ID
 
@@ -164,8 +165,6 @@ class XCDataset:
     Returns:
       ``scipy.sparse.csr_matrix [n, F]`` float32; a sample without features is an empty row.
     """
-    import scipy.sparse  # here, not at import: the data package stays importable without loading scipy
-
     return scipy.sparse.csr_matrix((self.values, self.indices, self.indptr), shape=(len(self), self.num_features))
 
   # ------------------------------------------------------------ selection

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .dataset import XCDataset
-from .text import TOKEN_PATTERN, stratified_split, tfidf_datasets
+from .text import TOKEN_PATTERN, sklearn_text, stratified_split, tfidf_datasets
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -196,10 +196,9 @@ def load_gcide_cloze(
     raise ValueError(f"min_texts must be >= 1, got {min_texts}")
   if not 0.0 <= test_fraction < 1.0:
     raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
-  from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
-
+  stop_words = sklearn_text().ENGLISH_STOP_WORDS
   texts = sorted({text for _, text in _definitions()})
-  words = [sorted(set(_WORD.findall(text.lower())) - ENGLISH_STOP_WORDS) for text in texts]
+  words = [sorted(set(_WORD.findall(text.lower())) - stop_words) for text in texts]
   num_texts = collections.Counter(w for ws in words for w in ws)
   rng = np.random.default_rng([seed, 1])  # its own stream: the split below draws from seed alone
   # Texts whose tokens coincide once their word is removed are one sample if they lost the same word (as

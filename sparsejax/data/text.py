@@ -23,6 +23,14 @@ from .dataset import XCDataset
 TOKEN_PATTERN = r"(?u)\b\w+\b"
 
 
+def sklearn_text():
+  """scikit-learn's text module (``TfidfVectorizer``, ``ENGLISH_STOP_WORDS``), imported on first use."""
+  # deferred: scikit-learn takes about 1.5 s to import, and models given feature rows never need it
+  from sklearn.feature_extraction import text as sklearn_text_module
+
+  return sklearn_text_module
+
+
 class VectorizerFormatError(ValueError):
   """A ``vectorizer.json`` that is not what :func:`save_vectorizer` writes; ``str()`` names the file and the key.
 
@@ -91,10 +99,8 @@ def read_vectorizer(path: str | os.PathLike) -> dict:
 
 def vectorizer_from_saved(saved: dict) -> Any:
   """The ``TfidfVectorizer`` of :func:`read_vectorizer`'s checked data."""
-  from sklearn.feature_extraction.text import TfidfVectorizer
-
   params = {k: tuple(v) if isinstance(v, list) else v for k, v in saved["params"].items()}
-  vectorizer = TfidfVectorizer(**params, dtype=np.float32)
+  vectorizer = sklearn_text().TfidfVectorizer(**params, dtype=np.float32)
   vectorizer.vocabulary_ = saved["vocabulary"]
   vectorizer.idf_ = np.asarray(saved["idf"], np.float64)
   return vectorizer
@@ -220,10 +226,9 @@ def tfidf_datasets(texts: Sequence[str], labels: Sequence[Sequence[int]], is_tes
   Returns:
     ``(train, test, vectorizer)`` with the fitted ``TfidfVectorizer``.
   """
-  from sklearn.feature_extraction.text import TfidfVectorizer
-
-  vectorizer = TfidfVectorizer(ngram_range=(1, 2), token_pattern=TOKEN_PATTERN, max_features=max_features,
-                               min_df=min_df, sublinear_tf=True, dtype=np.float32)
+  vectorizer = sklearn_text().TfidfVectorizer(ngram_range=(1, 2), token_pattern=TOKEN_PATTERN,
+                                              max_features=max_features, min_df=min_df, sublinear_tf=True,
+                                              dtype=np.float32)
   train_idx, test_idx = np.flatnonzero(~is_test), np.flatnonzero(is_test)
   x_train = vectorizer.fit_transform([texts[i] for i in train_idx])
   x_test = vectorizer.transform([texts[i] for i in test_idx])

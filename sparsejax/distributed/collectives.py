@@ -290,7 +290,7 @@ def compile_step(jitted, *args, known_scopes=None, **kwargs) -> CompiledStep:
     *args, **kwargs: example arguments (arrays or ``jax.ShapeDtypeStruct``).
     known_scopes: if given, the only names that count as named scopes.
   """
-  import jax  # here: reading HLO text needs no JAX
+  import jax  # deferred: reading HLO text needs no JAX (the network analysis reads it)
   compiled = jitted.lower(*args, **kwargs).compile()
   return parse_compiled(compiled.as_text(), default_group_size=jax.device_count(), known_scopes=known_scopes)
 

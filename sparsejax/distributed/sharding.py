@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
+from jax._src import xla_bridge
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -62,6 +63,14 @@ def first_device(platform: str):
   except (RuntimeError, AssertionError) as e:
     raise RuntimeError(f"JAX has no {platform} device here ({str(e) or 'none found'}; an accelerator needs JAX's "
                        "plugin for it, e.g. pip install 'jax[cuda12]')") from None
+
+
+def start_on(platform: str):
+  """This process's first JAX device (:func:`first_device`), JAX started on ``platform`` where it has not started yet:
+  it reads ``jax_platforms`` when it starts its backends, and keeps them."""
+  if not xla_bridge.backends_are_initialized():
+    jax.config.update("jax_platforms", platform)
+  return first_device(platform)
 
 
 def make_mesh(num_shards: int | None = None) -> jax.sharding.Mesh:

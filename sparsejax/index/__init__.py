@@ -14,6 +14,7 @@ checkpoints of the earlier layout.
 Importing this package does not import JAX; the implementations load on first use.
 """
 
+from sparsejax.index import kinds
 from sparsejax.index.base import Index
 from sparsejax.index.kinds import from_config
 
@@ -21,10 +22,7 @@ __all__ = ["Index", "from_config", "cluster_index", "lsh_index"]
 
 
 def __getattr__(name: str):
-  if name == "cluster_index":
-    from sparsejax.index.clustered import cluster_index
-    return cluster_index
-  if name == "lsh_index":
-    from sparsejax.index.hashed import lsh_index
-    return lsh_index
+  """``cluster_index`` and ``lsh_index``, imported on first use (:func:`.kinds.implementation`): they import JAX."""
+  if name in ("cluster_index", "lsh_index"):
+    return kinds.implementation(name)
   raise AttributeError(f"module 'sparsejax.index' has no attribute {name!r}")

@@ -28,14 +28,21 @@ class Kind(NamedTuple):
   table_bytes: Callable[[Any, int | None, int | None], tuple[int, int, int] | None]
 
 
+def implementation(name: str) -> Callable[[Any], Any]:
+  """``cluster_index`` or ``lsh_index``, as :mod:`sparsejax.index` names them, imported on first use."""
+  # deferred: the implementations import JAX (the settings are validated without it), and hashed imports this module.
+  # Both at once: they share their imports (hashed's own take a few hundredths of a second).
+  from sparsejax.index import clustered, hashed
+
+  return {"cluster_index": clustered.cluster_index, "lsh_index": hashed.lsh_index}[name]
+
+
 def _clusters(config):
-  from sparsejax.index.clustered import cluster_index
-  return cluster_index(config)
+  return implementation("cluster_index")(config)
 
 
 def _lsh(config):
-  from sparsejax.index.hashed import lsh_index
-  return lsh_index(config)
+  return implementation("lsh_index")(config)
 
 
 # Tables of sampled inference and the evaluations per table of training (serving_table_sizes).

@@ -10,6 +10,11 @@ several times in one process (tests): flags are defined once per command and res
 import importlib
 import sys
 
+from absl import flags
+
+from sparsejax.netanalysis.file_io import check_output_file
+from sparsejax.netanalysis.units import ProfileError
+
 # command -> (module, one-line description)
 COMMANDS = {
     "whatif": ("sparsejax.netanalysis.whatif_cli", "predict steps at other bandwidths, worker counts, compression"),
@@ -38,9 +43,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"error: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
     return 2
   module = importlib.import_module(COMMANDS[command][0])
-  from absl import flags
-
-  from sparsejax.netanalysis.units import ProfileError
   if command not in _DEFINED:
     module.define_flags(command)
     _DEFINED.add(command)
@@ -55,8 +57,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   try:
-    from sparsejax.netanalysis.file_io import check_output_file
-
     for name in ("json", "trace"):  # files written at the end: checked before the work
       if name in flags.FLAGS and flags.FLAGS[name].value:
         check_output_file(name, flags.FLAGS[name].value)

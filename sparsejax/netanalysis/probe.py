@@ -25,15 +25,12 @@ with the ring's wire bytes (all-reduce ``2 (P-1)/P S``, all-gather ``(P-1)/P S``
 the NCCL tests' definition.
 """
 
-import os
-import sys
-import time
-
 import numpy as np
-from absl import flags, logging
+from absl import flags
 
 from sparsejax.distributed.collectives import ring_wire_bytes
-from sparsejax.netanalysis import cost_tables, probe_results
+from sparsejax.netanalysis import probe_results
+from sparsejax.netanalysis.flagdefs import define_flag
 from sparsejax.rates import parse_rate
 
 FLAGS = flags.FLAGS
@@ -47,7 +44,6 @@ ELEMENT_BYTES = 4  # float32
 def define_flags(command: str) -> None:
   """Define the flags of ``probe`` (including the launcher's)."""
   del command
-  from sparsejax.netanalysis.flagdefs import define_flag
   define_flag("string", "out", None, "Write the probe (schema sparsejax.netanalysis.probe/1) here.")
   define_flag("integer", "max_bytes", 256 * 1024 * 1024, "Largest message S, bytes.")
   define_flag("float", "max_call_seconds", 2.0, "Stop growing a kind's messages once one call takes longer.")
@@ -131,95 +127,6 @@ def format_table(probe: probe_results.Probe) -> str:
   return "\n".join(lines)
 
 
-def _programs(mesh, processes: int) -> dict:
-  import jax
-  from jax.sharding import PartitionSpec as P
-
-  from sparsejax.distributed.sharding import AXIS
-  ring = [(i, (i + 1) % processes) for i in range(processes)]
-  bodies = {"all-reduce": lambda x: jax.lax.psum(x, AXIS),
-            "all-gather": lambda x: jax.lax.all_gather(x, AXIS, tiled=True),
-            "collective-permute": lambda x: jax.lax.ppermute(x, AXIS, perm=ring)}
-  return {kind: jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS), check_vma=False))
-          for kind, body in bodies.items()}
-
-
-def _input(mesh, elements: int):
-  """A float32 array of ``elements`` per process, sharded over the mesh."""
-  import jax
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
-
-  from sparsejax.distributed.sharding import AXIS
-  sharding = NamedSharding(mesh, P(AXIS))
-  return jax.make_array_from_callback((elements * mesh.size,), sharding,
-                                      lambda index: np.ones(elements, np.float32))
-
-
-def _calls(fn, args, n: int) -> list[float]:
-  """Seconds of each of ``n`` calls of ``fn(*args)``, waiting for each."""
-  import jax
-  times = []
-  for _ in range(n):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return times
-
-
-def measure(kinds, max_bytes: int, max_call: float, iters: int, warmup: int, budget: float) -> dict:
-  """This process's call times: ``{kind: [(bytes, [seconds...]), ...]}``.
-
-  Process 0 decides (broadcast) whether to time a size and how many calls, so that every process
-  makes the same calls: a size is skipped, and the kind ends, when the first warm-up call takes
-  longer than ``max_call`` or the budget is spent; ``4 * iters`` calls are timed while they are cheap.
-  """
-  from sparsejax.distributed import sharding
-  from sparsejax.netanalysis.collect import broadcast_int
-  mesh = sharding.make_mesh()
-  P = mesh.size
-  programs = _programs(mesh, P)
-  t_start = time.time()
-  out = {}
-  for i, kind in enumerate(kinds):
-    deadline = t_start + budget * (i + 1) / len(kinds)
-    out[kind] = []
-    for nbytes in sizes(max_bytes, P, kind):
-      x = _input(mesh, nbytes // ELEMENT_BYTES // (P if kind == "all-gather" else 1))
-      fn = programs[kind].lower(x).compile()
-      first = _calls(fn, (x,), 1)[0]
-      calls = 4 * iters if first * 4 * iters < 0.2 else iters
-      # A size whose calls (judged by the first) would end past the deadline is not started.
-      over = first > max_call or time.time() + first * (max(warmup - 1, 0) + calls) > deadline
-      calls = broadcast_int(0 if over else calls)
-      if not calls:
-        break
-      _calls(fn, (x,), max(warmup - 1, 0))
-      times = _calls(fn, (x,), calls)
-      out[kind].append((nbytes, times))
-      if broadcast_int(int(float(np.median(times)) > max_call)):
-        break
-  return out
-
-
-def reduce_cost(max_bytes: int, budget: float) -> cost_tables.CostTable:
-  """Seconds of a jitted add of two float32 buffers on this process, by buffer size (4 B doubling)."""
-  import jax
-  add = jax.jit(lambda a, b: a + b)
-  rows, s, t_start = [], ELEMENT_BYTES, time.time()
-  while s <= max_bytes and time.time() - t_start < budget:
-    a = jax.device_put(np.ones(s // ELEMENT_BYTES, np.float32))
-    b = jax.device_put(np.ones(s // ELEMENT_BYTES, np.float32))
-    fn = add.lower(a, b).compile()
-    _calls(fn, (a, b), 2)
-    times = _calls(fn, (a, b), 5)
-    while len(times) < 50 and sum(times) < 0.05:
-      times += _calls(fn, (a, b), 5)
-    rows.append((float(s), float(np.median(times))))
-    s *= 2
-  return cost_tables.cost_table(rows, path="reduce cost")
-
-
 def main(command: str, argv) -> int:
   """Run the probe on every process; process 0 prints the table and writes the files."""
   del command
@@ -238,39 +145,7 @@ def main(command: str, argv) -> int:
   if FLAGS.warmup < 0:
     raise ValueError(f"--warmup must be >= 0, got {FLAGS.warmup}")
   capacity = parse_rate(FLAGS.link_capacity) if FLAGS.link_capacity else None
-  from sparsejax.distributed import sharding
-  sharding.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-  import jax
-  if jax.process_count() < 2:
-    raise ValueError("probe needs at least 2 processes: python -m sparsejax.distributed.launch -n P python -m "
-                     "sparsejax.netanalysis probe ...")
-  t0 = time.time()
-  measured = measure(kinds, FLAGS.max_bytes, FLAGS.max_call_seconds, FLAGS.iters, FLAGS.warmup, FLAGS.budget_seconds)
-  cost = reduce_cost(min(FLAGS.max_bytes, 64 * 1024 * 1024), budget=5.0)
-  from sparsejax.netanalysis.collect import gather_json
-  everything = gather_json(measured)
-  if everything is None:
-    return 0
-  P = jax.process_count()
-  fits = {}
-  for kind in kinds:
-    rows = []
-    for i, (nbytes, _) in enumerate(everything[0][kind]):
-      per_call = np.max([rank[kind][i][1] for rank in everything], axis=0)  # the slowest rank's, call by call
-      rows.append(probe_row(kind, P, nbytes, per_call.tolist()))
-    if len(rows) >= 2:
-      fits[kind] = fit(kind, P, rows)
-    else:
-      logging.warning("probe: %s measured at fewer than 2 sizes; no fit", kind)
-  probe = probe_results.Probe(workers=P, dtype="float32", link_capacity_bps=capacity, collectives=fits,
-                              reduce_cost=cost)
-  print(format_table(probe))
-  print(f"# probe took {time.time() - t0:.1f} s")
-  if FLAGS.out:
-    probe_results.write_probe(FLAGS.out, probe)
-    cost_path = FLAGS.reduce_cost_out or os.path.splitext(FLAGS.out)[0] + ".reduce_cost.log"
-    cost_tables.write_cost_table(cost_path, cost, comment="jitted float32 a + b on one process (netanalysis probe): "
-                              "bytes per buffer, seconds")
-    print(f"wrote {FLAGS.out} and {cost_path}")
-  sys.stdout.flush()
-  return 0
+  # deferred: JAX and the collectives load only for a probe, not for --help, a flag's error or the fits
+  from sparsejax.netanalysis import probe_run
+
+  return probe_run.run(kinds, capacity)

@@ -196,11 +196,10 @@ def read_whatif(path: str) -> dict:
 def require_matplotlib():
   """The pyplot module (Agg backend). Raises ValueError with what to install when matplotlib is missing."""
   try:
-    import matplotlib
+    import matplotlib.pyplot as plt  # deferred: matplotlib is optional (sparsejax[plot]), for PNG output only
   except ImportError:
     raise ValueError("PNG output needs matplotlib: pip install 'sparsejax[plot]' (or pip install matplotlib)") from None
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt.switch_backend("Agg")  # files, never a window (as matplotlib.use("Agg"), with pyplot imported)
   return plt
 
 

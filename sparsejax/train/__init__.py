@@ -16,6 +16,7 @@ def __getattr__(name: str):
   """``train_and_evaluate``, imported on first use: the driver imports JAX, and ``sparsejax.workdir.seals`` or
   ``.console`` need not."""
   if name == "train_and_evaluate":
+    # deferred: the commands import this package's light modules (allocator, recipes) before JAX may start
     from sparsejax.train.driver import train_and_evaluate
 
     return train_and_evaluate

@@ -95,7 +95,7 @@ def configure(setting: str | None) -> tuple[str | None, str | None]:
     ``(directory used or None, warning or None)``: the warning says why a directory named could not be used (the
     command then compiles without a cache).
   """
-  import jax
+  import jax  # deferred: the commands' flags import this module before JAX may start
 
   directory, is_default = resolve(setting)
   if directory is None:

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterator
 
 from absl import logging
+from tqdm.auto import tqdm
 
 from sparsejax.settings import format_value, non_default_settings
 
@@ -94,8 +95,6 @@ class _AboveTheBar:
     self.stream = stream
 
   def write(self, text: str) -> None:
-    from tqdm.auto import tqdm
-
     tqdm.write(text.rstrip("\n"), file=self.stream)
 
   def flush(self) -> None:
@@ -134,8 +133,6 @@ class Progress:
     self.total, self.bar, self._handler, self._stream = total, None, None, None
     # A terminal of no width (no stty size) would show nothing.
     if bar and (_terminal_columns(sys.stderr) > 0 or _in_notebook()):
-      from tqdm.auto import tqdm
-
       self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
       self._handler = _console_handler or getattr(logging.get_absl_handler(), "python_handler", None)
       if self._handler is not None:

@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Iterable
 
+import jax
 from absl import logging
 
 from sparsejax import memory
@@ -84,15 +85,16 @@ class MetricWriter:
     self.tb = None
     if tensorboard:
       try:
-        from tensorboardX import SummaryWriter
+        import tensorboardX.proto.summary_pb2  # deferred: optional (pip install tensorboardX), for --tensorboard only
       except ImportError:
         logging.warning("--tensorboard needs tensorboardX (pip install tensorboardX): not writing events")
       else:
         # purge_step: TensorBoard hides events at and after it from earlier (crashed) sessions. The suffix: the
         # file is named by the second it was opened, and a session that opened it in the same second as the last
         # one (a quick restart) overwrote that session's events.
-        self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=resume_step + 1,
-                                filename_suffix=f".{time.time_ns()}")
+        self.tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=resume_step + 1,
+                                             filename_suffix=f".{time.time_ns()}")
+        self._summary = tensorboardX.proto.summary_pb2.Summary  # the proto, for write()
 
   def write(self, record: dict, curves: Iterable[str] | None = None) -> None:
     """Appends ``record`` (it must hold ``step``), adding to it (in place: what a run returns is what it wrote)
@@ -110,13 +112,11 @@ class MetricWriter:
       f.write(json.dumps(record) + "\n")
     if self.tb is None:
       return
-    from tensorboardX.proto.summary_pb2 import Summary
-
     keys = [k for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"]
     if curves is not None:
       keys = [k for k in keys if k in set(curves)]
     # The Summary proto directly: add_scalar would rename tags such as "p@1" (with a warning each time).
-    summary = Summary(value=[Summary.Value(tag=k, simple_value=float(record[k])) for k in keys])
+    summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(record[k])) for k in keys])
     self.tb._get_file_writer().add_summary(summary, record["step"])  # noqa: SLF001
     self.tb.flush()
 
@@ -127,8 +127,6 @@ class MetricWriter:
 
 def append_record(workdir: str, record: dict) -> None:
   """Appends ``record`` to ``WORKDIR/metrics.jsonl`` (the recipe search's records, written between runs)."""
-  import jax  # (lazily: sparsejax-plot reads records without JAX)
-
   if jax.process_index() == 0:
     path = os.path.join(workdir, METRICS_FILE)
     with seals.writing(path), open(path, "a") as f:

@@ -27,12 +27,10 @@ def plot_run(workdir: str, output: str) -> str:
     ValueError: ``workdir`` holds no metrics.
   """
   try:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib is optional (sparsejax[plot]), for plots only
   except ImportError:
     raise MissingMatplotlib("sparsejax-plot needs matplotlib: pip install matplotlib") from None
+  plt.switch_backend("Agg")  # a file, never a window (as matplotlib.use("Agg"), with pyplot imported)
   records = read_records(workdir)
   if not records:
     raise ValueError(f"{os.path.join(workdir, 'metrics.jsonl')}: no metrics to plot (train with --workdir={workdir})")

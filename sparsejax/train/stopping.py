@@ -15,6 +15,7 @@ import signal
 import threading
 
 import jax
+from jax.experimental import multihost_utils
 
 
 class Interrupted(Exception):
@@ -103,8 +104,6 @@ class StopRequests:
   def requested(self, step: int) -> bool:
     """Whether to stop after ``step`` (the same answer on every process)."""
     if self._multi:
-      from jax.experimental import multihost_utils
-
       if multihost_utils.reached_preemption_sync_point(step):
         self.signum = signal.SIGTERM
         return True
