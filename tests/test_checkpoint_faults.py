@@ -166,8 +166,10 @@ def test_a_full_disk_during_a_save_stops_with_a_clear_error_and_keeps_the_last_g
   train_and_evaluate(config, str(workdir))
   before = Checkpoints(str(workdir), writable=False).restore_arrays(15)
   _fill(small_disk, leave_bytes=64 << 10)  # room for metrics lines, not for a checkpoint
+  # (refused before anything is written: the processes check their disks' room together)
   with pytest.raises(CheckpointError, match=r"saving checkpoint .*/checkpoints/30 failed \(no space left on device: "
-                                            r"the disk is full\)\. The checkpoints saved before it are intact"):
+                                            r"the disk is full\)\. It needs .* MiB are free: nothing was written\. "
+                                            r"The checkpoints saved before it are intact"):
     train_and_evaluate(override(config, max_steps=30), str(workdir))
   # orbax's save threads each logged the same error with a traceback (4 of them, ~330 lines under a script)
   assert "No space left on device" not in caplog.text and "Traceback" not in caplog.text, caplog.text[-3000:]
@@ -176,6 +178,34 @@ def test_a_full_disk_during_a_save_stops_with_a_clear_error_and_keeps_the_last_g
   jax.tree.map(np.testing.assert_array_equal, checkpoints.restore_arrays(15), before)
   os.remove(small_disk / "filler")  # with room again, the run goes on from step 15
   assert train_and_evaluate(override(config, max_steps=30), str(workdir))["last_step"] == 30
+
+
+def test_a_save_without_room_on_the_disk_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+  """The processes of a save check the room on their disks together before writing: a save that filled the disk
+  hung the 10^9-parameter run's 4 processes at orbax's barriers (9 of 12.7 GB written, no error). Refused, the
+  save names the sizes, writes nothing, and the checkpoint before it restores as saved."""
+  from sparsejax.workdir import checkpoint
+
+  checkpoints = Checkpoints(str(tmp_path), keep=None)
+  state = {"w": jnp.arange(250_000, dtype=jnp.float32), "b": np.ones(1000, np.float32)}
+  assert checkpoint.written_bytes(state) == 1_004_000
+  checkpoints.save(1, state, {"index": 1}, {"m": 1}, wait=True)
+  usage = shutil.disk_usage(tmp_path)
+  room = -(-(checkpoint.SAVE_MARGIN_BYTES + 1_004_000) // 1024) * 1024  # counted in whole KiB
+  for free, refused in ((room - 1, True), (room, False)):
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path, free=free: usage._replace(free=free))
+    if refused:
+      with pytest.raises(CheckpointError, match=r"saving checkpoint .*/checkpoints/2 failed \(no space left on "
+                                                r"device: the disk is full\)\. It needs 17\.0 MiB and 17\.0 MiB "
+                                                r"are free: nothing was written\. The checkpoints saved before it "
+                                                r"are intact"):
+        checkpoints.save(2, state, {"index": 2}, {"m": 1}, wait=True)
+      assert not glob.glob(f"{tmp_path}/checkpoints/2*")
+      assert checkpoints.all_steps() == [1]
+      np.testing.assert_array_equal(checkpoints.restore_arrays(1)["w"], state["w"])
+    else:
+      checkpoints.save(2, state, {"index": 2}, {"m": 1}, wait=True)
+      assert checkpoints.all_steps() == [1, 2]
 
 
 @pytest.mark.parametrize("leave_bytes", [64 << 10, 0])
@@ -202,7 +232,8 @@ def test_a_full_disk_ends_the_command_with_one_line_also_while_the_best_state_is
   assert out.returncode == 1, out.stderr[-3000:]
   last = out.stderr.strip().splitlines()[-1]
   assert re.fullmatch(r"sparsejax-train: error: saving .* failed \(no space left on device: the disk is full\)\. "
-                      r"The checkpoints (and files )?saved before it are intact", last), out.stderr[-3000:]
+                      r"(It needs .* are free: nothing was written\. )?The checkpoints (and files )?saved before it "
+                      r"are intact", last), out.stderr[-3000:]
   assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr[-3000:]
   assert Checkpoints(str(workdir), writable=False).latest_good_step() == 15
   assert {path: open(path, "rb").read() for path in kept} == kept  # replaced whole or not at all

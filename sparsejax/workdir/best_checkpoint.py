@@ -13,6 +13,7 @@ from sparsejax.workdir import saved_state
 from sparsejax.workdir.checkpoint import (
   MANAGERS,
   CheckpointError,
+  check_disk_space,
   checksums_name,
   finish_other_saves,
   item_handlers,
@@ -96,6 +97,7 @@ class BestCheckpoint:
     """Saves ``state`` of step ``step`` whose metric is ``value`` (orbax keeps the best one); a state already
     kept for ``step`` is replaced."""
     finish_other_saves(self._manager)
+    check_disk_space(self.directory, state, f"the best state (step {step})")
     with save_errors(f"the best state (step {step}) in {self.directory}"):
       if step in self._manager.all_steps():
         self._manager.wait_until_finished()
