@@ -44,7 +44,7 @@ def predict(argv: list[str]) -> None:
   # deferred: JAX (and the model's code) must not load before --platform sets JAX_PLATFORMS; --help stays fast
   from sparsejax.cli import predict_run
 
-  predict_run.run()
+  predict_run.run(FLAGS)
 
 
 def predict_main() -> None:

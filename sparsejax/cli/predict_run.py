@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 
 from sparsejax import model_kinds, rundirs
-from sparsejax.cli.flags import FLAGS, fail, usage_error, use_compilation_cache, warn
+from sparsejax.cli.flags import fail, usage_error, use_compilation_cache, warn
 from sparsejax.data import load_xc_file
 from sparsejax.data.xc_format import FLOAT32_MAX, FLOAT32_OVERFLOW, UTF8_BOM, open_bytes
 from sparsejax.platforms import PlatformError, PlatformUnavailable
@@ -125,50 +125,50 @@ def _sniff(path: str) -> str:
   return "xc" if len(first) == 3 and all(t.isdigit() for t in first) else "svmlight"
 
 
-def run() -> None:
-  """Checks the flags, loads the model and writes its predictions (:func:`sparsejax.cli.predict.predict`, after
-  ``JAX_PLATFORMS``)."""
+def run(flags) -> None:
+  """Checks ``flags`` (sparsejax-predict's flag values), loads the model and writes its predictions
+  (:func:`sparsejax.cli.predict.predict`, after ``JAX_PLATFORMS``)."""
   quiet_orbax_logs()  # stdout is the predictions; stderr only says what went wrong
 
-  if not FLAGS.workdir:
+  if not flags.workdir:
     usage_error("give --workdir: the work directory of a trained run" + rundirs.newest_run_hint())
-  if not FLAGS.input:
+  if not flags.input:
     usage_error("give --input: a file of input samples, or - for stdin")
-  if FLAGS.input_format not in ("auto", "xc", "svmlight", "text"):
-    usage_error(f"--input_format={FLAGS.input_format}: must be one of auto, xc, svmlight, text")
-  if FLAGS.top < 1:  # before the model loads (its upper bound, the model's labels, after)
-    usage_error(f"--top={FLAGS.top}: must be >= 1")
-  if FLAGS.k < 0 or 0 < FLAGS.k < FLAGS.top:
-    usage_error(f"--k={FLAGS.k}: must be 0 (exact) or at least --top={FLAGS.top}")
+  if flags.input_format not in ("auto", "xc", "svmlight", "text"):
+    usage_error(f"--input_format={flags.input_format}: must be one of auto, xc, svmlight, text")
+  if flags.top < 1:  # before the model loads (its upper bound, the model's labels, after)
+    usage_error(f"--top={flags.top}: must be >= 1")
+  if flags.k < 0 or 0 < flags.k < flags.top:
+    usage_error(f"--k={flags.k}: must be 0 (exact) or at least --top={flags.top}")
   # Files first: a missing input or an unwritable output is named before the model loads and predicts.
-  if FLAGS.input != "-" and not os.path.isfile(FLAGS.input):
-    usage_error(f"--input={FLAGS.input}: {'is a directory' if os.path.isdir(FLAGS.input) else 'no such file'}")
-  if FLAGS.output != "-":
-    parent = os.path.dirname(os.path.abspath(FLAGS.output))
-    if os.path.isdir(FLAGS.output) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-      usage_error(f"--output={FLAGS.output}: " + ("is a directory" if os.path.isdir(FLAGS.output) else
+  if flags.input != "-" and not os.path.isfile(flags.input):
+    usage_error(f"--input={flags.input}: {'is a directory' if os.path.isdir(flags.input) else 'no such file'}")
+  if flags.output != "-":
+    parent = os.path.dirname(os.path.abspath(flags.output))
+    if os.path.isdir(flags.output) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+      usage_error(f"--output={flags.output}: " + ("is a directory" if os.path.isdir(flags.output) else
                                                   f"cannot write a file in {parent}"))
-  use_compilation_cache(FLAGS.compilation_cache)  # before anything compiles
+  use_compilation_cache(flags.compilation_cache)  # before anything compiles
   try:
-    model = load(FLAGS.workdir, FLAGS.step, FLAGS.platform)
-    if not 1 <= FLAGS.top <= model.num_labels:
-      usage_error(f"--top={FLAGS.top}: must be in [1, {model.num_labels}] (the model's labels)")
-    if FLAGS.k > model.num_labels:
-      usage_error(f"--k={FLAGS.k}: must be at most {model.num_labels} (the model's labels)")
-    if FLAGS.k and not model_kinds.of(model.config).sampled:
-      usage_error(f"--k={FLAGS.k}: sampled prediction needs a SLIDE model; this one was trained with "
+    model = load(flags.workdir, flags.step, flags.platform)
+    if not 1 <= flags.top <= model.num_labels:
+      usage_error(f"--top={flags.top}: must be in [1, {model.num_labels}] (the model's labels)")
+    if flags.k > model.num_labels:
+      usage_error(f"--k={flags.k}: must be at most {model.num_labels} (the model's labels)")
+    if flags.k and not model_kinds.of(model.config).sampled:
+      usage_error(f"--k={flags.k}: sampled prediction needs a SLIDE model; this one was trained with "
                   f"--model={model.config.network.model}")
     with warnings.catch_warnings(record=True) as caught:
       warnings.simplefilter("always", UnknownWordsWarning)
-      scores, ids = model.predict(read_inputs(FLAGS.input, FLAGS.input_format, model), top=FLAGS.top,
-                                  k=FLAGS.k or None)
+      scores, ids = model.predict(read_inputs(flags.input, flags.input_format, model), top=flags.top,
+                                  k=flags.k or None)
   except (PlatformError, PlatformUnavailable) as e:  # a dense model only off the CPU; a device of it
     usage_error(f"--platform={e.platform}: {e.problem}")
   except (OSError, ValueError) as e:
     fail(str(e))
   for warning in caught:  # one line per input line whose words the model does not know
     if issubclass(warning.category, UnknownWordsWarning):
-      warn(f"{FLAGS.input if FLAGS.input != '-' else '<stdin>'}:{warning.message.row + 1}: {warning.message}")
+      warn(f"{flags.input if flags.input != '-' else '<stdin>'}:{warning.message.row + 1}: {warning.message}")
     else:
       warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
   names = model.names(ids)
@@ -176,13 +176,13 @@ def run() -> None:
   # still works for names without them.
   lines = ("\t".join(f"{n}:{s:.5g}" for n, s in zip(row_names, row_scores)) + "\n"
            for row_names, row_scores in zip(names, scores))
-  if FLAGS.output == "-":
+  if flags.output == "-":
     sys.stdout.writelines(lines)
     return
   try:
-    with open(FLAGS.output, "w") as f:
+    with open(flags.output, "w") as f:
       f.writelines(lines)
   except OSError as e:
-    fail(f"--output={FLAGS.output}: {e.strerror or e}")
+    fail(f"--output={flags.output}: {e.strerror or e}")
 
 
