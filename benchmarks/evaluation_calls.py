@@ -20,8 +20,7 @@ import harness
 
 def main() -> None:
   parser = harness.parser(__doc__)
-  for name in ("coordinator_address", "num_processes", "process_id"):
-    parser.add_argument(f"--{name}", type=int if name != "coordinator_address" else str, help="set by the launcher")
+  harness.add_launcher_flags(parser)
   parser.add_argument("--labels", type=int, default=400_000, help="output rows (N)")
   parser.add_argument("--features", type=int, default=20_000, help="input features")
   parser.add_argument("--hidden", type=int, default=128, help="hidden width (d)")

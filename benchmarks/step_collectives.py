@@ -30,8 +30,7 @@ import harness
 
 def main() -> None:
   parser = harness.parser(__doc__)
-  for name in ("coordinator_address", "num_processes", "process_id"):
-    parser.add_argument(f"--{name}", type=int if name != "coordinator_address" else str, help="set by the launcher")
+  harness.add_launcher_flags(parser)
   parser.add_argument("--batch", type=int, default=128, help="samples per step (B)")
   parser.add_argument("--hidden", type=int, default=128, help="hidden width (d)")
   parser.add_argument("--calls", type=int, default=200, help="timed calls per variant and round")

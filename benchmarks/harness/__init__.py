@@ -92,6 +92,13 @@ SHAPE_FLAGS = {
 }
 
 
+def add_launcher_flags(parser: argparse.ArgumentParser) -> None:
+  """``--coordinator_address``, ``--num_processes``, ``--process_id``: set by ``sparsejax.distributed.launch`` for a
+  benchmark run under it (none: one process)."""
+  for name in ("coordinator_address", "num_processes", "process_id"):
+    parser.add_argument(f"--{name}", type=int if name != "coordinator_address" else str, help="set by the launcher")
+
+
 def add_shape_flags(parser: argparse.ArgumentParser, *names: str, **defaults) -> None:
   """The named flags of :data:`SHAPE_FLAGS` (``--num_labels``, ``--dim``, ...), with ``defaults`` replacing theirs."""
   for name in names:

@@ -74,19 +74,18 @@ def _copy_donated(array):
   return array.copy()
 
 
-def restore_in_stages(ocp, restore, target, stage_bytes: int | None = None):
-  """``restore(partial_target)`` called on groups of ``target``'s arrays of at most ``stage_bytes`` local bytes
-  each (an array larger than that alone), the others orbax's placeholders (not read); each array is copied into a
-  buffer of JAX's own (that a training step can donate) and the freed read buffers are returned to the system
-  between groups. Returns ``(state, result)``: ``target`` with what the calls restored in
-  its ``"state"`` items, and the last call's whole result (its other items: the data position). One group where
+def restore_in_stages(ocp, restore, target):
+  """``restore(partial_target)`` called on groups of ``target``'s arrays of at most :data:`RESTORE_STAGE_BYTES`
+  local bytes each (an array larger than that alone), the others orbax's placeholders (not read); each array is
+  copied into a buffer of JAX's own (that a training step can donate) and the freed read buffers are returned to
+  the system between groups. Returns ``(state, result)``: ``target`` with what the calls restored in its
+  ``"state"`` items, and the last call's whole result (its other items: the data position). One group where
   everything fits: a single call."""
-  stage_bytes = RESTORE_STAGE_BYTES if stage_bytes is None else stage_bytes
   leaves, treedef = jax.tree_util.tree_flatten(target)
   groups, size = [[]], 0
   for i, leaf in enumerate(leaves):
     nbytes = local_bytes(leaf)
-    if groups[-1] and size + nbytes > stage_bytes:
+    if groups[-1] and size + nbytes > RESTORE_STAGE_BYTES:
       groups.append([])
       size = 0
     groups[-1].append(i)
