@@ -153,6 +153,11 @@ class NetworkConfig(Section):
       "whose output layer costs less per step by the step-cost model, sparsejax.step_cost: with the default batch, "
       "exact when --active_k x 4 >= the labels of a shard; the log says which, with both modelled costs).",
       choices=("auto", "sampled", "exact"))
+  label_weights: str = option(
+      "per_sample", "How a multi-label sample's labels share its loss: per_sample (SLIDE's 1/|y| on each label: "
+      "every sample weighs the same) or per_label (each (sample, label) pair weighs the same: the sum of the "
+      "labels' log-losses, which ranks labels by P(label in y | x), what P@k scores; Menon et al. 2019). The same "
+      "on single-label data.", choices=("per_sample", "per_label"))
   init_scale: float = option(
       1.0, "Standard deviation of the output layer's initial weights, in units of 1/sqrt(last hidden width).",
       bounds=POSITIVE)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from sparsejax import averaging, model, network
-from sparsejax.loss import all_rows_label_targets, softmax_cross_entropy
+from sparsejax.loss import all_rows_label_targets, loss_denominator, softmax_cross_entropy
 from sparsejax.model_config import ModelConfig
 
 
@@ -83,8 +83,8 @@ def train_step(state: DenseState, batch: dict, *, config: ModelConfig,
   psum = (lambda x: x) if axis is None else (lambda x: jax.lax.psum(x, axis))
   with jax.named_scope("forward"):
     # The sparse model's target, 1/|y| on each label, built by a scatter: O(B·M), not the O(B·N·M) comparison.
-    targets = all_rows_label_targets(labels, config.num_labels)
-    num_labeled = psum(jnp.sum(jnp.sum(targets, axis=1) > 0))
+    targets = all_rows_label_targets(labels, config.num_labels, per_label=config.per_label_targets)
+    num_labeled = psum(loss_denominator(targets, config.per_label_targets))
 
     # The sparse model's dropout, the same masks for the same (rng, step).
     feat_ids, feat_vals, keep = _dropout(config, state, batch["feat_ids"], batch["feat_vals"], axis)

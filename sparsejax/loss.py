@@ -12,24 +12,32 @@ import numpy as np
 from sparsejax.shard import Shard
 
 
-def label_targets(active: jax.Array, labels: jax.Array, num_labels: jax.Array | None = None) -> jax.Array:
-  """SLIDE's multi-label target: ``1/|y|`` on each active id that is a label.
+def _label_weight(count: jax.Array, per_label: bool) -> jax.Array:
+  """``[B, 1]`` each label's target: ``1/|y|`` (SLIDE's, per sample) or 1 (per label)."""
+  return jnp.ones((count.shape[0], 1), jnp.float32) if per_label else 1.0 / jnp.maximum(count, 1)[:, None]
+
+
+def label_targets(active: jax.Array, labels: jax.Array, num_labels: jax.Array | None = None, *,
+                  per_label: bool = False) -> jax.Array:
+  """SLIDE's multi-label target: ``1/|y|`` on each active id that is a label (1 with ``per_label``).
 
   Args:
     active: ``[B, k]`` int32 active ids.
     labels: ``[B, M]`` int32 labels, -1 padded.
     num_labels: ``[B]`` |y| per sample, when ``labels`` hold only some of them
       (a shard's); default: the labels found in ``active``.
+    per_label: each label's target 1 (the sum of the labels' log-losses, ``--label_weights=per_label``).
 
   Returns:
-    ``[B, k]`` float32 target distribution (rows of unlabeled samples are 0).
+    ``[B, k]`` float32 targets (a distribution per labeled row unless ``per_label``; unlabeled rows are 0).
   """
   is_label = jnp.any((active[:, :, None] == labels[:, None, :]) & (labels[:, None, :] >= 0), axis=-1)
   count = jnp.sum(is_label, axis=1) if num_labels is None else num_labels
-  return jnp.where(is_label, 1.0 / jnp.maximum(count, 1)[:, None], 0.0).astype(jnp.float32)
+  return jnp.where(is_label, _label_weight(count, per_label), 0.0).astype(jnp.float32)
 
 
-def leading_label_targets(active: jax.Array, labels: jax.Array, num_labels: jax.Array | None = None) -> jax.Array:
+def leading_label_targets(active: jax.Array, labels: jax.Array, num_labels: jax.Array | None = None, *,
+                          per_label: bool = False) -> jax.Array:
   """:func:`label_targets` of an active set that holds each sample's distinct labels first, in O(B (k + M log M)).
 
   The index's queries put a sample's distinct labels in its first slots and never again
@@ -41,27 +49,30 @@ def leading_label_targets(active: jax.Array, labels: jax.Array, num_labels: jax.
     active: ``[B, k]`` int32 active ids, each row starting with the distinct non-padding ids of its ``labels`` row.
     labels: ``[B, M]`` int32 the labels given to the query, -1 padded.
     num_labels: ``[B]`` |y| per sample, as in :func:`label_targets`; default: the labels found in ``active``.
+    per_label: as in :func:`label_targets`.
 
   Returns:
-    ``[B, k]`` float32 target distribution (rows of unlabeled samples are 0).
+    ``[B, k]`` float32 targets, as :func:`label_targets`'.
   """
   k = active.shape[1]
   leading = jnp.minimum(num_distinct_labels(labels), k)
   is_label = jnp.arange(k)[None, :] < leading[:, None]
   count = leading if num_labels is None else num_labels
-  return jnp.where(is_label, 1.0 / jnp.maximum(count, 1)[:, None], 0.0).astype(jnp.float32)
+  return jnp.where(is_label, _label_weight(count, per_label), 0.0).astype(jnp.float32)
 
 
-def all_rows_label_targets(labels: jax.Array, num_rows: int, num_labels: jax.Array | None = None) -> jax.Array:
+def all_rows_label_targets(labels: jax.Array, num_rows: int, num_labels: jax.Array | None = None, *,
+                           per_label: bool = False) -> jax.Array:
   """:func:`label_targets` where every row is active (``active = arange(num_rows)``), in O(B·M), not O(B·N·M).
 
   Args:
     labels: ``[B, M]`` int32 row ids, -1 (or any id outside ``[0, num_rows)``) padded.
     num_rows: N, the number of rows (all active).
     num_labels: ``[B]`` |y| per sample, as in :func:`label_targets`; default: the distinct ids in ``labels``.
+    per_label: as in :func:`label_targets`.
 
   Returns:
-    ``[B, N]`` float32: ``1/|y|`` on each label's row.
+    ``[B, N]`` float32: ``1/|y|`` (``per_label``: 1) on each label's row.
   """
   B = labels.shape[0]
   count = num_distinct_labels(jnp.where((labels >= 0) & (labels < num_rows), labels, -1)) \
@@ -70,7 +81,7 @@ def all_rows_label_targets(labels: jax.Array, num_rows: int, num_labels: jax.Arr
   # Padding goes to row N, which mode="drop" drops (-1 would wrap to the last row); a repeated id is set once.
   rows = jnp.where((labels >= 0) & (labels < num_rows), labels, num_rows)
   return jnp.zeros((B, num_rows), jnp.float32).at[sample, rows].set(
-      jnp.broadcast_to((1.0 / jnp.maximum(count, 1))[:, None], labels.shape).astype(jnp.float32), mode="drop")
+      jnp.broadcast_to(_label_weight(count, per_label), labels.shape).astype(jnp.float32), mode="drop")
 
 
 def softmax_cross_entropy(logits: jax.Array, targets: jax.Array, num_labeled: jax.Array | None = None) -> jax.Array:
@@ -80,7 +91,8 @@ def softmax_cross_entropy(logits: jax.Array, targets: jax.Array, num_labeled: ja
     logits: ``[B, k]``.
     targets: ``[B, k]`` target distributions (all-zero rows: unlabeled samples).
     num_labeled: the mean's denominator when the batch is split over
-      processes (data parallelism): the labeled samples of the whole batch.
+      processes (data parallelism): the labeled samples of the whole batch
+      (per-label targets: the sum of the batch's targets, :func:`loss_denominator`).
       Default: those of this one.
   """
   per_sample = -jnp.sum(targets * jax.nn.log_softmax(logits, axis=-1), axis=-1)
@@ -124,7 +136,14 @@ def tail_log_weights(num_before: jax.Array, k: int, num_rows: jax.Array | int) -
   return jnp.where(jnp.arange(k)[None, :] >= num_before[:, None], weight[:, None], 0.0).astype(jnp.float32)
 
 
-def sharded_softmax_cross_entropy(logits: jax.Array, targets: jax.Array, shard: Shard = Shard()):
+def loss_denominator(targets: jax.Array, per_label: bool) -> jax.Array:
+  """The loss's mean is over this many (``[]``): the labeled rows of ``targets [B, k]``, or with per-label targets
+  the (sample, label) pairs, the sum of the targets (the same on single-label data)."""
+  return jnp.sum(targets) if per_label else jnp.sum(jnp.sum(targets, axis=1) > 0)
+
+
+def sharded_softmax_cross_entropy(logits: jax.Array, targets: jax.Array, shard: Shard = Shard(), *,
+                                  per_label: bool = False):
   """Softmax cross-entropy over the union of the shards' active sets, and its gradient.
 
   Each shard holds some columns of every sample's logits. The shards
@@ -141,6 +160,9 @@ def sharded_softmax_cross_entropy(logits: jax.Array, targets: jax.Array, shard: 
     targets: ``[B, k]`` this shard's part of each sample's target
       distribution (rows of unlabeled samples are 0 on every shard).
     shard: the split of the output layer.
+    per_label: the targets are 1 per label (:func:`label_targets`): a sample's
+      loss is the sum of its labels' log-losses, ``|y| lse - sum_y logit``,
+      and the mean is over (sample, label) pairs.
 
   Returns:
     ``(loss, g)``: the mean loss over labeled samples (same on all shards) and
@@ -162,6 +184,11 @@ def sharded_softmax_cross_entropy(logits: jax.Array, targets: jax.Array, shard: 
   target_logit, mass = jnp.sum(parts[:, 2], axis=0), jnp.sum(parts[:, 3], axis=0)
   lse = m + jnp.log(sum_exp)
   labeled = mass > 0
+  if per_label:  # each label's -log p: |y| lse - sum_y logit, its gradient |y| p - t; the mean over the pairs
+    count = jnp.maximum(jnp.sum(mass), 1)
+    loss = jnp.sum(jnp.where(labeled, mass * lse - target_logit, 0.0)) / count
+    g = (mass[:, None] * jnp.exp(logits - lse[:, None]) - targets) * (labeled / count)[:, None]
+    return loss, g
   count = jnp.maximum(jnp.sum(labeled), 1)
   loss = jnp.sum(jnp.where(labeled, lse - target_logit, 0.0)) / count
   g = (jnp.exp(logits - lse[:, None]) - targets) * (labeled / count)[:, None]

@@ -213,9 +213,10 @@ def exact_output(state: SlideState, h: jax.Array, labels: jax.Array, local_label
     valid = row_ids < n_valid
     w = state.out.w.astype(jnp.float32)  # (bfloat16 weights: widened for the matmuls)
     logits = jnp.where(valid, h @ w.T + state.out.b, -jnp.inf)
-    targets = all_rows_label_targets(local_labels, rows, num_distinct_labels(labels))
+    targets = all_rows_label_targets(local_labels, rows, num_distinct_labels(labels),
+                                     per_label=config.per_label_targets)
   with jax.named_scope("softmax_reduce"):
-    loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
+    loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard, per_label=config.per_label_targets)
   with jax.named_scope("dh_reduce"):  # the step's metric rides along in the same all-reduce
     # A shard whose row gradients could overflow poisons dh, so that every shard skips the step (no extra
     # collective).
@@ -247,12 +248,13 @@ def sampled_output(state: SlideState, h: jax.Array, labels: jax.Array, local_lab
         labels=local_labels, seed=jax.random.bits(seed, (), jnp.uint32), max_from_index=config.max_from_index)
   with jax.named_scope("out_logits"):
     # The query put the labels first: O(B k), not the O(B k M) comparison of label_targets.
-    targets = leading_label_targets(active, local_labels, num_distinct_labels(labels))
+    targets = leading_label_targets(active, local_labels, num_distinct_labels(labels),
+                                    per_label=config.per_label_targets)
     logits = jnp.where(active >= 0, ops.sparse_logits(h, state.out.w, state.out.b, active), -jnp.inf)
     if config.network.tail_correction:
       logits = logits + tail_log_weights(jnp.sum(targets > 0, axis=1) + from_tables, active.shape[1], n_valid)
   with jax.named_scope("softmax_reduce"):
-    loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard)
+    loss, g_out = sharded_softmax_cross_entropy(logits, targets, shard, per_label=config.per_label_targets)
   with jax.named_scope("out_adam"):
     # The output rows are written in place in the same pass that computes dh (below), so their verdict comes
     # first, from the loss and h: with a finite loss every |g_out| <= 1, so the row gradients (sums of at most

@@ -159,6 +159,11 @@ class ModelConfig:
     """Whether the SLIDE step computes every output neuron (see :func:`uses_exact_path`)."""
     return uses_exact_path(self)
 
+  @property
+  def per_label_targets(self) -> bool:
+    """Whether each label of a sample weighs 1 in the loss (``--label_weights=per_label``), not ``1/|y|``."""
+    return self.network.label_weights == "per_label"
+
   def adam_args(self) -> dict[str, float]:
     """Adam's constants as keyword arguments (shared by every optimizer of the model)."""
     return dict(b1=self.optim.b1, b2=self.optim.b2, eps=self.optim.eps, weight_decay=self.optim.weight_decay)

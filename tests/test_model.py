@@ -15,6 +15,7 @@ from sparsejax.distributed import sharding
 from sparsejax.loss import (
   all_rows_label_targets,
   label_targets,
+  loss_denominator,
   num_distinct_labels,
   sharded_softmax_cross_entropy,
   softmax_cross_entropy,
@@ -118,6 +119,67 @@ def test_sharded_softmax_gradient_matches_autodiff():
   np.testing.assert_allclose(g, want_g, rtol=1e-5, atol=1e-7)
   assert float(g[1, 3]) == 0.0 and np.all(np.asarray(g[4]) == 0)  # padding, unlabeled sample
   np.testing.assert_array_equal(num_distinct_labels(jnp.array([[3, 3, -1, 1], [-1, -1, -1, -1]])), [2, 0])
+
+
+def test_per_label_targets_loss_and_gradient_against_a_float64_reference():
+  """``--label_weights=per_label``: each (sample, label) pair's -log p counts once, the mean over the pairs:
+  ``sum_i sum_{l in y_i} (lse_i - z_il) / sum_i |y_i|``, its gradient ``(|y_i| p_i - y_i) / sum |y|``; the sharded
+  loss (3 shards), the dense model's (``softmax_cross_entropy`` over ``loss_denominator``) and float64 agree."""
+  rng = np.random.default_rng(4)
+  B, k = 6, 12
+  logits = rng.normal(size=(B, k)) * 3
+  y = np.zeros((B, k))
+  for i, m in enumerate((1, 3, 5, 0, 2, 12)):  # sample 3 unlabeled; sample 5 has every active id as a label
+    y[i, rng.choice(k, m, replace=False)] = 1
+  m = y.sum(1)
+  lse = np.log(np.exp(logits).sum(1))
+  want_loss = np.sum(m * lse - (y * logits).sum(1)) / m.sum()
+  want_g = (m[:, None] * np.exp(logits - lse[:, None]) - y) / m.sum()
+  active = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (B, k))
+  labels = jnp.asarray(np.where(y > 0, np.arange(k), -1), jnp.int32)
+  t = label_targets(active, labels, per_label=True)
+  np.testing.assert_array_equal(t, y)
+  np.testing.assert_array_equal(all_rows_label_targets(labels, k, per_label=True), y)
+  loss, g = sharded_softmax_cross_entropy(jnp.asarray(logits, jnp.float32), t, per_label=True)
+  np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+  np.testing.assert_allclose(g, want_g, rtol=1e-4, atol=1e-7)
+  split = lambda x: jnp.stack(jnp.split(jnp.asarray(x, jnp.float32), 3, axis=1))  # noqa: E731
+  sharded = jax.vmap(lambda lg, tt: sharded_softmax_cross_entropy(lg, tt, Shard("s"), per_label=True),
+                     axis_name="s")
+  loss3, g3 = sharded(split(logits), split(t))
+  np.testing.assert_allclose(loss3, np.full(3, want_loss), rtol=1e-5)
+  np.testing.assert_allclose(jnp.concatenate(list(g3), axis=1), want_g, rtol=1e-4, atol=1e-7)
+  dense_loss, dense_g = jax.value_and_grad(softmax_cross_entropy)(
+      jnp.asarray(logits, jnp.float32), t, loss_denominator(t, per_label=True))
+  np.testing.assert_allclose(dense_loss, want_loss, rtol=1e-5)
+  np.testing.assert_allclose(dense_g, want_g, rtol=1e-4, atol=1e-7)
+  # The default (1/|y| per label, mean over samples) is another loss on these targets: the check can fail.
+  assert abs(float(sharded_softmax_cross_entropy(jnp.asarray(logits, jnp.float32), label_targets(active, labels))[0])
+             - want_loss) > 1e-2
+
+
+@pytest.mark.parametrize("softmax", ["sampled", "exact"])
+def test_per_label_targets_train_as_the_default_on_single_label_data(softmax):
+  """One label per sample: ``per_label`` and ``per_sample`` are the same loss, and the steps give the same bits
+  (the suite's single-label shapes and built-in sets keep their results); with 3 labels a sample they differ."""
+  F, N = 200, 300
+  rng = np.random.default_rng(0)
+  batch = {"feat_ids": jnp.asarray(rng.integers(0, F, (16, 6)), jnp.int32),
+           "feat_vals": jnp.asarray(rng.random((16, 6)), jnp.float32),
+           "labels": jnp.asarray(rng.integers(0, N, (16, 1)), jnp.int32)}
+  multi = dict(batch, labels=jnp.asarray(np.stack([rng.permutation(N)[:3] for _ in range(16)]), jnp.int32))
+  for b, same in ((batch, True), (multi, False)):
+    states = []
+    for weights in ("per_sample", "per_label"):
+      cfg = override(ModelConfig(F, N), hidden_dims=(16,), active_k=64, softmax=softmax, label_weights=weights)
+      state = model.init(jax.random.key(0), cfg)
+      step = jax.jit(functools.partial(model.train_step, config=cfg))
+      for _ in range(3):
+        state, _ = step(state, b)
+      states.append(state)
+    leaves = [jax.tree_util.tree_leaves(s) for s in states]
+    equal = all(np.array_equal(np.asarray(a), np.asarray(c)) for a, c in zip(*leaves))
+    assert equal == same
 
 
 def test_sharded_softmax_across_shards_matches_one_shard():
