@@ -1,5 +1,6 @@
 """Kernel outputs, and each candidate index built and queried, are bit-identical whatever the number of threads."""
 
+import json
 import textwrap
 
 import pytest
@@ -38,35 +39,49 @@ SCRIPT = textwrap.dedent("""
           (W2, b2), (s, sb), dh = opt.update(gr, opt.init((weight, b)), (weight, b), combine=True)  # dh: over slabs
           for a in (W2, s.mu, s.nu, b2, sb.mu, sb.nu, dh):
             digest.update(np.asarray(a).tobytes())
-    # The index of the run (KIND): built, queried, refreshed from moved rows and given new hash functions (seeds).
+    # The index of each kind: built, queried, refreshed from moved rows and given new hash functions (seeds). The
+    # kernels' digest goes on in a copy per kind: one process gives both kinds' digests.
+    import json
     from sparsejax import index, model
     from sparsejax.settings import override
     from sparsejax.model_config import ModelConfig
-    cfg = override(ModelConfig(10, N), hidden_dims=(d,), active_k=k, candidates="KIND", num_tables=8,
-                   num_clusters=64, kmeans_sample=16)
-    idx = index.from_config(cfg)
-    state = idx.init(*jax.random.split(jax.random.key(1)), W, b)
-    active, n = idx.query(state, h, k=k, num_rows=N, seed=5)
-    state = idx.renew(idx.refresh(state, W + 0.1 * W[::-1], b), jax.random.key(2), W, b)
-    for a in (*jax.tree.leaves(state), active, n, *jax.tree.leaves(idx.serving(state, W, b))):
-      digest.update(np.asarray(a).tobytes())
-    print(digest.hexdigest())
+    digests = {}
+    for kind in KINDS:
+      cfg = override(ModelConfig(10, N), hidden_dims=(d,), active_k=k, candidates=kind, num_tables=8,
+                     num_clusters=64, kmeans_sample=16)
+      idx = index.from_config(cfg)
+      state = idx.init(*jax.random.split(jax.random.key(1)), W, b)
+      active, n = idx.query(state, h, k=k, num_rows=N, seed=5)
+      state = idx.renew(idx.refresh(state, W + 0.1 * W[::-1], b), jax.random.key(2), W, b)
+      kind_digest = digest.copy()
+      for a in (*jax.tree.leaves(state), active, n, *jax.tree.leaves(idx.serving(state, W, b))):
+        kind_digest.update(np.asarray(a).tobytes())
+      digests[kind] = kind_digest.hexdigest()
+    print(json.dumps(digests))
 """)
+KINDS = ("clusters", "lsh")
 
 
-def _digest(run_python, threads, kind="clusters"):
-  env = {"SPARSEJAX_NUM_THREADS": str(threads)} if threads else {}
-  out = run_python(code=SCRIPT.replace("KIND", kind), env=env)
-  return out.stdout.strip().splitlines()[-1]
+@pytest.fixture(scope="module")
+def digests(run_python):
+  """``{threads: {kind: digest}}`` for one thread, the default (SPARSEJAX_NUM_THREADS unset: every core) and 3: one
+  process per thread count computes the kernels once and each kind's index after them."""
+  with pytest.MonkeyPatch.context() as mp:
+    mp.delenv("SPARSEJAX_NUM_THREADS", raising=False)
+    found = {}
+    for threads in (1, None, 3):
+      env = {"SPARSEJAX_NUM_THREADS": str(threads)} if threads else {}
+      out = run_python(code=SCRIPT.replace("KINDS", repr(KINDS)), env=env)
+      found[threads] = json.loads(out.stdout.strip().splitlines()[-1])
+  return found
 
 
-@pytest.mark.parametrize("kind", ["clusters", "lsh"])
-def test_results_do_not_depend_on_thread_count(run_python, monkeypatch, kind):
-  monkeypatch.delenv("SPARSEJAX_NUM_THREADS", raising=False)
-  one = _digest(run_python, 1, kind)
+@pytest.mark.parametrize("kind", KINDS)
+def test_results_do_not_depend_on_thread_count(digests, kind):
+  one = digests[1][kind]
   assert len(one) == 64
-  assert _digest(run_python, None, kind) == one
-  assert _digest(run_python, 3, kind) == one
+  assert digests[None][kind] == one
+  assert digests[3][kind] == one
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-1", "2.5"])
