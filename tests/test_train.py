@@ -30,9 +30,22 @@ def _latest(workdir):
   return step, checkpoints.restore_arrays(step)
 
 
-def test_metrics_jsonl_and_final_result(tmp_path, small_config):
-  final = train_and_evaluate(small_config, str(tmp_path))
-  records = read_records(str(tmp_path))
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, small_config):
+  """``small_config`` trained to its end (40 steps): ``(workdir, final result)``. Read only; a test that changes
+  the run works on its own copy (``_copy_of``)."""
+  workdir = tmp_path_factory.mktemp("finished")
+  return workdir, train_and_evaluate(small_config, str(workdir))
+
+
+def _copy_of(finished_run, tmp_path):
+  """A copy of the finished run's work directory (file times kept) at ``tmp_path / "run"``: its path."""
+  return shutil.copytree(finished_run[0], tmp_path / "run")
+
+
+def test_metrics_jsonl_and_final_result(finished_run, small_config):
+  workdir, final = finished_run
+  records = read_records(str(workdir))
   # Training loss every log_every (10) steps, test metrics every eval_every (20) but the last, then the final one
   # (its step the selected one, its loss the last step's: named so, not "loss").
   assert [r["step"] for r in records] == [10, 20, 30, 40, 40]
@@ -46,7 +59,7 @@ def test_metrics_jsonl_and_final_result(tmp_path, small_config):
     assert r["steps_timed"] == 10 and 0 < r["step_seconds_mean"] < r["seconds"], r
     assert r["collective_bytes_per_step"] == r["wire_bytes_per_step"] == 0
     assert "step_seconds_median" not in r
-  assert Config.from_dict(json.load(open(tmp_path / "config.json"))) == small_config
+  assert Config.from_dict(json.load(open(workdir / "config.json"))) == small_config
 
 
 class _RecordingObserver:
@@ -102,10 +115,13 @@ def test_the_profiled_window_needs_its_observer(tmp_path, small_config):
 @pytest.mark.parametrize("changes", [{}, dict(softmax="exact", lr_scaling="sqrt", warmup_steps=30),
                                      dict(candidates="clusters", reinsert="none"),  # LSH, exact, clustered
                                      dict(candidates="clusters", reinsert="none", average_steps=12)])  # averaged
-def test_resume_is_bit_identical(tmp_path, small_config, changes):
+def test_resume_is_bit_identical(tmp_path, small_config, changes, finished_run):
   small_config = override(small_config, **changes)
   straight, split = tmp_path / "straight", tmp_path / "split"
-  train_and_evaluate(small_config, str(straight))
+  if changes:
+    train_and_evaluate(small_config, str(straight))
+  else:  # the straight run of small_config itself
+    straight = finished_run[0]
   # Stop at 22 (between checkpoints, after a rebuild, a rehash is pending), then resume.
   train_and_evaluate(override(small_config, max_steps=22), str(split))
   train_and_evaluate(small_config, str(split))
@@ -117,42 +133,42 @@ def test_resume_is_bit_identical(tmp_path, small_config, changes):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_metrics_never_repeat_a_step_after_resuming_from_an_earlier_checkpoint(tmp_path, small_config):
+def test_metrics_never_repeat_a_step_after_resuming_from_an_earlier_checkpoint(tmp_path, small_config, finished_run):
   """Issue 12 defect 14: steps measured after the last checkpoint were recorded again after a crash."""
-  train_and_evaluate(small_config, str(tmp_path))
-  shutil.rmtree(tmp_path / "checkpoints" / "40")  # as if it crashed after step 40's metrics, before its checkpoint
-  train_and_evaluate(small_config, str(tmp_path))
-  steps = [r["step"] for r in read_records(str(tmp_path)) if not r.get("final")]
+  workdir = _copy_of(finished_run, tmp_path)
+  shutil.rmtree(workdir / "checkpoints" / "40")  # as if it crashed after step 40's metrics, before its checkpoint
+  train_and_evaluate(small_config, str(workdir))
+  steps = [r["step"] for r in read_records(str(workdir)) if not r.get("final")]
   assert steps == [10, 20, 30, 40]
-  assert [r["step"] for r in read_records(str(tmp_path)) if r.get("final")] == [40]
+  assert [r["step"] for r in read_records(str(workdir)) if r.get("final")] == [40]
 
 
-def test_another_configuration_is_refused_naming_the_differences(tmp_path, small_config):
+def test_another_configuration_is_refused_naming_the_differences(tmp_path, small_config, finished_run):
   """Issue 11: --model=dense or another --lsh_family failed inside orbax; a new --learning_rate resumed the
   finished run and overwrote config.json (issue 12 defect 5: config.json changed before the restore)."""
-  train_and_evaluate(small_config, str(tmp_path))
-  saved = (tmp_path / "config.json").read_text()
+  workdir = _copy_of(finished_run, tmp_path)
+  saved = (workdir / "config.json").read_text()
   with pytest.raises(ResumeError, match=r"--lsh_family=simhash \(now dwta\), --model=slide \(now dense\)"):
-    train_and_evaluate(override(small_config, model="dense", lsh_family="dwta"), str(tmp_path))
+    train_and_evaluate(override(small_config, model="dense", lsh_family="dwta"), str(workdir))
   with pytest.raises(ResumeError, match=r"--learning_rate=0.003 \(now 0.01\).*--resume=force"):
-    train_and_evaluate(override(small_config, learning_rate=0.01), str(tmp_path))
-  assert (tmp_path / "config.json").read_text() == saved
+    train_and_evaluate(override(small_config, learning_rate=0.01), str(workdir))
+  assert (workdir / "config.json").read_text() == saved
   with pytest.raises(ResumeError, match="--resume=never"):
-    train_and_evaluate(override(small_config, resume="never"), str(tmp_path))
+    train_and_evaluate(override(small_config, resume="never"), str(workdir))
 
 
-def test_a_finished_run_is_not_resumed_but_can_be_extended(tmp_path, small_config, caplog):
-  final = train_and_evaluate(small_config, str(tmp_path))
-  mtime = os.path.getmtime(tmp_path / "metrics.jsonl")
-  again = train_and_evaluate(override(small_config, eval_every=5, log_every=1), str(tmp_path))  # not identity
-  assert again == final and os.path.getmtime(tmp_path / "metrics.jsonl") == mtime
+def test_a_finished_run_is_not_resumed_but_can_be_extended(tmp_path, small_config, caplog, finished_run):
+  workdir, final = _copy_of(finished_run, tmp_path), finished_run[1]
+  mtime = os.path.getmtime(workdir / "metrics.jsonl")
+  again = train_and_evaluate(override(small_config, eval_every=5, log_every=1), str(workdir))  # not identity
+  assert again == final and os.path.getmtime(workdir / "metrics.jsonl") == mtime
   assert "is finished (step 40 of 40): nothing to train. To train further, raise --max_steps" in caplog.text
-  longer = train_and_evaluate(override(small_config, max_steps=50), str(tmp_path))
+  longer = train_and_evaluate(override(small_config, max_steps=50), str(workdir))
   assert longer["step"] == 50
   forced = train_and_evaluate(override(small_config, max_steps=55, learning_rate=0.01, resume="force"),
-                              str(tmp_path))
+                              str(workdir))
   assert forced["step"] == 55
-  assert Config.from_dict(json.load(open(tmp_path / "config.json"))).optim.learning_rate == 0.01
+  assert Config.from_dict(json.load(open(workdir / "config.json"))).optim.learning_rate == 0.01
 
 
 def test_periodic_evaluations_score_exactly_unless_asked_for_sampled_inference(tmp_path, small_config):
@@ -382,11 +398,11 @@ def test_a_best_state_newer_than_the_newest_checkpoint_does_not_block_resuming(t
   assert os.listdir(tmp_path / "cut" / "best_checkpoint") == [str(final["selected_step"])]
 
 
-def test_forcing_a_resume_past_a_change_of_shapes_is_refused_by_name(tmp_path, small_config):
-  train_and_evaluate(small_config, str(tmp_path))
+def test_forcing_a_resume_past_a_change_of_shapes_is_refused_by_name(tmp_path, small_config, finished_run):
+  workdir = _copy_of(finished_run, tmp_path)
   with pytest.raises(ResumeError, match=r"checkpoints/40 holds a model of other shapes than these settings give "
                                         r"\(.*embed\.w: saved \(1000, 32\), now \(1000, 16\)"):
-    train_and_evaluate(override(small_config, hidden_dims=(16,), max_steps=50, resume="force"), str(tmp_path))
+    train_and_evaluate(override(small_config, hidden_dims=(16,), max_steps=50, resume="force"), str(workdir))
 
 
 def test_a_changed_process_count_is_named(tmp_path, small_config, run_python):
