@@ -7,7 +7,7 @@ import pytest
 from absl import logging as absl_logging
 
 from sparsejax.settings import override
-from sparsejax.train import loop, search_plan, train_and_evaluate
+from sparsejax.train import loop, search_plan, stopping, train_and_evaluate
 from sparsejax.train.metric_writer import read_records
 from sparsejax.train.stopping import Interrupted, StopRequests
 from sparsejax.workdir.checkpoint import Checkpoints
@@ -29,7 +29,7 @@ def test_a_signal_stops_a_large_run_on_its_newest_checkpoint(tmp_path, small_con
   saved at the step it stopped."""
   monkeypatch.setattr(loop, "StopRequests", _SignalAt)
   if large:
-    monkeypatch.setattr(loop, "QUICK_STOP_BYTES", 0)
+    monkeypatch.setattr(stopping, "QUICK_STOP_BYTES", 0)
   with pytest.raises(Interrupted) as stopped:
     train_and_evaluate(override(small_config, max_steps=100), str(tmp_path))
   want = 15 if large else 25

@@ -35,7 +35,7 @@ from sparsejax.train.nonfinite import NonFiniteError, NonFiniteWatch
 from sparsejax.train.resume import Opened, open_checkpoints
 from sparsejax.train.step_clock import LoopClock, StepMeans, StepTimer
 from sparsejax.train.step_observer import NoObserver, StepObserver, StepObserverFactory
-from sparsejax.train.stopping import Interrupted, StopRequests
+from sparsejax.train.stopping import Interrupted, StopRequests, stops_on_kept_checkpoint
 from sparsejax.workdir import checkpoint, seals
 
 
@@ -161,7 +161,8 @@ def _train_steps(loop: "Loop", state, batches: BatchIterator, opened: Opened, po
   checkpoints = opened.checkpoints
   try:
     state = loop.train(state, batches, position.get("seconds", 0.0), show_progress=is_chief)
-    if checkpoints.latest_step() != loop.step and not _stops_on_kept_checkpoint(loop, checkpoints, state):
+    if checkpoints.latest_step() != loop.step and not stops_on_kept_checkpoint(loop.stop_signal, loop.step,
+                                                                                  checkpoints, state):
       loop.save(state, batches, wait=True)
   except NonFiniteError as e:  # --on_nonfinite: say which checkpoint the run can go back to
     checkpoints.wait()
@@ -180,25 +181,6 @@ def _train_steps(loop: "Loop", state, batches: BatchIterator, opened: Opened, po
   if loop.stop_signal is not None:
     raise Interrupted(loop.stop_signal, checkpoints.latest_step(), checkpoints.directory)
   return state
-
-
-# A state larger than this is not saved again when a signal stops the run where a periodic checkpoint is kept: a
-# 154M-parameter candidate (1.8 GB with Adam's moments) took 2.5 minutes to save and exit on SIGTERM.
-QUICK_STOP_BYTES = 512 << 20
-
-
-def _stops_on_kept_checkpoint(loop: "Loop", checkpoints: checkpoint.Checkpoints, state) -> bool:
-  """Whether a run stopped by a signal exits on its newest periodic checkpoint instead of saving its state (too
-  large to save in seconds); the steps after that checkpoint are trained again by the continued run, as logged."""
-  kept = checkpoints.latest_step()
-  if loop.stop_signal is None or kept is None:
-    return False
-  size = sum(leaf.nbytes for leaf in jax.tree.leaves(state))
-  if size <= QUICK_STOP_BYTES:
-    return False
-  logging.warning("stopping at once: the state (%.1f GiB) is not saved again; the run continues from checkpoint %d "
-                  "(the %d steps after it are trained again)", size / 2**30, kept, loop.step - kept)
-  return True
 
 
 def _step_observer(factory: StepObserverFactory | None, config: Config, run: sharding.Run,
