@@ -147,12 +147,19 @@ def _final_params(workdir, num_labels):
                 np.asarray(state["embed"]["w"]))
 
 
-@pytest.mark.parametrize("P", [2, 3])
-def test_multiprocess_exact_matches_single_process(tmp_path, P):
-  single, multi = str(tmp_path / "single"), str(tmp_path / "multi")
+@pytest.fixture(scope="module")
+def single_process_run(tmp_path_factory):
+  """The one-process run of _train_args' defaults that every process count's job is compared with (read only)."""
+  single = str(tmp_path_factory.mktemp("single"))
   out = subprocess.run([sys.executable, TRAIN, *_train_args(single)], capture_output=True, text=True, cwd=ROOT,
                        timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
+  return single
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_multiprocess_exact_matches_single_process(tmp_path, P, single_process_run):
+  single, multi = single_process_run, str(tmp_path / "multi")
   proc = _launch(P, _train_args(multi), timeout=300)
   log, _ = proc.communicate(timeout=400)
   assert proc.returncode == 0, log[-4000:]
