@@ -194,7 +194,9 @@ def test_multiprocess_lsh_sampling_matches_single_process_p_at_1(tmp_path, candi
   assert proc.returncode == 0, log[-4000:]
   assert "softmax: sampled (32 active of 200 rows per shard; the output layer modelled at " in log
   final = lambda w: [r for r in map(json.loads, open(os.path.join(w, "metrics.jsonl"))) if r.get("final")][0]
-  p_single, p_multi = final(single)["p@1"], final(multi)["p@1"]
+  # The networks' own P@1: the final "p@1" is fused with the label centroids (0.865 in both runs, where the networks
+  # scored 0.6675 and 0.6625), which would pass without the sharded training.
+  p_single, p_multi = final(single)["network_p@1"], final(multi)["network_p@1"]
   assert p_single > 0.3 and abs(p_multi - p_single) < 0.06, (p_single, p_multi)
 
 
