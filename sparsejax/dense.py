@@ -82,7 +82,8 @@ def train_step(state: DenseState, batch: dict, *, config: ModelConfig,
   labels = batch["labels"]
   psum = (lambda x: x) if axis is None else (lambda x: jax.lax.psum(x, axis))
   with jax.named_scope("forward"):
-    # The sparse model's target, 1/|y| on each label, built by a scatter: O(B·M), not the O(B·N·M) comparison.
+    # The sparse model's target, 1/|y| on each label (1 with --label_weights=per_label), built by a scatter: O(B·M),
+    # not the O(B·N·M) comparison.
     targets = all_rows_label_targets(labels, config.num_labels, per_label=config.per_label_targets)
     num_labeled = psum(loss_denominator(targets, config.per_label_targets))
 
