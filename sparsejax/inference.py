@@ -223,7 +223,9 @@ def rows_within(config: ModelConfig, memory_bytes: int, ks: Sequence[int] = (),
   all shards, the first ``serving_k``), XLA counts the temporaries of the final evaluation's program compiled on
   abstract shapes (:func:`temp_bytes`; nothing runs): a part per sample, about 4-90 bytes per candidate (a
   shard of a clustered index has room for all ``k``: at 8·10^6 labels the default ``serving_k`` is 500,000), and a
-  fixed part (hash tables' queries centre the rows: ``O(N d)``).
+  fixed part (hash tables' queries centre the rows: ``O(N d)``). The program at ``max_rows`` is counted first:
+  where it fits (most runs), that is the answer, and the two programs that place the line are not compiled (each
+  costs a process about 0.6 s of tracing and lowering, with a warm compilation cache).
 
   Returns:
     The largest power of two at most ``max_rows`` within the bound (one compiled shape for any test set), at
@@ -232,13 +234,17 @@ def rows_within(config: ModelConfig, memory_bytes: int, ks: Sequence[int] = (),
   if not ks:
     rows = max(1, min(max_rows, memory_bytes // EXACT_ROW_BYTES))
     return 1 << (rows.bit_length() - 1)
-  small, large = (temp_bytes(config, ks, rows) for rows in PROBE_ROWS)
+  count = _temp_bytes_counter(config, ks)
+  rows = 1 << (max_rows.bit_length() - 1)
+  if count(rows) <= memory_bytes:
+    return rows
+  small, large = (count(probe) for probe in PROBE_ROWS)
   per_row = max(large - small, 1) / (PROBE_ROWS[1] - PROBE_ROWS[0])
   fixed = max(small - per_row * PROBE_ROWS[0], 0.0)
   rows = max(1, min(max_rows, int((memory_bytes - fixed) // per_row)))
   rows = 1 << (rows.bit_length() - 1)
   # XLA lays out a larger program otherwise (up to 10% more than the line through the probes): counted again.
-  while rows > 1 and rows not in PROBE_ROWS and temp_bytes(config, ks, rows) > memory_bytes:
+  while rows > 1 and rows not in PROBE_ROWS and count(rows) > memory_bytes:
     rows //= 2
   return rows
 
@@ -247,6 +253,11 @@ def temp_bytes(config: ModelConfig, ks: Sequence[int], rows: int, width: int = 3
   """Bytes of temporaries of one process's final-evaluation program for ``rows`` samples of ``width`` features, as
   XLA counts them in the program compiled on abstract shapes: :func:`diagnose` at ``serving_k = ks[0]`` and
   sampled inference at the other ``ks``, over one shard's rows."""
+  return _temp_bytes_counter(config, ks, width)(rows)
+
+
+def _temp_bytes_counter(config: ModelConfig, ks: Sequence[int], width: int = 32):
+  """:func:`temp_bytes` as a function of the rows, memoized, over one abstract state (traced once)."""
   if config.num_shards > 1:
     # One shard's program, over its rows. A sharded clustered query gives each shard room for all k candidates
     # (they are not shared out by a fixed quota: the best clusters may all be one shard's); hash tables take a
@@ -257,10 +268,16 @@ def temp_bytes(config: ModelConfig, ks: Sequence[int], rows: int, width: int = 3
   config = dataclasses.replace(config, tables=dataclasses.replace(config.tables, serving_k=ks[0]))
   state = jax.eval_shape(partial(model.init, jax.random.key(0), config))
   state = jax.eval_shape(partial(model.serving_index, config=config), state)
-  args = (state, jax.ShapeDtypeStruct((rows, width), jnp.int32), jax.ShapeDtypeStruct((rows, width), jnp.float32),
-          jax.ShapeDtypeStruct((rows, 4), jnp.int32))
   program = jax.jit(partial(diagnose, config=config, top=5, sampled_ks=tuple(ks[1:])))
-  return program.lower(*args).compile().memory_analysis().temp_size_in_bytes
+  counted = {}
+
+  def count(rows: int) -> int:
+    if rows not in counted:
+      args = (state, jax.ShapeDtypeStruct((rows, width), jnp.int32),
+              jax.ShapeDtypeStruct((rows, width), jnp.float32), jax.ShapeDtypeStruct((rows, 4), jnp.int32))
+      counted[rows] = program.lower(*args).compile().memory_analysis().temp_size_in_bytes
+    return counted[rows]
+  return count
 
 
 @partial(jax.jit, static_argnames=("k", "chunk", "precision"))

@@ -57,3 +57,27 @@ def test_rows_follow_the_bound_and_a_shard_plans_for_every_candidate():
   sharded = override(config, num_shards=4)
   assert inference.temp_bytes(sharded, (k,), 64) >= 0.8 * inference.temp_bytes(config, (k,), 64)
   assert inference.rows_within(sharded, 32 << 20, (k,)) == one
+
+
+def test_a_call_that_fits_at_the_most_rows_compiles_one_program(monkeypatch):
+  """Where every sample per call fits (most runs), XLA counts one program, not the two that place the line, and the
+  answer is the one the line gives."""
+  config = override(ModelConfig(F, 4_000), hidden_dims=(32,), candidates="clusters")
+  ks, memory = (config.serving_k,), 512 << 20
+  counted = []
+  counter = inference._temp_bytes_counter
+
+  def spy(*args, **kwargs):
+    count = counter(*args, **kwargs)
+    return lambda rows: counted.append(rows) or count(rows)
+  monkeypatch.setattr(inference, "_temp_bytes_counter", spy)
+  assert inference.rows_within(config, memory, ks) == inference.MAX_ROWS_PER_CALL
+  assert counted == [inference.MAX_ROWS_PER_CALL]
+  small, large = (inference.temp_bytes(config, ks, rows) for rows in inference.PROBE_ROWS)
+  per_row = (large - small) / (inference.PROBE_ROWS[1] - inference.PROBE_ROWS[0])
+  assert small + per_row * (inference.MAX_ROWS_PER_CALL - inference.PROBE_ROWS[0]) <= memory  # the line agrees
+  # Too little memory for that many: the line is placed, and the rows it gives are checked.
+  tight = inference.temp_bytes(config, ks, 256)
+  counted.clear()
+  assert inference.rows_within(config, tight, ks) == 256
+  assert counted[:3] == [inference.MAX_ROWS_PER_CALL, *inference.PROBE_ROWS]
