@@ -61,6 +61,26 @@ def test_runs_fill_the_compilation_cache_they_are_given_and_none_turns_it_off(tm
   assert _entries(default) and stat.S_IMODE(default.stat().st_mode) == 0o700
 
 
+def test_every_rank_of_a_multiprocess_run_caches_its_programs(tmp_path, installed_command):
+  """JAX writes cache entries from process 0 only, and a CPU program's key is its process's own (it hashes the
+  process's topology): rank 1 compiled all its programs again in every run, and rank 0 waited for it. A second run
+  of the same job now compiles nothing on any rank."""
+  env = _environment(tmp_path, JAX_DEBUG_LOG_MODULES="jax._src.compiler")
+  cache = tmp_path / "cache"
+  misses = []
+  for run in ("first", "second"):
+    workdir = tmp_path / run
+    out = subprocess.run([sys.executable, "-P", "-m", "sparsejax.distributed.launch", "-n", "2",
+                          installed_command("sparsejax-train"), *TINY, f"--compilation_cache={cache}",
+                          f"--workdir={workdir}"], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    logs = [(workdir / "logs" / f"rank{rank}.log").read_text() for rank in (0, 1)]
+    misses.append([log.count("PERSISTENT COMPILATION CACHE MISS") for log in logs])
+    assert all("Persistent compilation cache hit" in log or "CACHE MISS" in log for log in logs)  # logged at all
+  assert min(misses[0]) >= 10, misses  # the first run compiled on both ranks ...
+  assert misses[1] == [0, 0], misses  # ... and each rank wrote its own: the second compiled nothing
+
+
 def test_a_run_killed_while_caching_does_not_stop_later_runs_from_caching(tmp_path, installed_command):
   """JAX writes a cache entry, then its access time; a run killed between the two left an entry without one, and
   every later write to the per-user cache failed in JAX's eviction (FileNotFoundError, a warning per program:
