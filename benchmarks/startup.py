@@ -8,9 +8,11 @@ seconds.
 
   python benchmarks/startup.py                      # a 20-step synthetic run, predict with it, the quick start
   python benchmarks/startup.py --runs tiny,predict --repeats 5
+  python benchmarks/startup.py --runs tiny,tiny_2processes   # the tiny run alone and over 2 local processes
   python benchmarks/startup.py --runs tiny --init_labels 2000000   # the initial state's time and peak memory
 """
 
+import functools
 import os
 import subprocess
 import sys
@@ -33,17 +35,23 @@ RUNS = {
     # sparsejax-predict with the tiny run's model, on PREDICT_ROWS synthetic rows (its arguments: predict_timer's).
     "predict": [],
 }
+# The tiny run over 2 processes (sparsejax-launch -n 2): every rank compiles, and reads the cache, its own programs.
+RUNS["tiny_2processes"] = RUNS["tiny"]
+PROCESSES = {"tiny_2processes": 2}
 
 
 PREDICT = os.path.join(os.path.dirname(sys.executable), "sparsejax-predict")
 PREDICT_ROWS = 1000  # input rows of each timed sparsejax-predict call (one batch): start-up is nearly all of it
 
 
-def time_run(args: list[str], env: dict, cache: str) -> tuple[float, str]:
-  """Seconds one run takes in a new work directory with ``--compilation_cache=cache``, and its final line."""
+def time_run(args: list[str], env: dict, cache: str, processes: int = 1) -> tuple[float, str]:
+  """Seconds one run takes in a new work directory with ``--compilation_cache=cache``, and its final line;
+  ``processes`` > 1: launched over that many local processes."""
+  command = ([sys.executable, "-m", "sparsejax.distributed.launch", "-n", str(processes), TRAIN] if processes > 1
+             else [sys.executable, TRAIN])
   with tempfile.TemporaryDirectory() as workdir:
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, TRAIN, *args, f"--workdir={workdir}", f"--compilation_cache={cache}"],
+    out = subprocess.run([*command, *args, f"--workdir={workdir}", f"--compilation_cache={cache}"],
                          env=env, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - start
   if out.returncode != 0:
@@ -108,7 +116,8 @@ def main() -> None:
   results = {"load_average": os.getloadavg(), "runs": {}}
   for name in filter(None, args.runs.split(",")):  # --runs= : none (the init figures alone)
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as scratch:
-      timer = predict_timer(base, scratch) if name == "predict" else time_run
+      timer = (predict_timer(base, scratch) if name == "predict"
+               else functools.partial(time_run, processes=PROCESSES.get(name, 1)))
       entry = {}
       for label, setting in (("no_cache", "none"), ("cache", cache)):
         timings = [timer(RUNS[name], base, setting) for _ in range(args.repeats)]
