@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 
+import jax
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -18,6 +19,7 @@ from sparsejax.workdir.checkpoint import Checkpoints
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "checkpoints_before_index")
 INPUTS = sp.random(5, 40, density=0.2, format="csr", random_state=1, dtype=np.float32)  # as make.py drew them
+RECORDED_WITH_JAX = "0.10.2"  # the expected_*.json predictions'
 
 
 def _expected(kind: str) -> dict:
@@ -42,8 +44,10 @@ def _assert_predicts(workdir: str, want: dict, kind: str) -> None:
       assert np.all(np.diff(np.asarray(scores), axis=1) <= 0)
       continue
     np.testing.assert_array_equal(np.asarray(ids), np.asarray(want[f"{name}_ids"]), err_msg=name)
-    np.testing.assert_array_equal(np.asarray(scores, np.float32), np.asarray(want[f"{name}_scores"], np.float32),
-                                  err_msg=name)
+    # The same bits with the JAX that recorded them; another XLA fuses and sums in another order (JAX 0.12: one
+    # float32 ulp apart on 5 of 15 scores).
+    np.testing.assert_allclose(np.asarray(scores, np.float32), np.asarray(want[f"{name}_scores"], np.float32),
+                               rtol=0 if jax.__version__ == RECORDED_WITH_JAX else 1e-6, atol=0, err_msg=name)
 
 
 @pytest.mark.parametrize("kind", ["clusters", "lsh"])
