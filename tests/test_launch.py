@@ -272,6 +272,13 @@ def test_helpers():
   assert ranks.error_summary(fatal) == ("UNAVAILABLE: The following tasks are unhealthy (stopped sending "
                                         "heartbeats): 1")
   assert ranks.process_state(os.getpid()) in ("R", "S")
+  # A survivor's error where a peer died (as gloo reported it over emulated hosts): the line that says so, bare.
+  gloo = ("INTERNAL: Error dispatching computation: Error dispatching computation: Gloo all-reduce failed: "
+          "[external/gloo/gloo/transport/tcp/pair.cc:538] Read error [10.77.0.2]:28390: Connection reset by peer")
+  assert ranks.lost_peer("Traceback\n" + gloo + "\n") == ("Gloo all-reduce failed: [external/gloo/gloo/transport/"
+                                                           "tcp/pair.cc:538] Read error [10.77.0.2]:28390: "
+                                                           "Connection reset by peer")
+  assert ranks.lost_peer("INTERNAL: Error dispatching computation: out of memory") is None
 
 
 def test_ranks_stopped_by_a_signal_sent_to_them_end_the_job_as_stopped(tmp_path, rank_script):

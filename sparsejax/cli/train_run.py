@@ -24,7 +24,7 @@ from sparsejax.cli.flags import (
 )
 from sparsejax.config import Config
 from sparsejax.data import XCFormatError
-from sparsejax.distributed import sharding
+from sparsejax.distributed import ranks, sharding
 from sparsejax.netanalysis.collect import StepProfiler
 from sparsejax.settings import ConfigError, iter_fields
 from sparsejax.train import console, recipes, train_and_evaluate
@@ -95,6 +95,14 @@ def run() -> None:
     fail_now(str(e))
   except (NonFiniteError, MetricsFileError, IntegrityError) as e:  # IntegrityError: a changed best state
     fail(str(e))
+  except (RuntimeError, ValueError) as e:  # JaxRuntimeError from a step, ValueError from a jitted all-gather
+    lost = ranks.lost_peer(str(e)) if jax.process_count() > 1 else None
+    if lost is None:
+      raise
+    # A peer process died (its host lost, killed, out of memory): this one's collectives failed. Ended here, not at
+    # JAX's shutdown barrier, which waits out the heartbeat timeout and aborts with pages of C++ stack.
+    fail_now(f"another process of the job was lost ({lost[:300]}); this one stops too. The checkpoints in {workdir} "
+             f"are kept: the same command on every process continues from the newest")
   except Interrupted as e:
     signum = _launcher_stop_signal(e.signum)
     # Several processes: exit 0, as every rank does after the same stop (the launcher's contract).

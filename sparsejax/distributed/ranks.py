@@ -28,6 +28,15 @@ _LOST_PEER = re.compile(r"Connection reset by peer|Connection closed by peer|sto
                         r"another task died|unexpectedly tried to connect|Socket closed|Broken pipe", re.I)
 
 
+def lost_peer(message: str) -> str | None:
+  """The line of an error ``message`` that says a peer process was lost (a gloo connection closed, heartbeats
+  stopped), without JAX's repeated ``Error dispatching computation:`` prefixes; None where no line says so."""
+  for line in message.splitlines():
+    if _LOST_PEER.search(line):
+      return re.sub(r"^(.*?Error dispatching computation: )+", "", line).strip()
+  return None
+
+
 def signal_name(signum: int) -> str:
   try:
     return signal.Signals(signum).name
