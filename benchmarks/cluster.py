@@ -45,7 +45,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -56,11 +55,7 @@ import numpy as np
 from sparsejax.model_config import ModelConfig
 
 import harness
-
-NS_PREFIX = "sjns"
-BRIDGE = "sjbr0"
-SUBNET = "10.77.0"
-
+from harness.namespaces import NS_PREFIX, can_use_namespaces, cores_of, setup_namespaces, teardown_namespaces
 
 # --- Worker (one rank) ---------------------------------------------------------
 
@@ -147,78 +142,6 @@ def worker(args) -> None:
 
 # --- Orchestration -----------------------------------------------------------------
 
-def _sh(*cmd, check=True):
-  return subprocess.run(cmd, check=check, capture_output=True, text=True)
-
-
-def default_burst(rate: str) -> int:
-  """tbf bucket in bytes: 2 ms worth of ``rate``, at least 4 KiB."""
-  from sparsejax.rates import parse_rate
-  return max(4096, int(parse_rate(rate) / 8 * 0.002))
-
-
-def default_queue(rate: str) -> int:
-  """tbf queue limit in bytes: 100 ms worth of ``rate``, at least 1 MiB.
-
-  With tc's usual ``latency 100ms`` the queue holds only 125 kB at 10 Mbit/s: a TCP window overflows it,
-  packets drop (0.5-1.5% in a 10 Mbit/s validation run) and retransmission timeouts cut what the link
-  delivers to ~75% of its rate for 512 KiB all-reduces. A 1 MiB queue makes the link deliver its rate.
-  """
-  from sparsejax.rates import parse_rate
-  return max(1 << 20, int(parse_rate(rate) / 8 * 0.1))
-
-
-def setup_namespaces(n: int, rate: str | None, burst: int | None = None) -> list[str]:
-  """P namespaces on a bridge, each link rate-limited (tbf bucket ``burst`` bytes); returns their addresses."""
-  hostname = socket.gethostname()
-  _sh("ip", "link", "add", BRIDGE, "type", "bridge")
-  _sh("ip", "link", "set", BRIDGE, "up")
-  addrs = []
-  for i in range(n):
-    ns, addr = f"{NS_PREFIX}{i}", f"{SUBNET}.{i + 1}"
-    _sh("ip", "netns", "add", ns)
-    _sh("ip", "link", "add", f"sjv{i}", "type", "veth", "peer", "name", f"sjp{i}")
-    _sh("ip", "link", "set", f"sjv{i}", "netns", ns)
-    _sh("ip", "link", "set", f"sjp{i}", "master", BRIDGE)
-    _sh("ip", "link", "set", f"sjp{i}", "up")
-    _sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", f"sjv{i}")
-    _sh("ip", "netns", "exec", ns, "ip", "link", "set", f"sjv{i}", "up")
-    _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-    if rate:
-      _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", f"sjv{i}", "root", "tbf", "rate", rate,
-          "burst", str(burst or default_burst(rate)), "limit", str(default_queue(rate)))
-    # `ip netns exec` mounts /etc/netns/NS/hosts over /etc/hosts: gloo, which
-    # advertises the address its hostname resolves to, then advertises this one.
-    os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
-    with open(f"/etc/netns/{ns}/hosts", "w") as f:
-      f.write(f"127.0.0.1 localhost\n{addr} {hostname}\n")
-    addrs.append(addr)
-  return addrs
-
-
-def teardown_namespaces(n: int) -> None:
-  for i in range(n):
-    _sh("ip", "netns", "del", f"{NS_PREFIX}{i}", check=False)
-    _sh("ip", "link", "del", f"sjp{i}", check=False)
-    shutil.rmtree(f"/etc/netns/{NS_PREFIX}{i}", ignore_errors=True)
-  _sh("ip", "link", "del", BRIDGE, check=False)
-
-
-def can_use_namespaces() -> str | None:
-  """None if namespaces can be made here, else why not."""
-  if not sys.platform.startswith("linux"):
-    return "network namespaces need Linux"
-  if os.geteuid() != 0:
-    return "needs root (ip netns, tc)"
-  if shutil.which("ip") is None or shutil.which("tc") is None:
-    return "needs iproute2 (ip, tc)"
-  probe = _sh("ip", "netns", "add", f"{NS_PREFIX}probe", check=False)
-  if probe.returncode != 0:
-    return f"ip netns add failed: {probe.stderr.strip()}"
-  _sh("ip", "netns", "del", f"{NS_PREFIX}probe", check=False)
-  return None
-
-
 _PORTS = iter(range(29400 + (os.getpid() % 400) * 10, 65000))
 
 
@@ -232,7 +155,7 @@ def run_ranks(name: str, processes: int, addrs: list[str] | None, out: str, time
     if pin and shutil.which("taskset"):
       # Each emulated host gets its own share of the cores (with more ranks
       # than cores, ranks share one): no process runs threads on every core.
-      cmd = ["taskset", "-c", _cores_of(rank, processes)] + cmd
+      cmd = ["taskset", "-c", cores_of(rank, processes)] + cmd
     if addrs:
       cmd = ["ip", "netns", "exec", f"{NS_PREFIX}{rank}"] + cmd
     log = open(os.path.join(out, f"{name}_rank{rank}.log"), "w")
@@ -315,14 +238,6 @@ def run_probe(args, addrs: list[str] | None, out: str, rate: str | None, process
   with open(path + ".seconds", "w") as f:  # the probe's wall time, process start included (issue 8: < 90 s)
     f.write(f"{seconds}\n")
   return path
-
-
-def _cores_of(rank: int, processes: int) -> str:
-  cpus = os.cpu_count() or 1
-  if processes >= cpus:
-    return str(rank % cpus)
-  per = cpus // processes
-  return f"{rank * per}-{rank * per + per - 1}"
 
 
 def summarize(results: list[dict], batch: int) -> dict:

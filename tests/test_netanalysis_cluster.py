@@ -1,4 +1,5 @@
-"""benchmarks/cluster.py's pure parts (no root): the tbf bucket and issue 8's acceptance checks."""
+"""benchmarks/cluster.py's pure parts (no root): the tbf bucket (harness/namespaces.py) and issue 8's acceptance
+checks."""
 
 
 import pytest
@@ -9,15 +10,20 @@ def cluster(benchmark_module):
   return benchmark_module("cluster")
 
 
+@pytest.fixture(scope="module")
+def namespaces(benchmark_module):
+  return benchmark_module("harness.namespaces")
+
+
 @pytest.mark.parametrize("rate,burst", [("1gbit", 250_000), ("100mbit", 25_000), ("10mbit", 4096), ("1mbit", 4096),
                                         ("16.384mbit", 4096), ("20mbit", 5000)])
-def test_default_burst_is_2ms_of_the_rate_at_least_4kib(cluster, rate, burst):
-  assert cluster.default_burst(rate) == burst
+def test_default_burst_is_2ms_of_the_rate_at_least_4kib(namespaces, rate, burst):
+  assert namespaces.default_burst(rate) == burst
 
 
 @pytest.mark.parametrize("rate,queue", [("1gbit", 12_500_000), ("100mbit", 1_250_000), ("10mbit", 1 << 20)])
-def test_default_queue_is_100ms_of_the_rate_at_least_1mib(cluster, rate, queue):
-  assert cluster.default_queue(rate) == queue
+def test_default_queue_is_100ms_of_the_rate_at_least_1mib(namespaces, rate, queue):
+  assert namespaces.default_queue(rate) == queue
 
 
 RATES = ["1gbit", "100mbit", "10mbit"]
