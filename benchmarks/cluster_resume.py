@@ -6,8 +6,8 @@ Emulated hosts (``harness/namespaces.py``: one network namespace per host on a b
 the same command:
 
 1. straight: ``--steps`` steps, a checkpoint every ``--checkpoint_every``;
-2. killed: once its checkpoint at ``--kill_after`` or later is written, host ``--kill_rank``'s process gets SIGKILL
-   (a host that dies): the others must end by themselves, not hang (the seconds they took are recorded);
+2. killed: once it has logged step ``--kill_after`` (between two checkpoints), host ``--kill_rank``'s process gets
+   SIGKILL (a host that dies): the others must end by themselves, not hang (the seconds they took are recorded);
 3. resumed: the same command again on every host: it continues from the newest checkpoint and ends at ``--steps``.
 
 Reports the step the host died at, the checkpoint resumed from, the seconds until the survivors ended and their
@@ -82,9 +82,19 @@ def newest_checkpoint(workdir: str) -> int:
 
 
 def losses(workdir: str) -> dict[int, float]:
-  """The training losses logged, by step (the last record of a step where a resume logged it again)."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r and not r.get("final")}
+  """The training losses logged, by step (the last record of a step where a resume logged it again); a line still
+  being written is left out."""
+  records = []
+  try:
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      for line in f:
+        try:
+          records.append(json.loads(line))
+        except json.JSONDecodeError:
+          break
+  except FileNotFoundError:
+    return {}
+  return {r["step"]: r["loss"] for r in records if "loss" in r and not r.get("final")}
 
 
 def final_state(workdir: str) -> tuple[int, dict]:
@@ -115,14 +125,12 @@ def run(args, addrs: list[str], out: str) -> dict:
 
   procs = start_hosts(args, split, port + 1, addrs, logs, "killed")
   start = time.monotonic()
-  while newest_checkpoint(split) < args.kill_after:
+  while max(losses(split), default=0) < args.kill_after:
     if time.monotonic() - start > args.timeout or any(p.poll() is not None for p in procs):
       wait(procs, 0)
-      raise SystemExit(f"the run to kill ended or stalled before its checkpoint at step {args.kill_after}: "
-                       f"see {logs}/killed_rank*.log")
-    time.sleep(0.05)
-  logged = losses(split)
-  killed_at = max(logged) if logged else newest_checkpoint(split)
+      raise SystemExit(f"the run to kill ended or stalled before step {args.kill_after}: see {logs}/killed_rank*.log")
+    time.sleep(0.02)
+  killed_at = max(losses(split))
   procs[args.kill_rank].send_signal(signal.SIGKILL)
   killed = time.monotonic()
   codes = wait(procs, args.survivor_timeout)
@@ -173,7 +181,7 @@ def main() -> None:
   parser.add_argument("--batch", type=int, default=128)
   parser.add_argument("--steps", type=int, default=300)
   parser.add_argument("--checkpoint_every", type=int, default=50)
-  parser.add_argument("--kill_after", type=int, default=150, help="kill once the checkpoint at this step is written")
+  parser.add_argument("--kill_after", type=int, default=170, help="kill once this step is logged (--log_every 10)")
   parser.add_argument("--kill_rank", type=int, default=2, help="the host that dies")
   parser.add_argument("--survivor_timeout", type=float, default=300, help="seconds the other hosts get to end")
   parser.add_argument("--timeout", type=float, default=1800, help="seconds a whole job gets")
