@@ -37,6 +37,7 @@ import harness
 from harness.namespaces import can_use_namespaces, in_namespace, setup_namespaces, teardown_namespaces
 
 TRAIN = os.path.join(os.path.dirname(sys.executable), "sparsejax-train")
+STARTED: list[subprocess.Popen] = []  # every host's process, killed before the namespaces go (ip netns del does not)
 
 
 def train_args(args, workdir: str) -> list[str]:
@@ -57,6 +58,7 @@ def start_hosts(args, workdir: str, port: int, addrs: list[str], logs: str, name
     with open(os.path.join(logs, f"{name}_rank{rank}.log"), "w") as log:
       procs.append(subprocess.Popen(in_namespace(rank, command, args.processes, args.pin), stdout=log,
                                     stderr=subprocess.STDOUT))
+  STARTED.extend(procs)
   return procs
 
 
@@ -204,6 +206,7 @@ def main() -> None:
     addrs = setup_namespaces(args.processes, args.rate)
     result = run(args, addrs, out)
   finally:
+    wait(STARTED, 0)  # an error or Ctrl-C here: no host trains on into a directory about to be removed
     teardown_namespaces(args.processes)
     if not args.keep:
       shutil.rmtree(out, ignore_errors=True)

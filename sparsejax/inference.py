@@ -235,7 +235,7 @@ def rows_within(config: ModelConfig, memory_bytes: int, ks: Sequence[int] = (),
     rows = max(1, min(max_rows, memory_bytes // EXACT_ROW_BYTES))
     return 1 << (rows.bit_length() - 1)
   count = _temp_bytes_counter(config, ks)
-  rows = 1 << (max_rows.bit_length() - 1)
+  rows = 1 << (max(1, max_rows).bit_length() - 1)
   if count(rows) <= memory_bytes:
     return rows
   small, large = (count(probe) for probe in PROBE_ROWS)
@@ -243,8 +243,9 @@ def rows_within(config: ModelConfig, memory_bytes: int, ks: Sequence[int] = (),
   fixed = max(small - per_row * PROBE_ROWS[0], 0.0)
   rows = max(1, min(max_rows, int((memory_bytes - fixed) // per_row)))
   rows = 1 << (rows.bit_length() - 1)
-  # XLA lays out a larger program otherwise (up to 10% more than the line through the probes): counted again.
-  while rows > 1 and rows not in PROBE_ROWS and count(rows) > memory_bytes:
+  # XLA lays out a larger program otherwise (up to 10% more than the line through the probes): counted again (the
+  # probes' counts are kept).
+  while rows > 1 and count(rows) > memory_bytes:
     rows //= 2
   return rows
 

@@ -101,8 +101,8 @@ def run() -> None:
       raise
     # A peer process died (its host lost, killed, out of memory): this one's collectives failed. Ended here, not at
     # JAX's shutdown barrier, which waits out the heartbeat timeout and aborts with pages of C++ stack.
-    fail_now(f"another process of the job was lost ({lost[:300]}); this one stops too. The checkpoints in {workdir} "
-             f"are kept: the same command on every process continues from the newest")
+    fail_now(f"another process of the job was lost ({lost}); this one stops too. The checkpoints already saved in "
+             f"{workdir} are kept ({continuing}, on every process)")
   except Interrupted as e:
     signum = _launcher_stop_signal(e.signum)
     # Several processes: exit 0, as every rank does after the same stop (the launcher's contract).

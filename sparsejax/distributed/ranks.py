@@ -32,8 +32,10 @@ def lost_peer(message: str) -> str | None:
   """The line of an error ``message`` that says a peer process was lost (a gloo connection closed, heartbeats
   stopped), without JAX's repeated ``Error dispatching computation:`` prefixes; None where no line says so."""
   for line in message.splitlines():
-    if _LOST_PEER.search(line):
-      return re.sub(r"^(.*?Error dispatching computation: )+", "", line).strip()
+    if found := _LOST_PEER.search(line):
+      line = re.sub(r"^(.*?Error dispatching computation: )+", "", line).strip()
+      # Shortened, the words that say so kept (the launcher tells a lost peer from a cause by them).
+      return line if len(line) <= 300 else f"{line[:200]} ... {found.group(0)}"
   return None
 
 

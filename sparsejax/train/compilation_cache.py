@@ -128,33 +128,41 @@ def write_from_every_process() -> bool:
   hashes the topology of the process that compiles it, so each rank's keys are its own: the other ranks' programs
   were never cached, and each of them compiled every program again in every run while the others waited for it in
   the first collective (a 2-process, 24-step run: rank 1 missed all 24 of its programs, run after run). Different
-  keys do not contend. Where JAX's private ``_cache_write`` is not the one this was written against (JAX
+  keys do not contend. CPU programs only: on GPUs JAX makes the keys the same on every process, and process 0 alone
+  writes them, as before. Where JAX's private ``_cache_write`` is not the one this was written against (JAX
   0.10-0.12), nothing changes.
 
   Returns:
     Whether the writes of the other processes are on.
   """
-  from jax._src import compilation_cache as jax_cache, compiler, config, distributed  # noqa: I001 deferred: after jax
-
-  original = compiler._cache_write
+  try:
+    from jax._src import compilation_cache as jax_cache, compiler, config, distributed  # noqa: I001 deferred: after jax
+    original = compiler._cache_write
+    signature = inspect.signature(original)
+    min_compile_seconds = config.persistent_cache_min_compile_time_secs
+    put = jax_cache.put_executable_and_time
+  except (ImportError, AttributeError, TypeError, ValueError):  # another JAX: as it is
+    return False
   if getattr(original, "from_every_process", False):
     return True
-  signature = inspect.signature(original)
-  needed = {"cache_key", "compile_time_secs", "module_name", "backend", "executable"}
-  if not needed <= set(signature.parameters) or not hasattr(jax_cache, "put_executable_and_time"):
+  if not {"cache_key", "compile_time_secs", "module_name", "backend", "executable"} <= set(signature.parameters):
     return False
+  should_raise = getattr(compiler, "_should_raise_persistent_cache_error", lambda e: False)
 
   @functools.wraps(original)
   def cache_write(*args, **kwargs):
-    if distributed.global_state.process_id == 0:
-      return original(*args, **kwargs)
     given = signature.bind(*args, **kwargs).arguments
-    if given.get("host_callbacks") or given["compile_time_secs"] < config.persistent_cache_min_compile_time_secs.value:
+    # Process 0, and every process on GPUs, whose keys JAX makes the same on every process (one writer, as JAX's).
+    if distributed.global_state.process_id == 0 or getattr(given["backend"], "platform", "cpu") != "cpu":
+      return original(*args, **kwargs)
+    if given.get("host_callbacks") or given["compile_time_secs"] < min_compile_seconds.value:
       return None  # as process 0 would: programs with host callbacks, or quicker to compile than the threshold
     try:
-      jax_cache.put_executable_and_time(given["cache_key"], given["module_name"], given["executable"],
-                                        given["backend"], int(given["compile_time_secs"]))
+      put(given["cache_key"], given["module_name"], given["executable"], given["backend"],
+          int(given["compile_time_secs"]))
     except Exception as e:  # a full disk or a racing writer: the program runs all the same, as JAX's own write
+      if should_raise(e):
+        raise
       warnings.warn(f"Error writing persistent compilation cache entry for '{given['module_name']}': "
                     f"{type(e).__name__}: {e}", stacklevel=2)
     return None
