@@ -548,10 +548,11 @@ def plot(runs: dict, path: str, title: str) -> None:
   fig, ax = plt.subplots(figsize=(7.5, 4.5))
   for (system, tag), run in sorted(runs.items()):
     points = [p for p in run["curve"] if p.get("seconds") is not None]
+    validation = system not in PEER_SYSTEMS  # the trees' one point is their test P@1; a network's are its evaluations
     line = ax.plot([p["seconds"] for p in points], [p["p@1"] for p in points], "o" if len(points) == 1 else "-o",
-                   markersize=3, label=f"{system} ({tag})" + (", validation" if len(points) > 1 else ", test"))
+                   markersize=3, label=f"{system} ({tag})" + (", validation" if validation else ", test"))
     f = run["final"]
-    if len(points) > 1:  # the selected state's test P@1, at the training seconds it was reached
+    if validation:  # the selected state's test P@1, at the training seconds it was reached
       reached = [p["seconds"] for p in points if p.get("step") == f.get("selected_step")]
       ax.plot([reached[0] if reached else f["seconds"]], [f["p@1"]], "*", markersize=10, color=line[0].get_color())
   ax.set_xlabel("training seconds (evaluations excluded)")

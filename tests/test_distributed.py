@@ -14,6 +14,7 @@ import pytest
 
 import sparsejax
 from sparsejax.data import load_dataset
+from sparsejax.distributed import launch
 from sparsejax.workdir.checkpoint import Checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -279,6 +280,45 @@ def test_dead_or_hung_rank_ends_the_job(tmp_path, how):
     assert "rank 0 failed" not in rest and "rank 0 died" not in rest
   assert "Traceback" not in rest  # rank 0's error: one line
   assert (tmp_path / "logs" / "rank1.log").exists()
+
+
+def test_a_lost_peer_ends_the_other_host_at_once_with_one_line(tmp_path):
+  """Issue 47: ranks started as on two hosts (the explicit flags, no launcher to end the others), rank 1 SIGKILLed
+  mid-run: rank 0 ends within seconds, with one line that names the lost peer and keeps the saved checkpoints.
+  Before: a traceback, then JAX's shutdown barrier aborted it after the heartbeat timeout (SIGABRT, C++ stack)."""
+  address = f"127.0.0.1:{launch.free_port()}"
+  args = _train_args(str(tmp_path), max_steps=10**6, num_epochs=10**5, eval_every=10**6, log_every=10,
+                     checkpoint_every=20, heartbeat_timeout_seconds=60)
+  ranks = [subprocess.Popen([sys.executable, "-P", TRAIN, *args, f"--coordinator_address={address}",
+                             "--num_processes=2", f"--process_id={r}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT) for r in (0, 1)]
+  try:
+    seen, deadline = [""], time.time() + 180
+
+    def saved() -> list[str]:  # the checkpoints both processes have finished (orbax renames them when done)
+      where = tmp_path / "checkpoints"
+      return [d for d in os.listdir(where) if d.isdigit()] if where.is_dir() else []
+
+    while time.time() < deadline and not (re.search(r"step \d+/\d+: loss", seen[-1]) and saved()):
+      seen.append(ranks[0].stdout.readline())
+      assert seen[-1], "".join(seen)
+    kept = saved()
+    assert kept, "".join(seen)
+    ranks[1].kill()
+    t0 = time.time()
+    rest, _ = ranks[0].communicate(timeout=90)
+    elapsed = time.time() - t0
+  finally:
+    for proc in ranks:
+      proc.kill()
+  assert elapsed < 10, (elapsed, rest)  # the heartbeat timeout, 60 s, is never waited out
+  assert ranks[0].returncode == 1, rest
+  last = rest.strip().splitlines()[-1]
+  assert re.search(r"error: another process of the job was lost \(.+\); this one stops too\. The checkpoints "
+                   rf"already saved in {re.escape(str(tmp_path))} are kept \(run the same command again to continue, "
+                   r"on every process\)$", last), rest
+  assert "Traceback" not in rest and "SIGABRT" not in rest, rest
+  assert set(kept) <= set(saved()), (kept, os.listdir(tmp_path / "checkpoints"))  # nothing saved is lost
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
