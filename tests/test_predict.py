@@ -1,5 +1,6 @@
 """Using a trained model: sparsejax.load, sparsejax-predict, sparsejax-plot, the installed commands."""
 
+import contextlib
 import gzip
 import json
 import os
@@ -13,8 +14,9 @@ import pytest
 import scipy.sparse
 
 import sparsejax
-from sparsejax import data
+from sparsejax import data, memory
 from sparsejax.data import XCDataset
+from sparsejax.serving import model as serving_model
 from sparsejax.settings import override
 from sparsejax.train import train_and_evaluate
 from sparsejax.train.metric_writer import read_records
@@ -605,16 +607,10 @@ def test_a_trained_model_s_repr_says_what_and_where(synthetic_run):
   assert model.workdir == workdir
 
 
-
 def test_loading_returns_what_the_restore_freed(synthetic_run, monkeypatch):
   """Issue 47: under tcmalloc (the commands' allocator) what the restore and the slicing off of a sharded layer's
   padding rows freed stayed resident: sparsejax-predict peaked at 12.6 GB on the 10^9-parameter run, 9.4 under glibc.
   The restore and the network's arrays are made within ``memory.freed_memory_returned``, which gives it back."""
-  import contextlib
-
-  from sparsejax import memory
-  from sparsejax.serving import model as serving_model
-
   inside, seen = [], []
 
   @contextlib.contextmanager
@@ -636,6 +632,7 @@ def test_loading_returns_what_the_restore_freed(synthetic_run, monkeypatch):
     monkeypatch.setattr(serving_model.TrainedModel, name, spied(getattr(serving_model.TrainedModel, name)))
   sparsejax.load(str(synthetic_run[0]))
   assert seen == [("_restore", True), ("_set_network", True), ("_read_assets", False)]
+
 
 def test_commands_that_need_a_work_directory_name_the_newest_run(tmp_path, installed_command):
   """Runs go to new directories (issue 33): predict and plot without one say so and name the newest run."""
