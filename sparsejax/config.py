@@ -375,6 +375,10 @@ class RunConfig(Section):
       True, "Re-rank the network's best labels by logit + w * cos(x, label centroid) (the label's training rows "
       "summed; sparsejax.fusion), w chosen on the validation split at the end (0: the network alone); served by "
       "sparsejax.load. Needs a validation split.", identity=False)
+  head_rankers: int = option(
+      20, "With --centroid_fusion, a logistic regression per label in at least 2% of the training samples (at most "
+      "this many; sparsejax.head_rankers), fitted at the start within the budget and fused as a third term, its "
+      "weight chosen on the validation split; 0: none.", bounds=NON_NEGATIVE, identity=False)
   early_stopping_patience: int | None = option(
       None, "Stop after this many validation evaluations in a row without a better selection metric; none: "
       "train the whole budget (the best checkpoint is still the one reported).", bounds=AT_LEAST_ONE,

@@ -6,9 +6,10 @@ Exact and sampled P@k, nDCG@k and PSP@k; label and top-k recall of the candidate
 from collections.abc import Callable
 
 import numpy as np
+from absl import logging
 
 from sparsejax import fusion as fusion_lib
-from sparsejax import metrics, retrieval
+from sparsejax import head_rankers, metrics, retrieval
 from sparsejax.data import PAD_ID, XCDataset
 
 Predict = Callable[[object, np.ndarray, np.ndarray], tuple]
@@ -46,7 +47,7 @@ class Evaluator:
     return cls(test, propensity, feature_limit, sampled_batch_size=sampled_batch_size)
 
   def __call__(self, predict: Predict, state, num_samples: int | None = None, diagnose=None,
-               fusion: "tuple[fusion_lib.LabelCentroids, float] | None" = None) -> dict[str, float]:
+               fusion: "fusion_lib.Fusion | None" = None) -> dict[str, float]:
     """Metrics of ``predict(state, feat_ids, feat_vals) -> (scores, ids, sampled_ids | None)``.
 
     Args:
@@ -55,7 +56,7 @@ class Evaluator:
       num_samples: the first this many test samples; None: all.
       diagnose: optional :attr:`sparsejax.distributed.sharding.Run.diagnose`, used instead of ``predict``: it also
         gives sampled inference at other active set sizes and retrieval diagnostics.
-      fusion: ``(centroids, weight)``: the exact predictions are re-ranked by :func:`sparsejax.fusion.fused_top`
+      fusion: the exact predictions are re-ranked by :func:`sparsejax.fusion.fused_top`
         (``p@k`` and the rest are the fused ranking's, ``network_p@k`` the network's own); None: none.
 
     Returns:
@@ -76,7 +77,7 @@ class Evaluator:
       approx = ({"sampled": sampled} if sampled is not None else {}) | extra["sampled"]
       batch = {"exact": ids[:, :k], "sampled": {name: np.asarray(top)[:n, :k] for name, top in approx.items()}}
       if fusion is not None:
-        batch["fused"] = fusion_lib.fused_top(*fusion, scores, ids, fi[:n], fv[:n], min(k, ids.shape[1]))[1]
+        batch["fused"] = fusion_lib.fused_top(fusion, scores, ids, fi[:n], fv[:n], min(k, ids.shape[1]))[1]
       if diagnose is not None:
         batch["retrieval"] = {key: v[:n] for key, v in extra["retrieval"].items()}
       rows_of.append(rows)
@@ -96,10 +97,12 @@ class Evaluator:
       result.update(retrieval.summarize([out["retrieval"]], retrieval.TOP))
     return result
 
-  def fusion_weight(self, predict: Predict, state, centroids: "fusion_lib.LabelCentroids",
-                    metric: str = "p@1", num_samples: int | None = None) -> tuple[float, dict[float, float]]:
-    """The centroids' weight that scores best on the first ``num_samples`` samples of this evaluator's set (None:
-    all) (:func:`sparsejax.fusion.choose_weight` over the exact predictions of ``predict``, which must return
+  def fusion_weights(self, predict: Predict, state, centroids: "fusion_lib.LabelCentroids",
+                     rankers: "head_rankers.HeadRankers | None" = None, metric: str = "p@1",
+                     num_samples: int | None = None) -> tuple[float, float, dict[float, float], dict[float, float]]:
+    """The centroids' and the head rankers' weights that score best on the first ``num_samples`` samples of this
+    evaluator's set (None: all) (:func:`sparsejax.fusion.choose_weights` over the exact predictions of ``predict``,
+    which must return
     enough candidates: its ``top``). A run passes ``--eval_samples``, the samples its checkpoints were selected
     on: scoring every label for a whole validation split of 50,000 samples and 8·10^6 labels took over 20 minutes
     on 2 cores."""
@@ -108,10 +111,31 @@ class Evaluator:
       scores, ids, _ = predict(state, fi, fv)
       scores, ids = np.asarray(scores)[:len(rows)], np.asarray(ids)[:len(rows)]
       rows_of.append(rows)
-      batches.append((scores, ids, fusion_lib.centroid_scores(centroids, fi[:len(rows)], fv[:len(rows)], ids)))
-    scores, ids, centroid_score = _in_samples_order(rows_of, batches)
+      fi, fv = fi[:len(rows)], fv[:len(rows)]
+      batches.append((scores, ids, fusion_lib.centroid_scores(centroids, fi, fv, ids),
+                      None if rankers is None else head_rankers.ranker_scores(rankers, fi, fv, ids)))
+    scores, ids, centroid_score, ranker_score = _in_samples_order(rows_of, batches)
     labels = scoring_labels(self.test, len(ids), ids, self.propensity)  # re-rankings keep to these ids
-    return fusion_lib.choose_weight(scores, ids, centroid_score, labels, metric=metric, propensity=self.propensity)
+    return fusion_lib.choose_weights(scores, ids, centroid_score, labels, metric=metric, propensity=self.propensity,
+                                     ranker_score=ranker_score)
+
+  def choose_fusion(self, predict: Predict, state, centroids: "fusion_lib.LabelCentroids",
+                    rankers: "head_rankers.HeadRankers | None", metric: str, num_samples: int | None,
+                    who: str = "") -> "tuple[fusion_lib.Fusion, dict]":
+    """``(fusion, record)``: the weights :meth:`fusion_weights` chooses, logged (``who``: the line's prefix), and the
+    final record's fields that say so (``fusion_weight``, ``fusion_validation``, and with rankers
+    ``ranker_weight``, ``ranker_validation``, ``ranker_labels``)."""
+    weight, ranker_weight, table, ranker_table = self.fusion_weights(predict, state, centroids, rankers, metric,
+                                                                     num_samples)
+    logging.info("%scentroid fusion: weight %g (validation %s by weight: %s)", who, weight, metric,
+                 ", ".join(f"{w:g} {v:.4f}" for w, v in table.items()))
+    record = {"fusion_weight": weight, "fusion_validation": {f"{w:g}": v for w, v in table.items()}}
+    if rankers is not None:
+      logging.info("%shead rankers (%d labels): weight %g (validation %s by weight: %s)", who, len(rankers.labels),
+                   ranker_weight, metric, ", ".join(f"{w:g} {v:.4f}" for w, v in ranker_table.items()))
+      record.update({"ranker_weight": ranker_weight, "ranker_labels": len(rankers.labels),
+                     "ranker_validation": {f"{w:g}": v for w, v in ranker_table.items()}})
+    return fusion_lib.Fusion(centroids, weight, rankers, ranker_weight), record
 
   def _batches(self, num_samples: int | None, sampled: bool = False):
     """``(rows, feat_ids, feat_vals)`` per predict call: the padded batches of the first ``num_samples`` samples
@@ -175,6 +199,8 @@ def _in_samples_order(rows: list[np.ndarray], batches: list):
   in_order = np.argsort(np.concatenate(rows), kind="stable")
 
   def join(parts):
+    if parts[0] is None:  # a term not computed
+      return None
     if isinstance(parts[0], dict):
       return {key: join([part[key] for part in parts]) for key in parts[0]}
     if isinstance(parts[0], tuple):
@@ -254,7 +280,7 @@ def _row_width(num_features: int, feature_limit: int | None) -> int:
 
 
 def evaluate_state(evaluator: Evaluator, run, state, num_samples: int | None,
-                   fused: tuple["fusion_lib.LabelCentroids", float] | None = None, sampled: bool = True):
+                   fused: "fusion_lib.Fusion | None" = None, sampled: bool = True):
   """``(test-set metrics, the state evaluated)`` of a run's ``state`` (a :class:`sparsejax.distributed.sharding.Run`):
   the metrics with retrieval diagnostics and the index's fill where the run has them; the state with the index that
   sampled inference queried.

@@ -7,12 +7,16 @@ cannot hold (GCIDE, 25K labels from 70K definitions: the centroids alone reach t
 PECOS 0.054; benchmarks/RESULTS.md, "Score fusion"). Fusing the two re-ranks the network's ``CANDIDATES`` best labels
 of a sample, so the cost is ``O(CANDIDATES · nnz)`` per sample, never ``O(N)``, and training is untouched.
 
-The weight ``w`` is chosen on the validation split at the end of a run (:func:`choose_weight`, from
-:data:`WEIGHTS`, 0 included: a set where the centroids do not help keeps the network's ranking), recorded in
-``metrics.jsonl`` and the run's assets, and :func:`sparsejax.load`'s model applies it::
+A second term re-ranks the head labels, those in a large share of the samples, by per-label logistic regressions
+on the same raw features (:mod:`sparsejax.head_rankers`): ``logit + w cos(x, c_l) + w_r z_l(x)``, ``z_l`` their
+log-odds (0 for the other labels).
+
+The weights are chosen on the validation split at the end of a run (:func:`choose_weights`, from :data:`WEIGHTS` and
+:data:`RANKER_WEIGHTS`, 0 included: a set where a term does not help keeps the network's ranking), recorded in
+``metrics.jsonl`` and the run's assets, and :func:`sparsejax.load`'s model applies them (a :class:`Fusion`)::
 
   centroids = fusion.label_centroids(train)                    # once, O(nnz)
-  scores, ids = fusion.rerank(scores, ids, fusion.centroid_scores(centroids, feat_ids, feat_vals, ids), w, top=5)
+  scores, ids = fusion.fused_top(fusion.Fusion(centroids, w), scores, ids, feat_ids, feat_vals, top=5)
 """
 
 from typing import NamedTuple
@@ -22,12 +26,15 @@ import scipy.sparse as sp
 
 from sparsejax import metrics
 from sparsejax.data import XCDataset
+from sparsejax.head_rankers import HeadRankers, ranker_scores
 
 # The network's best labels per sample that fusion re-ranks. GCIDE's network has 24% of its test labels in its
 # top 100 (and the centroids' own P@1 is 0.055): re-ranking reaches them without scoring all N labels.
 CANDIDATES = 100
 # The weights compared on the validation split: logits span about 10-30 units where cosines span 0-1.
 WEIGHTS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+# The head rankers' weights compared: their log-odds span about as much as the logits (debian_depends: 1-2 best).
+RANKER_WEIGHTS = (0.0, 0.5, 1.0, 2.0)
 # (feature, candidate) lookups per chunk of centroid_scores: bounds its temporaries (about 40 bytes each).
 _CHUNK_ENTRIES = 1 << 20
 
@@ -62,6 +69,26 @@ class LabelCentroids(NamedTuple):
 
   def matrix(self) -> sp.csr_matrix:
     return sp.csr_matrix((self.values, self.indices, self.indptr), shape=(self.num_labels, self.num_features))
+
+
+class Fusion(NamedTuple):
+  """What re-ranks the network's best labels, with the weights a run chose.
+
+  Attributes:
+    centroids: the labels' centroids.
+    weight: theirs, ``w`` (0: unused).
+    rankers: the head labels' rankers (None: none).
+    ranker_weight: theirs, ``w_r`` (0: unused).
+  """
+  centroids: LabelCentroids
+  weight: float
+  rankers: HeadRankers | None = None
+  ranker_weight: float = 0.0
+
+  @property
+  def active(self) -> bool:
+    """Whether it changes the network's ranking at all."""
+    return bool(self.weight) or (self.rankers is not None and bool(self.ranker_weight))
 
 
 def label_centroids(train: XCDataset) -> LabelCentroids:
@@ -141,9 +168,10 @@ def centroid_scores(centroids: LabelCentroids, feat_ids: np.ndarray, feat_vals: 
   return out
 
 
-def rerank(scores: np.ndarray, ids: np.ndarray, centroid_score: np.ndarray, weight: float,
-           top: int) -> tuple[np.ndarray, np.ndarray]:
-  """The ``top`` best of each row by ``scores + weight · centroid_score`` (ties: the network's order).
+def rerank(scores: np.ndarray, ids: np.ndarray, centroid_score: np.ndarray, weight: float, top: int,
+           ranker_score: np.ndarray | None = None, ranker_weight: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+  """The ``top`` best of each row by ``scores + weight · centroid_score + ranker_weight · ranker_score`` (ties: the
+  network's order).
 
   Args:
     scores: ``[B, R]`` the network's logits of ``ids``, best first (``-inf`` for padding).
@@ -151,51 +179,77 @@ def rerank(scores: np.ndarray, ids: np.ndarray, centroid_score: np.ndarray, weig
     centroid_score: ``[B, R]`` :func:`centroid_scores` of ``ids``.
     weight: the centroids' weight ``w`` (0: the network's ranking).
     top: kept per row (``<= R``).
+    ranker_score: ``[B, R]`` :func:`sparsejax.head_rankers.ranker_scores` of ``ids`` (None: no such term).
+    ranker_weight: its weight ``w_r``.
 
   Returns:
     ``(fused scores [B, top] float32, ids [B, top])``.
   """
   fused = np.asarray(scores, np.float32) + np.float32(weight) * np.asarray(centroid_score, np.float32)
+  if ranker_score is not None and ranker_weight:
+    fused = fused + np.float32(ranker_weight) * np.asarray(ranker_score, np.float32)
   order = np.argsort(-fused, axis=1, kind="stable")[:, :top]
   return np.take_along_axis(fused, order, axis=1), np.take_along_axis(np.asarray(ids), order, axis=1)
 
 
-def fused_top(centroids: LabelCentroids, weight: float, scores: np.ndarray, ids: np.ndarray, feat_ids: np.ndarray,
-              feat_vals: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
+def term_scores(fusion: Fusion, feat_ids: np.ndarray, feat_vals: np.ndarray,
+                ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+  """``(centroid scores, ranker scores or None)`` of candidates ``ids`` ``[B, R]``: the terms of ``fusion`` whose
+  weight is not 0 (the centroids' are 0 where their weight is)."""
+  centroid_score = (centroid_scores(fusion.centroids, feat_ids, feat_vals, ids) if fusion.weight
+                    else np.zeros(np.shape(ids), np.float32))
+  ranker_score = (ranker_scores(fusion.rankers, feat_ids, feat_vals, ids)
+                  if fusion.rankers is not None and fusion.ranker_weight else None)
+  return centroid_score, ranker_score
+
+
+def fused_top(fusion: Fusion, scores: np.ndarray, ids: np.ndarray, feat_ids: np.ndarray, feat_vals: np.ndarray,
+              top: int) -> tuple[np.ndarray, np.ndarray]:
   """The fused ranking's ``top`` best: the network's first :data:`CANDIDATES` re-ranked (:func:`rerank`), then,
   past them, the network's next ones in its order with their logits (a longer ranking extends a shorter one).
 
   Args:
-    centroids, weight: the labels' centroids and their weight.
+    fusion: the terms and their weights.
     scores, ids: ``[B, R]`` the network's best, logits descending.
     feat_ids, feat_vals: ``[B, F]`` the samples' features, as :func:`centroid_scores` takes them.
     top: kept per row (``<= R``).
   """
   head = min(CANDIDATES, ids.shape[1])
-  fused = rerank(scores[:, :head], ids[:, :head], centroid_scores(centroids, feat_ids, feat_vals, ids[:, :head]),
-                 weight, min(top, head))
+  centroid_score, ranker_score = term_scores(fusion, feat_ids, feat_vals, ids[:, :head])
+  fused = rerank(scores[:, :head], ids[:, :head], centroid_score, fusion.weight, min(top, head), ranker_score,
+                 fusion.ranker_weight)
   return (np.concatenate([fused[0], np.asarray(scores, np.float32)[:, head:top]], axis=1),
           np.concatenate([fused[1], np.asarray(ids)[:, head:top]], axis=1))
 
 
-def choose_weight(scores: np.ndarray, ids: np.ndarray, centroid_score: np.ndarray, labels: np.ndarray,
-                  metric: str = "p@1", propensity: np.ndarray | None = None,
-                  weights=WEIGHTS) -> tuple[float, dict[float, float]]:
-  """The weight of ``weights`` whose re-ranking scores best by ``metric`` (ties: the smaller weight).
+def choose_weights(scores: np.ndarray, ids: np.ndarray, centroid_score: np.ndarray, labels: np.ndarray,
+                   metric: str = "p@1", propensity: np.ndarray | None = None, weights=WEIGHTS,
+                   ranker_score: np.ndarray | None = None,
+                   ranker_weights=RANKER_WEIGHTS) -> tuple[float, float, dict[float, float], dict[float, float]]:
+  """The pair of ``weights`` x ``ranker_weights`` whose re-ranking scores best by ``metric`` (ties: the smaller
+  ranker weight, then the smaller weight).
 
   Args:
     scores, ids, centroid_score: as :func:`rerank`'s, for the validation samples.
     labels: ``[n, M]`` their labels, ``PAD_ID`` padded.
     metric: a :func:`sparsejax.metrics.evaluate_topk` key (``p@1``, ``ndcg@5``, ``psp@k`` with ``propensity``).
     propensity: ``[N]`` label propensities, for ``psp@k``.
-    weights: the candidates, increasing.
+    weights: the centroids' candidates, increasing.
+    ranker_score: as :func:`rerank`'s (None: no head rankers; their weight 0).
+    ranker_weights: their candidates, increasing.
 
   Returns:
-    ``(weight, {weight: metric})``.
+    ``(weight, ranker weight, {weight: metric at the chosen ranker weight}, {ranker weight: metric at the chosen
+    weight})``.
   """
+  top = min(max(metrics.DEFAULT_KS), ids.shape[1])
   results = {}
-  for w in weights:
-    _, top = rerank(scores, ids, centroid_score, w, min(max(metrics.DEFAULT_KS), ids.shape[1]))
-    results[float(w)] = float(metrics.evaluate_topk(metrics.pad_ranking(top), labels, propensity)[metric])
+  for wr in (ranker_weights if ranker_score is not None else (0.0,)):
+    for w in weights:
+      _, ranked = rerank(scores, ids, centroid_score, w, top, ranker_score, wr)
+      results[float(w), float(wr)] = float(metrics.evaluate_topk(metrics.pad_ranking(ranked), labels,
+                                                                 propensity)[metric])
   best = max(results.values())
-  return next(w for w in results if results[w] == best), results
+  weight, ranker_weight = next(pair for pair in results if results[pair] == best)
+  return (weight, ranker_weight, {w: v for (w, wr), v in results.items() if wr == ranker_weight},
+          {wr: v for (w, wr), v in results.items() if w == weight})

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from sparsejax import fusion
+from sparsejax import fusion, head_rankers
 from sparsejax.data import PAD_ID, XCDataset
 
 
@@ -98,12 +98,33 @@ def test_choose_weight_picks_the_best_validation_score_ties_to_the_smaller_weigh
   scores = np.array([[2.0, 1.0], [2.0, 1.0], [2.0, 1.0]], np.float32)
   cent = np.array([[0.0, 0.5], [0.0, 0.5], [0.0, 0.0]], np.float32)
   labels = np.array([[2], [4], [5]])  # the centroids' favourites are right in the first two rows
-  weight, table = fusion.choose_weight(scores, ids, cent, labels, weights=(0.0, 1.0, 5.0, 10.0))
+  weight, ranker_weight, table, _ = fusion.choose_weights(scores, ids, cent, labels, weights=(0.0, 1.0, 5.0, 10.0))
   assert table == {0.0: pytest.approx(1 / 3), 1.0: pytest.approx(1 / 3), 5.0: pytest.approx(1.0),
                    10.0: pytest.approx(1.0)}
-  assert weight == 5.0  # 5 and 10 tie: the smaller
-  weight, _ = fusion.choose_weight(scores, ids, cent, np.array([[1], [3], [5]]), weights=(0.0, 1.0, 5.0))
+  assert weight == 5.0 and ranker_weight == 0.0  # 5 and 10 tie: the smaller; no rankers: their weight 0
+  weight, *_ = fusion.choose_weights(scores, ids, cent, np.array([[1], [3], [5]]), weights=(0.0, 1.0, 5.0))
   assert weight == 0.0  # the centroids only hurt: the network alone
+
+
+def test_choose_weights_searches_both_terms_together():
+  ids = np.array([[1, 2], [3, 4], [5, 6], [7, 8]])
+  scores = np.full((4, 2), [2.0, 1.0], np.float32)
+  cent = np.array([[0.0, 0.5], [0.0, 0.5], [0.0, 0.0], [0.0, 0.0]], np.float32)
+  ranker = np.array([[0.0, 0.0], [0.0, -5.0], [-3.0, 0.0], [0.0, 0.0]], np.float32)
+  labels = np.array([[2], [3], [6], [7]])
+  # Row 0 needs the centroids (w >= 5); row 1 then needs the ranker's -5 on id 4 (w_r >= w / 10); row 2 needs the
+  # ranker's -3 on id 5 (w_r > 1/3); row 3 is the network's.
+  weight, ranker_weight, table, ranker_table = fusion.choose_weights(
+      scores, ids, cent, labels, weights=(0.0, 5.0, 10.0), ranker_score=ranker, ranker_weights=(0.0, 0.5, 1.0))
+  assert (weight, ranker_weight) == (5.0, 0.5)  # the best pair; ties: the smaller ranker weight, then weight
+  assert table == {0.0: pytest.approx(0.75), 5.0: pytest.approx(1.0), 10.0: pytest.approx(0.75)}  # at w_r = 0.5
+  assert ranker_table == {0.0: pytest.approx(0.5), 0.5: pytest.approx(1.0), 1.0: pytest.approx(1.0)}  # at w = 5
+  brute = {}
+  for w in (0.0, 5.0, 10.0):
+    for wr in (0.0, 0.5, 1.0):
+      brute[w, wr] = np.mean([ids[b, np.argmax(scores[b] + w * cent[b] + wr * ranker[b])] == labels[b, 0]
+                              for b in range(4)])
+  assert brute[5.0, 0.5] == max(brute.values()) == 1.0
 
 
 def test_the_fusion_weight_is_chosen_on_the_first_samples_asked_for():
@@ -126,12 +147,12 @@ def test_the_fusion_weight_is_chosen_on_the_first_samples_asked_for():
     return np.take_along_axis(logits, ids, 1), ids, None
 
   propensity = np.ones(data.num_labels)
-  first = Evaluator(data, propensity, None, batch_size=32).fusion_weight(predict, None, centroids, "p@1", 100)
+  first = Evaluator(data, propensity, None, batch_size=32).fusion_weights(predict, None, centroids, None, "p@1", 100)
   assert sum(seen) == 100  # the samples after the first 100 are not predicted
   subset = Evaluator(data.subset(np.arange(100)), propensity, None, batch_size=32)
-  assert first == subset.fusion_weight(predict, None, centroids, "p@1")
-  whole = Evaluator(data, propensity, None, batch_size=32).fusion_weight(predict, None, centroids, "p@1")
-  assert whole[1] != first[1]  # all 300 samples score otherwise
+  assert first == subset.fusion_weights(predict, None, centroids, None, "p@1")
+  whole = Evaluator(data, propensity, None, batch_size=32).fusion_weights(predict, None, centroids, None, "p@1")
+  assert whole[2] != first[2]  # all 300 samples score otherwise
 
 
 def _train(workdir, **settings):
@@ -174,13 +195,16 @@ def test_a_run_fuses_with_the_weight_chosen_on_validation_and_load_serves_it(fus
   again = model.evaluate(test)
   for key in ("p@1", "p@3", "p@5", "sampled_p@1"):
     assert again[key] == pytest.approx(final[key], abs=1e-9), key
-  # The served ranking is the network's best CANDIDATES re-ranked by the centroids, as fusion.rerank says.
+  # The served ranking is the network's best CANDIDATES re-ranked by the centroids and the head rankers, as
+  # fusion.rerank says.
   scores, ids = model.predict(test, top=5)
   fi, fv, _ = model.features(test).to_padded(np.arange(len(test)), model.max_features, 1)
   net_scores, net_ids = (np.asarray(a) for a in model.network_predictor(min(fusion.CANDIDATES, 300))(model.params, fi,
                                                                                                  fv)[:2])
+  fused = model._fusion
+  ranker_score = None if fused.rankers is None else head_rankers.ranker_scores(fused.rankers, fi, fv, net_ids)
   expected_scores, expected_ids = fusion.rerank(net_scores, net_ids, fusion.centroid_scores(
-      model._fusion[0], fi, fv, net_ids), model.fusion_weight, 5)
+      fused.centroids, fi, fv, net_ids), model.fusion_weight, 5, ranker_score, model.ranker_weight)
   np.testing.assert_array_equal(ids, expected_ids)
   np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
 

@@ -18,14 +18,15 @@ import numpy as np
 from sparsejax.config import Config
 from sparsejax.data import LoadedData
 from sparsejax.data.text import VectorizerFormatError, read_vectorizer, save_vectorizer
-from sparsejax.fusion import LabelCentroids
+from sparsejax.fusion import Fusion, LabelCentroids
+from sparsejax.head_rankers import HeadRankers
 from sparsejax.index import clusters
 from sparsejax.workdir import best_checkpoint, checkpoint, seals
 
 ASSETS = "assets"
 LABELS, VECTORIZER, FREQUENCIES = "labels.txt", "vectorizer.json", "label_frequencies.npy"
 SERVING_INDEX = "serving_index.npz"
-FUSION = "centroid_fusion.npz"  # the labels' centroids and the weight the run chose (sparsejax.fusion)
+FUSION = "centroid_fusion.npz"  # the labels' centroids, head rankers and weights the run chose (sparsejax.fusion)
 ENSEMBLE = "ensemble.json"  # the run's other members' directories (sparsejax.ensemble, sparsejax.train.members)
 SEAL = "checksums.json"  # the assets' seal (sparsejax.workdir.seals)
 # A member's directory, relative to the run's: nothing else is opened (a work directory from elsewhere must not make
@@ -120,13 +121,18 @@ def save_serving_index(workdir: str, run_id: str | None, step: int, index) -> No
       rows=np.asarray(index.rows)))
 
 
-def save_fusion(workdir: str, run_id: str | None, centroids, weight: float) -> None:
-  """Keeps the labels' centroids and the fusion weight that a run's final evaluation chose (:mod:`sparsejax.fusion`),
-  recorded in the assets' seal: :func:`load`'s model re-ranks as the run's final evaluation did."""
+def save_fusion(workdir: str, run_id: str | None, fused: Fusion) -> None:
+  """Keeps the labels' centroids, the head rankers (where the run chose a weight for them) and the weights that a
+  run's final evaluation chose (:mod:`sparsejax.fusion`), recorded in the assets' seal: :func:`load`'s model re-ranks
+  as the run's final evaluation did."""
   directory = os.path.join(workdir, ASSETS)
+  centroids, rankers = fused.centroids, fused.rankers if fused.ranker_weight else None
+  ranked = {} if rankers is None else {
+      "ranker_weight": np.float64(fused.ranker_weight), "ranker_labels": rankers.labels,
+      "ranker_weights": rankers.weights, "ranker_bias": rankers.bias}
   _record_asset(directory, run_id, FUSION, lambda path: np.savez(
-      path, weight=np.float64(weight), indptr=centroids.indptr, indices=centroids.indices, values=centroids.values,
-      num_features=np.int64(centroids.num_features)))
+      path, weight=np.float64(fused.weight), indptr=centroids.indptr, indices=centroids.indices,
+      values=centroids.values, num_features=np.int64(centroids.num_features), **ranked))
 
 
 def save_ensemble(workdir: str, run_id: str | None, members: list[str]) -> None:
@@ -194,12 +200,14 @@ def member_directory(workdir: str, member: str, recorded_in: str) -> str:
   return path
 
 
-def _read_fusion_file(path: str, num_labels: int, num_features: int):
-  """``(centroids, weight)`` from a :func:`save_fusion` file, checked against the model's sizes."""
+def _read_fusion_file(path: str, num_labels: int, num_features: int) -> Fusion:
+  """The fusion of a :func:`save_fusion` file, checked against the model's sizes."""
   try:
     with np.load(path, allow_pickle=False) as f:
       weight, indptr, indices, values, features = (float(f["weight"]), f["indptr"], f["indices"], f["values"],
                                                    int(f["num_features"]))
+      ranked = ("ranker_weight" in f.files) and (float(f["ranker_weight"]), f["ranker_labels"], f["ranker_weights"],
+                                                 f["ranker_bias"])
   except DAMAGED_ARRAYS as e:
     raise seals.IntegrityError(f"{path}: unreadable as centroid fusion ({type(e).__name__}: {e})") from None
   if (features != num_features or indptr.shape != (num_labels + 1,) or indices.shape != values.shape
@@ -207,7 +215,17 @@ def _read_fusion_file(path: str, num_labels: int, num_features: int):
       or not np.isfinite(weight) or weight < 0
       or (len(indices) and (indices.min() < 0 or indices.max() >= num_features))):
     raise seals.IntegrityError(f"{path}: not the centroids of {num_labels} labels over {num_features} features")
-  return LabelCentroids.of(indptr, indices, values, num_features), weight
+  centroids = LabelCentroids.of(indptr, indices, values, num_features)
+  if not ranked:  # no head rankers (or a run of an older sparsejax)
+    return Fusion(centroids, weight)
+  ranker_weight, labels, weights, bias = ranked
+  K = len(labels)
+  if (labels.ndim != 1 or weights.shape != (num_features, K) or bias.shape != (K,) or not np.isfinite(ranker_weight)
+      or ranker_weight < 0 or (K and (labels.min() < 0 or labels.max() >= num_labels))
+      or not np.all(np.isfinite(weights)) or not np.all(np.isfinite(bias))):
+    raise seals.IntegrityError(f"{path}: not head rankers of {num_labels} labels over {num_features} features")
+  rankers = HeadRankers(labels.astype(np.int32), weights.astype(np.float32), bias.astype(np.float32))
+  return Fusion(centroids, weight, rankers, ranker_weight)
 
 
 def check_assets(directory: str, run_id: str | None) -> None:
@@ -288,9 +306,9 @@ def read_saved_vectorizer(directory: str, num_features: int) -> dict | None:
   return saved
 
 
-def read_fusion(directory: str, num_labels: int, num_features: int):
-  """``(centroids, weight)`` of the run's centroid fusion (:func:`save_fusion`), checked against the model's sizes;
-  None where the run fused nothing."""
+def read_fusion(directory: str, num_labels: int, num_features: int) -> Fusion | None:
+  """The run's fusion (:func:`save_fusion`), checked against the model's sizes; None where the run fused
+  nothing."""
   path = os.path.join(directory, FUSION)
   return _read_fusion_file(path, num_labels, num_features) if os.path.exists(path) else None
 

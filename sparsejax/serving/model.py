@@ -459,18 +459,24 @@ class TrainedModel:
   def fusion_weight(self) -> float:
     """The weight of the labels' centroids in the ranking (:mod:`sparsejax.fusion`): 0 where the run chose none
     or fused nothing (no validation split, ``--nocentroid_fusion``, or a run of an older sparsejax)."""
-    return 0.0 if self._fusion is None else self._fusion[1]
+    return 0.0 if self._fusion is None else self._fusion.weight
 
-  def use_fusion(self, centroids, weight: float) -> None:
-    """Ranks with these labels' centroids at ``weight`` from now on (:mod:`sparsejax.fusion`): what a run that just
-    chose and saved them (:func:`sparsejax.serving.assets.save_fusion`) would load back."""
-    self._fusion = (centroids, float(weight))
+  @property
+  def ranker_weight(self) -> float:
+    """The weight of the head rankers' log-odds in the ranking (:mod:`sparsejax.head_rankers`): 0 where the run
+    chose none or fitted none."""
+    return 0.0 if self._fusion is None or self._fusion.rankers is None else self._fusion.ranker_weight
+
+  def use_fusion(self, fused: "fusion.Fusion") -> None:
+    """Ranks with this fusion from now on (:mod:`sparsejax.fusion`): what a run that just chose and saved it
+    (:func:`sparsejax.serving.assets.save_fusion`) would load back."""
+    self._fusion = fused
 
   def _fused(self, top: int, k: int | None = None, with_sampled: bool = False):
     """:meth:`network_predictor`'s ``predict`` with the run's centroid fusion: the network's best
     :data:`sparsejax.fusion.CANDIDATES` (at most ``k``) re-ranked by their fused scores, then (``top`` larger) the
     network's next ones in its order, with their logits."""
-    if not self.fusion_weight:
+    if self._fusion is None or not self._fusion.active:
       return self.network_predictor(top, k, with_sampled)
 
     wide = self.network_predictor(max(top, min(fusion.CANDIDATES, k or self.num_labels, self.num_labels)), k,
@@ -478,7 +484,7 @@ class TrainedModel:
 
     def predict(params, fi, fv):
       scores, ids, sampled = wide(params, fi, fv)
-      return (*fusion.fused_top(*self._fusion, scores, ids, fi, fv, top),
+      return (*fusion.fused_top(self._fusion, scores, ids, fi, fv, top),
               None if sampled is None else sampled[:, :top])
     return predict
 

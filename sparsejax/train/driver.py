@@ -20,7 +20,7 @@ from absl import logging
 from sparsejax.config import Config
 from sparsejax.data import LoadedData, train_test_split
 from sparsejax.settings import ConfigError, override
-from sparsejax.train import loop, members, metric_writer, plan, recipes, resume, search
+from sparsejax.train import head_ranking, loop, members, metric_writer, plan, recipes, resume, search
 from sparsejax.train.console import final_line, log_settings, log_to_console
 from sparsejax.train.metric_writer import read_records
 from sparsejax.train.step_observer import StepObserverFactory
@@ -82,9 +82,12 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
   train_one = functools.partial(loop.train_one, step_observer=step_observer)
   t_invocation = time.time()
   config, data, search_summary, search_wall_seconds = _with_recipe(config, workdir, data, train_one)
-  final = train_one(config, workdir, data=data, search_summary=search_summary)
+  # The head rankers' fit counts against --max_seconds as the search does.
+  data, rankers, ranker_seconds = head_ranking.prepare(config, workdir, data)
+  config = plan.charged_for_search(config, ranker_seconds)
+  final = train_one(config, workdir, data=data, search_summary=search_summary, head_rankers=rankers)
   final = _with_members(config, workdir, data, final, train_one)
-  _log_budget(config, final, search_wall_seconds, time.time() - t_invocation)
+  _log_budget(config, final, search_wall_seconds, ranker_seconds, time.time() - t_invocation)
   return final
 
 
@@ -128,16 +131,19 @@ def _with_recipe(config: Config, workdir: str, data: LoadedData | None,
   return plan.charged_for_search(config, seconds), data, search_summary, seconds
 
 
-def _log_budget(config: Config, final: dict[str, Any], search_wall_seconds: float, total: float) -> None:
-  """Logs what this invocation's seconds went to: those that --max_seconds counts (the search, the training and its
-  evaluations, the ensemble's members) and the rest (loading, compiling, the final evaluations)."""
+def _log_budget(config: Config, final: dict[str, Any], search_wall_seconds: float, ranker_seconds: float,
+                total: float) -> None:
+  """Logs what this invocation's seconds went to: those that --max_seconds counts (the search, the head rankers'
+  fit, the training and its evaluations, the ensemble's members) and the rest (loading, compiling, the final
+  evaluations)."""
   if final.get("budget_seconds") is None:  # a finished run's record, returned as it was
     return
-  counted = search_wall_seconds + final["budget_seconds"]
+  charged = search_wall_seconds + ranker_seconds
+  counted = charged + final["budget_seconds"]
   budget = config.budget.max_seconds
-  logging.info("seconds: %.1f counted against the budget%s (search %.1f, training and evaluations %.1f), %.1f "
-               "besides (loading, compiling, final evaluation); %.1f in all", counted,
-               f" of {budget + search_wall_seconds:.0f}" if budget is not None else "", search_wall_seconds,
+  logging.info("seconds: %.1f counted against the budget%s (search %.1f, head rankers %.1f, training and "
+               "evaluations %.1f), %.1f besides (loading, compiling, final evaluation); %.1f in all", counted,
+               f" of {budget + charged:.0f}" if budget is not None else "", search_wall_seconds, ranker_seconds,
                final["budget_seconds"], total - counted, total)
 
 

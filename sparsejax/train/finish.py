@@ -14,7 +14,8 @@ SUMMARY_FIELDS = ("step", "epoch", "last_loss", "samples_per_sec", "seconds", "t
                   "num_params", "final",
                   "num_processes", "last_step", "selected_step", "selected_by", "stopped_by", "bad_evaluations",
                   "improved_step", "stale_evaluations", "recipe", "search_seconds", "search_wall_seconds",
-                  "search_scores", "fusion_weight", "fusion_validation")
+                  "search_scores", "fusion_weight", "fusion_validation",
+                  "ranker_weight", "ranker_validation", "ranker_labels")
 
 
 def candidate_result(loop, state, start_step: int) -> dict[str, Any]:
@@ -71,16 +72,12 @@ def final_evaluation(loop, state, start_step: int, search_summary: dict | None =
   state = _without_training_arrays(loop, state, trained)
   del trained
   fused, fusion_record = None, {}
-  if loop.centroids is not None and loop.selection is not None:
-    centroids = loop.centroids()
-    weight, table = loop.selection.evaluator.fusion_weight(loop.run.exact_predictor(), state, centroids,
-                                                           loop.selection.metric, loop.config.run.eval_samples)
-    logging.info("centroid fusion: weight %g (validation %s by weight: %s)", weight, loop.selection.metric,
-                 ", ".join(f"{w:g} {v:.4f}" for w, v in table.items()))
-    fused, fusion_record = (centroids, weight), {"fusion_weight": weight,
-                                                 "fusion_validation": {f"{w:g}": v for w, v in table.items()}}
+  if loop.fusion_terms is not None and loop.selection is not None:
+    centroids, rankers = loop.fusion_terms()
+    fused, fusion_record = loop.selection.evaluator.choose_fusion(
+        loop.run.exact_predictor(), state, centroids, rankers, loop.selection.metric, loop.config.run.eval_samples)
     if loop.save_fusion is not None:
-      loop.save_fusion(centroids, weight)
+      loop.save_fusion(fused)
   final, served = evaluation.evaluate_state(loop.evaluator, loop.run, state, None, fused)
   if loop.run.serving_index is not None:  # a clustered index: served holds the one evaluation queried
     index = loop.run.serving_index(served)  # every process: sharded, the shards' indexes are gathered

@@ -25,10 +25,11 @@ from sparsejax.config import Config
 from sparsejax.data import BatchIterator, LoadedData
 from sparsejax.distributed import collectives, sharding
 from sparsejax.evaluation import Evaluator
+from sparsejax.head_rankers import HeadRankers
 from sparsejax.index import kinds as index_kinds
 from sparsejax.model_config import ModelConfig
 from sparsejax.serving.assets import save_assets, save_fusion, save_serving_index
-from sparsejax.train import compile_clock, finish, members, model_selection, plan
+from sparsejax.train import compile_clock, finish, head_ranking, members, model_selection, plan
 from sparsejax.train.console import Progress
 from sparsejax.train.metric_writer import MetricWriter
 from sparsejax.train.nonfinite import NonFiniteError, NonFiniteWatch
@@ -41,7 +42,8 @@ from sparsejax.workdir import checkpoint, seals
 
 def train_one(config: Config, workdir: str, *, data: LoadedData | None = None, evaluate_test: bool = True,
               search_summary: dict | None = None, validation_seed: int | None = None,
-              step_observer: StepObserverFactory | None = None) -> dict[str, Any]:
+              step_observer: StepObserverFactory | None = None,
+              head_rankers: HeadRankers | None = None) -> dict[str, Any]:
   """One network of a run (:func:`sparsejax.train.driver.train_and_evaluate`) with its recipe chosen.
 
   Args:
@@ -54,6 +56,8 @@ def train_one(config: Config, workdir: str, *, data: LoadedData | None = None, e
     validation_seed: the seed of the validation split (None: ``--seed`` + 1; an ensemble's members take the first
       member's).
     step_observer: makes the observer of the loop's steps (None: none; :mod:`sparsejax.train.step_observer`).
+    head_rankers: the run's head rankers, just fitted (:mod:`sparsejax.train.head_ranking`), kept in ``workdir``
+      once the run has started; None: those kept there, if any.
 
   Returns:
     The final record (:func:`sparsejax.train.finish.final_evaluation`), or the candidate's result.
@@ -85,6 +89,8 @@ def train_one(config: Config, workdir: str, *, data: LoadedData | None = None, e
   if is_chief:  # only now: a refused or failed start leaves the work directory as it was
     seals.write_json_atomically(os.path.join(workdir, "config.json"), config.to_dict(), indent=1)
     save_assets(workdir, data._replace(train=split.train), run_id)  # the samples trained (PSP@k's propensities)
+    if head_rankers is not None:
+      head_ranking.save(config, workdir, head_rankers, split.train)
     if latest is None:
       members.remove_former(workdir)
   logging.info("%s model: %s parameters%s; %s", config.network.model, f"{model.num_params(state):,}",
@@ -104,7 +110,9 @@ def train_one(config: Config, workdir: str, *, data: LoadedData | None = None, e
               MetricWriter(workdir, config.run.tensorboard, resume_step=start_step) if is_chief else None,
               split.steps_per_epoch, split.max_steps, _step_observer(step_observer, config, run, workdir),
               functools.partial(save_serving_index, workdir, run_id) if is_chief else None,
-              (lambda: fusion.label_centroids(split.train)) if fuse else None,
+              (lambda: (fusion.label_centroids(split.train),
+                        head_rankers if head_rankers is not None else head_ranking.read(config, workdir, split.train)))
+              if fuse else None,
               functools.partial(save_fusion, workdir, run_id) if is_chief else None)
   state = _train_steps(loop, state, plan.batch_iterator(config, split, position, sized), opened, position, is_chief)
   if not evaluate_test:
@@ -202,10 +210,10 @@ class Loop:
                evaluator: Evaluator, selection: "model_selection.Selection | None", writer: MetricWriter | None,
                steps_per_epoch: int, max_steps: int | None, observer: StepObserver,
                save_serving_index: Callable[[int, Any], None] | None = None,
-               centroids: Callable[[], fusion.LabelCentroids] | None = None,
-               save_fusion: Callable[[fusion.LabelCentroids, float], None] | None = None):
+               fusion_terms: Callable[[], tuple[fusion.LabelCentroids, HeadRankers | None]] | None = None,
+               save_fusion: Callable[[fusion.Fusion], None] | None = None):
     self.config, self.run, self.checkpoints, self.meta = config, run, checkpoints, meta
-    self.save_serving_index, self.centroids, self.save_fusion = save_serving_index, centroids, save_fusion
+    self.save_serving_index, self.fusion_terms, self.save_fusion = save_serving_index, fusion_terms, save_fusion
     self.evaluator, self.selection, self.writer, self.observer = evaluator, selection, writer, observer
     self.compiled: collectives.CompiledStep | None = None  # the step's program, compiled before its first run
     self.step_means = StepMeans()

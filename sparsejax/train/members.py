@@ -30,6 +30,7 @@ from sparsejax.evaluation import Evaluator
 from sparsejax.serving import assets
 from sparsejax.serving.model import load
 from sparsejax.settings import override
+from sparsejax.train import head_ranking
 from sparsejax.train.nonfinite import NonFiniteError
 from sparsejax.workdir import checkpoint
 from sparsejax.workdir.checkpoint import ResumeError
@@ -152,15 +153,14 @@ def evaluate(config: Config, final: dict[str, Any], workdir: str, members: dict[
                                                 config.run.propensity_a, config.run.propensity_b)
   record = {f"member0_{key}": final[key] for key in ("p@1", "p@5", "network_p@1", "validation_p@1") if key in final}
   if config.run.centroid_fusion:
-    centroids = fusion.label_centroids(train_set)
     listed = min(fusion.CANDIDATES, model.num_labels)
-    weight, table = evaluator(validation).fusion_weight(model.network_predictor(listed), model.params, centroids,
-                                                        config.run.selection_metric, config.run.eval_samples)
-    logging.info("ensemble: centroid fusion weight %g (validation %s by weight: %s)", weight,
-                 config.run.selection_metric, ", ".join(f"{w:g} {v:.4f}" for w, v in table.items()))
-    assets.save_fusion(workdir, run_id, centroids, weight)
-    model.use_fusion(centroids, weight)  # what load reads back from the file just written (not loaded again)
-    record.update({"fusion_weight": weight, "fusion_validation": {f"{w:g}": v for w, v in table.items()}})
+    fused, fusion_record = evaluator(validation).choose_fusion(
+        model.network_predictor(listed), model.params, fusion.label_centroids(train_set),
+        head_ranking.read(config, workdir, train_set), config.run.selection_metric, config.run.eval_samples,
+        who="ensemble: ")
+    assets.save_fusion(workdir, run_id, fused)
+    model.use_fusion(fused)  # what load reads back from the file just written (not loaded again)
+    record.update(fusion_record)
   network = evaluator(test)(model.network_predictor(min(5, model.num_labels)), model.params)
   record.update({f"network_{key}": value for key, value in network.items()})
   record.update(model.evaluate(test))

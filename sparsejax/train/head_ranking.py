@@ -1,0 +1,74 @@
+"""A run's head rankers (:mod:`sparsejax.head_rankers`): fitted once, at the start, on the training split, their
+seconds charged to ``--max_seconds`` as a search's are; kept in ``workdir/head_rankers.npz`` so that a continued run
+fuses the same ones (and charges nothing again)."""
+
+import os
+import tempfile
+import time
+
+import numpy as np
+from absl import logging
+
+from sparsejax import head_rankers
+from sparsejax.config import Config
+from sparsejax.data import LoadedData, train_test_split
+from sparsejax.train import plan, resume
+
+FILE = "head_rankers.npz"
+
+
+def wanted(config: Config) -> bool:
+  """Whether a run of ``config`` fuses head rankers (a validation split chooses their weight)."""
+  return config.run.centroid_fusion and config.run.head_rankers > 0 and config.data.validation_fraction > 0
+
+
+def prepare(config: Config, workdir: str,
+            data: LoadedData | None) -> tuple[LoadedData | None, head_rankers.HeadRankers | None, float]:
+  """``(data, rankers, seconds)``: the run's head rankers, fitted where the run wants them and does not continue with
+  them kept in ``workdir`` (None: none, or the kept ones), the data (loaded here if it was needed and None) and the
+  fit's wall seconds (0 where nothing was fitted). The run keeps them once it has started (:func:`save`): a run
+  refused at its start leaves its work directory as it was."""
+  if not wanted(config) or (resume.holds_checkpoints(workdir) and read(config, workdir) is not None):
+    return data, None, 0.0
+  t_start = time.time()
+  data = data if data is not None else plan.load_data(config)
+  train = training_split(config, data)
+  rankers = head_rankers.fit(train, head_rankers.head_labels(train, config.run.head_rankers))
+  return data, rankers, time.time() - t_start
+
+
+def training_split(config: Config, data: LoadedData):
+  """The samples the run trains on (its validation split held out, drawn as :func:`plan.split_data` draws it)."""
+  return train_test_split(data.train, config.data.validation_fraction, seed=plan.validation_seed(config))[0]
+
+
+def read(config: Config, workdir: str, train=None) -> head_rankers.HeadRankers | None:
+  """The head rankers kept in ``workdir`` for a run of ``config`` trained on ``train`` (its training split; None:
+  checked against ``--head_rankers`` only), or None where the run wants none or none such are kept."""
+  path = os.path.join(workdir, FILE)
+  if not wanted(config) or not os.path.exists(path):
+    return None
+  with np.load(path) as f:
+    kept = {key: int(f[key]) for key in ("num_train", "num_features", "num_labels", "most")}
+    shape = {"most": config.run.head_rankers} if train is None else _shape(train, config)
+    if any(kept[key] != value for key, value in shape.items()):
+      logging.info("head rankers: %s was fitted for %s, not this run's %s: none used", path, kept, shape)
+      return None
+    return head_rankers.HeadRankers(f["labels"].astype(np.int32), f["weights"].astype(np.float32),
+                                    f["bias"].astype(np.float32))
+
+
+def _shape(train, config: Config) -> dict:
+  """What the kept rankers must match: the training split's sizes and ``--head_rankers``."""
+  return {"num_train": len(train), "num_features": train.num_features, "num_labels": train.num_labels,
+          "most": config.run.head_rankers}
+
+
+def save(config: Config, workdir: str, rankers: head_rankers.HeadRankers, train) -> None:
+  """Keeps the rankers fitted on ``train`` (the run's training split) in ``workdir``, written atomically (a reader
+  never sees half a file)."""
+  fd, tmp = tempfile.mkstemp(dir=workdir, suffix=".npz.tmp")
+  with os.fdopen(fd, "wb") as f:
+    np.savez(f, labels=rankers.labels, weights=rankers.weights, bias=rankers.bias,
+             **{key: np.int64(v) for key, v in _shape(train, config).items()})
+  os.replace(tmp, os.path.join(workdir, FILE))

@@ -1,0 +1,166 @@
+"""Head rankers (sparsejax.head_rankers): the solve against scikit-learn's logistic regression, the scores against
+dense numpy, and the fusion's saved form."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from sparsejax import fusion, head_rankers
+from sparsejax.data import PAD_ID, XCDataset
+
+
+def _dataset(rng, n=400, num_features=50, num_labels=8):
+  """Rows whose labels follow a linear rule of their features (so that the rankers have something to find)."""
+  x = sp.random(n, num_features, density=0.15, random_state=rng, format="csr", dtype=np.float64)
+  truth = rng.normal(size=(num_features, num_labels)) * 3
+  z = x @ truth - np.linspace(0.5, 3, num_labels)
+  y = (z + rng.normal(size=z.shape) > 0)
+  y[np.arange(n), rng.integers(0, num_labels, n)] = True  # a label on every row
+  label_indptr = np.concatenate([[0], np.cumsum(y.sum(1))])
+  return XCDataset(x.indptr, x.indices, x.data.astype(np.float32), label_indptr, np.nonzero(y)[1], num_features,
+                   num_labels), x.toarray(), y
+
+
+def test_head_labels_are_the_most_frequent_above_the_share_at_most_most():
+  rng = np.random.default_rng(0)
+  data, _, y = _dataset(rng)
+  counts = y.sum(0)
+  order = sorted(range(8), key=lambda label: (-counts[label], label))
+  np.testing.assert_array_equal(head_rankers.head_labels(data, 3, min_share=0.0), order[:3])
+  share = np.sort(counts)[::-1][4] / len(data)  # the fifth most frequent's share: five labels at least that
+  assert list(head_rankers.head_labels(data, 8, min_share=share)) == [label for label in order
+                                                                       if counts[label] >= share * len(data)]
+  assert len(head_rankers.head_labels(data, 0)) == 0
+  assert head_rankers.head_labels(data, 3).dtype == np.int32
+
+
+def test_fit_solves_each_labels_l2_logistic_regression_as_scikit_learn():
+  from sklearn.linear_model import LogisticRegression
+
+  rng = np.random.default_rng(1)
+  data, x, y = _dataset(rng)
+  labels = np.array([5, 0, 2], np.int32)
+  rankers = head_rankers.fit(data, labels, c=2.0, iterations=500)
+  assert rankers.weights.shape == (50, 3) and rankers.weights.dtype == np.float32 and rankers.bias.shape == (3,)
+  np.testing.assert_array_equal(rankers.labels, labels)
+  for j, label in enumerate(labels):  # the same objective: 0.5 |w|^2 + C sum log-loss, the intercept unpenalised
+    reference = LogisticRegression(C=2.0, tol=1e-10, max_iter=10_000).fit(x, y[:, label])
+    np.testing.assert_allclose(rankers.weights[:, j], reference.coef_[0], atol=2e-3)
+    assert rankers.bias[j] == pytest.approx(reference.intercept_[0], abs=2e-3)
+  # A feature no row has keeps weight 0 (what keeps the saved rankers small on wide data).
+  unused = np.setdiff1d(np.arange(50), data.indices)
+  assert np.all(rankers.weights[unused] == 0)
+  # The same data, the same bits.
+  again = head_rankers.fit(data, labels, c=2.0, iterations=500)
+  np.testing.assert_array_equal(again.weights, rankers.weights)
+
+
+def test_ranker_scores_are_the_log_odds_of_head_candidates_and_0_elsewhere():
+  rng = np.random.default_rng(2)
+  data, _, _ = _dataset(rng)
+  rankers = head_rankers.fit(data, np.array([3, 1], np.int32), iterations=20)
+  queries, x, _ = _dataset(rng, n=7)
+  fi, fv, _ = queries.to_padded(np.arange(7), 20, 1)
+  fi[2, :] = PAD_ID  # a row of padding only
+  ids = np.array([[1, 3, 0, 7], [3, 3, 2, PAD_ID], [1, 3, 5, 6], [0, 2, 4, 8], [1, 1, 1, 1], [3, 0, 0, 0],
+                  [7, 6, 3, 1]])  # 8: outside [0, N)
+  x[2] = 0
+  z = x @ rankers.weights.astype(np.float64) + rankers.bias
+  expected = np.zeros(ids.shape)
+  for b in range(7):
+    for r, label in enumerate(ids[b]):
+      if label in (3, 1):
+        expected[b, r] = z[b, list(rankers.labels).index(label)]
+  got = head_rankers.ranker_scores(rankers, fi, fv, ids)
+  assert got.dtype == np.float32 and got.shape == ids.shape
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+  assert got[2, 0] == pytest.approx(rankers.bias[1]) and got[3].tolist() == [0, 0, 0, 0]
+  empty = head_rankers.HeadRankers(np.zeros(0, np.int32), np.zeros((50, 0), np.float32), np.zeros(0, np.float32))
+  assert not head_rankers.ranker_scores(empty, fi, fv, ids).any()
+
+
+def test_the_fused_ranking_adds_the_rankers_log_odds_at_their_weight():
+  rng = np.random.default_rng(3)
+  data, _, _ = _dataset(rng)
+  rankers = head_rankers.fit(data, head_rankers.head_labels(data, 4, min_share=0.0), iterations=30)
+  centroids = fusion.label_centroids(data)
+  queries, _, _ = _dataset(rng, n=5)
+  fi, fv, _ = queries.to_padded(np.arange(5), 20, 1)
+  ids = np.tile(np.arange(8), (5, 1))
+  scores = np.sort(rng.normal(size=(5, 8)).astype(np.float32), axis=1)[:, ::-1]
+  fused_scores, fused_ids = fusion.fused_top(fusion.Fusion(centroids, 2.0, rankers, 0.5), scores, ids, fi, fv, 3)
+  total = (scores + 2.0 * fusion.centroid_scores(centroids, fi, fv, ids)
+           + 0.5 * head_rankers.ranker_scores(rankers, fi, fv, ids))
+  for b in range(5):
+    order = sorted(range(8), key=lambda r: (-total[b, r], r))[:3]
+    np.testing.assert_array_equal(fused_ids[b], ids[b, order])
+    np.testing.assert_allclose(fused_scores[b], total[b, order], rtol=1e-5)
+  # Weight 0: the rankers change nothing.
+  unweighted = fusion.fused_top(fusion.Fusion(centroids, 2.0, rankers, 0.0), scores, ids, fi, fv, 3)[1]
+  np.testing.assert_array_equal(unweighted, fusion.fused_top(fusion.Fusion(centroids, 2.0), scores, ids, fi, fv, 3)[1])
+
+
+def test_saved_rankers_load_back_and_damaged_ones_are_refused(tmp_path):
+  from sparsejax.serving import assets
+  from sparsejax.workdir.seals import IntegrityError
+
+  rng = np.random.default_rng(4)
+  data, _, _ = _dataset(rng)
+  rankers = head_rankers.fit(data, np.array([2, 6], np.int32), iterations=10)
+  fused = fusion.Fusion(fusion.label_centroids(data), 1.0, rankers, 2.0)
+  (tmp_path / assets.ASSETS).mkdir()
+  assets.save_fusion(str(tmp_path), None, fused)
+  back = assets.read_fusion(str(tmp_path / assets.ASSETS), 8, 50)
+  assert (back.weight, back.ranker_weight) == (1.0, 2.0)
+  for got, want in zip(back.rankers, rankers):
+    np.testing.assert_array_equal(got, want)
+  # Weight 0: the rankers are not kept (nothing to serve).
+  assets.save_fusion(str(tmp_path), None, fused._replace(ranker_weight=0.0))
+  assert assets.read_fusion(str(tmp_path / assets.ASSETS), 8, 50).rankers is None
+  path = tmp_path / assets.ASSETS / assets.FUSION
+  with np.load(path) as f:
+    arrays = dict(f)
+  np.savez(path, **{**arrays, "ranker_weight": np.float64(1.0), "ranker_labels": np.array([2, 9]),
+                    "ranker_weights": rankers.weights, "ranker_bias": rankers.bias})
+  with pytest.raises(IntegrityError, match="not head rankers of 8 labels over 50 features"):
+    assets.read_fusion(str(tmp_path / assets.ASSETS), 8, 50)
+
+
+def test_a_run_fits_its_rankers_once_keeps_them_and_records_their_weight(tmp_path, small_config, monkeypatch):
+  from sparsejax.data import load_dataset
+  from sparsejax.settings import override
+  from sparsejax.train import head_ranking, plan, train_and_evaluate
+
+  config = override(small_config, validation_fraction=0.1, synthetic_labels_per_sample=3, max_steps=40,
+                    recipe="none", ensemble_members=1)
+  fits = []
+  real_fit = head_rankers.fit
+  monkeypatch.setattr(head_rankers, "fit", lambda *a, **k: fits.append(1) or real_fit(*a, **k))
+  final = train_and_evaluate(config, str(tmp_path))
+  assert len(fits) == 1
+  # The rankers kept are those of the run's training split (its validation split held out), fitted again here.
+  data = load_dataset(config.data, seed=config.run.seed)
+  train = head_ranking.training_split(config, data)
+  assert len(train) == len(plan.split_data(config, data).train)
+  expected = real_fit(train, head_rankers.head_labels(train, config.run.head_rankers))
+  kept = head_ranking.read(config, str(tmp_path), train)
+  assert len(kept.labels) > 0 and final["ranker_labels"] == len(kept.labels)
+  for got, want in zip(kept, expected):
+    np.testing.assert_array_equal(got, want)
+  table = {float(w): v for w, v in final["ranker_validation"].items()}
+  assert table[final["ranker_weight"]] == max(table.values())
+  # Continued: the kept rankers, not a second fit.
+  final = train_and_evaluate(override(config, max_steps=60), str(tmp_path))
+  assert final["last_step"] == 60 and len(fits) == 1 and "ranker_weight" in final
+  # Kept for another --head_rankers, or for other data: not used.
+  assert head_ranking.read(override(config, head_rankers=5), str(tmp_path)) is None
+  assert head_ranking.read(config, str(tmp_path), train.subset(np.arange(10))) is None
+
+
+def test_without_head_rankers_a_run_fits_none(tmp_path, small_config):
+  from sparsejax.settings import override
+  from sparsejax.train import head_ranking, train_and_evaluate
+
+  final = train_and_evaluate(override(small_config, validation_fraction=0.1, head_rankers=0), str(tmp_path))
+  assert "ranker_weight" not in final and "fusion_weight" in final
+  assert not (tmp_path / head_ranking.FILE).exists()
