@@ -65,6 +65,9 @@ def test_a_timed_search_records_its_measurements_and_a_replay_takes_the_same_rou
   counted = first.get("search_wall_seconds", 0.0) + first["budget_seconds"]
   assert counted <= config.budget.max_seconds + 5, first
   assert "counted against the budget" in caplog.text
+  # --ensemble_members=1 is read by the run (--max_seconds); its search's candidates, trained to a number of steps,
+  # do not read it, and no line says so for each of them.
+  assert "has no effect" not in caplog.text
   again = train_and_evaluate(override(config, plan_from=str(tmp_path / "a" / "metrics.jsonl")), str(tmp_path / "b"))
   replayed = read_records(str(tmp_path / "b"))
   rounds = lambda rs: [{n: r["steps"] for n, r in x["search"].items()} for x in rs if "search_round" in x]

@@ -164,3 +164,12 @@ def test_without_head_rankers_a_run_fits_none(tmp_path, small_config):
   final = train_and_evaluate(override(small_config, validation_fraction=0.1, head_rankers=0), str(tmp_path))
   assert "ranker_weight" not in final and "fusion_weight" in final
   assert not (tmp_path / head_ranking.FILE).exists()
+
+
+def test_a_damaged_kept_file_is_not_used(tmp_path, small_config):
+  from sparsejax.settings import override
+  from sparsejax.train import head_ranking
+
+  config = override(small_config, validation_fraction=0.1)
+  (tmp_path / head_ranking.FILE).write_bytes(b"PK\x03\x04 not a zip")
+  assert head_ranking.read(config, str(tmp_path)) is None

@@ -72,6 +72,10 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
       logging.info("%s", final_line(final, workdir))
       return final
   config.validate()
+  # What the user set and this run does not read, once (not again for each search candidate or member, whose
+  # settings the run chose).
+  for line in config.unused_settings():
+    logging.warning(line)
   if config.netanalysis.netanalysis_steps and step_observer is None:
     raise ConfigError("netanalysis_steps", config.netanalysis.netanalysis_steps,
                       "the profiled window is sparsejax.netanalysis's step observer: train with sparsejax-train or "

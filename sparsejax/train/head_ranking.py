@@ -12,6 +12,7 @@ from absl import logging
 from sparsejax import head_rankers
 from sparsejax.config import Config
 from sparsejax.data import LoadedData, train_test_split
+from sparsejax.serving.assets import DAMAGED_ARRAYS
 from sparsejax.train import plan, resume
 
 FILE = "head_rankers.npz"
@@ -48,14 +49,20 @@ def read(config: Config, workdir: str, train=None) -> head_rankers.HeadRankers |
   path = os.path.join(workdir, FILE)
   if not wanted(config) or not os.path.exists(path):
     return None
-  with np.load(path) as f:
-    kept = {key: int(f[key]) for key in ("num_train", "num_features", "num_labels", "most")}
-    shape = {"most": config.run.head_rankers} if train is None else _shape(train, config)
-    if any(kept[key] != value for key, value in shape.items()):
-      logging.info("head rankers: %s was fitted for %s, not this run's %s: none used", path, kept, shape)
-      return None
-    return head_rankers.HeadRankers(f["labels"].astype(np.int32), f["weights"].astype(np.float32),
-                                    f["bias"].astype(np.float32))
+  try:
+    with np.load(path, allow_pickle=False) as f:
+      kept = {key: int(f[key]) for key in ("num_train", "num_features", "num_labels", "most")}
+      rankers = head_rankers.HeadRankers(f["labels"].astype(np.int32), f["weights"].astype(np.float32),
+                                         f["bias"].astype(np.float32))
+  except DAMAGED_ARRAYS as e:  # fitted again (a continued run), or fused without them (its final evaluation)
+    logging.warning("head rankers: %s is unreadable (%s: %s): not used", path, type(e).__name__, e)
+    return None
+  shape = {"most": config.run.head_rankers} if train is None else _shape(train, config)
+  if any(kept[key] != value for key, value in shape.items()) or rankers.weights.shape != (kept["num_features"],
+                                                                                         len(rankers.labels)):
+    logging.info("head rankers: %s was fitted for %s, not this run's %s: not used", path, kept, shape)
+    return None
+  return rankers
 
 
 def _shape(train, config: Config) -> dict:

@@ -62,8 +62,6 @@ def train_one(config: Config, workdir: str, *, data: LoadedData | None = None, e
   Returns:
     The final record (:func:`sparsejax.train.finish.final_evaluation`), or the candidate's result.
   """
-  for line in config.unused_settings():
-    logging.warning(line)
   num_shards = plan.num_shards(config)
   # A start refused here (bad data, other shapes) leaves no empty work directory behind.
   with checkpoint.new_directories_removed_on_failure(workdir, os.path.join(workdir, "checkpoints")):

@@ -150,12 +150,11 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
 def _candidate_config(config: Config, recipe: recipes.Recipe, steps: int, cap: float | None = None) -> Config:
   """A candidate's settings: ``recipe``'s, trained to ``steps``. Under ``--max_seconds`` the search's seconds left
   (``cap``) bound it too, which binds only where its steps run much slower than measured (they then stop short, as
-  logged and recorded); no early stop (a candidate trains its steps), one network (the run's ensemble is the
-  winner's: a user's --ensemble_members is not warned about as unread in each candidate). Each round continues the
-  candidate's own directory: under --resume=force too (a changed setting), else auto."""
+  logged and recorded); no early stop (a candidate trains its steps). Each round continues the candidate's own
+  directory: under --resume=force too (a changed setting), else auto."""
   resume = "force" if config.checkpoint.resume == "force" else "auto"
   return override(recipes.apply(config, recipe), max_steps=steps, num_epochs=None, max_seconds=cap,
-                  early_stopping_patience=None, resume=resume, plan_from=None, ensemble_members=1,
+                  early_stopping_patience=None, resume=resume, plan_from=None,
                   **({"early_stopping_ratio": None} if cap is not None else {}))
 
 
