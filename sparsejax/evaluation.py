@@ -124,7 +124,8 @@ class Evaluator:
                     who: str = "") -> "tuple[fusion_lib.Fusion, dict]":
     """``(fusion, record)``: the weights :meth:`fusion_weights` chooses, logged (``who``: the line's prefix), and the
     final record's fields that say so (``fusion_weight``, ``fusion_validation``, and with rankers
-    ``ranker_weight``, ``ranker_validation``, ``ranker_labels``)."""
+    ``ranker_weight``, ``ranker_validation``, ``ranker_labels``; none where no label had a ranker)."""
+    rankers = rankers if rankers is not None and len(rankers.labels) else None
     weight, ranker_weight, table, ranker_table = self.fusion_weights(predict, state, centroids, rankers, metric,
                                                                      num_samples)
     logging.info("%scentroid fusion: weight %g (validation %s by weight: %s)", who, weight, metric,

@@ -149,9 +149,10 @@ def test_a_run_fits_its_rankers_once_keeps_them_and_records_their_weight(tmp_pat
     np.testing.assert_array_equal(got, want)
   table = {float(w): v for w, v in final["ranker_validation"].items()}
   assert table[final["ranker_weight"]] == max(table.values())
+  assert final["ranker_seconds"] > 0  # what the fit charged to the budget (none here: a step budget)
   # Continued: the kept rankers, not a second fit.
   final = train_and_evaluate(override(config, max_steps=60), str(tmp_path))
-  assert final["last_step"] == 60 and len(fits) == 1 and "ranker_weight" in final
+  assert final["last_step"] == 60 and len(fits) == 1 and "ranker_weight" in final and "ranker_seconds" not in final
   # Kept for another --head_rankers, or for other data: not used.
   assert head_ranking.read(override(config, head_rankers=5), str(tmp_path)) is None
   assert head_ranking.read(config, str(tmp_path), train.subset(np.arange(10))) is None
@@ -173,3 +174,13 @@ def test_a_damaged_kept_file_is_not_used(tmp_path, small_config):
   config = override(small_config, validation_fraction=0.1)
   (tmp_path / head_ranking.FILE).write_bytes(b"PK\x03\x04 not a zip")
   assert head_ranking.read(config, str(tmp_path)) is None
+
+
+
+def test_where_no_label_has_a_ranker_the_run_records_none(tmp_path, small_config, monkeypatch):
+  from sparsejax.settings import override
+  from sparsejax.train import train_and_evaluate
+
+  monkeypatch.setattr(head_rankers, "head_labels", lambda train, most: np.zeros(0, np.int32))  # none frequent enough
+  final = train_and_evaluate(override(small_config, validation_fraction=0.1), str(tmp_path))
+  assert "fusion_weight" in final and not any(key.startswith("ranker_") for key in final)

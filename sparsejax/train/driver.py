@@ -89,6 +89,8 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
   # The head rankers' fit counts against --max_seconds as the search does.
   data, rankers, ranker_seconds = head_ranking.prepare(config, workdir, data)
   config = plan.charged_for_search(config, ranker_seconds)
+  if rankers is not None and len(rankers.labels):  # in the final record, as the search's seconds are
+    search_summary = {**(search_summary or {}), "ranker_seconds": round(ranker_seconds, 2)}
   final = train_one(config, workdir, data=data, search_summary=search_summary, head_rankers=rankers)
   final = _with_members(config, workdir, data, final, train_one)
   _log_budget(config, final, search_wall_seconds, ranker_seconds, time.time() - t_invocation)

@@ -40,7 +40,7 @@ MEMBERS_DIR = "members"
 # ensemble's record keeps them as they are.
 _RUN_FIELDS = ("step", "last_step", "epoch", "stopped_by", "seconds", "final", "num_processes", "selected_step",
                "selected_by", "bad_evaluations", "improved_step", "stale_evaluations", "recipe", "search_seconds",
-               "search_wall_seconds", "search_scores")
+               "search_wall_seconds", "search_scores", "ranker_seconds")
 
 
 def remove_former(workdir: str) -> None:
