@@ -574,6 +574,8 @@ class Config:
       unused["icd10_labels"] = f"only read with --dataset=icd10 (the dataset is {d.dataset})"
     if d.dataset == "files":
       unused["test_fraction"] = "not read with --dataset=files (--test_file is the test set)"
+    if d.validation_fraction == 0 or not self.run.centroid_fusion:
+      unused["head_rankers"] = "fused only with --centroid_fusion and a validation split (--validation_fraction > 0)"
     if d.validation_fraction == 0:
       for name in ("early_stopping_patience", "early_stopping_ratio", "ensemble_members"):
         unused[name] = "needs a validation split (--validation_fraction > 0)"

@@ -1,6 +1,9 @@
 """Head rankers (sparsejax.head_rankers): the solve against scikit-learn's logistic regression, the scores against
 dense numpy, and the fusion's saved form."""
 
+import os
+import time
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -62,6 +65,7 @@ def test_ranker_scores_are_the_log_odds_of_head_candidates_and_0_elsewhere():
   queries, x, _ = _dataset(rng, n=7)
   fi, fv, _ = queries.to_padded(np.arange(7), 20, 1)
   fi[2, :] = PAD_ID  # a row of padding only
+  fi[3, -1], fv[3, -1] = 50, 9.0  # a feature id outside [0, F): not scored
   ids = np.array([[1, 3, 0, 7], [3, 3, 2, PAD_ID], [1, 3, 5, 6], [0, 2, 4, 8], [1, 1, 1, 1], [3, 0, 0, 0],
                   [7, 6, 3, 1]])  # 8: outside [0, N)
   x[2] = 0
@@ -135,9 +139,19 @@ def test_a_run_fits_its_rankers_once_keeps_them_and_records_their_weight(tmp_pat
                     recipe="none", ensemble_members=1)
   fits = []
   real_fit = head_rankers.fit
-  monkeypatch.setattr(head_rankers, "fit", lambda *a, **k: fits.append(1) or real_fit(*a, **k))
+
+  def timed_fit(*args, **kwargs):
+    t_start = time.time()
+    fitted = real_fit(*args, **kwargs)
+    fits.append(time.time() - t_start)
+    return fitted
+
+  monkeypatch.setattr(head_rankers, "fit", timed_fit)
+  real_load = plan.load_data
+  monkeypatch.setattr(plan, "load_data", lambda c: time.sleep(2) or real_load(c))  # a slow load: not charged
+  (tmp_path / head_ranking.FILE).write_bytes(b"another run's")  # a new run's are its own
   final = train_and_evaluate(config, str(tmp_path))
-  assert len(fits) == 1
+  assert len(fits) == 1 and final["ranker_seconds"] < fits[0] + 1.0
   # The rankers kept are those of the run's training split (its validation split held out), fitted again here.
   data = load_dataset(config.data, seed=config.run.seed)
   train = head_ranking.training_split(config, data)
@@ -153,6 +167,11 @@ def test_a_run_fits_its_rankers_once_keeps_them_and_records_their_weight(tmp_pat
   # Continued: the kept rankers, not a second fit.
   final = train_and_evaluate(override(config, max_steps=60), str(tmp_path))
   assert final["last_step"] == 60 and len(fits) == 1 and "ranker_weight" in final and "ranker_seconds" not in final
+  # Continued without them (deleted): fused without, not fitted again (nor charged).
+  os.remove(tmp_path / head_ranking.FILE)
+  final = train_and_evaluate(override(config, max_steps=70), str(tmp_path))
+  assert final["last_step"] == 70 and len(fits) == 1 and not any(key.startswith("ranker_") for key in final)
+  head_ranking.save(config, str(tmp_path), kept, train)
   # Kept for another --head_rankers, or for other data: not used.
   assert head_ranking.read(override(config, head_rankers=5), str(tmp_path)) is None
   assert head_ranking.read(config, str(tmp_path), train.subset(np.arange(10))) is None
@@ -162,6 +181,7 @@ def test_without_head_rankers_a_run_fits_none(tmp_path, small_config):
   from sparsejax.settings import override
   from sparsejax.train import head_ranking, train_and_evaluate
 
+  (tmp_path / head_ranking.FILE).write_bytes(b"another run's")  # removed: not this new run's
   final = train_and_evaluate(override(small_config, validation_fraction=0.1, head_rankers=0), str(tmp_path))
   assert "ranker_weight" not in final and "fusion_weight" in final
   assert not (tmp_path / head_ranking.FILE).exists()

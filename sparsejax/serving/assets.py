@@ -130,7 +130,8 @@ def save_fusion(workdir: str, run_id: str | None, fused: Fusion) -> None:
   ranked = {} if rankers is None else {
       "ranker_weight": np.float64(fused.ranker_weight), "ranker_labels": rankers.labels,
       "ranker_weights": rankers.weights, "ranker_bias": rankers.bias}
-  _record_asset(directory, run_id, FUSION, lambda path: np.savez(
+  # Compressed: the head rankers' weights are 0 for the features no training row has.
+  _record_asset(directory, run_id, FUSION, lambda path: np.savez_compressed(
       path, weight=np.float64(fused.weight), indptr=centroids.indptr, indices=centroids.indices,
       values=centroids.values, num_features=np.int64(centroids.num_features), **ranked))
 
@@ -219,8 +220,8 @@ def _read_fusion_file(path: str, num_labels: int, num_features: int) -> Fusion:
   if not ranked:  # no head rankers (or a run of an older sparsejax)
     return Fusion(centroids, weight)
   ranker_weight, labels, weights, bias = ranked
-  K = len(labels)
-  if (labels.ndim != 1 or weights.shape != (num_features, K) or bias.shape != (K,) or not np.isfinite(ranker_weight)
+  K = len(labels) if labels.ndim == 1 else -1
+  if (K < 0 or weights.shape != (num_features, K) or bias.shape != (K,) or not np.isfinite(ranker_weight)
       or ranker_weight < 0 or (K and (labels.min() < 0 or labels.max() >= num_labels))
       or not np.all(np.isfinite(weights)) or not np.all(np.isfinite(bias))):
     raise seals.IntegrityError(f"{path}: not head rankers of {num_labels} labels over {num_features} features")

@@ -87,7 +87,7 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
   t_invocation = time.time()
   config, data, search_summary, search_wall_seconds = _with_recipe(config, workdir, data, train_one)
   # The head rankers' fit counts against --max_seconds as the search does.
-  data, rankers, ranker_seconds = head_ranking.prepare(config, workdir, data)
+  data, rankers, ranker_seconds = head_ranking.prepare(config, workdir, data, searched=search_wall_seconds > 0)
   config = plan.charged_for_search(config, ranker_seconds)
   if rankers is not None and len(rankers.labels):  # in the final record, as the search's seconds are
     search_summary = {**(search_summary or {}), "ranker_seconds": round(ranker_seconds, 2)}

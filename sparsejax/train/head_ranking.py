@@ -23,16 +23,18 @@ def wanted(config: Config) -> bool:
   return config.run.centroid_fusion and config.run.head_rankers > 0 and config.data.validation_fraction > 0
 
 
-def prepare(config: Config, workdir: str,
-            data: LoadedData | None) -> tuple[LoadedData | None, head_rankers.HeadRankers | None, float]:
-  """``(data, rankers, seconds)``: the run's head rankers, fitted where the run wants them and does not continue with
-  them kept in ``workdir`` (None: none, or the kept ones), the data (loaded here if it was needed and None) and the
-  fit's wall seconds (0 where nothing was fitted). The run keeps them once it has started (:func:`save`): a run
-  refused at its start leaves its work directory as it was."""
-  if not wanted(config) or (resume.holds_checkpoints(workdir) and read(config, workdir) is not None):
+def prepare(config: Config, workdir: str, data: LoadedData | None,
+            searched: bool) -> tuple[LoadedData | None, head_rankers.HeadRankers | None, float]:
+  """``(data, rankers, seconds)``: the run's head rankers, fitted where a new run wants them (None: none fitted), the
+  data (loaded here if it was needed and None) and the fit's wall seconds (0 where nothing was fitted; loading is
+  not counted). A continued run fits none: it fuses those its first invocation kept, if any (none where it kept none,
+  or kept them for another ``--head_rankers``), and a finished run or one its checkpoints refuse costs nothing here.
+  A run that just adopted its recipe search's winner (``searched``) is new. The run keeps them once it has started
+  (:func:`save`): a run refused at its start leaves its work directory as it was."""
+  if not wanted(config) or (resume.holds_checkpoints(workdir) and not searched):
     return data, None, 0.0
-  t_start = time.time()
   data = data if data is not None else plan.load_data(config)
+  t_start = time.time()
   train = training_split(config, data)
   rankers = head_rankers.fit(train, head_rankers.head_labels(train, config.run.head_rankers))
   return data, rankers, time.time() - t_start
@@ -58,11 +60,20 @@ def read(config: Config, workdir: str, train=None) -> head_rankers.HeadRankers |
     logging.warning("head rankers: %s is unreadable (%s: %s): not used", path, type(e).__name__, e)
     return None
   shape = {"most": config.run.head_rankers} if train is None else _shape(train, config)
-  if any(kept[key] != value for key, value in shape.items()) or rankers.weights.shape != (kept["num_features"],
-                                                                                         len(rankers.labels)):
-    logging.info("head rankers: %s was fitted for %s, not this run's %s: not used", path, kept, shape)
+  K = len(rankers.labels)
+  if (any(kept[key] != value for key, value in shape.items()) or rankers.labels.ndim != 1
+      or rankers.weights.shape != (kept["num_features"], K) or rankers.bias.shape != (K,)
+      or (K and (rankers.labels.min() < 0 or rankers.labels.max() >= kept["num_labels"]))):
+    logging.warning("head rankers: %s was fitted for %s, not this run's %s: not used", path, kept, shape)
     return None
   return rankers
+
+
+def remove(workdir: str) -> None:
+  """Removes the head rankers kept in ``workdir`` (a new run's, where it fits none: another run's are not its)."""
+  path = os.path.join(workdir, FILE)
+  if os.path.exists(path):
+    os.remove(path)
 
 
 def _shape(train, config: Config) -> dict:
@@ -75,7 +86,7 @@ def save(config: Config, workdir: str, rankers: head_rankers.HeadRankers, train)
   """Keeps the rankers fitted on ``train`` (the run's training split) in ``workdir``, written atomically (a reader
   never sees half a file)."""
   fd, tmp = tempfile.mkstemp(dir=workdir, suffix=".npz.tmp")
-  with os.fdopen(fd, "wb") as f:
-    np.savez(f, labels=rankers.labels, weights=rankers.weights, bias=rankers.bias,
+  with os.fdopen(fd, "wb") as f:  # compressed: the weights of features no training row has are 0
+    np.savez_compressed(f, labels=rankers.labels, weights=rankers.weights, bias=rankers.bias,
              **{key: np.int64(v) for key, v in _shape(train, config).items()})
   os.replace(tmp, os.path.join(workdir, FILE))

@@ -89,6 +89,8 @@ def train_one(config: Config, workdir: str, *, data: LoadedData | None = None, e
     save_assets(workdir, data._replace(train=split.train), run_id)  # the samples trained (PSP@k's propensities)
     if head_rankers is not None:
       head_ranking.save(config, workdir, head_rankers, split.train)
+    elif latest is None:
+      head_ranking.remove(workdir)
     if latest is None:
       members.remove_former(workdir)
   logging.info("%s model: %s parameters%s; %s", config.network.model, f"{model.num_params(state):,}",
