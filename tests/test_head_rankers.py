@@ -173,7 +173,7 @@ def test_a_run_fits_its_rankers_once_keeps_them_and_records_their_weight(tmp_pat
   assert final["last_step"] == 70 and len(fits) == 1 and not any(key.startswith("ranker_") for key in final)
   head_ranking.save(config, str(tmp_path), kept, train)
   # Kept for another --head_rankers, or for other data: not used.
-  assert head_ranking.read(override(config, head_rankers=5), str(tmp_path)) is None
+  assert head_ranking.read(override(config, head_rankers=5), str(tmp_path), train) is None
   assert head_ranking.read(config, str(tmp_path), train.subset(np.arange(10))) is None
 
 
@@ -188,12 +188,14 @@ def test_without_head_rankers_a_run_fits_none(tmp_path, small_config):
 
 
 def test_a_damaged_kept_file_is_not_used(tmp_path, small_config):
+  from sparsejax.data import load_dataset
   from sparsejax.settings import override
   from sparsejax.train import head_ranking
 
   config = override(small_config, validation_fraction=0.1)
+  train = head_ranking.training_split(config, load_dataset(config.data, seed=config.run.seed))
   (tmp_path / head_ranking.FILE).write_bytes(b"PK\x03\x04 not a zip")
-  assert head_ranking.read(config, str(tmp_path)) is None
+  assert head_ranking.read(config, str(tmp_path), train) is None
 
 
 

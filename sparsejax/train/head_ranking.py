@@ -45,9 +45,9 @@ def training_split(config: Config, data: LoadedData):
   return train_test_split(data.train, config.data.validation_fraction, seed=plan.validation_seed(config))[0]
 
 
-def read(config: Config, workdir: str, train=None) -> head_rankers.HeadRankers | None:
-  """The head rankers kept in ``workdir`` for a run of ``config`` trained on ``train`` (its training split; None:
-  checked against ``--head_rankers`` only), or None where the run wants none or none such are kept."""
+def read(config: Config, workdir: str, train) -> head_rankers.HeadRankers | None:
+  """The head rankers kept in ``workdir`` for a run of ``config`` trained on ``train`` (its training split), or None
+  where the run wants none or none such are kept."""
   path = os.path.join(workdir, FILE)
   if not wanted(config) or not os.path.exists(path):
     return None
@@ -56,10 +56,10 @@ def read(config: Config, workdir: str, train=None) -> head_rankers.HeadRankers |
       kept = {key: int(f[key]) for key in ("num_train", "num_features", "num_labels", "most")}
       rankers = head_rankers.HeadRankers(f["labels"].astype(np.int32), f["weights"].astype(np.float32),
                                          f["bias"].astype(np.float32))
-  except DAMAGED_ARRAYS as e:  # fitted again (a continued run), or fused without them (its final evaluation)
+  except DAMAGED_ARRAYS as e:  # the final evaluation fuses without them
     logging.warning("head rankers: %s is unreadable (%s: %s): not used", path, type(e).__name__, e)
     return None
-  shape = {"most": config.run.head_rankers} if train is None else _shape(train, config)
+  shape = _shape(train, config)
   K = len(rankers.labels)
   if (any(kept[key] != value for key, value in shape.items()) or rankers.labels.ndim != 1
       or rankers.weights.shape != (kept["num_features"], K) or rankers.bias.shape != (K,)
