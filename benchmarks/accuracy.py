@@ -321,8 +321,10 @@ def sweep_inference_k(config, state, train_path: str, test_path: str, args) -> d
   from sparsejax.settings import override
 
   train, test = xcdata.load_xc_file(train_path), xcdata.load_xc_file(test_path)
-  if config.data.validation_fraction > 0:  # the labels the run trained on (sparsejax.train's split: seed + 1)
-    train, _ = xcdata.train_test_split(train, config.data.validation_fraction, seed=config.run.seed + 1)
+  if config.data.validation_fraction > 0:  # the labels the run trained on (the run's own validation split)
+    from sparsejax.train import plan
+
+    train, _ = plan.validation_split(config, train, plan.validation_seed(config))
   seen = np.zeros(test.num_labels, bool)
   seen[train.label_indices] = True
   counts = np.diff(test.label_indptr)

@@ -93,6 +93,16 @@ class DataConfig(Section):
       "score it, it selects the checkpoint evaluated on the test set at the end and drives early stopping; 0: "
       "no validation split (periodic evaluations score the test set and the last step is reported).",
       bounds=Range(0, 1, hi_open=True))
+  validation_split: str = option(
+      "auto", "How the validation split is drawn: random (rows at random); grouped (each row drawn brings every "
+      "training row within cosine 0.7 of it, so near-duplicates are held out together as a test set split by "
+      "groups holds them out; its evaluations, over few groups, do not stop a run on a plateau "
+      "(--early_stopping_ratio is not read; --early_stopping_patience is), so one network trains the whole budget "
+      "and no ensemble members train); auto: grouped where the test set's rows have such a near neighbour among "
+      "the training rows far less often than the training rows have one among themselves (a test set split by "
+      "groups), else random. auto reads the test set's features, never its labels; the log gives both shares. A "
+      "continued run keeps the split it started with.", choices=("auto", "random", "grouped"),
+      identity=False)
   max_features: int | None = option(
       None, "Features kept per sample (those of largest |value|); none: the training set's maximum. Each batch "
       "is padded to its own longest row rounded up to a power of two (at least 32), at most this.",
@@ -577,13 +587,18 @@ class Config:
     if d.validation_fraction == 0 or not self.run.centroid_fusion:
       unused["head_rankers"] = "fused only with --centroid_fusion and a validation split (--validation_fraction > 0)"
     if d.validation_fraction == 0:
-      for name in ("early_stopping_patience", "early_stopping_ratio", "ensemble_members"):
+      for name in ("early_stopping_patience", "early_stopping_ratio", "ensemble_members", "validation_split"):
         unused[name] = "needs a validation split (--validation_fraction > 0)"
     elif self.budget.max_seconds is None:
       unused["early_stopping_ratio"] = "only read with --max_seconds (a step or epoch budget is trained whole)"
       # (sparsejax.train.members.reason_not_to_train: members train the time an early stop leaves of a budget)
       unused["ensemble_members"] = "only read with --max_seconds (a step or epoch budget trains one network)"
       unused["plan_from"] = "only read with --max_seconds (a step or epoch budget plans the search in steps)"
+    if d.validation_fraction > 0 and d.validation_split == "grouped":
+      unused.setdefault("early_stopping_ratio", "a grouped validation split does not stop a run on a plateau "
+                        "(--validation_split)")
+      unused.setdefault("ensemble_members", "a grouped validation split trains one network its whole budget "
+                        "(--validation_split)")
     if not model_kinds.of(self).sampled:
       for name in ("candidates", "num_clusters", "lsh_family", "lsh_projections", "num_tables", "num_bits", "lsh_mips",
                    "lsh_probes", "lsh_rerank", "lsh_serving"):

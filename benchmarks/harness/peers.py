@@ -18,13 +18,15 @@ PECOS_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 
 def peer_data(train_path: str, test_path: str, seed: int):
-  """``(train, test)``: the training samples minus sparsejax's validation split, and the test samples."""
+  """``(train, test)``: the training samples minus sparsejax's validation split (drawn as its defaults draw it:
+  grouped where the test set looks split by groups, ``--validation_split=auto``), and the test samples."""
   from sparsejax.config import Config
 
   train, test = xcdata.load_xc_file(train_path), xcdata.load_xc_file(test_path)
   fraction = Config().data.validation_fraction
   if fraction > 0:
-    train, _ = xcdata.train_test_split(train, fraction, seed=seed + 1)
+    grouped = xcdata.grouped_split.looks_grouped(train, test).grouped
+    train, _ = xcdata.grouped_split.split(train, fraction, seed + 1, grouped)
   return train, test
 
 

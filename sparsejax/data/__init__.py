@@ -19,10 +19,13 @@ Everything is numpy-only (no JAX import), so it is safe in loader threads.
 * :class:`BatchIterator` / :func:`batches` - seeded, resumable, prefetched
  mini-batches.
 * :func:`load_dataset` - the train and test sets a run's data settings name.
+* :mod:`grouped_split <sparsejax.data.grouped_split>` - a validation split that holds out near-duplicates
+ together, and the test that tells a test set split by groups.
 * :func:`from_arrays` - scipy sparse features and labels (an indicator matrix,
  label-id lists or one id per sample), checked, as an XCDataset.
 """
 
+from . import grouped_split
 from .arrays import from_arrays
 from .batching import BatchIterator, batches, epoch_permutation
 from .dataset import PAD_ID, XCDataset, train_test_split
@@ -45,6 +48,7 @@ __all__ = [
     "batches",
     "epoch_permutation",
     "from_arrays",
+    "grouped_split",
     "load_dataset",
     "load_gcide",
     "load_gcide_cloze",

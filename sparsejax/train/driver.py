@@ -18,7 +18,7 @@ import jax
 from absl import logging
 
 from sparsejax.config import Config
-from sparsejax.data import LoadedData, train_test_split
+from sparsejax.data import LoadedData
 from sparsejax.settings import ConfigError, override
 from sparsejax.train import head_ranking, loop, members, metric_writer, plan, recipes, resume, search
 from sparsejax.train.console import final_line, log_settings, log_to_console
@@ -85,7 +85,10 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
                     f"StepProfiler.from_config), got a {type(step_observer).__name__}")
   train_one = functools.partial(loop.train_one, step_observer=step_observer)
   t_invocation = time.time()
+  config, data, split_record = _with_validation_split(config, workdir, data)
   config, data, search_summary, search_wall_seconds = _with_recipe(config, workdir, data, train_one)
+  if split_record:  # in the final record, as the search's figures are
+    search_summary = {**(search_summary or {}), **split_record}
   # The head rankers' fit counts against --max_seconds as the search does.
   data, rankers, ranker_seconds = head_ranking.prepare(config, workdir, data, searched=search_wall_seconds > 0)
   config = plan.charged_for_search(config, ranker_seconds)
@@ -95,6 +98,36 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
   final = _with_members(config, workdir, data, final, train_one)
   _log_budget(config, final, search_wall_seconds, ranker_seconds, time.time() - t_invocation)
   return final
+
+
+def _with_validation_split(config: Config, workdir: str,
+                           data: LoadedData | None) -> tuple[Config, LoadedData | None, dict]:
+  """``(config, data, record)``: ``--validation_split=auto`` decided on the data for a new run (loaded here:
+  :func:`sparsejax.train.plan.resolve_validation_split`), so that the search, the network, the head rankers and the
+  ensemble's members all hold out the same rows, with the record's fields that say what was measured. A continued
+  or finished run keeps the split its ``config.json`` records, the data not loaded for it."""
+  if config.data.validation_split != "auto" or config.data.validation_fraction == 0:
+    return config, data, {}
+  if resume.holds_checkpoints(workdir):
+    return override(config, validation_split=_recorded_validation_split(workdir)), data, {}
+  data = data if data is not None else plan.load_data(config)
+  resolved, record = plan.resolve_validation_split(config, data)
+  warned = set(config.unused_settings())
+  for line in resolved.unused_settings():  # what the resolved split leaves unread, not warned about above
+    if line not in warned:
+      logging.warning(line)
+  return resolved, data, record
+
+
+def _recorded_validation_split(workdir: str) -> str:
+  """The validation split that the run in ``workdir`` drew: its ``config.json``'s (``auto``, drawn at random, where
+  it records none: a run of an older sparsejax, or the file is unreadable)."""
+  try:
+    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+      recorded = json.load(f)["data"].get("validation_split", "auto")
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    return "auto"
+  return recorded if recorded in ("auto", "random", "grouped") else "auto"
 
 
 def _with_recipe(config: Config, workdir: str, data: LoadedData | None,
@@ -177,7 +210,7 @@ def _with_members(config: Config, workdir: str, data: LoadedData | None, final: 
     final = {**final, "ensemble_members": 1}
     metric_writer.append_record(workdir, final)
     return final
-  train, validation = train_test_split(data.train, trained_config.data.validation_fraction, seed=validation_seed)
+  train, validation = plan.validation_split(trained_config, data.train, validation_seed)
   record = members.evaluate(trained_config, final, workdir, done, (train, validation, data.test))
   metric_writer.append_record(workdir, record)
   logging.info("final (ensemble of %d, test set): P@1 %.4f  P@3 %.4f  P@5 %.4f", record["ensemble_members"],

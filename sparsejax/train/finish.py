@@ -15,7 +15,8 @@ SUMMARY_FIELDS = ("step", "epoch", "last_loss", "samples_per_sec", "seconds", "t
                   "num_processes", "last_step", "selected_step", "selected_by", "stopped_by", "bad_evaluations",
                   "improved_step", "stale_evaluations", "recipe", "search_seconds", "search_wall_seconds",
                   "search_scores", "fusion_weight", "fusion_validation",
-                  "ranker_weight", "ranker_validation", "ranker_labels", "ranker_seconds")
+                  "ranker_weight", "ranker_validation", "ranker_labels", "ranker_seconds", "validation_split",
+                  "near_neighbours")
 
 
 def candidate_result(loop, state, start_step: int) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from absl import logging
 
 from sparsejax import head_rankers
 from sparsejax.config import Config
-from sparsejax.data import LoadedData, train_test_split
+from sparsejax.data import LoadedData
 from sparsejax.serving.assets import DAMAGED_ARRAYS
 from sparsejax.train import plan, resume
 
@@ -42,7 +42,7 @@ def prepare(config: Config, workdir: str, data: LoadedData | None,
 
 def training_split(config: Config, data: LoadedData):
   """The samples the run trains on (its validation split held out, drawn as :func:`plan.split_data` draws it)."""
-  return train_test_split(data.train, config.data.validation_fraction, seed=plan.validation_seed(config))[0]
+  return plan.validation_split(config, data.train, plan.validation_seed(config))[0]
 
 
 def read(config: Config, workdir: str, train) -> head_rankers.HeadRankers | None:

@@ -40,7 +40,7 @@ MEMBERS_DIR = "members"
 # ensemble's record keeps them as they are.
 _RUN_FIELDS = ("step", "last_step", "epoch", "stopped_by", "seconds", "final", "num_processes", "selected_step",
                "selected_by", "bad_evaluations", "improved_step", "stale_evaluations", "recipe", "search_seconds",
-               "search_wall_seconds", "search_scores", "ranker_seconds")
+               "search_wall_seconds", "search_scores", "ranker_seconds", "validation_split", "near_neighbours")
 
 
 def remove_former(workdir: str) -> None:
@@ -67,6 +67,8 @@ def reason_not_to_train(config: Config, final: dict[str, Any], num_processes: in
   if num_processes > 1 or (config.dist.num_shards or 1) > 1:
     return "several processes"
   if final.get("stopped_by") != "early_stopping":
+    if config.data.validation_split == "grouped" and final.get("stopped_by") == "max_seconds":
+      return "a grouped validation split trains one network its whole budget (--validation_split)"
     return f"the budget was spent (stopped by {final.get('stopped_by')})"
   return None
 

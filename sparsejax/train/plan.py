@@ -1,5 +1,6 @@
-"""What a run is planned from before anything is built: its data, the seed of its validation split, the sizes the
-recipe search models, the budget a search leaves, and the checks that refuse a run this machine cannot hold."""
+"""What a run is planned from before anything is built: its data, its validation split (the seed, random or grouped),
+the sizes the recipe search models, the budget a search leaves, and the checks that refuse a run this machine cannot
+hold."""
 
 import os
 import time
@@ -11,7 +12,7 @@ from absl import logging
 
 from sparsejax import memory, model_kinds
 from sparsejax.config import Config
-from sparsejax.data import BatchIterator, LoadedData, XCDataset, load_dataset, train_test_split
+from sparsejax.data import BatchIterator, LoadedData, XCDataset, grouped_split, load_dataset
 from sparsejax.data.batching import bucket_widths
 from sparsejax.model_config import ModelConfig
 from sparsejax.settings import ConfigError, override
@@ -29,6 +30,28 @@ def load_data(config: Config) -> LoadedData:
 def validation_seed(config: Config) -> int:
   """The seed that draws a run's validation split from its training samples."""
   return config.run.seed + 1
+
+
+def resolve_validation_split(config: Config, data: LoadedData) -> tuple[Config, dict]:
+  """``(config, record)``: ``config`` with ``--validation_split=auto`` decided on ``data``
+  (:func:`sparsejax.data.grouped_split.looks_grouped`: grouped where the test set looks split by groups of
+  near-duplicates, else random), and the final record's fields that say what was measured (none where nothing
+  was). Other values, and a run without a validation split, are kept as they are."""
+  if config.data.validation_split != "auto" or config.data.validation_fraction == 0:
+    return config, {}
+  test = grouped_split.looks_grouped(data.train, data.test)
+  kind = "grouped" if test.grouped else "random"
+  logging.info("validation split: %s (a training row within cosine %g for %.1f%% of the test set's rows and for "
+               "%.1f%% of the training rows among themselves; %.1f s)", kind, grouped_split.NEIGHBOUR_COSINE,
+               100 * test.test_rate, 100 * test.train_rate, test.seconds)
+  return override(config, validation_split=kind), {
+      "validation_split": kind, "near_neighbours": {"train": test.train_rate, "test": test.test_rate}}
+
+
+def validation_split(config: Config, train: XCDataset, seed: int) -> tuple[XCDataset, XCDataset]:
+  """``(train, validation)``: ``--validation_fraction`` of ``train`` held out by ``seed``, grouped or at random as
+  ``--validation_split`` says (``auto``, not resolved by :func:`resolve_validation_split`: at random)."""
+  return grouped_split.split(train, config.data.validation_fraction, seed, config.data.validation_split == "grouped")
 
 
 def data_shape(config: Config, train) -> search_plan.DataShape:
@@ -136,7 +159,7 @@ def split_data(config: Config, data: LoadedData, seed: int | None = None) -> Dat
     raise ConfigError(name, getattr(config.data, name), "the test set has no samples")
   if config.data.validation_fraction > 0:
     seed = validation_seed(config) if seed is None else seed
-    train, validation = train_test_split(train, config.data.validation_fraction, seed=seed)
+    train, validation = validation_split(config, train, seed)
     if len(validation) == 0:  # too few samples for the fraction: nothing to select on
       raise ConfigError("validation_fraction", config.data.validation_fraction,
                         f"holds no sample of the {len(train)} training samples: raise it, or 0 for no validation "
