@@ -19,7 +19,6 @@ from sparsejax.workdir.checkpoint import Checkpoints
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "checkpoints_before_index")
 INPUTS = sp.random(5, 40, density=0.2, format="csr", random_state=1, dtype=np.float32)  # as make.py drew them
-RECORDED_WITH_JAX = "0.10.2"  # the expected_*.json predictions'
 
 
 def _expected(kind: str) -> dict:
@@ -44,10 +43,11 @@ def _assert_predicts(workdir: str, want: dict, kind: str) -> None:
       assert np.all(np.diff(np.asarray(scores), axis=1) <= 0)
       continue
     np.testing.assert_array_equal(np.asarray(ids), np.asarray(want[f"{name}_ids"]), err_msg=name)
-    # The same bits with the JAX that recorded them; another XLA fuses and sums in another order (JAX 0.12: one
-    # float32 ulp apart on 5 of 15 scores).
+    # Within a float32 ulp or so: another XLA, or the same XLA on another CPU, fuses and sums in another order
+    # (JAX 0.12: one ulp apart on 5 of 15 scores; JAX 0.10.2 on an AMD EPYC without AVX-512, where the fixture's
+    # machine had it: the same 5, 1.1e-7 relative). A changed prediction moves far more than that.
     np.testing.assert_allclose(np.asarray(scores, np.float32), np.asarray(want[f"{name}_scores"], np.float32),
-                               rtol=0 if jax.__version__ == RECORDED_WITH_JAX else 1e-6, atol=0, err_msg=name)
+                               rtol=1e-6, atol=0, err_msg=name)
 
 
 @pytest.mark.parametrize("kind", ["clusters", "lsh"])
@@ -91,7 +91,6 @@ def test_a_checkpoint_is_restored_in_stages_of_bounded_bytes(tmp_path, monkeypat
   """Restoring reads at most RESTORE_STAGE_BYTES of arrays per orbax call (a larger array alone), the others left
   as placeholders: the 10^9-parameter run restored in one call peaked 2-3 GB over its state per process and a rank
   was killed without swap. The stages give back the saved arrays exactly, the data position with them."""
-  import jax
   import jax.numpy as jnp
   import orbax.checkpoint as ocp
 
@@ -128,7 +127,6 @@ def test_a_restored_state_is_donated_by_the_first_step_without_a_second_copy(tmp
   """A restored array is the process's only copy: the first step that donates it updates it in place (orbax's
   arrays kept their host read buffers beside the step's output until the next step: 2.5 GB more per process after
   the 10^9-parameter run's resume, and a rank was killed). Resident memory counted, a 128 MB array."""
-  import jax
   import jax.numpy as jnp
 
   from sparsejax import memory
