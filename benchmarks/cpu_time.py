@@ -49,7 +49,8 @@ def run(args: list[str], allocator: str, neighbours: int) -> dict:
           "cpu_over_wall_x_cores": round(cpu / (wall * harness.usable_cores()), 3),
           "minor_faults": usage.ru_minflt,
           # Written to files (the block layer's 512-byte units: what reached the disk cache's write-back).
-          "written_mb": round(usage.ru_oublock * 512 / 2**20, 1), "last_line": out.strip().splitlines()[-1] if out.strip() else ""}
+          "written_mb": round(usage.ru_oublock * 512 / 2**20, 1),
+          "last_line": out.strip().splitlines()[-1] if out.strip() else ""}
 
 
 def main() -> None:
@@ -66,7 +67,8 @@ def main() -> None:
       results.append(result)
       print(f"allocator {allocator:8s} neighbours {neighbours}: wall {result['wall_s']:7.1f} s  user "
             f"{result['user_s']:7.1f}  sys {result['sys_s']:6.1f} ({result['sys_share']:.0%})  faults "
-            f"{result['minor_faults']:,}  written {result['written_mb']:,.0f} MB  | {result['last_line'][:60]}", flush=True)
+            f"{result['minor_faults']:,}  written {result['written_mb']:,.0f} MB  | {result['last_line'][:60]}",
+            flush=True)
   quiet = {r["allocator"]: r["wall_s"] for r in results if r["neighbours"] == 0}
   for r in results:
     if r["neighbours"] and r["allocator"] in quiet:
