@@ -37,7 +37,8 @@ CANDIDATES = 100
 WEIGHTS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 # The head rankers' weights compared: their log-odds span about as much as the logits (debian_depends: 1-2 best).
 RANKER_WEIGHTS = (0.0, 0.5, 1.0, 2.0)
-# (feature, candidate) lookups per chunk of centroid_scores: bounds its temporaries (about 40 bytes each).
+# (feature, candidate) lookups of centroid_scores at once, over its threads: bounds its temporaries (about 40 bytes
+# each), whatever the cores.
 _CHUNK_ENTRIES = 1 << 20
 
 
@@ -158,7 +159,8 @@ def centroid_scores(centroids: LabelCentroids, feat_ids: np.ndarray, feat_vals: 
   order = np.argsort(candidates, axis=1, kind="stable")
   candidates = np.take_along_axis(candidates, order, axis=1)
   starts = np.searchsorted(sample, np.arange(B + 1))  # each sample's run of features
-  entries_per_chunk = max(1, _CHUNK_ENTRIES // R)  # bounds the [features, R] temporaries
+  threads = _host_threads()
+  entries_per_chunk = max(1, _CHUNK_ENTRIES // (R * threads))  # bounds the [features, R] temporaries of all threads
   scores = np.zeros((B, R), np.float32)  # in each row's increasing candidate order
   chunks, first = [], 0
   while first < B:  # whole samples per chunk (at least one)
@@ -180,7 +182,7 @@ def centroid_scores(centroids: LabelCentroids, feat_ids: np.ndarray, feat_vals: 
 
   # The chunks on every core (numpy's searches and ufuncs release the GIL): each writes its own rows, so the scores
   # are the same floats whatever the threads. labels_heavy's 10,000 test samples: 19 s single-threaded.
-  workers = min(len(chunks), _host_threads())
+  workers = min(len(chunks), threads)
   if workers > 1:
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
       list(pool.map(score, chunks))

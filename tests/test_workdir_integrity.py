@@ -413,3 +413,26 @@ def test_fuzz_a_damaged_served_file_is_refused_by_name_or_serves_the_same(served
   check()
   record_cases(f"served files damaged ({kind})", tally)
   assert sum(tally.values()) >= cases * 3 // 4
+
+
+def test_a_small_best_state_is_written_at_the_next_wait_and_only_the_last_one(tmp_path, monkeypatch):
+  """The best states between two waits (checkpoints) are copies in memory; a wait writes the last, sealed."""
+  import jax.numpy as jnp
+
+  from sparsejax.workdir import best_checkpoint
+
+  best = best_checkpoint.BestCheckpoint(str(tmp_path), "p@1", run_id="run")
+  state = {"w": jnp.arange(6.0)}
+  best.save(5, state, 0.5)
+  best.save(10, {"w": state["w"] + 1}, 0.7)
+  state["w"] = state["w"].at[0].set(-1.0)  # the live arrays change after the save: the kept copy does not
+  assert best.best_step() is None and not glob.glob(str(tmp_path / "best_checkpoint" / "*" / "state"))
+  best.wait()
+  assert best.best_step() == 10 and sorted(os.listdir(tmp_path / "best_checkpoint")) == ["10"]
+  np.testing.assert_array_equal(best.restore_arrays()["w"], np.arange(6.0) + 1)
+  best.check(10, "run")  # sealed
+  monkeypatch.setattr(best_checkpoint, "DEFERRED_BYTES", 8)  # a larger state: written at once
+  best.save(15, {"w": jnp.zeros(6)}, 0.9)
+  best._manager.wait_until_finished()
+  assert best.best_step() == 15
+  best.wait()

@@ -35,7 +35,7 @@ SEAL = "checksums.json"  # the assets' seal (sparsejax.workdir.seals)
 _MEMBER_DIRECTORY = re.compile(r"members/[1-9][0-9]{0,2}")
 # What numpy raises reading a damaged .npy or .npz: a cut-short file ends in EOFError, a changed byte in an npz member
 # in zipfile.BadZipFile (its CRC), neither an OSError nor a ValueError.
-# zlib.error: a damaged compressed member (the fusion asset is written compressed).
+# zlib.error: a damaged compressed member (the fusion asset's head rankers are written compressed).
 DAMAGED_ARRAYS = (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, zlib.error)
 
 

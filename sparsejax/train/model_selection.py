@@ -1,4 +1,5 @@
-"""Model selection on the validation split: the best state so far, kept on disk, and early stopping.
+"""Model selection on the validation split: the best state so far, kept on disk (a small one written at the next
+checkpoint: :class:`sparsejax.workdir.best_checkpoint.BestCheckpoint`), and early stopping.
 
 A run with a validation split evaluates it every ``--eval_every`` steps (:class:`Selection`): the best state is
 saved without its optimizer states (:func:`without_optimizer`), and the run stops early after ``patience``
@@ -129,7 +130,8 @@ class Selection:
     """``(best state, its step)``; the given state if none was saved. The best state is kept without optimizer
     states: ``state``'s stand in (evaluation and serving do not read them; the state's structure stays whole), and
     its parameters stand in for the average's. The given state's other arrays are deleted (saved in the run's final
-    checkpoint): the process holds one state's arrays throughout."""
+    checkpoint): the process holds one state's arrays throughout (besides a small best state's copy, written and
+    dropped first)."""
     self.best.wait()
     if self.best.best_step() is None:
       return state, int(sharding.local_value(state.step))

@@ -26,11 +26,11 @@ from sparsejax.workdir.orbax_logs import quiet
 from sparsejax.workdir.seals import IntegrityError, WriteError, check_sealed_directory, failure_reason, seal_directory
 
 # A run's validation score rises at most of its evaluations, and each better state was saved and sealed as it came:
-# the quick start wrote 5.0 GB for a 24 MB run directory (2026-12-07, AMD EPYC, perf: writes and their checksums 6%
-# of its CPU, most of its kernel time). One process's best state of at most this many bytes (and an eighth of the
-# machine's memory) is copied where it lies and written at the next wait(), before each checkpoint and the final
-# evaluation: of the better states between two checkpoints the last one is written. A resumed run starts from a
-# checkpoint, whose selection names a best state written before it, and evaluates the later steps again.
+# the quick start wrote 4.8 GB for a 24 MB run directory (2026-12-07, AMD EPYC, perf: writes and their checksums 6%
+# of its CPU, most of its kernel time). One process's best state on the CPU of at most this many bytes (and an eighth
+# of the machine's memory) is copied where it lies and written at the next wait(), before each checkpoint and the
+# final evaluation: of the better states between two checkpoints the last one is written (4.4 GB). A resumed run
+# starts from a checkpoint, whose selection names a best state written before it, and evaluates the later steps again.
 DEFERRED_BYTES = 1 << 30
 
 
@@ -107,10 +107,12 @@ class BestCheckpoint:
 
   def save(self, step: int, state, value: float) -> None:
     """Saves ``state`` of step ``step`` whose metric is ``value`` (orbax keeps the best one); a state already
-    kept for ``step`` is replaced. One process's state of at most :data:`DEFERRED_BYTES` is copied and written by
-    :meth:`wait` (a later save before it replaces the copy)."""
+    kept for ``step`` is replaced. One process's state of at most :data:`DEFERRED_BYTES`, on the CPU, is copied and
+    written by :meth:`wait` (a later save before it replaces the copy)."""
     limit = min(DEFERRED_BYTES, (memory.machine_memory_bytes() or 0) // 8)
-    if jax.process_count() == 1 and written_bytes(state) <= limit:
+    # (One process: several would each decide, and disagree at orbax's barriers. The CPU: the limit is the host's
+    # memory, and an accelerator's copy would hold its memory.)
+    if jax.process_count() == 1 and jax.default_backend() == "cpu" and written_bytes(state) <= limit:
       self._pending = (step, jax.tree.map(lambda a: jnp.copy(a) if isinstance(a, jax.Array) else a, state), value)
       return
     self._pending = None
