@@ -33,14 +33,22 @@ def ensure_registered() -> None:
   with _lock:
     if _registered:
       return
-    threads = os.environ.get("SPARSEJAX_NUM_THREADS")
-    if threads and not (threads.strip().isdigit() and int(threads) > 0):  # empty: as unset
-      # the kernels read it once and would run uncapped on anything else, silently
-      raise ValueError(f"SPARSEJAX_NUM_THREADS={threads!r}: must be a positive integer (the kernels' thread cap), or "
-                       "unset for all cores")
+    thread_cap()  # checked: the kernels read it once and would run uncapped on anything else, silently
     for name, capsule in _sparsejax.registrations().items():
       jax.ffi.register_ffi_target(name, capsule, platform="cpu")
     _registered = True
+
+
+def thread_cap() -> int | None:
+  """``SPARSEJAX_NUM_THREADS``: the most threads the kernels (and the host's centroid scoring) use; None: unset or
+  empty (all cores). Raises ValueError where it is not a positive integer."""
+  threads = os.environ.get("SPARSEJAX_NUM_THREADS")
+  if not threads:
+    return None
+  if not (threads.strip().isdigit() and int(threads) > 0):
+    raise ValueError(f"SPARSEJAX_NUM_THREADS={threads!r}: must be a positive integer (the kernels' thread cap), or "
+                     "unset for all cores")
+  return int(threads)
 
 
 def _varying_axes(x) -> frozenset:

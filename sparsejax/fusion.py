@@ -26,7 +26,7 @@ from typing import NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
-from sparsejax import metrics
+from sparsejax import _ffi, metrics
 from sparsejax.data import XCDataset
 from sparsejax.head_rankers import HeadRankers, ranker_scores
 
@@ -113,8 +113,7 @@ def label_centroids(train: XCDataset) -> LabelCentroids:
 def _host_threads() -> int:
   """The cores this process may run on (taskset's mask), at most ``SPARSEJAX_NUM_THREADS`` as the kernels."""
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-  cap = os.environ.get("SPARSEJAX_NUM_THREADS", "").strip()
-  return min(cores, int(cap)) if cap.isdigit() and int(cap) > 0 else cores
+  return min(cores, _ffi.thread_cap() or cores)
 
 
 def _by_feature(centroids: LabelCentroids) -> tuple[np.ndarray, np.ndarray]:
