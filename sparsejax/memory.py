@@ -5,6 +5,13 @@ moments). With 4 KiB pages nearly every row access misses the TLB; backing
 these arrays with 2 MiB pages removes most of those misses. Buffers updated in
 place (donated) keep their backing across steps, so this is done once, after
 init or restore. Contents are never changed.
+
+The advice is only that (``MADV_HUGEPAGE``: the kernel's khugepaged backs the
+range when it gets to it); it no longer collapses the range at once
+(``MADV_COLLAPSE``), which copied every page in the calling thread: 0.74 s of
+system time per 388 MB on an AMD EPYC VM, paid again at each restore (a
+search candidate's every round), for no step time measurable at 10^5 or 10^6
+labels (2026-12-07, `benchmarks/RESULTS.md`).
 """
 
 import contextlib
@@ -14,7 +21,6 @@ import os
 import sys
 
 _MADV_HUGEPAGE = 14
-_MADV_COLLAPSE = 25  # Linux >= 6.1: back the range with huge pages now
 _HUGE = 1 << 21
 
 _libc = None
@@ -113,7 +119,7 @@ def advise_huge_pages(tree, min_bytes: int = 64 << 20) -> int:
     min_bytes: arrays smaller than this are left alone.
 
   Returns:
-    Bytes now advised (0 where unsupported).
+    Bytes advised (0 where unsupported).
   """
   import jax  # deferred: the config's validation imports this module (before JAX may start)
 
@@ -133,7 +139,6 @@ def advise_huge_pages(tree, min_bytes: int = 64 << 20) -> int:
     end = (ptr + x.nbytes) & ~(_HUGE - 1)
     if end <= start:
       continue
-    madvise(start, end - start, _MADV_HUGEPAGE)
-    if madvise(start, end - start, _MADV_COLLAPSE) == 0:
+    if madvise(start, end - start, _MADV_HUGEPAGE) == 0:
       done += end - start
   return done

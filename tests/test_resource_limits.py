@@ -3,7 +3,10 @@ they would need and the machine's, instead of aborting the process (SIGABRT insi
 
 import re
 import subprocess
+import sys
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from sparsejax import memory
@@ -103,6 +106,18 @@ def test_peak_resident_memory_is_each_stages_own():
 
 def test_machine_memory_is_known_here():
   assert memory.machine_memory_bytes() > 1 << 28
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise is Linux's")
+def test_huge_page_advice_covers_the_large_arrays_only_and_leaves_their_contents():
+  big = jnp.arange(20 << 20, dtype=jnp.float32) + 0  # 80 MB, a buffer of its own
+  small = jnp.ones(1000, jnp.float32)
+  expected = np.asarray(big).copy()
+  advised = memory.advise_huge_pages({"big": big, "small": small})
+  # The 2 MiB pages wholly inside the 80 MB buffer: all but at most the two partial ones at its ends.
+  assert (20 << 22) - (4 << 20) <= advised <= 20 << 22
+  np.testing.assert_array_equal(np.asarray(big), expected)
+  assert memory.advise_huge_pages({"small": small}) == 0
 
 
 @pytest.mark.parametrize("flag, value, message", [
