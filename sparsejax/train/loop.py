@@ -171,7 +171,7 @@ def _train_steps(loop: "Loop", state, batches: BatchIterator, opened: Opened, po
     state = loop.train(state, batches, position.get("seconds", 0.0), show_progress=is_chief)
     if checkpoints.latest_step() != loop.step and not stops_on_kept_checkpoint(loop.stop_signal, loop.step,
                                                                                   checkpoints, state):
-      loop.save(state, batches, wait=True)
+      loop.save(state, batches, wait=True, last=True)
   except NonFiniteError as e:  # --on_nonfinite: say which checkpoint the run can go back to
     checkpoints.wait()
     good = checkpoints.latest_step()
@@ -383,7 +383,8 @@ class Loop:
       self.writer.write({"step": self.step, "epoch": self.step / self.steps_per_epoch,
                          "seconds": self.seconds_before + self.train_seconds, **record})
 
-  def save(self, state, batches: BatchIterator, wait: bool = False) -> None:
+  def save(self, state, batches: BatchIterator, wait: bool = False, last: bool = False) -> None:
+    """Saves ``state`` as the step's checkpoint; ``last``: it is trained no further (a held checkpoint keeps it)."""
     self.nonfinite.check()  # never a checkpoint of a non-finite state
     self.nonfinite.check_state(state, self.step)
     position = {**batches.state(), "seconds": self.seconds_before + self.train_seconds}
@@ -392,4 +393,4 @@ class Loop:
       # A checkpoint names the best state in its selection record only once that state is sealed on disk: a
       # resumed run then finds it intact or knows it was changed.
       self.selection.best.wait()
-    self.checkpoints.save(self.step, state, position, self.meta, wait=wait)
+    self.checkpoints.save(self.step, state, position, self.meta, wait=wait, last=last)

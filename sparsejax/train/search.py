@@ -38,7 +38,7 @@ from sparsejax.settings import ConfigError, override
 from sparsejax.train import recipes, search_plan
 from sparsejax.train.metric_writer import METRICS_FILE
 from sparsejax.train.search_plan import DataShape, Measured, Plan
-from sparsejax.workdir import seals
+from sparsejax.workdir import checkpoint, held, seals
 
 SEARCH_DIR = "search"
 # Validation samples the calibration evaluates (of --eval_samples): its evaluation, less its compilation, is scaled
@@ -89,6 +89,19 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
     None where the budget fits no comparison (the log says so; the run trains the defaults). The summary's
     ``search_wall_seconds`` is the wall time the search took (what ``--max_seconds`` is charged).
   """
+  # The candidates' checkpoints stay in memory between their trainings (those of the eliminated ones are never
+  # written); the winner's are written as the block ends, or all of those left where a signal or an error ends it.
+  with checkpoint.held_in_memory(os.path.join(workdir, SEARCH_DIR)):
+    searched = _search(config, workdir, shape, train_fn, write_record, candidates)
+  if searched is None:
+    return None
+  winner, summary, done = searched
+  return _adopt_winner(config, workdir, winner, summary, done, write_record)
+
+
+def _search(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write_record: Callable[[dict], None],
+            candidates: tuple[recipes.Recipe, ...]) -> tuple[recipes.Recipe, dict[str, Any], list[dict]] | None:
+  """:func:`run`'s measuring and rounds: ``(the winner, the search's summary, the rounds' results)``, or None."""
   t_start = _clock()
   candidate_config = functools.partial(_candidate_config, config)
   planned = _planned(config, workdir, shape, candidates, candidate_config, train_fn, write_record)
@@ -144,7 +157,7 @@ def run(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, write
   logging.info("recipe search: %s wins (validation %s %.4f; %s) after %.0f s of search training (%.0f s in all, "
                "measuring and evaluating included)", alive[0].name, metric, scores.get(alive[0].name, math.nan),
                alive[0].summary, search_seconds, summary["search_wall_seconds"])
-  return _adopt_winner(config, workdir, alive[0], summary, done, write_record)
+  return alive[0], summary, done
 
 
 def _candidate_config(config: Config, recipe: recipes.Recipe, steps: int, cap: float | None = None) -> Config:
@@ -180,6 +193,7 @@ def _planned(config: Config, workdir: str, shape: DataShape, candidates, candida
                  "defaults", search_plan.MIN_ROUND_STEPS)
     if measured is not None:  # the measured directories: the run trains the defaults afresh in workdir
       shutil.rmtree(os.path.join(workdir, SEARCH_DIR), ignore_errors=True)
+      held.drop(os.path.join(workdir, SEARCH_DIR))
     return None
   return the_plan, measured, calibration_scores, startup
 
@@ -487,6 +501,7 @@ def _write_rounds(path: str, rounds: list[dict], adoption: dict | None = None) -
 
 def _remove_states(candidate_dir: str) -> None:
   """A candidate's states and assets (what a run continues or serves from); its records stay."""
+  held.drop(candidate_dir)
   for name in ("checkpoints", "best_checkpoint", "assets"):
     shutil.rmtree(os.path.join(candidate_dir, name), ignore_errors=True)
 

@@ -17,6 +17,10 @@ the newest good one. A save that fails (a full disk) raises
 Before a run resumes, :func:`check_resume` compares the newest checkpoint's
 ``meta`` with the new run and refuses a resume that would not continue the same
 run (other settings, another process count), naming what differs.
+
+Within :func:`held_in_memory` (a recipe search's candidates), a checkpoint is
+kept in memory instead of written, and read back from there
+(:mod:`sparsejax.workdir.held`).
 """
 
 import contextlib
@@ -34,6 +38,7 @@ import zlib
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
@@ -41,7 +46,7 @@ from jax.experimental import multihost_utils
 
 from sparsejax.config import Config, identity_fields
 from sparsejax.settings import ConfigError, flat_items, format_value
-from sparsejax.workdir import saved_state
+from sparsejax.workdir import held, saved_state
 from sparsejax.workdir.orbax_logs import quiet
 from sparsejax.workdir.seals import (
   WriteError,
@@ -217,6 +222,7 @@ class Checkpoints:
       check_writable(self.directory)
     elif not os.path.isdir(self.directory):
       raise FileNotFoundError(f"{self.directory}: no checkpoints (nothing was trained with --workdir={workdir})")
+    self._keep = keep
     with quiet(pylogging.ERROR if not writable else pylogging.WARNING):
       options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=writable, read_only=not writable)
       self._manager = ocp.CheckpointManager(self.directory, options=options,
@@ -225,14 +231,24 @@ class Checkpoints:
 
     self._unsealed: list[int] = []  # saved by this object, checksums not written yet
     self._resume_step: int | None = None
+    self._writable = writable
+    self._holds = writable and held.holds(self.directory)
+
+  def _held(self, step: int | None = None) -> held.Held | None:
+    """The checkpoint held in memory for this directory (of ``step``, where given), if any: always the newest (a
+    save to disk drops it)."""
+    entry = held.get(self.directory) if self._holds else None
+    return entry if entry is not None and (step is None or step == entry.step) else None
 
   def latest_step(self) -> int | None:
     """The newest complete checkpoint's step (None: none yet)."""
-    return self._manager.latest_step()
+    entry = self._held()
+    return entry.step if entry is not None else self._manager.latest_step()
 
   def all_steps(self) -> list[int]:
     """The steps of the complete checkpoints, ascending."""
-    return sorted(self._manager.all_steps())
+    entry = self._held()
+    return sorted(set(self._manager.all_steps()) | ({entry.step} if entry is not None else set()))
 
   def _step_dir(self, step: int) -> str:
     return os.path.join(self.directory, str(step))
@@ -243,6 +259,10 @@ class Checkpoints:
     Each bad one is named in a warning and renamed ``<step>.corrupt`` (by process 0), so that the run goes on
     from the good one and may save those steps again. Later :meth:`restore` calls restore this step.
     """
+    entry = self._held()
+    if entry is not None:  # newer than any on disk, and never damaged there
+      self._resume_step = entry.step
+      return entry.step
     steps = sorted(self._manager.all_steps(), reverse=True)
     good = None
     for i, step in enumerate(steps):
@@ -262,6 +282,8 @@ class Checkpoints:
 
   def is_sealed(self, step: int) -> bool:
     """Whether checkpoint ``step`` holds this process's checksums (else :meth:`verify` could only read it)."""
+    if self._held(step) is not None:
+      return True
     return os.path.exists(os.path.join(self._step_dir(step), checksums_name()))
 
   def verify(self, step: int) -> str | None:
@@ -270,6 +292,8 @@ class Checkpoints:
     A checkpoint without this process's checksums (an older sparsejax, or a crash right after the save) is only
     checked for being readable.
     """
+    if self._held(step) is not None:
+      return None
     directory = self._step_dir(step)
     if not os.path.isdir(directory) or not os.listdir(directory):
       return "is empty"
@@ -316,6 +340,9 @@ class Checkpoints:
     step = self.latest_step() if step is None else step
     if step is None:
       return None
+    entry = self._held(step)
+    if entry is not None:
+      return _json_copy(entry.meta)
     try:
       return self._manager.restore(step, args=self._ocp.args.Composite(meta=self._ocp.args.JsonRestore()))["meta"]
     except KeyError:  # written before checkpoints recorded their config
@@ -324,10 +351,25 @@ class Checkpoints:
   def position(self, step: int) -> dict[str, Any]:
     """The ``data`` record of checkpoint ``step``: the data position and, with a validation split, the model
     selection's state (``selection``: its best step and value)."""
+    entry = self._held(step)
+    if entry is not None:
+      return _json_copy(entry.data)
     return self._manager.restore(step, args=self._ocp.args.Composite(data=self._ocp.args.JsonRestore()))["data"]
 
-  def save(self, step: int, state, data_state: dict, meta: dict, *, wait: bool = False) -> None:
-    """Saves ``state``, the data position and ``meta`` as checkpoint ``step`` (in the background unless ``wait``)."""
+  def save(self, step: int, state, data_state: dict, meta: dict, *, wait: bool = False, last: bool = False) -> None:
+    """Saves ``state``, the data position and ``meta`` as checkpoint ``step`` (in the background unless ``wait``).
+
+    Within :func:`held_in_memory` it is held in memory instead, where it fits: ``state`` itself where ``last`` (the
+    caller trains it no further), else a copy.
+    """
+    if self._holds:
+      nbytes = written_bytes(state)
+      if held.fits(self.directory, nbytes):
+        self.wait()
+        kept = state if last else jax.tree.map(lambda a: jnp.copy(a) if isinstance(a, jax.Array) else a, state)
+        held.put(self.directory, held.Held(step, kept, _json_copy(data_state), _json_copy(meta), self._keep, nbytes))
+        return
+    held.pop(self.directory)  # superseded by this one on disk
     ocp = self._ocp
     self.wait()  # the previous save first (orbax would wait for it too): its checksums are written now
     finish_other_saves(self._manager)
@@ -349,6 +391,11 @@ class Checkpoints:
     step = self._resume_step if self._resume_step is not None else self.latest_step()
     if step is None:
       return None
+    entry = self._held(step)
+    if entry is not None and jax.tree.structure(entry.state) == jax.tree.structure(abstract_state):
+      held.pop(self.directory)  # the run trains these arrays on (donated): held no more
+      return entry.state, _json_copy(entry.data)
+    self.write_held()  # (another structure: the disk's layout conversions apply)
     ocp = self._ocp
     target, as_state = saved_state.in_saved_layout(abstract_state,
                                                    saved_state.top_level_fields(ocp, self._step_dir(step)))
@@ -362,6 +409,7 @@ class Checkpoints:
 
     Sharded arrays come back whole (global shape); named tuples come back as dicts and tuples as lists.
     """
+    self.write_held()
     step = self.latest_step() if step is None else step
     return saved_state.restore_arrays(self._ocp, os.path.join(self.directory, str(step), "state"))
 
@@ -370,15 +418,32 @@ class Checkpoints:
 
     Read from the checkpoint's metadata, so that a restore that could not fit is never started.
     """
+    shapes = lambda tree: {saved_state.path_name(p): tuple(x.shape)  # noqa: E731
+                           for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    entry = self._held(step)
+    if entry is not None:
+      before, now = shapes(entry.state), shapes(abstract_state)
+      return [f"{name}: saved {before.get(name, 'none')}, now {now.get(name, 'none')}"
+              for name in sorted(before.keys() | now.keys(), key=saved_state.parameters_first)
+              if before.get(name) != now.get(name)]
     with quiet():
       saved = self._ocp.StandardCheckpointer().metadata(
           os.path.join(self.directory, str(step), "state")).item_metadata.tree
-    shapes = lambda tree: {saved_state.path_name(p): tuple(x.shape)
-                           for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
     before, now = shapes(saved), shapes(saved_state.in_saved_layout(abstract_state, saved.keys())[0])
     return [f"{name}: saved {before.get(name, 'none')}, now {now.get(name, 'none')}"
             for name in sorted(before.keys() | now.keys(), key=saved_state.parameters_first)
             if before.get(name) != now.get(name)]
+
+  def write_held(self) -> None:
+    """Writes the checkpoint held in memory for this directory, if any (it is then on disk only)."""
+    entry = held.pop(self.directory) if self._writable else None
+    if entry is None:
+      return
+    holds, self._holds = self._holds, False
+    try:
+      self.save(entry.step, entry.state, entry.data, entry.meta, wait=True)
+    finally:
+      self._holds = holds
 
   def wait(self) -> None:
     """Blocks until background saves are on disk (and sealed with their checksums).
@@ -394,6 +459,28 @@ class Checkpoints:
       raise CheckpointError(f"saving checkpoint {steps} failed ({failure_reason(e)}). The checkpoints saved before "
                             "it are intact") from None
     self._seal()
+
+
+@contextlib.contextmanager
+def held_in_memory(root: str):
+  """Holds the checkpoints saved under ``root`` in memory (:mod:`sparsejax.workdir.held`) for the block; those still
+  held when it ends, as it ends or raises, are written then (where their run directory is still there)."""
+  held.add_root(root)
+  try:
+    yield
+  finally:
+    held.remove_root(root)
+    for directory in held.under(root):
+      workdir = os.path.dirname(directory)
+      if os.path.isdir(workdir):
+        Checkpoints(workdir, held.get(directory).keep).write_held()
+      else:  # removed with its run
+        held.pop(directory)
+
+
+def _json_copy(record: dict) -> dict:
+  """``record`` as a JSON checkpoint item gives it back (a fresh copy: tuples as lists, keys as strings)."""
+  return json.loads(json.dumps(record))
 
 
 def checksums_name() -> str:
