@@ -19,6 +19,10 @@ step time (:func:`sparsejax.train.search_plan.modelled_step_seconds`) stands in 
 measured; the plan itself is :func:`sparsejax.train.search_plan.plan`. While the rounds run, the clock is compared
 with the plan: a round that the seconds left cannot hold is not started (round 1: the candidates that do not fit
 are left out; later: the search ends with the leader so far), as logged.
+
+The candidates' checkpoints are held in memory between their trainings (:mod:`sparsejax.workdir.held`): those of the
+eliminated ones are never written, the winner's as the search ends (or all of those left, where a signal or an error
+stops it).
 """
 
 import functools
