@@ -2,6 +2,7 @@
 only the survivors' are written, with the same floats as a search that writes every one (issue 48)."""
 
 import os
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -9,8 +10,9 @@ import numpy as np
 import pytest
 
 from sparsejax.settings import override
-from sparsejax.train import search_plan, train_and_evaluate
+from sparsejax.train import loop, search_plan, train_and_evaluate
 from sparsejax.train.metric_writer import read_records
+from sparsejax.train.stopping import Interrupted, StopRequests
 from sparsejax.workdir import checkpoint, held
 from sparsejax.workdir.checkpoint import Checkpoints
 
@@ -44,7 +46,10 @@ def test_a_held_checkpoint_is_read_as_a_written_one_and_written_when_the_block_e
         ["w: saved (40, 8), now (41, 8)"]
     state, position = opened.restore(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), first))
     assert state["w"] is first["w"] and position["index"] == 7  # the arrays themselves: trained on from here
-    assert held.get(opened.directory) is None
+    assert opened.latest_step() == 5  # held until the training's first step donates them
+    for array in jax.tree.leaves(state):
+      array.delete()
+    assert opened.latest_step() is None and held.get(opened.directory) is None  # spent: nothing on disk either
     # A checkpoint saved mid-training is a copy: the training donates (deletes) the arrays it saved.
     opened.save(9, second, {"index": 8}, META)
     for array in jax.tree.leaves(second):
@@ -69,11 +74,34 @@ def test_a_dropped_checkpoint_is_never_written_and_one_over_the_limit_is_written
 
 
 def test_an_error_in_the_block_writes_what_is_held_before_it_is_raised(tmp_path):
+  """Held checkpoints are written as a signal's stop leaves the block, one restored by a training that did not
+  step yet as well."""
   root = tmp_path / "search"
+  state = _state(6)
   with pytest.raises(KeyboardInterrupt), checkpoint.held_in_memory(str(root)):
-    Checkpoints(str(root / "a")).save(6, _state(6), {}, META, last=True)
+    Checkpoints(str(root / "a")).save(6, state, {}, META, last=True)
+    Checkpoints(str(root / "b")).save(8, _state(8), {}, META, last=True)
+    Checkpoints(str(root / "b")).restore(_state(8))
     raise KeyboardInterrupt  # a signal's stop, as the training raises it
-  assert _on_disk(root / "a") == ["6"] and held.under(str(root)) == []
+  assert _on_disk(root / "a") == ["6"] and _on_disk(root / "b") == ["8"] and held.under(str(root)) == []
+  jax.tree.map(np.testing.assert_array_equal, Checkpoints(str(root / "a"), writable=False).restore_arrays(),
+               jax.tree.map(np.asarray, state))
+
+
+def test_a_failed_write_leaves_the_others_written_and_nothing_held(tmp_path, monkeypatch):
+  root = tmp_path / "search"
+  real_check = checkpoint.check_disk_space
+
+  def full_for_a(directory, *args):
+    if f"{os.sep}a{os.sep}" in directory:
+      raise checkpoint.CheckpointError("saving checkpoint a failed (no space left on device)")
+    return real_check(directory, *args)
+
+  with pytest.raises(checkpoint.CheckpointError, match="no space"), checkpoint.held_in_memory(str(root)):
+    Checkpoints(str(root / "a")).save(1, _state(1), {}, META, last=True)
+    Checkpoints(str(root / "b")).save(2, _state(2), {}, META, last=True)
+    monkeypatch.setattr(checkpoint, "check_disk_space", full_for_a)
+  assert _on_disk(root / "a") == [] and _on_disk(root / "b") == ["2"] and held.under(str(root)) == []
 
 
 def test_outside_the_block_a_save_is_written(tmp_path):
@@ -119,3 +147,31 @@ def test_a_search_holding_its_candidates_checkpoints_trains_the_same_floats_and_
   arrays = {how: Checkpoints(str(tmp_path / how), writable=False).restore_arrays() for how in results}
   jax.tree.map(np.testing.assert_array_equal, arrays["held"], arrays["written"])
 
+
+
+def test_a_search_stopped_by_a_signal_mid_round_continues_to_the_same_floats(tmp_path, search_config, monkeypatch):
+  """A SIGTERM in round 1 at step 12 of its second candidate (wide; small trained its 24 steps before): both held
+  checkpoints are written as the search stops, and the same command continues it to the same final state as a
+  search never stopped."""
+  passed, stopped = [], []
+
+  class _SignalInTheSecondTraining(StopRequests):
+    def requested(self, step):
+      if step == 12:
+        passed.append(step)
+        if len(passed) == 2:  # (each training passes step 12 once)
+          stopped.append(step)
+          self.signum = signal.SIGTERM
+      return super().requested(step)
+
+  unbroken = train_and_evaluate(search_config, str(tmp_path / "unbroken"))
+  monkeypatch.setattr(loop, "StopRequests", _SignalInTheSecondTraining)
+  with pytest.raises(Interrupted):
+    train_and_evaluate(search_config, str(tmp_path / "stopped"))
+  assert stopped and held.under(str(tmp_path)) == []
+  search = tmp_path / "stopped" / "search"
+  assert _on_disk(search / "small") == ["24"] and _on_disk(search / "wide") == ["12"]
+  continued = train_and_evaluate(search_config, str(tmp_path / "stopped"))
+  assert continued["recipe"] == unbroken["recipe"] and continued["step"] == unbroken["step"]
+  arrays = [Checkpoints(str(tmp_path / d), writable=False).restore_arrays() for d in ("unbroken", "stopped")]
+  jax.tree.map(np.testing.assert_array_equal, *arrays)

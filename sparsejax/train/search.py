@@ -112,6 +112,9 @@ def _search(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, w
   if planned is None:
     return None
   the_plan, measured, calibration_scores, startup = planned
+  for recipe in candidates:  # measured, then left out by the plan: never trained again
+    if recipe not in the_plan.candidates:
+      _remove_states(os.path.join(workdir, SEARCH_DIR, recipe.name))
   metric = config.run.selection_metric
   logging.info("recipe search over %s: %d round(s) of successive halving on validation %s; first round: %s",
                ", ".join(r.name for r in the_plan.candidates), the_plan.rounds, metric,

@@ -123,7 +123,7 @@ def stops_on_kept_checkpoint(stop_signal: int | None, step: int, checkpoints, st
   ``checkpoints``, its :class:`sparsejax.workdir.checkpoint.Checkpoints`) instead of saving its state, too large to
   save in seconds; the steps after that checkpoint are trained again by the continued run, as logged."""
   kept = checkpoints.latest_step()
-  if stop_signal is None or kept is None:
+  if stop_signal is None or kept is None or checkpoints.would_hold(state):  # (held in memory: saved at once)
     return False
   size = sum(leaf.nbytes for leaf in jax.tree.leaves(state))
   if size <= QUICK_STOP_BYTES:

@@ -236,9 +236,16 @@ class Checkpoints:
 
   def _held(self, step: int | None = None) -> held.Held | None:
     """The checkpoint held in memory for this directory (of ``step``, where given), if any: always the newest (a
-    save to disk drops it)."""
+    save to disk drops it). One restored and trained on is gone (its arrays donated to the training's steps)."""
     entry = held.get(self.directory) if self._holds else None
+    if entry is not None and held.spent(entry):
+      held.pop(self.directory)
+      entry = None
     return entry if entry is not None and (step is None or step == entry.step) else None
+
+  def would_hold(self, state) -> bool:
+    """Whether a save of ``state`` would be held in memory (instant) rather than written."""
+    return self._holds and held.fits(self.directory, written_bytes(state))
 
   def latest_step(self) -> int | None:
     """The newest complete checkpoint's step (None: none yet)."""
@@ -362,14 +369,13 @@ class Checkpoints:
     Within :func:`held_in_memory` it is held in memory instead, where it fits: ``state`` itself where ``last`` (the
     caller trains it no further), else a copy.
     """
-    if self._holds:
-      nbytes = written_bytes(state)
-      if held.fits(self.directory, nbytes):
-        self.wait()
-        kept = state if last else jax.tree.map(lambda a: jnp.copy(a) if isinstance(a, jax.Array) else a, state)
-        held.put(self.directory, held.Held(step, kept, _json_copy(data_state), _json_copy(meta), self._keep, nbytes))
-        return
-    held.pop(self.directory)  # superseded by this one on disk
+    if self.would_hold(state):
+      self.wait()
+      held.pop(self.directory)  # (its copy freed before the new one is made)
+      kept = state if last else jax.tree.map(lambda a: jnp.copy(a) if isinstance(a, jax.Array) else a, state)
+      held.put(self.directory, held.Held(step, kept, _json_copy(data_state), _json_copy(meta), self._keep,
+                                         written_bytes(state)))
+      return
     ocp = self._ocp
     self.wait()  # the previous save first (orbax would wait for it too): its checksums are written now
     finish_other_saves(self._manager)
@@ -381,6 +387,7 @@ class Checkpoints:
     self._unsealed.append(step)
     if wait:
       self.wait()
+    held.pop(self.directory)  # superseded by this one on disk
 
   def restore(self, abstract_state):
     """``(state, data_state)`` of the newest checkpoint, or None if there is none.
@@ -393,7 +400,7 @@ class Checkpoints:
       return None
     entry = self._held(step)
     if entry is not None and jax.tree.structure(entry.state) == jax.tree.structure(abstract_state):
-      held.pop(self.directory)  # the run trains these arrays on (donated): held no more
+      # The arrays themselves: held until the training's first step donates them (then spent, see _held).
       return entry.state, _json_copy(entry.data)
     self.write_held()  # (another structure: the disk's layout conversions apply)
     ocp = self._ocp
@@ -435,9 +442,10 @@ class Checkpoints:
             if before.get(name) != now.get(name)]
 
   def write_held(self) -> None:
-    """Writes the checkpoint held in memory for this directory, if any (it is then on disk only)."""
-    entry = held.pop(self.directory) if self._writable else None
-    if entry is None:
+    """Writes the checkpoint held in memory for this directory, if any (it is then on disk only; held until then)."""
+    entry = held.get(self.directory) if self._writable else None
+    if entry is None or held.spent(entry):
+      held.pop(self.directory)
       return
     holds, self._holds = self._holds, False
     try:
@@ -470,12 +478,26 @@ def held_in_memory(root: str):
     yield
   finally:
     held.remove_root(root)
-    for directory in held.under(root):
-      workdir = os.path.dirname(directory)
-      if os.path.isdir(workdir):
-        Checkpoints(workdir, held.get(directory).keep).write_held()
-      else:  # removed with its run
-        held.pop(directory)
+    _write_held_under(root)
+
+
+def _write_held_under(root: str) -> None:
+  """Writes the checkpoints held under ``root`` (each tried; none held afterwards); raises the first failure."""
+  failure = None
+  try:
+    directories = [d for d in held.under(root) if os.path.isdir(os.path.dirname(d))]  # (else removed with its run)
+    if directories:
+      logging.info("writing %d checkpoint(s) held in memory (%.0f MB): %s", len(directories),
+                   sum(held.get(d).nbytes for d in directories) / 2**20, ", ".join(directories))
+    for directory in directories:
+      try:
+        Checkpoints(os.path.dirname(directory), held.get(directory).keep).write_held()
+      except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 -- the others are written all the same
+        failure = failure or e
+  finally:
+    held.drop(root)
+  if failure is not None:
+    raise failure
 
 
 def _json_copy(record: dict) -> dict:

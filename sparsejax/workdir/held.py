@@ -63,6 +63,11 @@ def fits(directory: str, nbytes: int) -> bool:
   return others + nbytes <= limit_bytes()
 
 
+def spent(entry: Held) -> bool:
+  """Whether a held checkpoint's arrays were donated to a training's step (restored and trained on: gone)."""
+  return any(a.is_deleted() for a in jax.tree.leaves(entry.state) if isinstance(a, jax.Array))
+
+
 def get(directory: str) -> Held | None:
   return _held.get(directory)
 
