@@ -11,7 +11,7 @@ range when it gets to it); it no longer collapses the range at once
 (``MADV_COLLAPSE``), which copied every page in the calling thread: 0.74 s of
 system time per 388 MB on an AMD EPYC VM, paid again at each restore (a
 search candidate's every round), for no step time measurable at 10^5 or 10^6
-labels (2026-12-07, `benchmarks/RESULTS.md`).
+labels (2026-12-07, `benchmarks/results/HISTORY.md`).
 """
 
 import contextlib
