@@ -483,6 +483,13 @@ def report(args, names: list[str]) -> dict:
       got = "never" if reach["seconds"] is None else f"{reach['seconds']:.0f}"
       reach = f"{got} (PECOS {reach['pecos_train_seconds']:.0f}; {reach['by']})"
     lines.append(f"| {name} | {row['half']} | {cells} | {reach or '-'} |")
+  # P@3 and P@5 beside: on multi-label shapes they part from P@1 (labels_5: P@1 saturated, P@5 far apart).
+  lines += ["", "# Test P@3 / P@5", "", "| shape | half | " + " | ".join(f"{s} P@3 / P@5" for s in SYSTEMS) + " |",
+            "|---|---|" + "---|" * len(SYSTEMS)]
+  for name, row in rows.items():
+    cells = " | ".join(f"{row[s]['test']['p@3']:.4f} / {row[s]['test']['p@5']:.4f}" if s in row else "-"
+                       for s in SYSTEMS)
+    lines.append(f"| {name} | {row['half']} | {cells} |")
   with open(os.path.join(args.out, "summary.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   print("\n".join(lines))
