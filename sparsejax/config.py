@@ -379,8 +379,10 @@ class RunConfig(Section):
       "12-72 bytes per sample each, sparsejax.inference.rows_within): at 8·10^6 labels over 4 processes, 1,024 "
       "samples x 125,000 candidates took 6-8 GB per process.", bounds=AT_LEAST_ONE, identity=False)
   selection_metric: str = option(
-      "p@1", "Validation metric that selects the best checkpoint (higher is better).",
-      choices=("p@1", "p@3", "p@5", "ndcg@3", "ndcg@5", "psp@1", "psp@3", "psp@5"), identity=False)
+      "auto", "Validation metric that selects the best checkpoint (higher is better). auto: p@5 where the training "
+      "rows' median label count is 3 or more (P@1 saturates there and stopped runs early), else p@1; decided once "
+      "on a new run's data.",
+      choices=("auto", "p@1", "p@3", "p@5", "ndcg@3", "ndcg@5", "psp@1", "psp@3", "psp@5"), identity=False)
   centroid_fusion: bool = option(
       True, "Re-rank the network's best labels by logit + w * cos(x, label centroid) (the label's training rows "
       "summed; sparsejax.fusion), w chosen on the validation split at the end (0: the network alone); served by "

@@ -86,6 +86,7 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
   train_one = functools.partial(loop.train_one, step_observer=step_observer)
   t_invocation = time.time()
   config, data, split_record = _with_validation_split(config, workdir, data)
+  config, data = plan.resolve_selection_metric(config, workdir, data)
   config, data, search_summary, search_wall_seconds = _with_recipe(config, workdir, data, train_one)
   if split_record:  # in the final record, as the search's figures are
     search_summary = {**(search_summary or {}), **split_record}
@@ -122,12 +123,8 @@ def _with_validation_split(config: Config, workdir: str,
 def _recorded_validation_split(workdir: str) -> str:
   """The validation split that the run in ``workdir`` drew: its ``config.json``'s (``auto``, drawn at random, where
   it records none: a run of an older sparsejax, or the file is unreadable)."""
-  try:
-    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-      recorded = json.load(f)["data"].get("validation_split", "auto")
-  except (OSError, ValueError, KeyError, TypeError, AttributeError):
-    return "auto"
-  return recorded if recorded in ("auto", "random", "grouped") else "auto"
+  recorded = plan.recorded_setting(workdir, "data", "validation_split")
+  return recorded if recorded in ("random", "grouped") else "auto"
 
 
 def _with_recipe(config: Config, workdir: str, data: LoadedData | None,

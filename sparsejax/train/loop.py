@@ -63,6 +63,7 @@ def train_one(config: Config, workdir: str, *, data: LoadedData | None = None, e
     The final record (:func:`sparsejax.train.finish.final_evaluation`), or the candidate's result.
   """
   num_shards = plan.num_shards(config)
+  config, data = plan.resolve_selection_metric(config, workdir, data)  # (train_and_evaluate's callers: done)
   # A start refused here (bad data, other shapes) leaves no empty work directory behind.
   with checkpoint.new_directories_removed_on_failure(workdir, os.path.join(workdir, "checkpoints")):
     opened = open_checkpoints(config, workdir, num_shards)
