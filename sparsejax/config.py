@@ -380,7 +380,7 @@ class RunConfig(Section):
       "samples x 125,000 candidates took 6-8 GB per process.", bounds=AT_LEAST_ONE, identity=False)
   selection_metric: str = option(
       "auto", "Validation metric that selects the best checkpoint (higher is better). auto: p@5 where the training "
-      "rows' median label count is 3 or more (P@1 saturates there and stopped runs early), else p@1; decided once "
+      "rows' median label count is 5 or more (P@1 saturates there and stopped runs early), else p@1; decided once "
       "on a new run's data.",
       choices=("auto", "p@1", "p@3", "p@5", "ndcg@3", "ndcg@5", "psp@1", "psp@3", "psp@5"), identity=False)
   centroid_fusion: bool = option(
