@@ -37,6 +37,8 @@ def test_a_held_checkpoint_is_read_as_a_written_one_and_written_when_the_block_e
   with checkpoint.held_in_memory(str(root)):
     Checkpoints(workdir).save(5, first, {"index": 7, "pair": (1, 2)}, META, wait=True, last=True)
     assert _on_disk(workdir) == []
+    Checkpoints(workdir, writable=False).write_held()  # a reader neither writes nor drops it
+    assert _on_disk(workdir) == [] and held.get(os.path.join(workdir, "checkpoints")).step == 5
     opened = Checkpoints(workdir)  # another run in the directory, as the next round opens it
     assert opened.latest_good_step() == 5 and opened.latest_step() == 5 and opened.all_steps() == [5]
     assert opened.meta(5) == {"config": {"a": [1, 2]}, "data": {"steps_per_epoch": 3}}  # as JSON gives it back

@@ -7,7 +7,6 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from sparsejax import memory
@@ -17,6 +16,7 @@ from sparsejax.workdir.checkpoint import (
   CheckpointError,
   check_disk_space,
   checksums_name,
+  copy_arrays,
   finish_other_saves,
   item_handlers,
   save_errors,
@@ -109,11 +109,11 @@ class BestCheckpoint:
     """Saves ``state`` of step ``step`` whose metric is ``value`` (orbax keeps the best one); a state already
     kept for ``step`` is replaced. One process's state of at most :data:`DEFERRED_BYTES`, on the CPU, is copied and
     written by :meth:`wait` (a later save before it replaces the copy)."""
-    limit = min(DEFERRED_BYTES, (memory.machine_memory_bytes() or 0) // 8)
+    limit = memory.share_of_memory(DEFERRED_BYTES)
     # (One process: several would each decide, and disagree at orbax's barriers. The CPU: the limit is the host's
     # memory, and an accelerator's copy would hold its memory.)
     if jax.process_count() == 1 and jax.default_backend() == "cpu" and written_bytes(state) <= limit:
-      self._pending = (step, jax.tree.map(lambda a: jnp.copy(a) if isinstance(a, jax.Array) else a, state), value)
+      self._pending = (step, copy_arrays(state), value)
       return
     self._pending = None
     self._write(step, state, value)

@@ -243,9 +243,10 @@ class Checkpoints:
       entry = None
     return entry if entry is not None and (step is None or step == entry.step) else None
 
-  def would_hold(self, state) -> bool:
-    """Whether a save of ``state`` would be held in memory (instant) rather than written."""
-    return self._holds and held.fits(self.directory, written_bytes(state))
+  def would_hold(self, state, nbytes: int | None = None) -> bool:
+    """Whether a save of ``state`` (``nbytes``: its :func:`written_bytes`, where known) would be held in memory
+    (instant) rather than written."""
+    return self._holds and held.fits(self.directory, written_bytes(state) if nbytes is None else nbytes)
 
   def latest_step(self) -> int | None:
     """The newest complete checkpoint's step (None: none yet)."""
@@ -369,12 +370,12 @@ class Checkpoints:
     Within :func:`held_in_memory` it is held in memory instead, where it fits: ``state`` itself where ``last`` (the
     caller trains it no further), else a copy.
     """
-    if self.would_hold(state):
+    nbytes = written_bytes(state)
+    if self.would_hold(state, nbytes):
       self.wait()
       held.pop(self.directory)  # (its copy freed before the new one is made)
-      kept = state if last else jax.tree.map(lambda a: jnp.copy(a) if isinstance(a, jax.Array) else a, state)
-      held.put(self.directory, held.Held(step, kept, _json_copy(data_state), _json_copy(meta), self._keep,
-                                         written_bytes(state)))
+      held.put(self.directory, held.Held(step, state if last else copy_arrays(state), _json_copy(data_state),
+                                         _json_copy(meta), self._keep, nbytes))
       return
     ocp = self._ocp
     self.wait()  # the previous save first (orbax would wait for it too): its checksums are written now
@@ -428,22 +429,22 @@ class Checkpoints:
     shapes = lambda tree: {saved_state.path_name(p): tuple(x.shape)  # noqa: E731
                            for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
     entry = self._held(step)
-    if entry is not None:
+    if entry is not None:  # (held in today's layout)
       before, now = shapes(entry.state), shapes(abstract_state)
-      return [f"{name}: saved {before.get(name, 'none')}, now {now.get(name, 'none')}"
-              for name in sorted(before.keys() | now.keys(), key=saved_state.parameters_first)
-              if before.get(name) != now.get(name)]
-    with quiet():
-      saved = self._ocp.StandardCheckpointer().metadata(
-          os.path.join(self.directory, str(step), "state")).item_metadata.tree
-    before, now = shapes(saved), shapes(saved_state.in_saved_layout(abstract_state, saved.keys())[0])
+    else:
+      with quiet():
+        saved = self._ocp.StandardCheckpointer().metadata(
+            os.path.join(self.directory, str(step), "state")).item_metadata.tree
+      before, now = shapes(saved), shapes(saved_state.in_saved_layout(abstract_state, saved.keys())[0])
     return [f"{name}: saved {before.get(name, 'none')}, now {now.get(name, 'none')}"
             for name in sorted(before.keys() | now.keys(), key=saved_state.parameters_first)
             if before.get(name) != now.get(name)]
 
   def write_held(self) -> None:
     """Writes the checkpoint held in memory for this directory, if any (it is then on disk only; held until then)."""
-    entry = held.get(self.directory) if self._writable else None
+    if not self._writable:  # (a reader leaves what a run in the directory holds)
+      return
+    entry = held.get(self.directory)
     if entry is None or held.spent(entry):
       held.pop(self.directory)
       return
@@ -498,6 +499,11 @@ def _write_held_under(root: str) -> None:
     held.drop(root)
   if failure is not None:
     raise failure
+
+
+def copy_arrays(tree):
+  """``tree`` with each JAX array copied (a state kept while the training donates its own buffers)."""
+  return jax.tree.map(lambda a: jnp.copy(a) if isinstance(a, jax.Array) else a, tree)
 
 
 def _json_copy(record: dict) -> dict:

@@ -54,7 +54,7 @@ def holds(directory: str) -> bool:
 
 
 def limit_bytes() -> int:
-  return min(HELD_BYTES, (memory.machine_memory_bytes() or 0) // 8)
+  return memory.share_of_memory(HELD_BYTES)
 
 
 def fits(directory: str, nbytes: int) -> bool:
