@@ -59,7 +59,8 @@ def test_metrics_jsonl_and_final_result(finished_run, small_config):
     assert r["steps_timed"] == 10 and 0 < r["step_seconds_mean"] < r["seconds"], r
     assert r["collective_bytes_per_step"] == r["wire_bytes_per_step"] == 0
     assert "step_seconds_median" not in r
-  assert Config.from_dict(json.load(open(workdir / "config.json"))) == small_config
+  # (as resolved: --selection_metric=auto recorded as the metric it chose, P@1 on single-label data)
+  assert Config.from_dict(json.load(open(workdir / "config.json"))) == override(small_config, selection_metric="p@1")
 
 
 class _RecordingObserver:
