@@ -9,6 +9,7 @@ import sys
 import pytest
 from absl import flags
 
+from sparsejax import unused_settings
 from sparsejax.cli import flags as cli_flags
 from sparsejax.cli.train import TRAIN
 from sparsejax.config import BudgetConfig, Config
@@ -158,7 +159,7 @@ def test_settings_a_run_does_not_read_are_named():
   config = override(Config(), dataset="files", train_file="/etc/hostname", test_file="/etc/hostname",
                     validation_fraction=0.0, early_stopping_patience=2, num_tables=50, lsh_family="dwta",
                     synthetic_labels=7, test_fraction=0.5, active_k=512)
-  assert config.unused_settings() == [
+  assert unused_settings.of(config) == [
       "--synthetic_labels=7 has no effect: only read with --dataset=synthetic (the dataset is files)",
       "--test_fraction=0.5 has no effect: not read with --dataset=files (--test_file is the test set)",
       "--early_stopping_patience=2 has no effect: needs a validation split (--validation_fraction > 0)",
@@ -166,17 +167,17 @@ def test_settings_a_run_does_not_read_are_named():
       "--num_tables=50 has no effect: only read with --candidates=lsh"]
   read = override(config, candidates="lsh", validation_fraction=0.1, dataset="synthetic", train_file=None,
                   test_file=None, kmeans_sample=16)
-  assert read.unused_settings() == ["--kmeans_sample=16 has no effect: only read with --candidates=clusters"]
-  assert Config().unused_settings() == []
+  assert unused_settings.of(read) == ["--kmeans_sample=16 has no effect: only read with --candidates=clusters"]
+  assert unused_settings.of(Config()) == []
   # --ensemble_members trains networks with what an early stop leaves of a --max_seconds budget.
   members = override(Config(), ensemble_members=3, max_steps=100)
-  assert members.unused_settings() == [
+  assert unused_settings.of(members) == [
       "--ensemble_members=3 has no effect: only read with --max_seconds (a step or epoch budget trains one network)"]
-  assert override(members, validation_fraction=0.0).unused_settings() == [
+  assert unused_settings.of(override(members, validation_fraction=0.0)) == [
       "--ensemble_members=3 has no effect: needs a validation split (--validation_fraction > 0)"]
-  assert override(members, max_steps=None, max_seconds=60.0, model="dense").unused_settings() == [
+  assert unused_settings.of(override(members, max_steps=None, max_seconds=60.0, model="dense")) == [
       "--ensemble_members=3 has no effect: not read by --model=dense (only SLIDE's runs train members)"]
-  assert override(members, max_steps=None, max_seconds=60.0).unused_settings() == []
+  assert unused_settings.of(override(members, max_steps=None, max_seconds=60.0)) == []
 
 
 def test_help_documents_every_flag_and_lists_every_choice(capsys):
@@ -301,6 +302,6 @@ def test_train_and_evaluate_validates_before_touching_the_workdir(tmp_path):
 def test_simhash_hyperplane_setting_is_named_unused_under_dwta():
   """--lsh_projections draws SimHash hyperplanes: with --lsh_family=dwta it has no effect, and the run says so."""
   config = override(Config(), candidates="lsh", lsh_family="dwta", lsh_projections="random")
-  assert config.unused_settings() == [
+  assert unused_settings.of(config) == [
       "--lsh_projections=random has no effect: only read with --lsh_family=simhash (dwta draws no hyperplanes)"]
-  assert override(Config(), candidates="lsh", lsh_projections="random").unused_settings() == []
+  assert unused_settings.of(override(Config(), candidates="lsh", lsh_projections="random")) == []

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 from absl import logging
 
+from sparsejax import unused_settings
 from sparsejax.config import Config
 from sparsejax.data import LoadedData
 from sparsejax.settings import ConfigError, override
@@ -74,7 +75,7 @@ def train_and_evaluate(config: Config, workdir: str, *, data: LoadedData | None 
   config.validate()
   # What the user set and this run does not read, once (not again for each search candidate or member, whose
   # settings the run chose).
-  for line in config.unused_settings():
+  for line in unused_settings.of(config):
     logging.warning(line)
   if config.netanalysis.netanalysis_steps and step_observer is None:
     raise ConfigError("netanalysis_steps", config.netanalysis.netanalysis_steps,
@@ -113,8 +114,8 @@ def _with_validation_split(config: Config, workdir: str,
     return override(config, validation_split=_recorded_validation_split(workdir)), data, {}
   data = data if data is not None else plan.load_data(config)
   resolved, record = plan.resolve_validation_split(config, data)
-  warned = set(config.unused_settings())
-  for line in resolved.unused_settings():  # what the resolved split leaves unread, not warned about above
+  warned = set(unused_settings.of(config))
+  for line in unused_settings.of(resolved):  # what the resolved split leaves unread, not warned about above
     if line not in warned:
       logging.warning(line)
   return resolved, data, record
