@@ -279,12 +279,10 @@ class _Clock:
 
 class _TimedTraining:
   """A train_fn whose steps take ``step_seconds[name]`` of a fake clock (``slowdown`` times that after the
-  calibration's steps) and each training ``call_seconds`` besides (a candidate's first: ``first_call_seconds[name]``
-  where given, its compilation); a ``--max_seconds`` cap stops it short."""
+  calibration's steps) and each training ``call_seconds`` besides; a ``--max_seconds`` cap stops it short."""
 
-  def __init__(self, clock, step_seconds, call_seconds=0.5, slowdown=1.0, first_call_seconds=None):
+  def __init__(self, clock, step_seconds, call_seconds=0.5, slowdown=1.0):
     self.clock, self.step_seconds, self.call_seconds, self.slowdown = clock, step_seconds, call_seconds, slowdown
-    self.first_call_seconds = first_call_seconds or {}
     self.trained, self.calls = {}, []
 
   def __call__(self, config, workdir, evaluate_test):
@@ -293,8 +291,7 @@ class _TimedTraining:
     start, target, cap = self.trained.get(name, 0), config.budget.max_steps, config.budget.max_seconds
     rate = self.step_seconds[name] * (self.slowdown if start >= search_plan.CALIBRATION_STEPS else 1.0)
     steps = target - start if cap is None else min(target - start, int(cap / rate))
-    first = self.first_call_seconds.get(name) if name not in self.trained else None
-    self.clock.now += (self.call_seconds if first is None else first) + steps * rate
+    self.clock.now += self.call_seconds + steps * rate
     self.trained[name] = start + steps
     self.calls.append((name, start + steps))
     score = {"small": 0.3, "wide": 0.5, "wider": 0.4}[name] + 1e-5 * (start + steps)
@@ -341,37 +338,6 @@ def test_a_search_whose_steps_are_ten_times_slower_than_modelled_ends_within_its
   assert plan.steps["small"] > plan.steps["wide"] > plan.steps["wider"] >= search_plan.MIN_ROUND_STEPS
   # Most of the share is used: the plan is not timid either.
   assert clock.now > 0.7 * share
-
-
-def test_a_candidate_whose_measuring_would_overrun_the_calibrations_share_is_not_measured(tmp_path, monkeypatch,
-                                                                                           info_logs):
-  """Issue 48, n_200k on a slow 2-core VM: measuring wide took 36 s (its compilation and a 200K-label evaluation),
-  then wider 56 s, 96 s of the search's 150 for two candidates the search had no time left to compare. A candidate's
-  measuring is expected to take the last one's wall time in proportion to their modelled step times: here wider's
-  would overrun the calibration's share (half the search's seconds), so it is left out before it is measured."""
-  clock = _Clock()
-  monkeypatch.setattr(search, "_clock", clock)
-  config = override(Config(), max_seconds=300.0)
-  limit = search.CALIBRATION_SHARE * config.search.search_fraction * 300
-  modelled = {r.name: search_plan.modelled_step_seconds(recipes.apply(config, r), _SHAPE) for r in recipes.RECIPES}
-  assert modelled["wider"] > 1.5 * modelled["wide"]
-  wide_seconds = 30.0
-  training = _TimedTraining(clock, _ten_times_modelled(config),
-                            first_call_seconds={"small": 5.0, "wide": wide_seconds, "wider": 60.0})
-  records = []
-  chosen, summary = search.run(config, str(tmp_path), _SHAPE, training, records.append)
-  assert [n for n, _ in training.calls[:3]] == ["small", "small", "wide"]
-  assert "wider" not in {n for n, _ in training.calls}
-  measured = [r for r in records if "measured_step_seconds" in r][0]
-  assert set(measured["measured_step_seconds"]) == {"small", "wide"}
-  assert measured["calibration_seconds"] < limit
-  expected = (wide_seconds + search_plan.CALIBRATION_STEPS * training.step_seconds["wide"]) * \
-      modelled["wider"] / modelled["wide"]
-  assert f"measuring wider would take about {expected:.0f} s" in info_logs.text
-  # The two measured are compared (a round each), within the search's share.
-  rounds = [r for r in records if "search_round" in r]
-  assert len(rounds) == 1 and set(rounds[0]["search"]) == {"small", "wide"} and chosen.search.recipe == "wide"
-  assert summary["search_wall_seconds"] <= config.search.search_fraction * 300  # (the first call's startup: not)
 
 
 def test_a_recorded_plan_is_replayed_with_the_same_steps(tmp_path, monkeypatch):

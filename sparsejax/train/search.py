@@ -341,20 +341,15 @@ def _measure(config: Config, workdir: str, shape: DataShape, candidates, candida
   calibration_evaluations = -(-search_plan.CALIBRATION_STEPS // config.run.eval_every)
   one_evaluation = {}
   t_start = _clock()
-  step_seconds, call_seconds, scores, startup, repeat = {}, {}, {}, 0.0, 0.0
+  step_seconds, call_seconds, scores, startup, first_wall, repeat = {}, {}, {}, 0.0, 0.0, 0.0
   eval_seconds = {}
-  last_wall, last_modelled = 0.0, 0.0  # the last measured candidate's wall time and modelled step time
   for recipe in candidates:
     if replayed is not None and recipe.name not in replayed.step_seconds:
       continue  # the recorded run did not measure it (its calibration ran out of time): the plan leaves it out
-    modelled = search_plan.modelled_step_seconds(candidate_config(recipe, search_plan.CALIBRATION_STEPS), shape)
-    # A candidate's first training compiles its network, evaluates it and saves it as the last one measured did (the
-    # first one's with the process's compilations), in proportion to its size: n_200k's wide took 36 s to measure
-    # and wider 56 on a slow 2-core VM, 92 s of the search's 150 for two candidates it had no time left to compare.
-    expected = last_wall * max(modelled / last_modelled, 1.0) if last_modelled > 0 else last_wall
-    if replayed is None and step_seconds and _clock() - t_start - startup + expected >= limit:
+    # A candidate's first training compiles its network as the process's first did: expected as long as that one.
+    if replayed is None and step_seconds and _clock() - t_start - startup + first_wall >= limit:
       logging.warning("recipe search: measuring %s would take about %.0f s, %.0f s of the %.0f s for measuring "
-                      "are left: not compared", recipe.name, expected, limit - (_clock() - t_start - startup), limit)
+                      "are left: not compared", recipe.name, first_wall, limit - (_clock() - t_start - startup), limit)
       continue
     # The steps are trained even where the plan is replayed: the candidates' states are those of a measured run.
     t_call = _clock()
@@ -362,7 +357,6 @@ def _measure(config: Config, workdir: str, shape: DataShape, candidates, candida
     result = train_fn(calibration_config(recipe), os.path.join(workdir, SEARCH_DIR, recipe.name),
                       evaluate_test=False)
     wall = _clock() - t_call
-    last_wall, last_modelled = wall, modelled
     scores[recipe.name] = result["score"]
     # The scoring only (not the best state's save, which does not grow with the samples), less its compilation.
     scoring = result.get("eval_scoring_seconds", result.get("eval_seconds")) or 0.0
@@ -376,7 +370,7 @@ def _measure(config: Config, workdir: str, shape: DataShape, candidates, candida
     # clock as they run).
     call_seconds[recipe.name] = round(max(wall - result["train_seconds"], 0.0), 3)
     if len(call_seconds) == 1:  # the process's first training: its startup is any run's, not the search's
-      startup = call_seconds[recipe.name]
+      startup, first_wall = call_seconds[recipe.name], wall
       # Its directory once more, at its steps already: what a round costs besides its steps once the programs
       # are compiled (the split, the state restored, the validation evaluation); a first training's compilations
       # took 2-5x that on 2 busy cores. Run in a replay as well: the candidates' states stay a measured run's.
