@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from sparsejax import unused_settings
 from sparsejax.config import Config
 from sparsejax.data import LoadedData, XCDataset, grouped_split, train_test_split
 from sparsejax.settings import override
@@ -123,7 +124,7 @@ def test_a_run_resolves_auto_by_its_test_set_and_a_grouped_split_never_stops_ear
   train, validation = plan.validation_split(resolved, grouped_data.train, seed=1)
   assert _cosines(validation.feature_matrix(), train.feature_matrix()).max() < grouped_split.NEIGHBOUR_COSINE
   assert any("early_stopping_ratio" in line for line in
-             override(resolved, early_stopping_ratio=3.0).unused_settings())
+             unused_settings.of(override(resolved, early_stopping_ratio=3.0)))
   random_data = LoadedData(*train_test_split(data, 0.2, seed=0), None, None)
   resolved, record = plan.resolve_validation_split(config, random_data)
   assert resolved.data.validation_split == "random" and model_selection.stale_ratio(resolved) == 2.0
