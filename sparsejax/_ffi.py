@@ -51,13 +51,6 @@ def thread_cap() -> int | None:
   return int(threads)
 
 
-def host_threads() -> int:
-  """The threads host-side numpy work runs on: the cores this process may use (taskset's mask), at most
-  ``SPARSEJAX_NUM_THREADS`` as the kernels."""
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-  return min(cores, thread_cap() or cores)
-
-
 def _varying_axes(x) -> frozenset:
   """The mesh axes over which ``x`` varies inside ``shard_map`` (none outside)."""
   aval = jax.typeof(x)

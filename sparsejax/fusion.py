@@ -20,6 +20,7 @@ The weights are chosen on the validation split at the end of a run (:func:`choos
 """
 
 import concurrent.futures
+import os
 from typing import NamedTuple
 
 import numpy as np
@@ -109,6 +110,12 @@ def label_centroids(train: XCDataset) -> LabelCentroids:
   return LabelCentroids.of(sums.indptr, sums.indices, sums.data, train.num_features)
 
 
+def _host_threads() -> int:
+  """The cores this process may run on (taskset's mask), at most ``SPARSEJAX_NUM_THREADS`` as the kernels."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+  return min(cores, _ffi.thread_cap() or cores)
+
+
 def _by_feature(centroids: LabelCentroids) -> tuple[np.ndarray, np.ndarray]:
   """:attr:`LabelCentroids.lookup`: the entries ordered by (feature, label), keyed ``feature · N + label``."""
   by_feature = centroids.matrix().tocsc()
@@ -151,7 +158,7 @@ def centroid_scores(centroids: LabelCentroids, feat_ids: np.ndarray, feat_vals: 
   order = np.argsort(candidates, axis=1, kind="stable")
   candidates = np.take_along_axis(candidates, order, axis=1)
   starts = np.searchsorted(sample, np.arange(B + 1))  # each sample's run of features
-  threads = _ffi.host_threads()
+  threads = _host_threads()
   entries_per_chunk = max(1, _CHUNK_ENTRIES // (R * threads))  # bounds the [features, R] temporaries of all threads
   scores = np.zeros((B, R), np.float32)  # in each row's increasing candidate order
   chunks, first = [], 0

@@ -16,7 +16,6 @@ sample's candidates costs ``O(nnz(x) x K)``::
   z = head_rankers.ranker_scores(rankers, feat_ids, feat_vals, candidate_ids)   # [B, R], 0 off the head
 """
 
-import concurrent.futures
 import time
 from typing import NamedTuple
 
@@ -25,7 +24,6 @@ import scipy.optimize
 import scipy.sparse as sp
 from absl import logging
 
-from sparsejax import _ffi
 from sparsejax.data import XCDataset
 
 # A label gets a ranker where it is in at least this share of the training samples: the labels a shared low-rank
@@ -77,8 +75,7 @@ def fit(train: XCDataset, labels: np.ndarray, c: float = C, iterations: int = IT
     return HeadRankers(labels, np.zeros((F, K), np.float32), np.zeros(K, np.float32))
   t_start = time.time()
   X = train.feature_matrix().astype(np.float64).tocsr()
-  threads = _ffi.host_threads()
-  rows, columns = _row_blocks(X, threads), _row_blocks(X.T.tocsr(), threads)
+  X_t = X.T.tocsr()
   column = np.full(train.num_labels, -1, np.int64)
   column[labels] = np.arange(K)
   sample_of = np.repeat(np.arange(n), np.diff(train.label_indptr))
@@ -86,37 +83,20 @@ def fit(train: XCDataset, labels: np.ndarray, c: float = C, iterations: int = IT
   sign = -np.ones((n, K))
   sign[sample_of[of_head], column[train.label_indices[of_head]]] = 1.0
 
-  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-    def loss_and_gradient(theta):
-      W, b = theta[:F * K].reshape(F, K), theta[F * K:]
-      margin = -sign * (_product(pool, rows, W) + b)  # the log-loss's argument: log(1 + exp(margin))
-      d_z = -sign * _sigmoid(margin)  # d loss / d z
-      loss = 0.5 * np.vdot(W, W) + c * np.logaddexp(0.0, margin).sum()
-      return loss, np.concatenate([(W + c * _product(pool, columns, d_z)).ravel(), c * d_z.sum(axis=0)])
+  def loss_and_gradient(theta):
+    W, b = theta[:F * K].reshape(F, K), theta[F * K:]
+    margin = -sign * (X @ W + b)  # the log-loss's argument: log(1 + exp(margin))
+    d_z = -sign * _sigmoid(margin)  # d loss / d z
+    loss = 0.5 * np.vdot(W, W) + c * np.logaddexp(0.0, margin).sum()
+    return loss, np.concatenate([(W + c * (X_t @ d_z)).ravel(), c * d_z.sum(axis=0)])
 
-    solved = scipy.optimize.minimize(loss_and_gradient, np.zeros(F * K + K), jac=True, method="L-BFGS-B",
-                                     options={"maxiter": int(iterations)})
+  solved = scipy.optimize.minimize(loss_and_gradient, np.zeros(F * K + K), jac=True, method="L-BFGS-B",
+                                   options={"maxiter": int(iterations)})
   least = np.bincount(column[train.label_indices[of_head]], minlength=K).min()
   logging.info("head rankers: %d labels (each in at least %.1f%% of the %d training samples), %d L-BFGS iterations "
                "in %.1f s", K, 100 * least / n, n, solved.nit, time.time() - t_start)
   theta = solved.x
   return HeadRankers(labels, theta[:F * K].reshape(F, K).astype(np.float32), theta[F * K:].astype(np.float32))
-
-
-def _row_blocks(matrix: sp.csr_matrix, blocks: int) -> list[sp.csr_matrix]:
-  """``matrix``'s rows in at most ``blocks`` consecutive parts of about equal non-zeros (none empty)."""
-  cuts = np.searchsorted(matrix.indptr, np.linspace(0, matrix.nnz, max(blocks, 1) + 1)[1:-1])
-  bounds = sorted({0, matrix.shape[0], *np.clip(cuts, 0, matrix.shape[0]).tolist()})
-  return [matrix[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
-
-
-def _product(pool: concurrent.futures.Executor, blocks: list[sp.csr_matrix], dense: np.ndarray) -> np.ndarray:
-  """The product of the blocks' rows stacked with ``dense``, each block on a thread of ``pool`` (scipy's sparse
-  product releases the GIL: half the solve's seconds on 2 cores). An output row is its own row's sum in the stored
-  order whatever the blocks, so the floats do not depend on the threads."""
-  if len(blocks) == 1:
-    return blocks[0] @ dense
-  return np.concatenate(list(pool.map(lambda block: block @ dense, blocks)))
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

@@ -58,31 +58,6 @@ def test_fit_solves_each_labels_l2_logistic_regression_as_scikit_learn():
   np.testing.assert_array_equal(again.weights, rankers.weights)
 
 
-def test_fit_gives_the_same_floats_on_any_number_of_threads(monkeypatch):
-  """The solve's sparse products run in row blocks on threads; a row's floats are its own sum in the stored order,
-  so the rankers are the same bits on 1 thread, on 2, and on 5 blocks of a 40-sample set."""
-  rng = np.random.default_rng(4)
-  data, _, _ = _dataset(rng, n=40)
-  labels = head_rankers.head_labels(data, 3, min_share=0.0)
-  fitted = []
-  for threads in (1, 2, 5):
-    monkeypatch.setattr(head_rankers._ffi, "host_threads", lambda threads=threads: threads)
-    fitted.append(head_rankers.fit(data, labels, iterations=40))
-  for other in fitted[1:]:
-    np.testing.assert_array_equal(other.weights, fitted[0].weights)
-    np.testing.assert_array_equal(other.bias, fitted[0].bias)
-  assert np.abs(fitted[0].weights).max() > 0  # (a solve that moved)
-
-
-def test_row_blocks_split_a_matrix_into_consecutive_parts_of_about_equal_non_zeros():
-  matrix = sp.random(50, 30, density=0.2, format="csr", random_state=5)
-  for blocks in (1, 2, 3, 7, 60):
-    parts = head_rankers._row_blocks(matrix, blocks)
-    assert 1 <= len(parts) <= blocks and all(part.shape[0] > 0 for part in parts)
-    assert (sp.vstack(parts) != matrix).nnz == 0
-  assert max(part.nnz for part in head_rankers._row_blocks(matrix, 2)) <= matrix.nnz // 2 + matrix.getnnz(1).max()
-
-
 def test_ranker_scores_are_the_log_odds_of_head_candidates_and_0_elsewhere():
   rng = np.random.default_rng(2)
   data, _, _ = _dataset(rng)
