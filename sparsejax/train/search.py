@@ -16,7 +16,9 @@ evaluation, the checkpoints); a candidate's steps are then its share of the sear
 time. ``metrics.jsonl`` records the measurements (``measured_step_seconds``): a continued search plans from them
 again, and ``--plan_from`` makes another run take the same plan, so the same seed takes the same steps. The modelled
 step time (:func:`sparsejax.train.search_plan.modelled_step_seconds`) stands in only where a candidate could not be
-measured; the plan itself is :func:`sparsejax.train.search_plan.plan`. While the rounds run, the clock is compared
+measured; the plan itself is :func:`sparsejax.train.search_plan.plan`. A budget that buys the cheapest candidate
+fewer than :data:`MIN_SEARCH_EPOCHS` epochs at its measured step time measures no other: all of it trains that one.
+While the rounds run, the clock is compared
 with the plan: a round that the seconds left cannot hold is not started (round 1: the candidates that do not fit
 are left out; later: the search ends with the leader so far), as logged.
 
@@ -51,6 +53,12 @@ CALIBRATION_EVAL_SAMPLES = 1000
 # The largest share of the search's seconds that measuring the candidates may take: those not measured by then are
 # not compared (a step so slow that 20 of them take a tenth of the budget leaves no room for a search anyway).
 CALIBRATION_SHARE = 0.5
+# A budget that buys the cheapest candidate fewer epochs than this, at its measured step time, all goes to training
+# it: a comparison's seconds would cost it a large share of its epochs, and a larger network gets fewer still. Tuned
+# on n_200k of the suite's tuned half (200K labels; 9.2 epochs of `small` in 300 s on a 2-core Zen 3 VM), test P@1:
+# searched, comparing small with wide 0.7516 (156 s of search); measured, comparing nothing 0.7732 (134 s); not
+# searched 0.7817 (PECOS 0.7787). The suite's other shapes buy 13-147 epochs there (2026-12-07, HISTORY.md).
+MIN_SEARCH_EPOCHS = 10
 # The search's clock (a test's fake clock replaces it).
 _clock = time.monotonic
 
@@ -189,12 +197,17 @@ def _planned(config: Config, workdir: str, shape: DataShape, candidates, candida
     measured, calibration_scores, startup = _measure(config, workdir, shape, candidates, candidate_config, train_fn,
                                                      write_record)
   the_plan = search_plan.plan(config, shape, candidates, measured)
-  if the_plan is None and measured is not None and measured.step_seconds.get(candidates[0].name) is not None:
+  cheapest = candidates[0].name
+  if the_plan is None and measured is not None and measured.step_seconds.get(cheapest) is not None:
     # The cheapest candidate's measured steps are kept: it wins, with no rounds (the run trains it on).
-    logging.info("recipe search: by the measured step times the budget is too small to compare recipes (< %d "
-                 "steps each): %s trains on from its %d measured steps", search_plan.MIN_ROUND_STEPS,
-                 candidates[0].name, search_plan.CALIBRATION_STEPS)
-    the_plan = Plan((candidates[0],), {candidates[0].name: search_plan.CALIBRATION_STEPS}, 0)
+    epochs = budget_epochs(config, shape, measured.step_seconds[cheapest])
+    reason = (f"the budget buys {cheapest} {epochs:.1f} epochs at its measured step time (< {MIN_SEARCH_EPOCHS}): "
+              "all of it goes to training it" if epochs < MIN_SEARCH_EPOCHS else
+              f"by the measured step times the budget is too small to compare recipes (< "
+              f"{search_plan.MIN_ROUND_STEPS} steps each)")
+    logging.info("recipe search: %s: %s trains on from its %d measured steps", reason, cheapest,
+                 search_plan.CALIBRATION_STEPS)
+    the_plan = Plan((candidates[0],), {cheapest: search_plan.CALIBRATION_STEPS}, 0)
   if the_plan is None:
     logging.info("recipe search: the budget is too small to compare recipes (< %d steps each): training the "
                  "defaults", search_plan.MIN_ROUND_STEPS)
@@ -293,6 +306,13 @@ def _adopt_winner(config: Config, workdir: str, winner: recipes.Recipe, summary:
   return override(recipes.apply(config, winner), resume="auto"), summary
 
 
+def budget_epochs(config: Config, shape: DataShape, step_seconds: float | None) -> float:
+  """The epochs ``--max_seconds`` buys a network whose steps take ``step_seconds`` (infinite: not measured)."""
+  if not step_seconds:
+    return math.inf
+  return config.budget.max_seconds / step_seconds / max(shape.num_train // config.optim.batch_size, 1)
+
+
 def _calibration_samples(config: Config, shape: DataShape) -> tuple[int | None, float]:
   """``(the samples a calibration's evaluation scores, a round's evaluation over the calibration's)``: a round
   scores ``--eval_samples`` (none: all; at most the validation split's, where known), the calibration at most
@@ -371,6 +391,8 @@ def _measure(config: Config, workdir: str, shape: DataShape, candidates, candida
     call_seconds[recipe.name] = round(max(wall - result["train_seconds"], 0.0), 3)
     if len(call_seconds) == 1:  # the process's first training: its startup is any run's, not the search's
       startup, first_wall = call_seconds[recipe.name], wall
+      if replayed is None and budget_epochs(config, shape, seconds) < MIN_SEARCH_EPOCHS:
+        break  # the cheapest trains on (_planned says why): measuring the others would only spend its seconds
       # Its directory once more, at its steps already: what a round costs besides its steps once the programs
       # are compiled (the split, the state restored, the validation evaluation); a first training's compilations
       # took 2-5x that on 2 busy cores. Run in a replay as well: the candidates' states stay a measured run's.

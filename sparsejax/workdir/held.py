@@ -20,9 +20,12 @@ import jax
 
 from sparsejax import memory
 
-# The most that the held checkpoints may take in all (and at most an eighth of the machine's memory): the quick
-# start's three candidates hold 1.2 GB.
-HELD_BYTES = 2 << 30
+# The most that the held checkpoints may take in all, and at most a quarter of the machine's memory: the quick
+# start's three candidates hold 1.2 GB; at 200K labels they hold 0.46, 1.85 and 3.7 GB, and a candidate written
+# instead took 10 s to write and 14 s to restore each round (2026-12-07, n_200k of the suite, 2-core AMD EPYC VM:
+# a quarter of the search's 150 s).
+HELD_BYTES = 8 << 30
+HELD_PARTS = 4
 
 
 class Held(NamedTuple):
@@ -54,7 +57,7 @@ def holds(directory: str) -> bool:
 
 
 def limit_bytes() -> int:
-  return memory.share_of_memory(HELD_BYTES)
+  return memory.share_of_memory(HELD_BYTES, HELD_PARTS)
 
 
 def fits(directory: str, nbytes: int) -> bool:
