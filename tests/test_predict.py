@@ -17,6 +17,7 @@ import sparsejax
 from sparsejax import data, memory
 from sparsejax.data import XCDataset
 from sparsejax.serving import model as serving_model
+from sparsejax.serving import restore
 from sparsejax.settings import override
 from sparsejax.train import train_and_evaluate
 from sparsejax.train.metric_writer import read_records
@@ -568,7 +569,7 @@ def test_texts_without_a_known_word_are_named_in_a_warning(synthetic_run, tmp_pa
   """Issue 33: a text none of whose words the vectorizer knows got confident predictions (those of an empty feature
   row, the same for any such text) without a word."""
   from sparsejax.data.text import save_vectorizer
-  from sparsejax.serving.model import UnknownWordsWarning
+  from sparsejax.serving.inputs import UnknownWordsWarning
 
   workdir = tmp_path / "run"
   shutil.copytree(synthetic_run[0], workdir)
@@ -622,16 +623,17 @@ def test_loading_returns_what_the_restore_freed(synthetic_run, monkeypatch):
       inside.pop()
 
   def spied(method):
-    def call(self, *args):
+    def call(*args):
       seen.append((method.__name__, bool(inside)))
-      return method(self, *args)
+      return method(*args)
     return call
 
   monkeypatch.setattr(memory, "freed_memory_returned", recording)
-  for name in ("_restore", "_set_network", "_read_assets"):
+  monkeypatch.setattr(restore, "served_state", spied(restore.served_state))
+  for name in ("_set_network", "_read_assets"):
     monkeypatch.setattr(serving_model.TrainedModel, name, spied(getattr(serving_model.TrainedModel, name)))
   sparsejax.load(str(synthetic_run[0]))
-  assert seen == [("_restore", True), ("_set_network", True), ("_read_assets", False)]
+  assert seen == [("served_state", True), ("_set_network", True), ("_read_assets", False)]
 
 
 def test_commands_that_need_a_work_directory_name_the_newest_run(tmp_path, installed_command):

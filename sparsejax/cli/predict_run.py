@@ -24,7 +24,8 @@ from sparsejax.cli.flags import fail, usage_error, use_compilation_cache, warn
 from sparsejax.data import load_xc_file
 from sparsejax.data.xc_format import FLOAT32_MAX, FLOAT32_OVERFLOW, UTF8_BOM, open_bytes
 from sparsejax.platforms import PlatformError, PlatformUnavailable
-from sparsejax.serving.model import UnknownWordsWarning, load
+from sparsejax.serving.inputs import UnknownWordsWarning
+from sparsejax.serving.model import load
 from sparsejax.workdir.orbax_logs import quiet_orbax_logs
 
 

@@ -20,18 +20,14 @@ the same computations as the run's evaluations.
 """
 
 import functools
-import json
 import os
-import shutil
 import warnings
 from collections.abc import Sequence
 
 import jax
 import numpy as np
-import scipy.sparse
 
 from sparsejax import (
-  averaging,
   ensemble,
   fusion,
   index,
@@ -40,50 +36,18 @@ from sparsejax import (
   metrics,
   model,
   model_kinds,
-  network,
   platforms,
 )
 from sparsejax.config import Config
-from sparsejax.data import XCDataset, from_arrays
+from sparsejax.data import XCDataset
 from sparsejax.data.text import vectorizer_from_saved
 from sparsejax.evaluation import Evaluator, predict_in_batches
 from sparsejax.index import saved
 from sparsejax.model_config import ModelConfig
-from sparsejax.network import SparseLayer
-from sparsejax.serving import assets
+from sparsejax.serving import assets, model_copy, restore
+from sparsejax.serving import inputs as inputs_lib
 from sparsejax.serving.assets import ASSETS
-from sparsejax.workdir import best_checkpoint, checkpoint, seals
-
-# Texts without a known word named one by one, then the rest in one warning.
-_UNKNOWN_WORDS_NAMED = 10
-
-
-class UnknownWordsWarning(UserWarning):
-  """A text none of whose words (or word pairs) is in the model's vocabulary.
-
-  Its feature row is empty, so the network sees no input: its predictions are the same for every such text (the
-  labels the model favours when told nothing), not about the text.
-
-  Attributes:
-    row: the text's index among the inputs (0-based).
-    more: how many further texts after it have no known word either (named in this one warning, not one each).
-  """
-
-  def __init__(self, row: int, text: str, more: int = 0):
-    self.row, self.text, self.more = row, text, more
-    shown = text if len(text) <= 60 else text[:57] + "..."
-    if more:
-      message = f"this text and {more} more after it have no word the model knows: their labels are a guess"
-    else:
-      message = f"no word of {shown!r} is in the model's vocabulary: its labels are a guess, the same for any such text"
-    super().__init__(message)
-
-
-def _network_params(tree: dict):
-  """The ``embed``, ``hidden`` and ``out`` of a state read back as plain dicts (``restore_arrays``)."""
-  return network.NetworkParams(network.SparseLayer(tree["embed"]["w"], tree["embed"]["b"]),
-                               tuple((w, b) for w, b in tree["hidden"]),
-                               network.SparseLayer(tree["out"]["w"], tree["out"]["b"]))
+from sparsejax.workdir import checkpoint, seals
 
 
 class TrainedModel:
@@ -118,7 +82,7 @@ class TrainedModel:
     self._workdir = workdir
     # JAX is pinned before anything starts it (orbax does, listing the checkpoints), by the network that config.json
     # names; the checkpoint's own settings are checked once read.
-    platforms.pin(platform, _recorded_model(workdir), "load")
+    platforms.pin(platform, restore.recorded_model(workdir), "load")
     checkpoints = checkpoint.Checkpoints(workdir, writable=False)
     newest = checkpoints.latest_step()
     if newest is None:
@@ -139,7 +103,8 @@ class TrainedModel:
     # A stage run once: what the restore and the padding rows' slicing free goes back to the system (tcmalloc keeps
     # it otherwise: at 10^9 parameters sparsejax-predict peaked 3.2 GB above the same prediction under glibc).
     with memory.freed_memory_returned():
-      tree, from_best = self._restore(checkpoints, newest, step)
+      served = restore.served_state(workdir, checkpoints, self.config, self._run_id, newest, step)
+      tree, self.step, self.selected_by, from_best = served
       self._set_network(tree, meta)
       del tree
     self._read_assets(os.path.join(workdir, ASSETS))
@@ -147,43 +112,6 @@ class TrainedModel:
     self.members: tuple[TrainedModel, ...] = ()
     if from_best and os.path.exists(os.path.join(workdir, ASSETS, assets.ENSEMBLE)):
       self.members = self._load_members(os.path.join(workdir, ASSETS, assets.ENSEMBLE), platform)
-
-  def _restore(self, checkpoints, newest: int, step: int | None) -> tuple[dict, bool]:
-    """``(the arrays of the state served, whether it is the run's best state)``, checked against the run's seals;
-    sets :attr:`step` and :attr:`selected_by`. The state the run selected on its validation split (and reported),
-    not its last one, unless ``step`` asks."""
-    workdir, run_id = self._workdir, self._run_id
-    best = best_checkpoint.BestCheckpoint.open(workdir, self.config.run.selection_metric)
-    saved = checkpoints.all_steps()
-    if step is None and best is not None:
-      self.step, self.selected_by, from_best = best.best_step(), f"validation {best.metric}", True
-      _check_selected(checkpoints, newest, self.step, best.step_directory(self.step))
-    elif step is None or step in saved:
-      self.step, from_best = newest if step is None else step, False
-      self.selected_by = "newest" if step is None else "step"
-      if step is None:  # a run that selected a state must not serve its newest instead, unsaid
-        _check_selected(checkpoints, newest, None, os.path.join(workdir, "best_checkpoint"))
-    elif best is not None and step == best.best_step():
-      self.step, self.selected_by, from_best = step, "step", True
-    else:
-      kept = ", ".join(map(str, saved)) + (f"; best: {best.best_step()}" if best is not None else "")
-      raise ValueError(f"{workdir}: no checkpoint of step {step} (checkpoints kept: {kept})")
-    if from_best:
-      if run_id is not None:
-        best.check(self.step, run_id)
-      return best.restore_arrays(), True
-    problem = checkpoints.verify(self.step)
-    if problem is not None:
-      raise seals.IntegrityError(f"checkpoint {checkpoints.directory}/{self.step} {problem}")
-    other_run = (checkpoints.meta(self.step) or {}).get("run_id")
-    if run_id is not None and other_run is None:  # saved by an older sparsejax before the run was continued
-      warnings.warn(seals.UnverifiedWarning(
-          f"checkpoint {checkpoints.directory}/{self.step} was written by a sparsejax that did not record its "
-          "run: loaded without checking that it is this run's"), stacklevel=4)
-    elif run_id is not None and other_run != run_id:
-      raise seals.IntegrityError(f"checkpoint {checkpoints.directory}/{self.step}: from another run (run "
-                                 f"{other_run}; the newest checkpoint is of run {run_id})")
-    return checkpoints.restore_arrays(self.step), False
 
   def _set_network(self, tree: dict, meta: dict) -> None:
     """The network's parameters (as the run evaluated them) and sizes, from a restored state's arrays."""
@@ -193,14 +121,7 @@ class TrainedModel:
     # A single-process run's training index: an LSH run's hash functions and table sizes serve sampled prediction
     # (a sharded run's are per process: not used). Checkpoints of both layouts (sparsejax.index.saved).
     self._training_index = saved.index_tree(tree) if meta.get("num_shards", 1) == 1 else None
-    n = self.num_labels  # a sharded run's layer has padding rows after the N real ones
-    params = _network_params(tree)
-    if tree.get("average") is not None:  # a checkpoint, not the selected state: served as the run evaluated it
-      average = tree["average"]
-      params = averaging.averaged_params(
-          params, averaging.ParamAverage(_network_params(average["params"]), average["weight"], average["step"]),
-          tree["step"], self.config.optim.average_steps)
-    self.params = params._replace(out=SparseLayer(params.out.w[:n], params.out.b[:n]))
+    self.params = restore.network_params(tree, self.num_labels, self.config.optim.average_steps)
 
   def _read_assets(self, directory: str) -> None:
     """The run's label names, vectorizer, centroid fusion and label frequencies, checked against the model."""
@@ -218,19 +139,7 @@ class TrainedModel:
     entries = assets.read_ensemble(recorded)
     members = tuple(TrainedModel(assets.member_directory(self._workdir, m["directory"], recorded), platform=platform)
                     for m in entries)
-    for entry, member in zip(entries, members):
-      if (member.num_features, member.num_labels) != (self.num_features, self.num_labels):
-        raise seals.IntegrityError(f"{member.workdir}: not a member of this ensemble ({member.num_features} "
-                                   f"features, {member.num_labels} labels; the model: {self.num_features}, "
-                                   f"{self.num_labels})")
-      if entry["run_id"] is None:
-        warnings.warn(seals.UnverifiedWarning(
-            f"{recorded} was written by a sparsejax that did not record its members' runs: {member.workdir} is "
-            "loaded without checking that it is the member trained with this run"), stacklevel=4)
-      elif (member._run_id, member.step) != (entry["run_id"], entry["step"]):
-        raise seals.IntegrityError(f"{member.workdir}: not the member that {recorded} records: run "
-                                   f"{member._run_id} step {member.step}, recorded run {entry['run_id']} "
-                                   f"step {entry['step']}")
+    restore.check_members(entries, members, recorded, self.num_features, self.num_labels)
     return members
 
   def __repr__(self) -> str:
@@ -256,17 +165,20 @@ class TrainedModel:
     return self._vectorizer
 
   @property
+  def run_id(self) -> str | None:
+    """The run's identity, which its seals name (None: a run of an older sparsejax, unsealed)."""
+    return self._run_id
+
+  @property
   def workdir(self) -> str:
     """The work directory the model was loaded from."""
     return self._workdir
 
   def save(self, directory: str) -> str:
-    """Copies what serving this model needs into a new directory, which :func:`load` opens as it opens a run's.
-
-    The copy holds the run's newest checkpoint (its settings and data sizes), the state loaded (the selected
-    best state, or the checkpoint of the step asked for), the assets (vectorizer, label names and frequencies,
-    serving index) and ``config.json``, with their seals: no training records, no other checkpoints. Loaded by
-    its step, the model is opened again with ``load(directory, step=model.step)``. Written whole or not at all.
+    """Copies what serving this model needs into a new directory, which :func:`load` opens as it opens a run's
+    (:func:`sparsejax.serving.model_copy.save`: the newest checkpoint, the state loaded, the assets, the ensemble's
+    members, ``config.json``; written whole or not at all). Loaded by its step, the model is opened again with
+    ``load(directory, step=model.step)``.
 
     Args:
       directory: a path that does not exist yet, or an empty directory.
@@ -274,61 +186,14 @@ class TrainedModel:
     Returns:
       The directory's absolute path.
     """
-
-    target = os.path.abspath(os.path.expanduser(directory))
-    if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
-      raise FileExistsError(f"save: {target} exists and is not an empty directory (save makes a new one)")
-    checkpoints = checkpoint.Checkpoints(self._workdir, writable=False)
-    steps = {str(checkpoints.latest_step())}
-    if self.selected_by == "step" and self.step in checkpoints.all_steps():
-      steps.add(str(self.step))
-    partial = target + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(os.path.join(partial, "checkpoints"))
-    for name in os.listdir(checkpoints.directory):  # the steps kept, and orbax's own files beside them
-      if name in steps or not (name.isdigit() or name.endswith(".corrupt")):
-        source = os.path.join(checkpoints.directory, name)
-        (shutil.copytree if os.path.isdir(source) else shutil.copy2)(source, os.path.join(partial, "checkpoints",
-                                                                                           name))
-    for name in ("best_checkpoint", ASSETS):
-      if os.path.isdir(os.path.join(self._workdir, name)):
-        shutil.copytree(os.path.join(self._workdir, name), os.path.join(partial, name))
-    # The members at the same place relative to the copy: every one the assets name (loaded at another step, this
-    # model serves none, but the copy's selected state must).
-    ensemble = os.path.join(self._workdir, ASSETS, assets.ENSEMBLE)
-    for member in (assets.read_ensemble(ensemble) if os.path.exists(ensemble) else ()):
-      member = member["directory"]
-      TrainedModel(assets.member_directory(self._workdir, member, ensemble)).save(os.path.join(partial, member))
-    if os.path.exists(os.path.join(self._workdir, "config.json")):
-      shutil.copy2(os.path.join(self._workdir, "config.json"), os.path.join(partial, "config.json"))
-    if os.path.isdir(target):
-      os.rmdir(target)
-    os.replace(partial, target)
-    return target
+    return model_copy.save(self._workdir, self.step if self.selected_by == "step" else None, directory,
+                           lambda member, target: TrainedModel(member).save(target))
 
   def features(self, inputs) -> XCDataset:
     """``inputs`` as feature rows: an XCDataset (as is), a scipy sparse ``[n, F]`` matrix, or texts (one string:
-    one text, one row)."""
-    if isinstance(inputs, str):  # a str is a sequence of one-character strs: not n texts
-      inputs = [inputs]
-    if isinstance(inputs, XCDataset):
-      if inputs.num_features != self.num_features:
-        raise ValueError(f"the inputs have {inputs.num_features} features; the model reads {self.num_features}")
-      return inputs
-    if isinstance(inputs, Sequence) and all(isinstance(t, str) for t in inputs):
-      if not self.text_input:
-        raise ValueError("this model's dataset has no text vectorizer: give feature rows, not texts")
-      texts = list(inputs)
-      inputs = self.vectorizer.transform(texts)
-      _warn_of_unknown_words(texts, np.flatnonzero(np.diff(inputs.indptr) == 0))
-
-    if not scipy.sparse.issparse(inputs) or inputs.ndim != 2 or inputs.shape[1] != self.num_features:
-      raise ValueError(f"inputs must be an XCDataset, texts, or a sparse [n, {self.num_features}] matrix; got "
-                       f"{type(inputs).__name__} of shape {getattr(inputs, 'shape', None)}")
-    x = scipy.sparse.csr_matrix(inputs)
-    x.sort_indices()
-    return XCDataset(x.indptr, x.indices, x.data, np.zeros(x.shape[0] + 1, np.int64), np.zeros(0, np.int32),
-                     self.num_features, self.num_labels)
+    one text, one row; :func:`sparsejax.serving.inputs.feature_rows`)."""
+    return inputs_lib.feature_rows(inputs, self.num_features, self.num_labels,
+                                   (lambda: self.vectorizer) if self.text_input else None)
 
   @functools.cached_property
   def _model_config(self):
@@ -430,15 +295,7 @@ class TrainedModel:
       ``(scores [n, top] float32, ids [n, top] int32)``, best first; scores are the output layer's logits, plus
       ``fusion_weight`` times the centroid score for the fused candidates.
     """
-    for name, value in (("top", top), ("batch_size", batch_size), ("k", k)):
-      if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    if not 1 <= top <= self.num_labels:
-      raise ValueError(f"top must be in [1, {self.num_labels}], got {top}")
-    if k is not None and not top <= k <= self.num_labels:
-      raise ValueError(f"k must be in [top = {top}, {self.num_labels}] (the candidates scored per input), got {k}")
-    if batch_size is not None and batch_size < 1:
-      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    inputs_lib.check_prediction(top, k, batch_size, self.num_labels)
     if isinstance(inputs, Sequence) and not isinstance(inputs, str) and len(inputs) == 0:
       return np.zeros((0, top), np.float32), np.zeros((0, top), np.int32)  # no texts (a vectorizer refuses none)
     data = self.features(inputs)
@@ -503,18 +360,7 @@ class TrainedModel:
       labels: the labels of a feature matrix ``dataset``, as :func:`sparsejax.fit` takes them: a sparse indicator
         matrix ``[n, N]``, label-id lists or one id per sample (:func:`sparsejax.data.from_arrays`).
     """
-    if labels is not None:
-      if isinstance(dataset, XCDataset):
-        raise TypeError("evaluate: an XCDataset holds its labels: give labels= with a feature matrix only")
-
-      dataset = from_arrays(dataset, labels, num_labels=self.num_labels, num_features=self.num_features,
-                            names=("dataset", "labels"))
-    if not isinstance(dataset, XCDataset):  # a sparse matrix or texts would score 0 against no labels
-      raise TypeError(f"evaluate needs labelled samples, an XCDataset; got {type(dataset).__name__} (give a feature "
-                      "matrix's labels as labels=; predict takes unlabelled inputs)")
-    if dataset.num_labels != self.num_labels:
-      raise ValueError(f"the dataset has {dataset.num_labels} labels; the model predicts {self.num_labels}: its "
-                       "label ids would not name the same labels")
+    dataset = inputs_lib.labelled_samples(dataset, labels, self.num_features, self.num_labels)
     if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer))
                                     or num_samples < 1):
       raise ValueError(f"num_samples must be an integer >= 1 or None (all), got {num_samples!r}")
@@ -534,39 +380,6 @@ class TrainedModel:
     if self.label_names is None:
       return ids.astype(str)
     return np.asarray(self.label_names, dtype=object)[ids]
-
-
-def _check_selected(checkpoints, newest: int, kept: int | None, where: str) -> None:
-  """Raises :class:`IntegrityError` where the best state kept (step ``kept``, None: none) is not the one that the
-  newest checkpoint's model selection recorded: lost, or an earlier step's."""
-  recorded = (checkpoints.position(newest).get("selection") or {}).get("best_step")
-  if recorded is None:
-    return
-  if kept is None:
-    raise seals.IntegrityError(f"{where}: missing: the state the run selected (step {recorded}, recorded in "
-                               f"checkpoint {newest}) was lost. Load a kept checkpoint by its step "
-                               f"({', '.join(map(str, checkpoints.all_steps()))}), or train again")
-  # A later step is the final evaluation's (the last state, evaluated after the last checkpoint).
-  if kept < recorded:
-    raise seals.IntegrityError(f"{where}: from another step: the run selected step {recorded}, this is step {kept}")
-
-
-def _warn_of_unknown_words(texts: list[str], rows: np.ndarray) -> None:
-  """An :class:`UnknownWordsWarning` for each of the first texts at ``rows`` (no known word), one for the rest."""
-  for row in rows[:_UNKNOWN_WORDS_NAMED]:
-    warnings.warn(UnknownWordsWarning(int(row), texts[row]), stacklevel=4)
-  if len(rows) > _UNKNOWN_WORDS_NAMED:
-    rest = int(rows[_UNKNOWN_WORDS_NAMED])
-    warnings.warn(UnknownWordsWarning(rest, texts[rest], more=len(rows) - _UNKNOWN_WORDS_NAMED - 1), stacklevel=4)
-
-
-def _recorded_model(workdir: str) -> str | None:
-  """The ``--model`` that ``WORKDIR/config.json`` records (None: no readable one)."""
-  try:
-    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-      return json.load(f)["network"]["model"]
-  except (OSError, ValueError, KeyError, TypeError, RecursionError):
-    return None
 
 
 def load(workdir: str, step: int | None = None, platform: str = "cpu") -> TrainedModel:
