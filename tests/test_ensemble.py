@@ -247,7 +247,7 @@ def test_a_member_swapped_for_another_run_of_the_same_sizes_is_refused(ensemble_
   workdir, final = ensemble_run
   recorded = json.load(open(os.path.join(workdir, "assets", "ensemble.json")))["members"]
   member = sparsejax.load(workdir).members[0]
-  assert recorded == [{"directory": "members/1", "run_id": member._run_id, "step": member.step}]
+  assert recorded == [{"directory": "members/1", "run_id": member.run_id, "step": member.step}]
   copy = str(tmp_path / "copy")
   shutil.copytree(workdir, copy)
   shutil.rmtree(os.path.join(copy, "members", "1"))

@@ -414,7 +414,8 @@ def test_a_budget_too_small_by_the_measured_step_times_trains_the_cheapest_on(tm
   assert clock.now <= config.search.search_fraction * 300
 
 
-@pytest.mark.parametrize("num_train, searched", [(10_000, True), (150_000, False)])
+# (10x the modelled step time: 70, 10.5, 9.5 and 4.6 epochs of `small` in the budget)
+@pytest.mark.parametrize("num_train, searched", [(10_000, True), (69_632, True), (77_056, False), (150_000, False)])
 def test_a_budget_of_few_epochs_of_the_cheapest_all_goes_to_training_it(tmp_path, monkeypatch, info_logs, num_train,
                                                                          searched):
   """Issue 48, n_200k on a slower CPU: 300 s bought `small` 9.2 epochs; measuring and comparing the others took
@@ -441,6 +442,13 @@ def test_a_budget_of_few_epochs_of_the_cheapest_all_goes_to_training_it(tmp_path
          "training it: small trains on from its 20 measured steps" in info_logs.text
   # The search is charged the cheapest's measured steps only (kept), not its first training's startup (any run's).
   assert summary["search_wall_seconds"] == pytest.approx(search_plan.CALIBRATION_STEPS * rates["small"], abs=0.01)
+  # Replayed (--plan_from) on a machine where the step is twice as fast: the recorded decision, the same calls.
+  with open(tmp_path / "a.jsonl", "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+  again = _TimedTraining(clock, {n: s / 2 for n, s in rates.items()})
+  chosen, _ = search.run(override(config, plan_from=str(tmp_path / "a.jsonl")), str(tmp_path / "b"), shape, again,
+                         [].append)
+  assert again.calls == training.calls and chosen.search.recipe == "small"
 
 
 def test_the_measured_plan_counts_each_rounds_evaluations():

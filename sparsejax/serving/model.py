@@ -103,8 +103,9 @@ class TrainedModel:
     # A stage run once: what the restore and the padding rows' slicing free goes back to the system (tcmalloc keeps
     # it otherwise: at 10^9 parameters sparsejax-predict peaked 3.2 GB above the same prediction under glibc).
     with memory.freed_memory_returned():
-      served = restore.served_state(workdir, checkpoints, self.config, self._run_id, newest, step)
-      tree, self.step, self.selected_by, from_best = served
+      # (unpacked at once: a tuple kept of them would hold the restored arrays past the block)
+      tree, self.step, self.selected_by, from_best = restore.served_state(workdir, checkpoints, self.config,
+                                                                          self._run_id, newest, step)
       self._set_network(tree, meta)
       del tree
     self._read_assets(os.path.join(workdir, ASSETS))

@@ -391,7 +391,9 @@ def _measure(config: Config, workdir: str, shape: DataShape, candidates, candida
     call_seconds[recipe.name] = round(max(wall - result["train_seconds"], 0.0), 3)
     if len(call_seconds) == 1:  # the process's first training: its startup is any run's, not the search's
       startup, first_wall = call_seconds[recipe.name], wall
-      if replayed is None and budget_epochs(config, shape, seconds) < MIN_SEARCH_EPOCHS:
+      # (A replay decides by the recorded step time, as the recorded run did.)
+      decisive = replayed.step_seconds.get(recipe.name) if replayed is not None else step_seconds[recipe.name]
+      if budget_epochs(config, shape, decisive) < MIN_SEARCH_EPOCHS:
         break  # the cheapest trains on (_planned says why): measuring the others would only spend its seconds
       # Its directory once more, at its steps already: what a round costs besides its steps once the programs
       # are compiled (the split, the state restored, the validation evaluation); a first training's compilations
