@@ -20,12 +20,12 @@ import jax
 
 from sparsejax import memory
 
-# The most that the held checkpoints may take in all, and at most a quarter of the machine's memory: the quick
-# start's three candidates hold 1.2 GB; at 200K labels they hold 0.46, 1.85 and 3.7 GB, and a candidate written
-# instead took 10 s to write and 14 s to restore each round (2026-12-07, n_200k of the suite, 2-core AMD EPYC VM:
-# a quarter of the search's 150 s).
-HELD_BYTES = 8 << 30
-HELD_PARTS = 4
+# The most that the held checkpoints may take in all (and at most an eighth of the machine's memory): the quick
+# start's three candidates hold 1.2 GB. A quarter of memory, up to 8 GiB, held a 200K-label search's candidates
+# (their rounds 40 s instead of 77), but faster rounds let labels_heavy's search run its second round: 1,500 fewer
+# final steps, test P@1 0.9746 against 0.9766 (2026-12-07, 2-core Zen 3 VM, HISTORY.md): not kept.
+HELD_BYTES = 2 << 30
+HELD_PARTS = 8
 
 
 class Held(NamedTuple):
