@@ -111,10 +111,10 @@ def peak_resident_mb(reset: bool = True) -> float | None:
   return None if peak is None else round(peak / 1024, 1)
 
 
-def share_of_memory(cap_bytes: int, parts: int = 8) -> int:
-  """What a process may keep in memory besides its state: ``cap_bytes``, at most ``1 / parts`` of this machine's
-  memory (0 where unknown)."""
-  return min(cap_bytes, (machine_memory_bytes() or 0) // parts)
+def share_of_memory(cap_bytes: int) -> int:
+  """What a process may keep in memory besides its state: ``cap_bytes``, at most an eighth of this machine's memory
+  (0 where unknown)."""
+  return min(cap_bytes, (machine_memory_bytes() or 0) // 8)
 
 
 def advise_huge_pages(tree, min_bytes: int = 64 << 20) -> int:

@@ -25,7 +25,6 @@ from sparsejax import memory
 # (their rounds 40 s instead of 77), but faster rounds let labels_heavy's search run its second round: 1,500 fewer
 # final steps, test P@1 0.9746 against 0.9766 (2026-12-07, 2-core Zen 3 VM, HISTORY.md): not kept.
 HELD_BYTES = 2 << 30
-HELD_PARTS = 8
 
 
 class Held(NamedTuple):
@@ -57,7 +56,7 @@ def holds(directory: str) -> bool:
 
 
 def limit_bytes() -> int:
-  return memory.share_of_memory(HELD_BYTES, HELD_PARTS)
+  return memory.share_of_memory(HELD_BYTES)
 
 
 def fits(directory: str, nbytes: int) -> bool:
