@@ -16,9 +16,9 @@ evaluation, the checkpoints); a candidate's steps are then its share of the sear
 time. ``metrics.jsonl`` records the measurements (``measured_step_seconds``): a continued search plans from them
 again, and ``--plan_from`` makes another run take the same plan, so the same seed takes the same steps. The modelled
 step time (:func:`sparsejax.train.search_plan.modelled_step_seconds`) stands in only where a candidate could not be
-measured; the plan itself is :func:`sparsejax.train.search_plan.plan`. A budget that buys the cheapest candidate
-fewer than :data:`MIN_SEARCH_EPOCHS` epochs at its measured step time measures no other: all of it trains that one.
-While the rounds run, the clock is compared
+measured; the plan itself is :func:`sparsejax.train.search_plan.plan`. A candidate that the budget buys fewer than
+:data:`MIN_SEARCH_EPOCHS` epochs at its measured step time is not compared, and the costlier ones are not measured:
+where that leaves the cheapest alone, all of the budget trains it. While the rounds run, the clock is compared
 with the plan: a round that the seconds left cannot hold is not started (round 1: the candidates that do not fit
 are left out; later: the search ends with the leader so far), as logged.
 
@@ -53,11 +53,14 @@ CALIBRATION_EVAL_SAMPLES = 1000
 # The largest share of the search's seconds that measuring the candidates may take: those not measured by then are
 # not compared (a step so slow that 20 of them take a tenth of the budget leaves no room for a search anyway).
 CALIBRATION_SHARE = 0.5
-# A budget that buys the cheapest candidate fewer epochs than this, at its measured step time, all goes to training
-# it: a comparison's seconds would cost it a large share of its epochs, and a larger network gets fewer still. Tuned
-# on n_200k of the suite's tuned half (200K labels; 9.2 epochs of `small` in 300 s on a 2-core Zen 3 VM), test P@1:
-# searched, comparing small with wide 0.7516 (156 s of search); measured, comparing nothing 0.7732 (134 s); not
-# searched 0.7817 (PECOS 0.7787). The suite's other shapes buy 13-147 epochs there (2026-12-07, HISTORY.md).
+# A candidate that the budget buys fewer epochs than this, at its measured step time, is not compared (nor are the
+# costlier ones measured); a budget that buys the cheapest fewer all goes to training it: a comparison's seconds
+# would cost it a large share of its epochs, and a larger network gets fewer still. Tuned on n_200k of the suite's
+# tuned half (200K labels; 9.2 epochs of `small` in 300 s on a 2-core Zen 3 VM), test P@1: searched, comparing small
+# with wide 0.7516 (156 s of search); measured, comparing nothing 0.7732 (134 s); not searched 0.7817 (PECOS
+# 0.7787). Per candidate: on that VM the budget bought `wider` 5.4-9.5 epochs on six of the ten shapes, where it
+# was last in every search, its measuring and first round about 50 s of the 300 (debian_depends, labels_5; 2026-12-07,
+# HISTORY.md).
 MIN_SEARCH_EPOCHS = 10
 # The search's clock (a test's fake clock replaces it).
 _clock = time.monotonic
@@ -196,15 +199,26 @@ def _planned(config: Config, workdir: str, shape: DataShape, candidates, candida
   if config.budget.max_seconds is not None and search_plan.plan(config, shape, candidates) is not None:
     measured, calibration_scores, startup = _measure(config, workdir, shape, candidates, candidate_config, train_fn,
                                                      write_record)
-  the_plan = search_plan.plan(config, shape, candidates, measured)
+  few_epochs = {}  # measured candidates that the budget buys fewer than MIN_SEARCH_EPOCHS epochs: not compared
+  if measured is not None:
+    epochs = {n: budget_epochs(config, shape, s) for n, s in measured.step_seconds.items()}
+    few_epochs = {n: e for n, e in epochs.items() if e < MIN_SEARCH_EPOCHS}
+  the_plan = search_plan.plan(config, shape, tuple(r for r in candidates if r.name not in few_epochs), measured)
   cheapest = candidates[0].name
+  if the_plan is not None and few_epochs:
+    logging.info("recipe search: the budget buys %s at their measured step times (< %d): not compared",
+                 _epochs_of(few_epochs), MIN_SEARCH_EPOCHS)
   if the_plan is None and measured is not None and measured.step_seconds.get(cheapest) is not None:
     # The cheapest candidate's measured steps are kept: it wins, with no rounds (the run trains it on).
-    epochs = budget_epochs(config, shape, measured.step_seconds[cheapest])
-    reason = (f"the budget buys {cheapest} {epochs:.1f} epochs at its measured step time (< {MIN_SEARCH_EPOCHS}): "
-              "all of it goes to training it" if epochs < MIN_SEARCH_EPOCHS else
-              f"by the measured step times the budget is too small to compare recipes (< "
-              f"{search_plan.MIN_ROUND_STEPS} steps each)")
+    if cheapest in few_epochs:
+      reason = (f"the budget buys {_epochs_of(few_epochs)} at its measured step time (< {MIN_SEARCH_EPOCHS}): "
+                "all of it goes to training it")
+    elif set(measured.step_seconds) - set(few_epochs) == {cheapest}:
+      reason = (f"the budget buys {_epochs_of(few_epochs)} at their measured step times (< {MIN_SEARCH_EPOCHS}): "
+                f"no other to compare {cheapest} with; all of it goes to training {cheapest}")
+    else:
+      reason = (f"by the measured step times the budget is too small to compare recipes (< "
+                f"{search_plan.MIN_ROUND_STEPS} steps each)")
     logging.info("recipe search: %s: %s trains on from its %d measured steps", reason, cheapest,
                  search_plan.CALIBRATION_STEPS)
     the_plan = Plan((candidates[0],), {cheapest: search_plan.CALIBRATION_STEPS}, 0)
@@ -216,6 +230,11 @@ def _planned(config: Config, workdir: str, shape: DataShape, candidates, candida
       held.drop(os.path.join(workdir, SEARCH_DIR))
     return None
   return the_plan, measured, calibration_scores, startup
+
+
+def _epochs_of(epochs: dict[str, float]) -> str:
+  """``"wide 8.0 epochs, wider 5.4"``."""
+  return ", ".join(f"{n} {e:.1f}" + (" epochs" if i == 0 else "") for i, (n, e) in enumerate(epochs.items()))
 
 
 class _Rounds:
@@ -389,11 +408,12 @@ def _measure(config: Config, workdir: str, shape: DataShape, candidates, candida
     # with it: the first call compiles what later ones mostly find compiled; slower later rounds are seen by the
     # clock as they run).
     call_seconds[recipe.name] = round(max(wall - result["train_seconds"], 0.0), 3)
+    # (A replay decides by the recorded step time, as the recorded run did.)
+    decisive = replayed.step_seconds.get(recipe.name) if replayed is not None else step_seconds[recipe.name]
+    few_epochs = budget_epochs(config, shape, decisive) < MIN_SEARCH_EPOCHS
     if len(call_seconds) == 1:  # the process's first training: its startup is any run's, not the search's
       startup, first_wall = call_seconds[recipe.name], wall
-      # (A replay decides by the recorded step time, as the recorded run did.)
-      decisive = replayed.step_seconds.get(recipe.name) if replayed is not None else step_seconds[recipe.name]
-      if budget_epochs(config, shape, decisive) < MIN_SEARCH_EPOCHS:
+      if few_epochs:
         break  # the cheapest trains on (_planned says why): measuring the others would only spend its seconds
       # Its directory once more, at its steps already: what a round costs besides its steps once the programs
       # are compiled (the split, the state restored, the validation evaluation); a first training's compilations
@@ -401,6 +421,8 @@ def _measure(config: Config, workdir: str, shape: DataShape, candidates, candida
       t_again = _clock()
       train_fn(calibration_config(recipe), os.path.join(workdir, SEARCH_DIR, recipe.name), evaluate_test=False)
       repeat = _clock() - t_again
+    elif few_epochs:
+      break  # not compared (_planned says why), nor the costlier ones after it: measuring them would spend seconds
   _round_fixed_seconds(step_seconds, call_seconds, eval_seconds, one_evaluation, repeat, eval_scale)
   measured = Measured(step_seconds, call_seconds, round(_clock() - t_start - startup, 3), round(startup, 3),
                       eval_seconds)
