@@ -220,19 +220,36 @@ def pytest_collection_modifyitems(config, items):
   from update_tiers import slow_test_ids  # from this directory, put on sys.path above
 
   slow = slow_test_ids()
+  measuring = bool(os.environ.get("SPARSEJAX_TEST_DURATIONS"))
   for item in items:
     if item.nodeid in slow:
       item.add_marker(pytest.mark.slow)
+    if measuring:  # reaches the controller with the test's reports (pytest-xdist sends user_properties)
+      item.user_properties.append((_MODULE_FIXTURES, module_fixtures(item)))
 
 
-_DURATIONS: dict[str, float] = {}  # test id -> seconds, where SPARSEJAX_TEST_DURATIONS names a file to write them to
+def module_fixtures(item) -> list[str]:
+  """The module-scoped fixtures ``item`` uses (directly or through others), as ``"test file::name"``: set up once,
+  their seconds are counted on the first test of the file that asks for one."""
+  defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+  return sorted(f"{item.nodeid.split('::')[0]}::{name}" for name, chain in defs.items()
+                if chain and chain[-1].scope == "module")
+
+
+_MODULE_FIXTURES = "sparsejax_module_fixtures"
+# Where SPARSEJAX_TEST_DURATIONS names a file: test id -> seconds, and test id -> its module-scoped fixtures.
+_DURATIONS: dict[str, float] = {}
+_FIXTURES: dict[str, list[str]] = {}
 
 
 def pytest_runtest_logreport(report):
-  """Each test's seconds (setup, call and teardown), kept where SPARSEJAX_TEST_DURATIONS names a file: the measured
-  times that sort the tests into tiers. Under pytest-xdist the controller sees every worker's reports."""
+  """Each test's seconds (setup, call and teardown) and module-scoped fixtures, kept where SPARSEJAX_TEST_DURATIONS
+  names a file: what sorts the tests into tiers. Under pytest-xdist the controller sees every worker's reports."""
   if os.environ.get("SPARSEJAX_TEST_DURATIONS"):
     _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
+    for key, value in report.user_properties:
+      if key == _MODULE_FIXTURES:
+        _FIXTURES[report.nodeid] = value
 
 
 def pytest_unconfigure(config):
@@ -240,6 +257,10 @@ def pytest_unconfigure(config):
   if path and _DURATIONS and not hasattr(config, "workerinput"):  # the controller (or a run without workers)
     with open(path, "w") as f:
       json.dump(dict(sorted(_DURATIONS.items())), f, indent=0)
+    from update_tiers import fixtures_path
+
+    with open(fixtures_path(path), "w") as f:
+      json.dump(dict(sorted(_FIXTURES.items())), f, indent=0)
 
 
 def pytest_terminal_summary(terminalreporter, config):
