@@ -476,19 +476,21 @@ def test_a_candidate_the_budget_buys_few_epochs_is_not_compared(tmp_path, monkey
   rounds = [r for r in records if "search_round" in r]
   if compared:
     assert [set(r["search"]) for r in rounds] == [set(compared)] and chosen.search.recipe == "wide"
-    assert f"the budget buys wider {epochs['wider']:.1f} epochs at their measured step times (< 10): not " \
+    assert f"the budget buys wider {epochs['wider']:.1f} epochs at its measured step time (< 10): not " \
            "compared" in info_logs.text
-    assert not (tmp_path / "search" / "wider").exists()
   else:
     assert not rounds and chosen.search.recipe == summary["recipe"] == "small"
-    assert f"the budget buys {first_under} {epochs[first_under]:.1f} epochs at their measured step times (< 10): " \
+    assert f"the budget buys {first_under} {epochs[first_under]:.1f} epochs at its measured step time (< 10): " \
            "no other to compare small with; all of it goes to training small: small trains on from its 20 " \
            "measured steps" in info_logs.text
+    assert set(summary["search_scores"]) == {"small"}  # wide measured, not compared
   assert summary["search_wall_seconds"] <= config.search.search_fraction * 300
-  # Replayed (--plan_from) on a machine twice as fast: the recorded decisions, the same calls.
+  # Replayed (--plan_from) on a machine 4x as fast, where the first under would get 10 epochs or more: the recorded
+  # decisions, the same calls.
   with open(tmp_path / "a.jsonl", "w") as f:
     f.writelines(json.dumps(r) + "\n" for r in records)
-  again = _TimedTraining(clock, {n: s / 2 for n, s in rates.items()})
+  assert search.budget_epochs(config, shape, rates[first_under] / 4) >= search.MIN_SEARCH_EPOCHS
+  again = _TimedTraining(clock, {n: s / 4 for n, s in rates.items()})
   replayed, _ = search.run(override(config, plan_from=str(tmp_path / "a.jsonl")), str(tmp_path / "b"), shape, again,
                            [].append)
   assert again.calls == training.calls and replayed.search.recipe == chosen.search.recipe

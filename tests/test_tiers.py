@@ -44,6 +44,9 @@ def test_the_users_of_a_module_fixture_change_tiers_together():
     fewest = next(n for n in range(len(cost) + 1) for removed in itertools.combinations(cost, n)
                   if sum(v for key, v in cost.items() if key not in removed) <= budget + 1e-9)
     assert sum(set(tests) <= set(slow) for tests in by_group.values()) == fewest
+  # Joined through a test that uses both: a's run and c's served change tiers together.
+  joined = {"f.py::a": ["f.py::run"], "f.py::b": ["f.py::run", "f.py::served"], "f.py::c": ["f.py::served"]}
+  assert list(groups({t: 1.0 for t in joined}, joined).values()) == [["f.py::a", "f.py::b", "f.py::c"]]
   assert fixtures_path("/tmp/durations.json") == "/tmp/durations.fixtures.json"
 
 

@@ -8,8 +8,8 @@ Measure the whole suite as CI runs it (or the unit tier alone: the tests not mea
 
 The measuring also writes ``/tmp/durations.fixtures.json``: each test's module-scoped fixtures. A fixture's setup
 (a trained run that a file's tests share) is counted on whichever of its users runs first, so tests are moved by
-those groups: the users of a file's first module-scoped fixture go to a tier together (moving the first user alone
-would move the setup onto the next one: a unit tier tiered test by test measured 548 test seconds against 149
+those groups: tests joined by module-scoped fixtures go to a tier together (moving the first user alone would move
+the setup onto the next one: a unit tier tiered test by test measured 548 test seconds against 149
 predicted, 2026-12-07).
 
 The budget is the sum of the unit tier's tests' seconds (setup, call and teardown as measured on 2 busy workers):
@@ -39,12 +39,25 @@ def fixtures_path(durations_path: str) -> str:
 
 
 def groups(durations: dict[str, float], fixtures: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
-  """The tests that go to a tier together: the users of a module-scoped fixture (its key: the file's first one a
-  test uses, ``"file::name"``), else each test alone (its key: its id). Without ``fixtures``, every test alone."""
+  """The tests that go to a tier together: those joined by module-scoped fixtures (two tests that share one, and
+  so on through the others they share; the key: the smallest fixture name), else each test alone (its key: its
+  id). Without ``fixtures``, every test alone."""
+  parent: dict[str, str] = {}  # union-find over fixture names
+
+  def root(name: str) -> str:
+    while parent.setdefault(name, name) != name:
+      parent[name] = parent[parent[name]]
+      name = parent[name]
+    return name
+
+  for shared in (fixtures or {}).values():
+    for name in shared[1:]:
+      a, b = root(shared[0]), root(name)
+      parent[max(a, b)] = min(a, b)
   out: dict[str, list[str]] = {}
   for test in durations:
     shared = (fixtures or {}).get(test) or []
-    out.setdefault(shared[0] if shared else test, []).append(test)
+    out.setdefault(root(shared[0]) if shared else test, []).append(test)
   return out
 
 

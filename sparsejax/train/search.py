@@ -132,7 +132,8 @@ def _search(config: Config, workdir: str, shape: DataShape, train_fn: TrainFn, w
                ", ".join(f"{n} {s} steps" for n, s in the_plan.steps.items()))
   alive = list(the_plan.candidates)
   # (A winner by default is reported with the score of its measured steps.)
-  scores: dict[str, float] = dict(calibration_scores) if the_plan.rounds == 0 else {}
+  scores: dict[str, float] = ({n: s for n, s in calibration_scores.items()
+                                if n in {r.name for r in the_plan.candidates}} if the_plan.rounds == 0 else {})
   search_seconds = 0.0
   # Rounds already done (an interrupted search run again): their results, not their training again. A candidate
   # of a later round has trained past an earlier round's steps, so replaying that round would score another state.
@@ -206,16 +207,18 @@ def _planned(config: Config, workdir: str, shape: DataShape, candidates, candida
   the_plan = search_plan.plan(config, shape, tuple(r for r in candidates if r.name not in few_epochs), measured)
   cheapest = candidates[0].name
   if the_plan is not None and few_epochs:
-    logging.info("recipe search: the budget buys %s at their measured step times (< %d): not compared",
-                 _epochs_of(few_epochs), MIN_SEARCH_EPOCHS)
+    logging.info("recipe search: the budget buys %s at %s measured step time%s (< %d): not compared",
+                 _epochs_of(few_epochs), _its_or_their(few_epochs), "s" if len(few_epochs) > 1 else "",
+                 MIN_SEARCH_EPOCHS)
   if the_plan is None and measured is not None and measured.step_seconds.get(cheapest) is not None:
     # The cheapest candidate's measured steps are kept: it wins, with no rounds (the run trains it on).
     if cheapest in few_epochs:
       reason = (f"the budget buys {_epochs_of(few_epochs)} at its measured step time (< {MIN_SEARCH_EPOCHS}): "
                 "all of it goes to training it")
-    elif set(measured.step_seconds) - set(few_epochs) == {cheapest}:
-      reason = (f"the budget buys {_epochs_of(few_epochs)} at their measured step times (< {MIN_SEARCH_EPOCHS}): "
-                f"no other to compare {cheapest} with; all of it goes to training {cheapest}")
+    elif few_epochs and set(measured.step_seconds) - set(few_epochs) == {cheapest}:
+      reason = (f"the budget buys {_epochs_of(few_epochs)} at {_its_or_their(few_epochs)} measured step "
+                f"time{'s' if len(few_epochs) > 1 else ''} (< {MIN_SEARCH_EPOCHS}): no other to compare {cheapest} "
+                f"with; all of it goes to training {cheapest}")
     else:
       reason = (f"by the measured step times the budget is too small to compare recipes (< "
                 f"{search_plan.MIN_ROUND_STEPS} steps each)")
@@ -230,6 +233,10 @@ def _planned(config: Config, workdir: str, shape: DataShape, candidates, candida
       held.drop(os.path.join(workdir, SEARCH_DIR))
     return None
   return the_plan, measured, calibration_scores, startup
+
+
+def _its_or_their(names) -> str:
+  return "their" if len(names) > 1 else "its"
 
 
 def _epochs_of(epochs: dict[str, float]) -> str:
