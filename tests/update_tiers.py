@@ -24,11 +24,17 @@ import pathlib
 SLOW_TESTS = pathlib.Path(__file__).parent / "slow_tests.txt"
 
 
+def slow_test_lines(path: pathlib.Path = SLOW_TESTS) -> dict[str, str]:
+  """``{test id: its line}`` of the tests that ``path`` (slow_tests.txt) lists (``#`` starts a comment)."""
+  if not path.exists():
+    return {}
+  lines = ((line.split("#", 1)[0].strip(), line) for line in path.read_text().splitlines())
+  return {test: line for test, line in lines if test}
+
+
 def slow_test_ids(path: pathlib.Path = SLOW_TESTS) -> set[str]:
   """The test ids that ``path`` (slow_tests.txt) lists (``#`` starts a comment)."""
-  if not path.exists():
-    return set()
-  return {line.split("#", 1)[0].strip() for line in path.read_text().splitlines()} - {""}
+  return set(slow_test_lines(path))
 
 
 def fixtures_path(durations_path: str) -> str:
@@ -84,9 +90,7 @@ def main():
   fixtures_file = pathlib.Path(fixtures_path(args.durations))
   fixtures = json.loads(fixtures_file.read_text()) if fixtures_file.exists() else None
   # The slow tests not measured (a unit tier's durations) keep their tier and their line.
-  old_lines = {line.split("#", 1)[0].strip(): line for line in SLOW_TESTS.read_text().splitlines()
-               if line.split("#", 1)[0].strip()} if SLOW_TESTS.exists() else {}
-  kept = {test: old_lines[test] for test in old_lines if test not in durations}
+  kept = {test: line for test, line in slow_test_lines().items() if test not in durations}
   slow = slow_tier(durations, args.budget, fixtures)
   fast = sum(durations.values()) - sum(durations[t] for t in slow)
   SLOW_TESTS.write_text(

@@ -200,25 +200,20 @@ def _planned(config: Config, workdir: str, shape: DataShape, candidates, candida
   if config.budget.max_seconds is not None and search_plan.plan(config, shape, candidates) is not None:
     measured, calibration_scores, startup = _measure(config, workdir, shape, candidates, candidate_config, train_fn,
                                                      write_record)
-  few_epochs = {}  # measured candidates that the budget buys fewer than MIN_SEARCH_EPOCHS epochs: not compared
-  if measured is not None:
-    epochs = {n: budget_epochs(config, shape, s) for n, s in measured.step_seconds.items()}
-    few_epochs = {n: e for n, e in epochs.items() if e < MIN_SEARCH_EPOCHS}
+  # Measured candidates that the budget buys fewer than MIN_SEARCH_EPOCHS epochs: not compared.
+  epochs = {n: budget_epochs(config, shape, s) for n, s in (measured.step_seconds if measured else {}).items()}
+  few_epochs = {n: e for n, e in epochs.items() if e < MIN_SEARCH_EPOCHS}
   the_plan = search_plan.plan(config, shape, tuple(r for r in candidates if r.name not in few_epochs), measured)
   cheapest = candidates[0].name
   if the_plan is not None and few_epochs:
-    logging.info("recipe search: the budget buys %s at %s measured step time%s (< %d): not compared",
-                 _epochs_of(few_epochs), _its_or_their(few_epochs), "s" if len(few_epochs) > 1 else "",
-                 MIN_SEARCH_EPOCHS)
+    logging.info("recipe search: %s: not compared", _few_epochs_reason(few_epochs))
   if the_plan is None and measured is not None and measured.step_seconds.get(cheapest) is not None:
     # The cheapest candidate's measured steps are kept: it wins, with no rounds (the run trains it on).
     if cheapest in few_epochs:
-      reason = (f"the budget buys {_epochs_of(few_epochs)} at its measured step time (< {MIN_SEARCH_EPOCHS}): "
-                "all of it goes to training it")
+      reason = f"{_few_epochs_reason(few_epochs)}: all of it goes to training it"
     elif few_epochs and set(measured.step_seconds) - set(few_epochs) == {cheapest}:
-      reason = (f"the budget buys {_epochs_of(few_epochs)} at {_its_or_their(few_epochs)} measured step "
-                f"time{'s' if len(few_epochs) > 1 else ''} (< {MIN_SEARCH_EPOCHS}): no other to compare {cheapest} "
-                f"with; all of it goes to training {cheapest}")
+      reason = (f"{_few_epochs_reason(few_epochs)}: no other to compare {cheapest} with; all of it goes to "
+                f"training {cheapest}")
     else:
       reason = (f"by the measured step times the budget is too small to compare recipes (< "
                 f"{search_plan.MIN_ROUND_STEPS} steps each)")
@@ -235,13 +230,11 @@ def _planned(config: Config, workdir: str, shape: DataShape, candidates, candida
   return the_plan, measured, calibration_scores, startup
 
 
-def _its_or_their(names) -> str:
-  return "their" if len(names) > 1 else "its"
-
-
-def _epochs_of(epochs: dict[str, float]) -> str:
-  """``"wide 8.0 epochs, wider 5.4"``."""
-  return ", ".join(f"{n} {e:.1f}" + (" epochs" if i == 0 else "") for i, (n, e) in enumerate(epochs.items()))
+def _few_epochs_reason(epochs: dict[str, float]) -> str:
+  """``"the budget buys wide 8.0 epochs, wider 5.4 at their measured step times (< 10)"``."""
+  listed = ", ".join(f"{n} {e:.1f}" + (" epochs" if i == 0 else "") for i, (n, e) in enumerate(epochs.items()))
+  at = "their measured step times" if len(epochs) > 1 else "its measured step time"
+  return f"the budget buys {listed} at {at} (< {MIN_SEARCH_EPOCHS})"
 
 
 class _Rounds:
