@@ -24,7 +24,8 @@ namespace nb = nanobind;
   X(lsh_query, LshQuery)                                                           \
   X(merge_candidates, MergeCandidates)                                             \
   X(cluster_probe, ClusterProbe)                                                   \
-  X(row_topk, RowTopk)
+  X(row_topk, RowTopk)                                                             \
+  X(logistic_regression, LogisticRegression)
 
 namespace sparsejax {
 extern "C" {

@@ -154,6 +154,10 @@ SIGNATURES: dict[str, Signature] = {
         (Buffer("ids", "int32", (2,)),)),
     "row_topk": Signature(
         (Buffer("scores", "float32", (2,)),), (Buffer("values", "float32", (2,)), Buffer("columns", "int32", (2,)))),
+    "logistic_regression": Signature(
+        (Buffer("indptr", "int32", (1,)), Buffer("indices", "int32", (1,)), Buffer("values", "float32", (1,)),
+         Buffer("positive_offsets", "int32", (1,)), Buffer("positive_rows", "int32", (1,))),
+        (Buffer("weights", "float32", (2,)), Buffer("bias", "float32", (1,)), Buffer("epochs", "int32", (1,)))),
     **{f"row_sparse_adam_{moments}{suffix}": _adam_signature(moments, weight)
        for weight, suffix in _WEIGHTS for moments in ("float32", "bfloat16")},
 }

@@ -1,4 +1,5 @@
-"""Kernel outputs, and each candidate index built and queried, are bit-identical whatever the number of threads."""
+"""Kernel outputs (the head rankers' solve included), and each candidate index built and queried, are bit-identical
+whatever the number of threads."""
 
 import json
 import textwrap
@@ -39,6 +40,13 @@ SCRIPT = textwrap.dedent("""
           (W2, b2), (s, sb), dh = opt.update(gr, opt.init((weight, b)), (weight, b), combine=True)  # dh: over slabs
           for a in (W2, s.mu, s.nu, b2, sb.mu, sb.nu, dh):
             digest.update(np.asarray(a).tobytes())
+    # The head rankers' logistic regressions: a label per task.
+    from sparsejax import data as sj_data, head_rankers
+    synthetic = sj_data.make_synthetic(num_samples=3000, num_features=500, num_labels=40, labels_per_sample=3,
+                                       features_per_sample=12, seed=0)
+    rankers = head_rankers.fit(synthetic, head_rankers.head_labels(synthetic, 8, min_share=0.0), max_epochs=4)
+    for a in rankers:
+      digest.update(np.asarray(a).tobytes())
     # The index of each kind: built, queried, refreshed from moved rows and given new hash functions (seeds). The
     # kernels' digest goes on in a copy per kind: one process gives both kinds' digests.
     import json

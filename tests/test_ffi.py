@@ -44,6 +44,11 @@ VALID = {
                           attrs=dict(probes=("int64", 2))),
     "row_topk": dict(args=[[[5, 4], "float32"]], results=[[[5, 2], "float32"], [[5, 2], "int32"]],
                      attrs=dict(k=("int64", 2))),
+    "logistic_regression": dict(
+        args=[[[3], "int32", 0], [[0], "int32"], [[0], "float32"], [[3], "int32", 0], [[0], "int32"]],
+        results=[[[2, 4], "float32"], [[2], "float32"], [[2], "int32"]],
+        attrs=dict(num_features=("int64", 4), c=("float32", 1.0), tolerance=("float32", 0.1),
+                   max_epochs=("int64", 5), seed=("int64", 0))),
     "row_sparse_adam_float32": _ADAM("float32"),
     "row_sparse_adam_bfloat16": _ADAM("bfloat16"),
     "row_sparse_adam_float32_bfloat16_weight": _ADAM("float32", "bfloat16"),

@@ -1,7 +1,8 @@
-"""Head rankers (sparsejax.head_rankers): the solve against scikit-learn's logistic regression, the scores against
-dense numpy, and the fusion's saved form."""
+"""Head rankers (sparsejax.head_rankers): the kernel's solve against the primal's and liblinear's solutions, its
+errors, the scores against dense numpy, and the fusion's saved form."""
 
 import os
+import re
 import time
 
 import numpy as np
@@ -37,31 +38,104 @@ def test_head_labels_are_the_most_frequent_above_the_share_at_most_most():
   assert head_rankers.head_labels(data, 3).dtype == np.int32
 
 
-def test_fit_solves_each_labels_l2_logistic_regression_as_scikit_learn():
+def _primal_solution(x, y, c):
+  """``(w, b)`` minimising ``0.5 (|w|^2 + b^2) + c sum_i log(1 + exp(-y_i (x_i . w + b)))`` (``y`` in {0, 1}) by
+  scipy's L-BFGS on the primal, to a tight tolerance: a reference independent of the kernel's dual method."""
+  import scipy.optimize
+  a = np.hstack([x, np.ones((len(x), 1))])
+  sign = np.where(y, 1.0, -1.0)
+
+  def loss_and_gradient(theta):
+    margin = sign * (a @ theta)
+    return (0.5 * theta @ theta + c * np.logaddexp(0.0, -margin).sum(),
+            theta - c * a.T @ (sign * scipy.special.expit(-margin)))
+
+  theta = scipy.optimize.minimize(loss_and_gradient, np.zeros(a.shape[1]), jac=True, method="L-BFGS-B",
+                                  options={"gtol": 1e-10, "ftol": 1e-15, "maxiter": 10_000}).x
+  return theta[:-1], theta[-1]
+
+
+def test_fit_solves_each_labels_l2_logistic_regression():
   from sklearn.linear_model import LogisticRegression
 
   rng = np.random.default_rng(1)
   data, x, y = _dataset(rng)
   labels = np.array([5, 0, 2], np.int32)
-  rankers = head_rankers.fit(data, labels, c=2.0, iterations=500)
+  rankers = head_rankers.fit(data, labels, c=2.0, tolerance=1e-6, max_epochs=10_000)
   assert rankers.weights.shape == (50, 3) and rankers.weights.dtype == np.float32 and rankers.bias.shape == (3,)
   np.testing.assert_array_equal(rankers.labels, labels)
-  for j, label in enumerate(labels):  # the same objective: 0.5 |w|^2 + C sum log-loss, the intercept unpenalised
-    reference = LogisticRegression(C=2.0, tol=1e-10, max_iter=10_000).fit(x, y[:, label])
-    np.testing.assert_allclose(rankers.weights[:, j], reference.coef_[0], atol=2e-3)
-    assert rankers.bias[j] == pytest.approx(reference.intercept_[0], abs=2e-3)
-  # A feature no row has keeps weight 0 (what keeps the saved rankers small on wide data).
-  unused = np.setdiff1d(np.arange(50), data.indices)
-  assert np.all(rankers.weights[unused] == 0)
-  # The same data, the same bits.
-  again = head_rankers.fit(data, labels, c=2.0, iterations=500)
+  for j, label in enumerate(labels):
+    w, b = _primal_solution(x, y[:, label], 2.0)
+    np.testing.assert_allclose(rankers.weights[:, j], w, atol=1e-4)
+    assert rankers.bias[j] == pytest.approx(b, abs=1e-4)
+    # liblinear's solution of the same objective (its bias a feature of value 1, penalised).
+    reference = LogisticRegression(solver="liblinear", C=2.0, tol=1e-10, max_iter=100_000).fit(x, y[:, label])
+    np.testing.assert_allclose(rankers.weights[:, j], reference.coef_[0], atol=1e-4)
+  # A feature no row has keeps weight 0 (what keeps the saved rankers small on wide data): 5 more features.
+  wider = XCDataset(data.indptr, data.indices, data.values, data.label_indptr, data.label_indices, 55, 8)
+  padded = head_rankers.fit(wider, labels, c=2.0, tolerance=1e-6, max_epochs=10_000)
+  assert padded.weights.shape == (55, 3) and np.all(padded.weights[50:] == 0)
+  np.testing.assert_array_equal(padded.weights[:50], rankers.weights)
+  # The same data, the same bits; another seed visits the rows in another order (a solution as close).
+  again = head_rankers.fit(data, labels, c=2.0, tolerance=1e-6, max_epochs=10_000)
   np.testing.assert_array_equal(again.weights, rankers.weights)
+  other = head_rankers.fit(data, labels, c=2.0, tolerance=1e-6, max_epochs=10_000, seed=1)
+  assert not np.array_equal(other.weights, rankers.weights)
+  np.testing.assert_allclose(other.weights, rankers.weights, atol=1e-4)
+
+
+def test_fit_stops_at_the_tolerance_or_the_epoch_cap(caplog):
+  rng = np.random.default_rng(5)
+  data, x, y = _dataset(rng)
+  w, b = _primal_solution(x, y[:, 1], head_rankers.C)
+  loose = head_rankers.fit(data, np.array([1], np.int32), tolerance=0.5)
+  one = head_rankers.fit(data, np.array([1], np.int32), tolerance=1e-9, max_epochs=1)
+  error = lambda r: np.abs(r.weights[:, 0] - w).max()
+  assert error(one) > error(loose) > error(head_rankers.fit(data, np.array([1], np.int32)))
+  with caplog.at_level("INFO"):
+    head_rankers.fit(data, np.array([1, 3], np.int32), tolerance=1e-9, max_epochs=3)
+  assert "3-3 epochs of dual coordinate descent" in caplog.text
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(indptr=[0, 2, 1, 3]), "argument 'indptr' must be non-decreasing from 0 to nnz (from 'indices') = 3, got "
+                                "indptr[2] = 1 after 2"),
+    (dict(indptr=[0, 1, 2, 2]), "argument 'indptr' must be non-decreasing from 0 to nnz (from 'indices') = 3, got "
+                                "indptr[3] = 2 after 2"),
+    (dict(indices=[0, 4, 1]), "argument 'indices' has id 4 at flat position 1, outside [0, F = 4)"),
+    (dict(positive_rows=[3]), "argument 'positive_rows' has id 3 at flat position 0, outside [0, n = 3)"),
+    (dict(positive_offsets=[0, 2]), "argument 'positive_offsets' must be non-decreasing from 0 to P (from "
+                                    "'positive_rows') = 1, got positive_offsets[1] = 2"),
+    (dict(c=0.0), "attribute 'c' must be a positive number"),
+    (dict(tolerance=float("nan")), "attribute 'tolerance' must be a positive number"),
+    (dict(max_epochs=0), "attribute 'max_epochs' must be >= 1, got 0"),
+])
+def test_the_kernel_names_a_bad_argument(change, message):
+  import jax
+  import jax.numpy as jnp
+
+  from sparsejax import _ffi
+  arrays = dict(indptr=[0, 1, 2, 3], indices=[0, 3, 1], values=[1.0, 2.0, 3.0], positive_offsets=[0, 1],
+                positive_rows=[2])
+  attrs = dict(num_features=4, c=1.0, tolerance=0.1, max_epochs=5)
+  arrays.update({k: v for k, v in change.items() if k in arrays})
+  attrs.update({k: v for k, v in change.items() if k in attrs})
+  K = len(arrays["positive_offsets"]) - 1
+  call = _ffi.ffi_call("logistic_regression", (jax.ShapeDtypeStruct((K, 4), jnp.float32),
+                                               jax.ShapeDtypeStruct((K,), jnp.float32),
+                                               jax.ShapeDtypeStruct((K,), jnp.int32)))
+  args = [np.asarray(arrays[k], np.float32 if k == "values" else np.int32) for k in
+          ("indptr", "indices", "values", "positive_offsets", "positive_rows")]
+  with pytest.raises(Exception, match="logistic_regression: " + re.escape(message)):
+    jax.block_until_ready(call(*args, num_features=np.int64(attrs["num_features"]), c=np.float32(attrs["c"]),
+                               tolerance=np.float32(attrs["tolerance"]), max_epochs=np.int64(attrs["max_epochs"]),
+                               seed=np.int64(0)))
 
 
 def test_ranker_scores_are_the_log_odds_of_head_candidates_and_0_elsewhere():
   rng = np.random.default_rng(2)
   data, _, _ = _dataset(rng)
-  rankers = head_rankers.fit(data, np.array([3, 1], np.int32), iterations=20)
+  rankers = head_rankers.fit(data, np.array([3, 1], np.int32), max_epochs=20)
   queries, x, _ = _dataset(rng, n=7)
   fi, fv, _ = queries.to_padded(np.arange(7), 20, 1)
   fi[2, :] = PAD_ID  # a row of padding only
@@ -86,7 +160,7 @@ def test_ranker_scores_are_the_log_odds_of_head_candidates_and_0_elsewhere():
 def test_the_fused_ranking_adds_the_rankers_log_odds_at_their_weight():
   rng = np.random.default_rng(3)
   data, _, _ = _dataset(rng)
-  rankers = head_rankers.fit(data, head_rankers.head_labels(data, 4, min_share=0.0), iterations=30)
+  rankers = head_rankers.fit(data, head_rankers.head_labels(data, 4, min_share=0.0), max_epochs=30)
   centroids = fusion.label_centroids(data)
   queries, _, _ = _dataset(rng, n=5)
   fi, fv, _ = queries.to_padded(np.arange(5), 20, 1)
@@ -110,7 +184,7 @@ def test_saved_rankers_load_back_and_damaged_ones_are_refused(tmp_path):
 
   rng = np.random.default_rng(4)
   data, _, _ = _dataset(rng)
-  rankers = head_rankers.fit(data, np.array([2, 6], np.int32), iterations=10)
+  rankers = head_rankers.fit(data, np.array([2, 6], np.int32), max_epochs=10)
   fused = fusion.Fusion(fusion.label_centroids(data), 1.0, rankers, 2.0)
   (tmp_path / assets.ASSETS).mkdir()
   assets.save_fusion(str(tmp_path), None, fused)
