@@ -80,7 +80,8 @@ def test_a_timed_search_records_its_measurements_and_a_replay_takes_the_same_rou
 
 def test_ensemble_members_count_evaluations_against_the_budget(tmp_path):
   """The first network trained 40 s and evaluated 20 s: the budget has 60 s less, and a member is expected to need
-  60 s (its evaluations' share included), not 40 s; each member's evaluations come off what is left as well."""
+  60 s (its evaluations' share included), not 40 s, and is started where the seconds left hold that times
+  members.PACE_MARGIN; each member's evaluations come off what is left as well."""
   from sparsejax.config import Config
   from sparsejax.train import members
 
@@ -94,6 +95,9 @@ def test_ensemble_members_count_evaluations_against_the_budget(tmp_path):
 
   config = override(Config(), max_seconds=100.0, ensemble_members=3)
   assert members.train(config, final, str(tmp_path), train_fn, 1) == {} and budgets == []  # 40 s left, 60 needed
+  # 70 s left: 60 expected, but not the margin that a member's pace has been seen to need beyond the first's.
+  assert members.PACE_MARGIN * 60 > 70
+  assert members.train(override(config, max_seconds=130.0), final, str(tmp_path), train_fn, 1) == {} and not budgets
   done = members.train(override(config, max_seconds=200.0), final, str(tmp_path), train_fn, 1)
   assert budgets == [140.0, 75.0] and len(done) == 2 and done["members/1"]["budget_seconds"] == 65.0
 
