@@ -93,13 +93,15 @@ def test_ensemble_members_count_evaluations_against_the_budget(tmp_path):
     budgets.append(config.budget.max_seconds)
     return {"score": 0.5, "step": 50, "train_seconds": 40.0, "budget_seconds": 65.0, "samples": 50 * batch}
 
+  need = members.PACE_MARGIN * 60.0  # 60 s expected, with the margin a member's pace has been seen to need
+  assert 60.0 < need < 70.0
   config = override(Config(), max_seconds=100.0, ensemble_members=3)
-  assert members.train(config, final, str(tmp_path), train_fn, 1) == {} and budgets == []  # 40 s left, 60 needed
-  # 70 s left: 60 expected, but not the margin that a member's pace has been seen to need beyond the first's.
-  assert members.PACE_MARGIN * 60 > 70
+  assert members.train(config, final, str(tmp_path), train_fn, 1) == {} and budgets == []  # 40 s left
   assert members.train(override(config, max_seconds=130.0), final, str(tmp_path), train_fn, 1) == {} and not budgets
-  done = members.train(override(config, max_seconds=200.0), final, str(tmp_path), train_fn, 1)
-  assert budgets == [140.0, 75.0] and len(done) == 2 and done["members/1"]["budget_seconds"] == 65.0
+  # 60 + need + 65 (the first member's 60, a member's need, then the 65 it spent): two members, the second with
+  # exactly its need left.
+  done = members.train(override(config, max_seconds=125.0 + need), final, str(tmp_path), train_fn, 1)
+  assert budgets == [65.0 + need, need] and len(done) == 2 and done["members/1"]["budget_seconds"] == 65.0
 
 
 def test_a_measured_step_time_is_at_least_its_own_steps_where_compilations_overlap_them(tmp_path, small_config,

@@ -91,10 +91,63 @@ def test_fit_stops_at_the_tolerance_or_the_epoch_cap(caplog):
   loose = head_rankers.fit(data, np.array([1], np.int32), tolerance=0.5)
   one = head_rankers.fit(data, np.array([1], np.int32), tolerance=1e-9, max_epochs=1)
   error = lambda r: np.abs(r.weights[:, 0] - w).max()
-  assert error(one) > error(loose) > error(head_rankers.fit(data, np.array([1], np.int32)))
+  solved = error(head_rankers.fit(data, np.array([1], np.int32)))
+  assert error(one) > solved and error(loose) > solved
   with caplog.at_level("INFO"):
     head_rankers.fit(data, np.array([1, 3], np.int32), tolerance=1e-9, max_epochs=3)
   assert "3-3 epochs of dual coordinate descent" in caplog.text
+
+
+def test_fit_sums_a_feature_repeated_in_a_row_and_solves_degenerate_labels():
+  """A row may list a feature twice (the kernel's |x_i|^2 needs it summed: a review found the curvature wrong); a
+  label on no row and one on every row give finite models of the right sign; bad labels and settings are named."""
+  rng = np.random.default_rng(6)
+  data, x, y = _dataset(rng, n=120)
+  split = lambda a: np.repeat(a, 2)  # every stored feature twice, at half its value
+  indptr = data.indptr * 2
+  repeated = XCDataset(indptr, split(data.indices), split(data.values) / 2, data.label_indptr, data.label_indices,
+                       50, 8)
+  labels = np.array([0, 3], np.int32)
+  want = head_rankers.fit(data, labels, tolerance=1e-6, max_epochs=10_000)
+  got = head_rankers.fit(repeated, labels, tolerance=1e-6, max_epochs=10_000)
+  np.testing.assert_allclose(got.weights, want.weights, atol=1e-5)
+  np.testing.assert_allclose(got.bias, want.bias, atol=1e-5)
+  # Label 8 on no row, label 9 on every row (two more labels in a copy of the data).
+  rows = zip(data.label_indptr[:-1], data.label_indptr[1:])
+  label_lists = [list(data.label_indices[a:b]) + [9] for a, b in rows]
+  label_indptr = np.concatenate([[0], np.cumsum([len(r) for r in label_lists])])
+  both = XCDataset(data.indptr, data.indices, data.values, label_indptr, np.concatenate(label_lists), 50, 10)
+  rankers = head_rankers.fit(both, np.array([8, 9], np.int32))
+  assert np.isfinite(rankers.weights).all() and rankers.bias[0] < -1 and rankers.bias[1] > 1
+  z = x @ rankers.weights.astype(np.float64) + rankers.bias
+  assert (z[:, 0] < 0).all() and (z[:, 1] > 0).all()
+  with pytest.raises(ValueError, match=r"labels must be distinct ids in \[0, 8\), got \[1, 1\]"):
+    head_rankers.fit(data, np.array([1, 1], np.int32))
+  with pytest.raises(ValueError, match=r"labels must be distinct ids in \[0, 8\), got \[8\]"):
+    head_rankers.fit(data, np.array([8], np.int32))
+  with pytest.raises(ValueError, match="c, tolerance and max_epochs must be positive, got 0.0, 0.01, 100"):
+    head_rankers.fit(data, labels, c=0.0)
+
+
+def test_without_a_cpu_backend_a_run_fits_no_rankers(tmp_path, small_config, monkeypatch, caplog):
+  """The kernel is CPU code: a dense network on a GPU (JAX_PLATFORMS=cuda starts no CPU backend) is fused without
+  head rankers, with a warning, instead of failing at the fit."""
+  import jax
+
+  from sparsejax.settings import override
+  from sparsejax.train import head_ranking
+
+  def no_cpu(backend=None):
+    raise RuntimeError(f"Unknown backend {backend}")
+
+  assert head_rankers.cpu_available()
+  monkeypatch.setattr(jax, "local_devices", no_cpu)
+  assert not head_rankers.cpu_available()
+  config = override(small_config, validation_fraction=0.1)
+  assert head_ranking.wanted(config)
+  with caplog.at_level("WARNING"):
+    assert head_ranking.prepare(config, str(tmp_path), None, searched=False) == (None, None, 0.0)
+  assert "head rankers: none fitted: their kernel is CPU code and this process's JAX has no CPU backend" in caplog.text
 
 
 @pytest.mark.parametrize("change, message", [
@@ -108,7 +161,11 @@ def test_fit_stops_at_the_tolerance_or_the_epoch_cap(caplog):
                                     "'positive_rows') = 1, got positive_offsets[1] = 2"),
     (dict(c=0.0), "attribute 'c' must be a positive number"),
     (dict(tolerance=float("nan")), "attribute 'tolerance' must be a positive number"),
-    (dict(max_epochs=0), "attribute 'max_epochs' must be >= 1, got 0"),
+    (dict(max_epochs=0), "attribute 'max_epochs' must be in [1, 2^31), got 0"),
+    (dict(max_epochs=2**31), "attribute 'max_epochs' must be in [1, 2^31), got 2147483648"),
+    (dict(num_features=0), "attribute 'num_features' must be in [1, 2^31), got 0"),
+    (dict(indptr=[1, 1, 2, 3]), "argument 'indptr' must be non-decreasing from 0 to nnz (from 'indices') = 3, got "
+                                "indptr[0] = 1"),
 ])
 def test_the_kernel_names_a_bad_argument(change, message):
   import jax

@@ -33,6 +33,10 @@ def prepare(config: Config, workdir: str, data: LoadedData | None,
   (:func:`save`): a run refused at its start leaves its work directory as it was."""
   if not wanted(config) or (resume.holds_checkpoints(workdir) and not searched):
     return data, None, 0.0
+  if not head_rankers.cpu_available():  # e.g. JAX_PLATFORMS=cuda for a dense network on a GPU: fused without them
+    logging.warning("head rankers: none fitted: their kernel is CPU code and this process's JAX has no CPU backend "
+                    "(JAX_PLATFORMS=%s)", os.environ.get("JAX_PLATFORMS", ""))
+    return data, None, 0.0
   data = data if data is not None else plan.load_data(config)
   t_start = time.time()
   train = training_split(config, data)

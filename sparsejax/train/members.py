@@ -101,16 +101,16 @@ def train(config: Config, final: dict[str, Any], workdir: str, train_fn: TrainFn
   # Evaluations count against the budget: the first member's training and evaluations, as its loop counted them.
   spent = final.get("budget_seconds", final.get("train_seconds", 0.0))
   left = config.budget.max_seconds - spent
-  # A member's seconds, at the first one's measured pace (its evaluations' share included): one that would not
-  # finish is not started (it would be left out, its seconds spent for nothing).
+  # A member's seconds, at the first one's measured pace (its evaluations' share included) with PACE_MARGIN: one that
+  # would not finish is not started (it would be left out, its seconds spent for nothing).
   rate = final.get("samples_per_sec") or 0.0
   with_evaluations = spent / final["train_seconds"] if final.get("train_seconds") else 1.0
   need = PACE_MARGIN * steps * config.optim.batch_size / rate * with_evaluations if rate > 0 else 0.0
   done = {}
   for m in range(1, config.search.ensemble_members):
     if left < need or left <= 0:
-      logging.info("ensemble: no member %d: it needs about %.0f s of training, %.0f s of the budget are left", m,
-                   need, max(left, 0.0))
+      logging.info("ensemble: no member %d: it needs about %.0f s of training (%.0f s at the first one's pace, times "
+                   "%.2f), %.0f s of the budget are left", m, need, need / PACE_MARGIN, PACE_MARGIN, max(left, 0.0))
       break
     member = os.path.join(MEMBERS_DIR, str(m))
     # A member's directory is continued as the search's candidates are (config.json may record the --resume of the
