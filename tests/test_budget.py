@@ -94,9 +94,10 @@ def test_ensemble_members_count_evaluations_against_the_budget(tmp_path):
     return {"score": 0.5, "step": 50, "train_seconds": 40.0, "budget_seconds": 65.0, "samples": 50 * batch}
 
   need = members.PACE_MARGIN * 60.0  # 60 s expected, with the margin a member's pace has been seen to need
-  assert 60.0 < need < 70.0
+  assert need > 70.0
   config = override(Config(), max_seconds=100.0, ensemble_members=3)
   assert members.train(config, final, str(tmp_path), train_fn, 1) == {} and budgets == []  # 40 s left
+  # 70 s left: more than the 60 expected, less than the margin asks.
   assert members.train(override(config, max_seconds=130.0), final, str(tmp_path), train_fn, 1) == {} and not budgets
   # 60 + need + 65 (the first member's 60, a member's need, then the 65 it spent): two members, the second with
   # exactly its need left.
