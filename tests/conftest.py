@@ -94,6 +94,18 @@ def installed_command():
   return path
 
 
+@pytest.fixture
+def info_logs(caplog):
+  """absl's INFO lines in caplog (absl's verbosity is process-wide: earlier tests in the process may have lowered
+  it)."""
+  from absl import logging as absl_logging
+  verbosity = absl_logging.get_verbosity()
+  absl_logging.set_verbosity(absl_logging.INFO)
+  caplog.set_level("INFO")
+  yield caplog
+  absl_logging.set_verbosity(verbosity)
+
+
 @pytest.fixture(scope="session")
 def small_config():
   """A config that trains a small synthetic problem in a few seconds (override what a test needs)."""

@@ -84,18 +84,7 @@ def test_fit_solves_each_labels_l2_logistic_regression():
   np.testing.assert_allclose(other.weights, rankers.weights, atol=1e-4)
 
 
-@pytest.fixture
-def absl_info(caplog):
-  """absl's INFO lines in caplog (its verbosity is process-wide: earlier tests in the process may have lowered it)."""
-  from absl import logging as absl_logging
-  verbosity = absl_logging.get_verbosity()
-  absl_logging.set_verbosity(absl_logging.INFO)
-  caplog.set_level("INFO")
-  yield caplog
-  absl_logging.set_verbosity(verbosity)
-
-
-def test_fit_stops_at_the_tolerance_or_the_epoch_cap(absl_info):
+def test_fit_stops_at_the_tolerance_or_the_epoch_cap(info_logs):
   rng = np.random.default_rng(5)
   data, x, y = _dataset(rng)
   w, b = _primal_solution(x, y[:, 1], head_rankers.C)
@@ -105,7 +94,7 @@ def test_fit_stops_at_the_tolerance_or_the_epoch_cap(absl_info):
   solved = error(head_rankers.fit(data, np.array([1], np.int32)))
   assert error(one) > solved and error(loose) > solved
   head_rankers.fit(data, np.array([1, 3], np.int32), tolerance=1e-9, max_epochs=3)
-  assert "3-3 epochs of dual coordinate descent" in absl_info.text
+  assert "3-3 epochs of dual coordinate descent" in info_logs.text
 
 
 def test_fit_sums_a_feature_repeated_in_a_row_and_solves_degenerate_labels():
@@ -139,7 +128,7 @@ def test_fit_sums_a_feature_repeated_in_a_row_and_solves_degenerate_labels():
     head_rankers.fit(data, labels, c=0.0)
 
 
-def test_without_a_cpu_backend_a_run_fits_no_rankers(tmp_path, small_config, monkeypatch, absl_info):
+def test_without_a_cpu_backend_a_run_fits_no_rankers(tmp_path, small_config, monkeypatch, info_logs):
   """The kernel is CPU code: a dense network on a GPU (JAX_PLATFORMS=cuda starts no CPU backend) is fused without
   head rankers, with a warning, instead of failing at the fit."""
   import jax
@@ -157,7 +146,7 @@ def test_without_a_cpu_backend_a_run_fits_no_rankers(tmp_path, small_config, mon
   assert head_ranking.wanted(config)
   assert head_ranking.prepare(config, str(tmp_path), None, searched=False) == (None, None, 0.0)
   assert "head rankers: none fitted: their kernel is CPU code and this process's JAX has no CPU backend" in \
-      absl_info.text
+      info_logs.text
 
 
 @pytest.mark.parametrize("change, message", [

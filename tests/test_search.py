@@ -257,16 +257,6 @@ def test_resume_never_refuses_an_interrupted_search(tmp_path, search_config):
     train_and_evaluate(override(search_config, resume="never"), str(tmp_path))
 
 
-@pytest.fixture
-def info_logs(caplog):
-  """The search's INFO lines in caplog (absl's verbosity is process-wide: earlier tests may have lowered it)."""
-  verbosity = absl_logging.get_verbosity()
-  absl_logging.set_verbosity(absl_logging.INFO)
-  caplog.set_level("INFO")
-  yield caplog
-  absl_logging.set_verbosity(verbosity)
-
-
 class _Clock:
   """A fake clock for the search (``search._clock``): the fake trainings move it."""
 
