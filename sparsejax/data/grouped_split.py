@@ -57,11 +57,11 @@ _MAX_DRAWS = 20
 # A drawn row seeds its group (its near-duplicates within the cosine, itself included: s rows) with probability
 # s^-SEED_EXPONENT, so a group is drawn s^(1 - SEED_EXPONENT) times as often as a single row. At 0 (every drawn row
 # seeds) a group is drawn s times as often: debian_depends' validation rows were 74% in groups of 6 or more, the test
-# set's 21%, and the head rankers' weight chosen there (0.5) was one that 200 of 200 random test subsets of its size
-# ranked below 2 (test P@1 0.6882, PECOS 0.6929). At 1 (each group alike, as a split by groups draws them) 16%, but
-# only 9.5% of its rows had a training row within the cosine (the test set's: 23%): its P@1 peaked at step 1,000 of
-# 9,001, 0.6781 on the test set; 0.75 alike (15.9%, step 1,000, 0.6786). At 0.5: 42% and 24%, step 7,000 of 9,101
-# selected, ranker weight 2, test P@1 0.6987 (benchmarks/results/HISTORY.md, issue 48).
+# set's 21%, and the head rankers' weight chosen there (0.5) was one that none of 200 random test subsets of its size
+# would have chosen (196 chose 2; test P@1 0.6882, PECOS 0.6929). At 1 (each group alike, as a split by groups draws
+# them) 16%, but only 9.5% of its rows had a training row within the cosine (the test set's: 23%): its P@1 peaked at
+# step 1,000 of 9,001, 0.6781 on the test set; 0.75 alike (15.9%, step 1,000, 0.6786). At 0.5: 42% and 24%, step 7,000
+# of 9,101 selected, ranker weight 2, test P@1 0.6987 (benchmarks/results/HISTORY.md, issue 48).
 SEED_EXPONENT = 0.5
 
 
