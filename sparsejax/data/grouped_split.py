@@ -10,7 +10,7 @@ rose with the test set's to the end of the budget (``benchmarks/results/HISTORY.
 
 :func:`grouped_split` draws the validation split as :func:`sparsejax.data.train_test_split` does (the same seeded
 permutation), but a row drawn brings every training row within :data:`NEIGHBOUR_COSINE` of it: its group. A group of
-``s`` rows is drawn ``sqrt(s)`` times as often as a single row (a drawn row seeds it with probability
+``s`` rows is drawn about ``sqrt(s)`` times as often as a single row (a drawn row seeds it with probability
 ``s^-SEED_EXPONENT``): seeded by every drawn row, a group would be drawn ``s`` times as often, and a split of large
 groups would score rows unlike the test set's. Where no row has such a neighbour it is the random split, row for
 row. A group is one hop: a held-out row's own near neighbours may stay in training (closing the groups under that
@@ -55,13 +55,14 @@ _OVERSHOOT = 0.1
 # are all too large for the split would otherwise compare every row with every other.
 _MAX_DRAWS = 20
 # A drawn row seeds its group (its near-duplicates within the cosine, itself included: s rows) with probability
-# s^-SEED_EXPONENT, so a group is drawn s^(1 - SEED_EXPONENT) times as often as a single row. At 0 (every drawn row
-# seeds) a group is drawn s times as often: debian_depends' validation rows were 74% in groups of 6 or more, the test
-# set's 21%, and the head rankers' weight chosen there (0.5) was one that none of 200 random test subsets of its size
-# would have chosen (196 chose 2; test P@1 0.6882, PECOS 0.6929). At 1 (each group alike, as a split by groups draws
-# them) 16%, but only 9.5% of its rows had a training row within the cosine (the test set's: 23%): its P@1 peaked at
-# step 1,000 of 9,001, 0.6781 on the test set; 0.75 alike (15.9%, step 1,000, 0.6786). At 0.5: 42% and 24%, step 7,000
-# of 9,101 selected, ranker weight 2, test P@1 0.6987 (benchmarks/results/HISTORY.md, issue 48).
+# s^-SEED_EXPONENT, so a group is drawn about s^(1 - SEED_EXPONENT) times as often as a single row. At 0 (every drawn
+# row seeds) a group is drawn s times as often: debian_depends' validation rows were 74% in groups of 6 or more, the
+# test set's 21%, and the head rankers' weight chosen there (0.5) was one that none of 200 random test subsets of its
+# size would have chosen (196 chose 2; test P@1 0.6882, PECOS 0.6929). At 1 (each group alike, as a split by groups
+# draws them) 16%, but only 9.5% of its rows had a training row within the cosine (the test set's: 23%): its P@1 peaked
+# at step 1,000 of 9,001, 0.6781 on the test set; at 0.75, 25% in groups of 6 or more and 16% with a training row within
+# the cosine: step 1,000 again, 0.6786. At 0.5: 42% in groups of 6 or more, 24% with a training row within the cosine:
+# step 7,000 of 9,101 selected, ranker weight 2, test P@1 0.6987 (benchmarks/results/HISTORY.md, issue 48).
 SEED_EXPONENT = 0.5
 
 
@@ -170,7 +171,7 @@ def grouped_split(dataset: XCDataset, fraction: float, seed: int = 0,
   n = len(dataset)
   target = int(round(n * fraction))
   order = np.random.default_rng(seed).permutation(n)
-  seeds = np.random.default_rng((seed, 1)).random(n)  # a drawn row seeds its group where seeds[row] <= s^-exponent
+  seed_draws = np.random.default_rng((seed, 1)).random(n)  # a drawn row seeds its group where <= s^-exponent
   held = np.zeros(n, bool)
   count, position = 0, 0
   limit = target + max(1, int(_OVERSHOOT * target))
@@ -192,7 +193,7 @@ def grouped_split(dataset: XCDataset, fraction: float, seed: int = 0,
           continue
         lo, hi = sims.indptr[i], sims.indptr[i + 1]
         group = np.union1d(sims.indices[lo:hi][sims.data[lo:hi] >= threshold], [row])
-        if seeds[row] * len(group) ** SEED_EXPONENT > 1:
+        if seed_draws[row] * len(group) ** SEED_EXPONENT > 1:
           continue
         group = group[~held[group]]
         if count + len(group) > limit and len(group) > 1:
