@@ -95,9 +95,7 @@ def test_a_group_is_drawn_as_often_as_its_size_to_the_power_one_less_the_seed_ex
   monkeypatch.setattr(grouped_split, "SEED_EXPONENT", exponent)
   rng = np.random.default_rng(5)
   x, group = _groups(rng, 40, 9, num_features=1200)
-  singles = sp.identity(360, format="csr") * 0.5
-  x = sp.csr_matrix(sp.vstack([sp.hstack([x, sp.csr_matrix((360, 360))]),
-                               sp.hstack([sp.csr_matrix((360, 1200)), singles])]))
+  x = sp.block_diag([x, sp.identity(360) * 0.5], format="csr")  # the single rows on features of their own
   order = rng.permutation(720)
   data = _dataset(x[order], labels=np.concatenate([group, np.arange(40, 400)])[order])  # label: the row's group
   shares = []
@@ -114,9 +112,7 @@ def test_a_group_is_drawn_as_often_as_its_size_to_the_power_one_less_the_seed_ex
 def test_a_group_far_larger_than_the_split_stays_in_training():
   rng = np.random.default_rng(2)
   big, _ = _groups(rng, 1, 40)
-  singles = sp.identity(200, format="csr") * 0.5
-  x = sp.vstack([sp.hstack([big, sp.csr_matrix((40, 200))]), sp.hstack([sp.csr_matrix((200, 400)), singles])])
-  data = _dataset(sp.csr_matrix(x))
+  data = _dataset(sp.block_diag([big, sp.identity(200) * 0.5], format="csr"))
   train, validation = grouped_split.grouped_split(data, 0.1, seed=0)
   assert len(validation) == 24  # singles only: the 40-row group would take the split far past its 24 rows
   assert validation.feature_matrix()[:, :400].nnz == 0
